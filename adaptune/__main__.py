@@ -1,0 +1,3 @@
+from adaptune.cli import main
+
+raise SystemExit(main())
