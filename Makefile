@@ -47,7 +47,8 @@ lint: venv
 	$(VENV)/bin/hadolint containers/*/Dockerfile
 
 lock: venv
-	$(PY) -m pip freeze --exclude-editable | sed 's/+cpu//' > requirements.lock.new && mv requirements.lock.new requirements.lock
+	{ grep '^#' requirements.lock; $(PY) -m pip freeze --exclude-editable | sed 's/+cpu//'; } > requirements.lock.new
+	mv requirements.lock.new requirements.lock
 
 clean:
 	rm -rf $(OUT) .pytest_cache
