@@ -16,6 +16,10 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
+from transformers.models.auto.modeling_auto import (
+    MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES,
+    MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
+)
 from transformers.utils import logging as hf_logging
 
 EMBEDDED_BACKBONE_NAMES = frozenset({"all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"})
@@ -68,3 +72,16 @@ def load_model(name: str | None, task_kind: str, num_labels: int = 2) -> PreTrai
         if task_kind == "span":
             return AutoModelForQuestionAnswering.from_pretrained(path)
     raise ValueError(f"unknown task_kind {task_kind!r}; expected one of {list(TASK_KINDS)}")
+
+
+def task_kind_of(model: PreTrainedModel) -> str:
+    """The task_kind `load_model` would need to rebuild this model (its class and label count say it)."""
+    class_name = type(model).__name__
+    if class_name in MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES.values():
+        return "span"
+    if class_name in MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES.values():
+        return "regression" if model.config.num_labels == 1 else "classification"
+    raise ValueError(
+        f"{class_name} is neither a sequence-classification nor a question-answering model; "
+        "build models with adaptune.backbone.load_model"
+    )
