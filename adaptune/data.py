@@ -1,0 +1,427 @@
+"""Task data: sources (local mirror or hub), canonical columns, deterministic splits, cached tokenization.
+
+Both sources give records (text_a, text_b, raw label, where it came from) that go through the same
+canonicalisation (`_canonical_columns`) and, for the additional tasks, the same split
+(`split_indices`), so a mirror and the hub give identical datasets when their raw rows match.
+
+Canonical columns: idx (the row's position in the source after filtering), text_a, text_b (None for
+single-text tasks), label (ClassLabel index; float32 for STS-B). SQuAD keeps the official fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import os
+import shutil
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import datasets
+import pyarrow as pa
+
+from adaptune.readers import READERS, RawRow
+from adaptune.tasks import Task, get_task
+
+DATA_DIR_ENV = "ADAPTUNE_DATA_DIR"
+CACHE_DIR_ENV = "ADAPTUNE_CACHE_DIR"
+SPLIT_SEED = 0
+TOKENIZED_FORMAT_VERSION = 1  # bump when tokenize_task's output changes, to invalidate old caches
+
+
+class DataNotFoundError(FileNotFoundError):
+    """A task's data is not where it was expected; the message names the path and the hub alternative."""
+
+
+class DataError(ValueError):
+    """Rows that cannot become a valid dataset: an unknown label, a bad value, an empty split."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Record:
+    where: str  # "file: line N" or "hub id/config split row N"
+    text_a: str
+    text_b: str | None
+    label: str
+
+
+# --------------------------------------------------------------------------------------- sources
+def resolve_data_dir(data_dir: str | Path | None = None) -> Path | None:
+    """The local mirror: the argument, else $ADAPTUNE_DATA_DIR, else the first `shared/data` found
+    walking up from the current directory (then from this package's location), else None (the hub)."""
+    if data_dir is not None and str(data_dir) != "":
+        path = Path(data_dir).expanduser()
+        if not path.is_dir():
+            raise DataNotFoundError(f"data dir {path} does not exist: pass an existing mirror directory, or none to use the hub")
+        return path.resolve()
+    from_env = os.environ.get(DATA_DIR_ENV)
+    if from_env:
+        path = Path(from_env).expanduser()
+        if not path.is_dir():
+            raise DataNotFoundError(f"${DATA_DIR_ENV}={from_env} is not a directory: fix it or unset it to use the hub")
+        return path.resolve()
+    for start in (Path.cwd(), Path(__file__).resolve().parent):
+        for directory in (start, *start.parents):
+            candidate = directory / "shared" / "data"
+            if candidate.is_dir():
+                return candidate.resolve()
+    return None
+
+
+def local_files_status(task: Task | str, data_dir: Path | None) -> str:
+    """'yes', 'only <splits>' or 'no': which of the task's files the mirror holds."""
+    task = get_task(task)
+    if data_dir is None:
+        return "no"
+    present = [split for split, rel in task.source.files if (data_dir / rel).is_file()]
+    if len(present) == len(task.source.files):
+        return "yes"
+    return f"only {','.join(present)}" if present else "no"
+
+
+def _hub_hint(task: Task, split: str | None = None) -> str:
+    source = task.source
+    if source.hub_id:
+        hub_split = source.hub_split_map.get(split or "", "") if split else ""
+        where = f"{source.hub_id!r}" + (f", {source.hub_config!r}" if source.hub_config else "")
+        return (f"or load it from the Hugging Face hub (datasets.load_dataset({where}"
+                + (f", split={hub_split!r}" if hub_split else "") + "), used when no data dir is given and the hub is reachable)")
+    return f"no hub copy exists: download the publisher's file from {source.url}"
+
+
+def _local_records(task: Task, root: Path, split: str) -> list[Record]:
+    relative = task.source.file_map[split]
+    path = root / relative
+    if not path.is_file():
+        raise DataNotFoundError(
+            f"{task.name}: {split} file not found: expected {path} (the publisher's layout under the data dir {root}); "
+            f"{_hub_hint(task, split)}")
+    rows = READERS[task.source.reader](path)
+    return _records_from_rows(task, rows, str(path), task.source.text_columns, task.source.label_column)
+
+
+def _records_from_rows(task: Task, rows: list[RawRow], origin: str, text_columns: tuple[str, ...],
+                       label_column: str | None) -> list[Record]:
+    if rows:
+        missing = [c for c in (*text_columns, label_column) if c and c not in rows[0].fields]
+        if missing:
+            raise DataError(
+                f"{origin}: column(s) {missing} needed by task {task.name} are not in this file "
+                f"(columns: {list(rows[0].fields)}); get the complete file: {_hub_hint(task)}")
+    text_b_column = text_columns[1] if len(text_columns) == 2 else None
+    return [
+        Record(where=f"{origin}: line {row.line}", text_a=row.fields[text_columns[0]],
+               text_b=row.fields[text_b_column] if text_b_column else None,
+               label=row.fields[label_column] if label_column else "")
+        for row in rows
+    ]
+
+
+def _hub_records(task: Task, split: str) -> list[Record]:
+    source = task.source
+    hub_split = source.hub_split_map.get(split)
+    if not source.hub_id or hub_split is None:
+        raise DataNotFoundError(
+            f"{task.name}: no local data dir was found and the task has no hub copy of its {split} split; "
+            f"download the publisher's file from {source.url} to <data dir>/{source.file_map.get(split)} and pass "
+            f"--data-dir / ${DATA_DIR_ENV}")
+    try:
+        dataset = datasets.load_dataset(source.hub_id, source.hub_config, split=hub_split, revision=source.hub_revision)
+    except Exception as error:  # network, offline mode, missing dataset: say what to do instead
+        raise DataNotFoundError(
+            f"{task.name}: could not load {source.hub_id}/{source.hub_config} split {hub_split} from the hub ({error}); "
+            f"without the hub, pass a local mirror (--data-dir / ${DATA_DIR_ENV}) holding "
+            f"{source.file_map.get(split)}") from error
+    label_feature = dataset.features.get(source.hub_label_column) if source.hub_label_column else None
+    to_name = label_feature.int2str if isinstance(label_feature, datasets.ClassLabel) else str
+    origin = f"hub {source.hub_id}/{source.hub_config} {hub_split}"
+    rows = [RawRow(i + 1, {**row, "_label": to_name(row[source.hub_label_column]) if label_feature else ""})
+            for i, row in enumerate(dataset)]
+    return _records_from_rows(task, rows, origin, source.hub_text_columns, "_label" if label_feature else None)
+
+
+# ------------------------------------------------------------------------------- canonicalisation
+def _canonical_columns(task: Task, records: list[Record], labels: tuple[str, ...]) -> dict[str, list[Any]]:
+    """text_a / text_b / label columns; drops the task's filtered labels; unknown labels are errors."""
+    aliases = task.alias_map
+    dropped = set(task.drop_labels)
+    index = {name: i for i, name in enumerate(labels)}
+    columns: dict[str, list[Any]] = {"idx": [], "text_a": [], "text_b": [], "label": []}
+    for record in records:
+        raw = record.label.strip()
+        if raw in dropped:
+            continue
+        if task.kind == "regression":
+            try:
+                value: Any = float(raw)
+            except ValueError:
+                raise DataError(f"{record.where}: label {raw!r} is not a number ({task.name} is a regression task)") from None
+        else:
+            name = aliases.get(raw, raw)
+            if name not in index:
+                raise DataError(
+                    f"{record.where}: unknown label {raw!r} for task {task.name} (known: {list(labels)}"
+                    + (f", aliases {sorted(aliases)}" if aliases else "") + (f", dropped {sorted(dropped)}" if dropped else "")
+                    + "); fix the file, or declare the value in the task's label_aliases / drop_labels in adaptune/tasks.py")
+            value = index[name]
+        columns["idx"].append(len(columns["idx"]))
+        columns["text_a"].append(record.text_a.strip())
+        columns["text_b"].append(record.text_b.strip() if record.text_b is not None else None)
+        columns["label"].append(value)
+    return columns
+
+
+def _label_names(task: Task, records: list[Record], origin: str) -> tuple[str, ...]:
+    """The declared labels, or (for tasks whose label set is not declared) the sorted values read, checked
+    against the paper's class count."""
+    if task.labels or task.kind != "classification":
+        return task.labels
+    aliases, dropped = task.alias_map, set(task.drop_labels)
+    found = sorted({aliases.get(r.label.strip(), r.label.strip()) for r in records} - dropped)
+    if task.num_classes and len(found) != task.num_classes:
+        raise DataError(f"{origin}: {len(found)} distinct labels, but {task.name} has {task.num_classes} classes "
+                        f"(paper, Table 3); found {found[:30]}")
+    return tuple(found)
+
+
+def _features(task: Task, labels: tuple[str, ...]) -> datasets.Features:
+    label = datasets.Value("float32") if task.kind == "regression" else datasets.ClassLabel(names=list(labels))
+    return datasets.Features({"idx": datasets.Value("int64"), "text_a": datasets.Value("string"),
+                              "text_b": datasets.Value("string"), "label": label})
+
+
+def split_indices(n: int, seed: int = SPLIT_SEED) -> dict[str, list[int]]:
+    """The additional tasks' 80/10/10 split of n rows, identical on every machine and library version.
+
+    train = floor(0.8 n), validation = floor((n - train) / 2), test = the rest: this reproduces every
+    size in the paper's Table 3. Rows are ordered by sha256(f"{seed}:{row}") (hand-written instead of a
+    numpy permutation because numpy does not promise the same stream across versions); each split keeps
+    source order.
+    """
+    order = sorted(range(n), key=lambda i: hashlib.sha256(f"{seed}:{i}".encode()).digest())
+    n_train = 8 * n // 10
+    n_validation = (n - n_train) // 2
+    cuts = {"train": order[:n_train], "validation": order[n_train:n_train + n_validation],
+            "test": order[n_train + n_validation:]}
+    return {split: sorted(rows) for split, rows in cuts.items()}
+
+
+# ------------------------------------------------------------------------------------------ loading
+_LOADED: dict[tuple, datasets.DatasetDict] = {}  # parsed datasets, keyed by source files and their mtimes
+
+
+def load_task_data(task: Task | str, data_dir: str | Path | None = None,
+                   splits: Sequence[str] | None = None) -> datasets.DatasetDict:
+    """The task's canonical splits (train / validation / test where labelled) from the mirror or the hub.
+
+    `splits` restricts which splits to load (e.g. ("validation",) where the mirror has no train file).
+    """
+    task = get_task(task)
+    root = resolve_data_dir(data_dir)
+    wanted = tuple(splits) if splits is not None else None
+    key = (task.name, str(root), wanted, _files_signature(task, root))
+    if key not in _LOADED:
+        if task.family == "squad":
+            loaded = _load_squad(task, root, wanted or tuple(task.source.file_map))
+        else:
+            loaded = _load_classification(task, root, wanted)
+        _LOADED[key] = loaded
+    return _LOADED[key]
+
+
+def _files_signature(task: Task, root: Path | None) -> tuple:
+    if root is None:
+        return ()
+    stats = []
+    for _, rel in task.source.files:
+        path = root / rel
+        stats.append((rel, path.stat().st_mtime_ns, path.stat().st_size) if path.is_file() else (rel, None))
+    return tuple(stats)
+
+
+def _source_records(task: Task, root: Path | None, source_split: str) -> list[Record]:
+    return _local_records(task, root, source_split) if root is not None else _hub_records(task, source_split)
+
+
+def _load_classification(task: Task, root: Path | None, wanted: tuple[str, ...] | None) -> datasets.DatasetDict:
+    origin = str(root / task.source.file_map[next(iter(task.source.file_map))]) if root else f"hub {task.source.hub_id}"
+    if "all" in task.source.file_map:  # one file, split 80/10/10
+        records = _source_records(task, root, "all")
+        labels = _label_names(task, records, origin)
+        columns = _canonical_columns(task, records, labels)
+        pooled = datasets.Dataset.from_dict(columns, features=_features(task, labels))
+        parts = {split: pooled.select(rows) for split, rows in split_indices(len(pooled)).items()}
+    else:
+        source_splits = list(task.source.file_map)  # GLUE: train, validation (dev)
+        records_by_split = {s: _source_records(task, root, s) for s in source_splits if wanted is None or s in wanted}
+        labels = _label_names(task, [r for rs in records_by_split.values() for r in rs], origin)
+        parts = {s: datasets.Dataset.from_dict(_canonical_columns(task, rs, labels), features=_features(task, labels))
+                 for s, rs in records_by_split.items()}
+    if wanted is not None:
+        unknown = sorted(set(wanted) - set(parts))
+        if unknown:
+            raise ValueError(f"{task.name} has no split(s) {unknown}; its splits are {sorted(parts)}")
+        parts = {s: parts[s] for s in wanted}
+    for split, dataset in parts.items():
+        if len(dataset) == 0:
+            raise DataError(f"{task.name}: the {split} split is empty after reading {origin}; "
+                            "the file holds no usable rows (check it, or re-download it)")
+    return datasets.DatasetDict(parts)
+
+
+_SQUAD_FEATURES = datasets.Features({
+    "id": datasets.Value("string"), "title": datasets.Value("string"), "context": datasets.Value("string"),
+    "question": datasets.Value("string"),
+    "answers": {"text": datasets.List(datasets.Value("string")), "answer_start": datasets.List(datasets.Value("int32"))},
+})
+
+
+def _load_squad(task: Task, root: Path | None, wanted: tuple[str, ...]) -> datasets.DatasetDict:
+    parts: dict[str, datasets.Dataset] = {}
+    for split in wanted:
+        if split not in task.source.file_map:
+            raise ValueError(f"squad has no split {split!r}; its splits are {list(task.source.file_map)}")
+        if root is None:
+            hub_split = task.source.hub_split_map[split]
+            try:
+                dataset = datasets.load_dataset(task.source.hub_id, task.source.hub_config, split=hub_split,
+                                                revision=task.source.hub_revision)
+            except Exception as error:
+                raise DataNotFoundError(f"squad: could not load {task.source.hub_id} {hub_split} from the hub ({error}); "
+                                        f"pass a data dir holding {task.source.file_map[split]}") from error
+            parts[split] = dataset.cast(_SQUAD_FEATURES)
+            continue
+        path = root / task.source.file_map[split]
+        if not path.is_file():
+            raise DataNotFoundError(
+                f"squad: {split} file not found: expected {path} (official SQuAD v1.1 JSON from {task.source.url}); "
+                f"{_hub_hint(task, split)}; or load only the splits present, e.g. load_task_data('squad', splits=['validation'])")
+        rows = READERS[task.source.reader](path)
+        columns: dict[str, list[Any]] = {name: [] for name in _SQUAD_FEATURES}
+        for row in rows:
+            for name in ("id", "title", "context", "question"):
+                columns[name].append(row.fields[name])
+            columns["answers"].append(json.loads(row.fields["answers"]))
+        if not rows:
+            raise DataError(f"{path}: the {split} split is empty (no questions)")
+        parts[split] = datasets.Dataset.from_dict(columns, features=_SQUAD_FEATURES)
+    return datasets.DatasetDict(parts)
+
+
+# ------------------------------------------------------------------------------------- tokenization
+def default_cache_dir() -> Path:
+    return Path(os.environ.get(CACHE_DIR_ENV, Path.home() / ".cache" / "adaptune")).expanduser()
+
+
+def data_fingerprint(dataset_dict: datasets.DatasetDict) -> str:
+    """A content hash of every split (Arrow IPC bytes), so equal data gives an equal cache key."""
+    digest = hashlib.sha256()
+    for split in sorted(dataset_dict):
+        table = dataset_dict[split].with_format(None).data.table
+        if dataset_dict[split]._indices is not None:  # a select()ed view: hash the rows it shows
+            table = dataset_dict[split].flatten_indices().data.table
+        sink = io.BytesIO()
+        with pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        digest.update(split.encode() + b"\0" + sink.getvalue())
+    return digest.hexdigest()
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """Hash of what decides token ids: the fast tokenizer's full JSON (vocab, normaliser), else the vocab."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    content = backend.to_str() if backend is not None else json.dumps(sorted(tokenizer.get_vocab().items()))
+    return hashlib.sha256(f"{type(tokenizer).__name__}\0{content}".encode()).hexdigest()
+
+
+def tokenization_key(task: Task | str, dataset_dict: datasets.DatasetDict, tokenizer: Any, max_length: int) -> str:
+    task = get_task(task)
+    parts = [task.name, data_fingerprint(dataset_dict), tokenizer_fingerprint(tokenizer), str(max_length),
+             str(TOKENIZED_FORMAT_VERSION)]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+
+
+def tokenize_task(task: Task | str, dataset_dict: datasets.DatasetDict, tokenizer: Any, max_length: int = 128,
+                  cache_dir: str | Path | None = None) -> datasets.DatasetDict:
+    """input_ids, attention_mask, token_type_ids (if the tokenizer gives them), labels; unpadded.
+
+    Cached under <cache_dir>/tokenized/<task>-<key>, the key hashing the data content, the tokenizer's
+    content and max_length: a task is tokenized once and reused by every run (and across processes).
+    """
+    task = get_task(task)
+    if task.kind == "span":
+        raise ValueError("squad is tokenized with sliding windows by adaptune.squad.prepare_features, not tokenize_task")
+    cache_root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    target = cache_root / "tokenized" / f"{task.name}-{tokenization_key(task, dataset_dict, tokenizer, max_length)}"
+    if (target / "dataset_dict.json").is_file():
+        return datasets.load_from_disk(str(target))
+
+    def encode(batch: dict[str, list]) -> dict[str, list]:
+        second = batch["text_b"] if task.is_pair else None
+        encoded = tokenizer(batch["text_a"], second, truncation=True, max_length=max_length)
+        return {**encoded, "labels": batch["label"]}
+
+    tokenized = dataset_dict.map(encode, batched=True, batch_size=1000,
+                                 remove_columns=["text_a", "text_b", "label"], desc=f"tokenize {task.name}")
+    tokenized = tokenized.cast_column("labels", next(iter(dataset_dict.values())).features["label"])
+    # Write beside the target, then rename: a concurrent or interrupted run never leaves half a cache.
+    staging = target.with_name(f"{target.name}.tmp-{os.getpid()}")
+    tokenized.save_to_disk(str(staging))
+    try:
+        staging.rename(target)
+    except OSError:  # another process finished first: keep its copy
+        shutil.rmtree(staging, ignore_errors=True)
+    return datasets.load_from_disk(str(target))
+
+
+# ------------------------------------------------------------------------------------------ prepare
+def prepare(task: Task | str, data_dir: str | Path | None = None, tokenizer_name: str | None = None,
+            cache_dir: str | Path | None = None, max_length: int = 128) -> dict[str, Any]:
+    """Load, split and tokenize one task (cached); returns where it went, split sizes and label counts.
+
+    With a local mirror, splits whose files the mirror lacks (QNLI and SQuAD train) are skipped and
+    listed under `missing_splits`. SQuAD is saved untokenized (its windows belong to adaptune.squad).
+    """
+    task = get_task(task)
+    root = resolve_data_dir(data_dir)
+    splits = None
+    missing: dict[str, str] = {}
+    if root is not None:
+        present = [s for s, rel in task.source.files if (root / rel).is_file()]
+        missing = {s: f"{root / rel} not found; {_hub_hint(task, s)}" for s, rel in task.source.files if s not in present}
+        if not present:
+            raise DataNotFoundError(f"{task.name}: none of its files are in {root}: " + "; ".join(missing.values()))
+        splits = present if missing else None
+    raw = load_task_data(task, root, splits=splits)
+    cache_root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    if task.kind == "span":
+        output = cache_root / "raw" / f"{task.name}-{data_fingerprint(raw)[:16]}"
+        if not (output / "dataset_dict.json").is_file():
+            raw.save_to_disk(str(output))
+    else:
+        from adaptune.backbone import load_tokenizer
+
+        tokenized = tokenize_task(task, raw, load_tokenizer(tokenizer_name), max_length=max_length, cache_dir=cache_root)
+        output = Path(next(iter(tokenized.values())).cache_files[0]["filename"]).parent.parent
+    return {
+        "task": task.name,
+        "source": str(root) if root else f"hub {task.source.hub_id}",
+        "output_dir": str(output),
+        "splits": {split: {"rows": len(ds), "labels": _label_distribution(task, ds)} for split, ds in raw.items()},
+        "missing_splits": missing,
+    }
+
+
+def _label_distribution(task: Task, dataset: datasets.Dataset) -> dict[str, Any]:
+    if task.kind == "span":
+        return {}
+    if task.kind == "regression":
+        values = dataset["label"]
+        return {"min": float(min(values)), "max": float(max(values)), "mean": float(sum(values) / len(values))}
+    names = dataset.features["label"].names
+    counts = Counter(dataset["label"])
+    return {names[i]: counts.get(i, 0) for i in range(len(names))}
