@@ -1,0 +1,391 @@
+"""The named experiments: each paper figure or table as a declared grid over the shared defaults.
+
+An experiment is a frozen `ExperimentSpec`: where it runs (backbone, accelerator, parallelism,
+retries) plus one or more `Sweep`s, each a block tasks x methods x learning rates x epochs x
+seeds. Blocks exist because the paper's grids differ per method (SQuAD sweeps different learning
+rates and epochs for fine-tuning and adapters) and per task (Table 4 epochs). Every named
+experiment is a short commented `dataclasses.replace` of `DEFAULTS`; `plan.plan(spec)` expands
+and validates it. Nothing here runs anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from typing import Any, Literal
+
+from adaptune.config import DEFAULT_BACKBONE
+from adaptune.tasks import EXTRA_TASKS, GLUE_SCORE_TASKS
+
+# `Sweep.epochs = PAPER_EPOCHS` means: the epochs the paper chose per task and method (Table 4).
+PAPER_EPOCHS: Literal["paper"] = "paper"
+
+BERT_BASE = "bert-base-uncased"
+BERT_LARGE = "bert-large-uncased"
+
+
+@dataclasses.dataclass(frozen=True)
+class Accelerator:
+    """Where `train_eval` runs: the image family and the resources it asks for.
+
+    `type` and `count` are Vertex AI's accelerator settings; `node_selector` and `tolerations`
+    pin the task to a GKE node pool on a plain KFP cluster (kfp-kubernetes).
+    """
+
+    family: Literal["cpu", "gpu", "tpu"] = "cpu"
+    type: str | None = None  # e.g. NVIDIA_H100_80GB, NVIDIA_TESLA_A100, TPU_V5_LITEPOD
+    count: int = 0
+    node_selector: tuple[tuple[str, str], ...] = ()  # GKE node labels (key, value)
+    tolerations: tuple[str, ...] = ()  # taint keys tolerated with operator Exists, effect NoSchedule
+    cpu_limit: str = "4"
+    memory_limit: str = "16G"
+
+    @property
+    def label(self) -> str:
+        """Key of the throughput table in plan.py: the accelerator type, or the family for CPUs."""
+        return self.type or self.family
+
+
+CPU = Accelerator()
+H100 = Accelerator(
+    family="gpu",
+    type="NVIDIA_H100_80GB",
+    count=1,
+    node_selector=(("cloud.google.com/gke-accelerator", "nvidia-h100-80gb"),),
+    tolerations=("nvidia.com/gpu",),
+    cpu_limit="12",
+    memory_limit="96G",
+)
+A100 = dataclasses.replace(
+    H100,
+    type="NVIDIA_TESLA_A100",
+    node_selector=(("cloud.google.com/gke-accelerator", "nvidia-tesla-a100"),),
+    memory_limit="64G",
+)
+# The paper trained on 4 Cloud TPUs; a v5e 2x2 slice is today's nearest equivalent.
+TPU_V5E = Accelerator(
+    family="tpu",
+    type="TPU_V5_LITEPOD",
+    count=4,
+    node_selector=(
+        ("cloud.google.com/gke-tpu-accelerator", "tpu-v5-lite-podslice"),
+        ("cloud.google.com/gke-tpu-topology", "2x2"),
+    ),
+    tolerations=("google.com/tpu",),
+    cpu_limit="24",
+    memory_limit="48G",
+)
+ACCELERATORS = {"cpu": CPU, "h100": H100, "a100": A100, "tpu_v5e": TPU_V5E}
+
+
+def method_grid(
+    *,
+    full: bool = False,
+    adapter_sizes: tuple[int, ...] = (),
+    top_k: tuple[int, ...] = (),
+    layernorm: bool = False,
+    init_stds: tuple[float, ...] = (1e-2,),
+) -> tuple[dict[str, Any], ...]:
+    """Method dicts (methods.py's `to_dict` shape) for a compact grid, in a fixed order."""
+    methods: list[dict[str, Any]] = [{"name": "full"}] if full else []
+    methods += [{"name": "top_k", "k": k} for k in top_k]
+    methods += [{"name": "adapters", "size": size, "init_std": std} for size in adapter_sizes for std in init_stds]
+    if layernorm:
+        methods.append({"name": "layernorm"})
+    return tuple(methods)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+    """One block of an experiment's grid: every combination of these values is one run."""
+
+    tasks: tuple[str, ...]
+    methods: tuple[dict[str, Any], ...]
+    learning_rates: tuple[float, ...]
+    epochs: tuple[int, ...] | Literal["paper"] = (3,)
+    seeds: tuple[int, ...] = (0,)
+    backbone: str | None = None  # None: the experiment's backbone
+    max_length: int | None = None  # None: TrainConfig's default (128)
+
+
+@dataclasses.dataclass(frozen=True)
+class Ablation:
+    """Figure 6: which trained runs get their adapters switched off span by span.
+
+    Per task, the run with the best validation score among those using `method` is ablated.
+    """
+
+    tasks: tuple[str, ...]
+    method: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class ExperimentSpec:
+    name: str
+    description: str
+    sweeps: tuple[Sweep, ...]
+    backbone: str = DEFAULT_BACKBONE
+    accelerator: Accelerator = CPU
+    max_parallelism: int = 8  # concurrent train_eval tasks per task's fan-out
+    retries: int = 3  # for preempted (spot) runs; a run that fails in Python becomes a "failed" row instead
+    max_train_examples: int | None = None  # subsampling for CPU-sized experiments
+    max_eval_examples: int | None = None
+    ablation: Ablation | None = None
+
+    @property
+    def tasks(self) -> tuple[str, ...]:
+        return _unique(task for sweep in self.sweeps for task in sweep.tasks)
+
+    @property
+    def learning_rates(self) -> tuple[float, ...]:
+        return _unique(lr for sweep in self.sweeps for lr in sweep.learning_rates)
+
+    @property
+    def seeds(self) -> tuple[int, ...]:
+        return _unique(seed for sweep in self.sweeps for seed in sweep.seeds)
+
+    @property
+    def methods(self) -> tuple[dict[str, Any], ...]:
+        seen: dict[str, dict[str, Any]] = {}
+        for sweep in self.sweeps:
+            for method in sweep.methods:
+                seen.setdefault(repr(sorted(method.items())), method)
+        return tuple(seen.values())
+
+
+def _unique(values: Any) -> tuple:
+    return tuple(dict.fromkeys(values))
+
+
+# --- the paper's grids --------------------------------------------------------------------------
+
+GLUE_LRS = (3e-5, 3e-4, 3e-3)  # §3.2
+EXTRA_LRS = (1e-5, 3e-5, 1e-4, 3e-3)  # §3.3
+FIGURE_TASKS = ("mnli_m", "cola")  # Figures 4, 6 and 7 show MNLI (matched) and CoLA
+
+DEFAULTS = ExperimentSpec(
+    name="defaults",
+    description="shared defaults; every named experiment replaces some of these",
+    sweeps=(),
+    backbone=BERT_BASE,
+    accelerator=H100,
+)
+
+EXPERIMENTS: dict[str, ExperimentSpec] = {}
+
+
+def _register(spec: ExperimentSpec) -> ExperimentSpec:
+    EXPERIMENTS[spec.name] = spec
+    return spec
+
+
+# Table 1: BERT-large on GLUE, full fine-tuning vs adapters {8, 64, 256}, 5 seeds, best on validation.
+glue_full = _register(
+    dataclasses.replace(
+        DEFAULTS,
+        name="glue_full",
+        description="Table 1: BERT-large on GLUE; full fine-tuning vs adapters {8, 64, 256}",
+        backbone=BERT_LARGE,
+        sweeps=(
+            Sweep(
+                tasks=GLUE_SCORE_TASKS,
+                methods=method_grid(full=True, adapter_sizes=(8, 64, 256)),
+                learning_rates=GLUE_LRS,
+                epochs=(3, 20),
+                seeds=(0, 1, 2, 3, 4),
+            ),
+        ),
+    )
+)
+
+# Table 2: BERT-base on the 17 additional tasks; full, variable fine-tuning (top k) and adapters,
+# with the epochs the paper chose per task and method (Table 4).
+extra_full = _register(
+    dataclasses.replace(
+        DEFAULTS,
+        name="extra_full",
+        description="Table 2: BERT-base on the 17 additional tasks; full, top-k, adapters {2..64}",
+        sweeps=(
+            Sweep(
+                tasks=EXTRA_TASKS,
+                methods=method_grid(full=True, top_k=(1, 2, 3, 5, 7, 9, 11, 12), adapter_sizes=(2, 4, 8, 16, 32, 64)),
+                learning_rates=EXTRA_LRS,
+                epochs=PAPER_EPOCHS,
+                seeds=(0, 1, 2),
+            ),
+        ),
+    )
+)
+
+# Figures 3 and 4: the parameter/performance trade-off on GLUE with BERT-base (the additional
+# tasks' points come from extra_full): adapters 2^0..2^9, top k 1..12, LayerNorm only.
+tradeoff = _register(
+    dataclasses.replace(
+        DEFAULTS,
+        name="tradeoff",
+        description="Figures 3-4: adapters 2^0..2^9 vs top-k 1..12 vs LayerNorm-only (BERT-base, GLUE)",
+        sweeps=(
+            Sweep(
+                tasks=GLUE_SCORE_TASKS,
+                methods=method_grid(
+                    adapter_sizes=tuple(2**n for n in range(10)), top_k=tuple(range(1, 13)), layernorm=True
+                ),
+                learning_rates=GLUE_LRS,
+                epochs=(3, 20),
+                seeds=(0, 1, 2),
+            ),
+        ),
+    )
+)
+
+# Figure 5 (§3.5): SQuAD v1.1; fine-tuning sweeps trained layers, lr {3e-5, 5e-5, 1e-4} and
+# epochs {2, 3, 5}; adapters sweep the size, lr {3e-5, 1e-4, 3e-4, 1e-3} and epochs {3, 10, 20}.
+squad = _register(
+    dataclasses.replace(
+        DEFAULTS,
+        name="squad",
+        description="Figure 5: SQuAD v1.1, top-k fine-tuning vs adapters of each size (BERT-base)",
+        sweeps=(
+            Sweep(
+                tasks=("squad",),
+                methods=method_grid(top_k=tuple(range(1, 13))),
+                learning_rates=(3e-5, 5e-5, 1e-4),
+                epochs=(2, 3, 5),
+                seeds=(0, 1, 2),
+                max_length=384,
+            ),
+            Sweep(
+                tasks=("squad",),
+                methods=method_grid(adapter_sizes=tuple(2**n for n in range(10))),
+                learning_rates=(3e-5, 1e-4, 3e-4, 1e-3),
+                epochs=(3, 10, 20),
+                seeds=(0, 1, 2),
+                max_length=384,
+            ),
+        ),
+    )
+)
+
+# Figure 6: adapters of size 64 on MNLI and CoLA; the best run per task has its adapters removed
+# span by span; beside it, the init std sweep over [1e-7, 1] (one value per decade).
+ablation = _register(
+    dataclasses.replace(
+        DEFAULTS,
+        name="ablation",
+        description="Figure 6: layer-span ablation of size-64 adapters and the init std sweep (MNLI, CoLA)",
+        sweeps=(
+            Sweep(
+                tasks=FIGURE_TASKS,
+                methods=method_grid(adapter_sizes=(64,), init_stds=tuple(10.0**-n for n in range(7, -1, -1))),
+                learning_rates=GLUE_LRS,
+                epochs=(3, 20),
+                seeds=(0, 1, 2),
+            ),
+        ),
+        ablation=Ablation(tasks=FIGURE_TASKS, method={"name": "adapters", "size": 64, "init_std": 1e-2}),
+    )
+)
+
+# Figure 7 (appendix B): learning rates across [2e-5, 1e-3]; the best model per method at each rate.
+lr_robustness = _register(
+    dataclasses.replace(
+        DEFAULTS,
+        name="lr_robustness",
+        description="Figure 7: full fine-tuning vs adapters at learning rates across [2e-5, 1e-3] (MNLI, CoLA)",
+        sweeps=(
+            Sweep(
+                tasks=FIGURE_TASKS,
+                methods=method_grid(full=True, adapter_sizes=(8, 64, 256)),
+                learning_rates=(2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3),
+                epochs=(3, 20),
+                seeds=(0, 1, 2),
+            ),
+        ),
+    )
+)
+
+# Everything above in one DAG; each block keeps its own backbone (BERT-large for Table 1).
+paper_full = _register(
+    dataclasses.replace(
+        DEFAULTS,
+        name="paper_full",
+        description="every experiment of the paper: Tables 1-2, Figures 3-7",
+        sweeps=tuple(
+            dataclasses.replace(sweep, backbone=sweep.backbone or spec.backbone)
+            for spec in (glue_full, extra_full, tradeoff, squad, ablation, lr_robustness)
+            for sweep in spec.sweeps
+        ),
+        ablation=ablation.ablation,
+    )
+)
+
+# The same DAG in a few minutes on a 2-core CPU: the embedded MiniLM (6 layers), three small real
+# tasks, a few hundred examples, one epoch, one seed, and an ablation of one adapter run.
+SMOKE_TASKS = ("rte", "mrpc", "sms_spam")
+smoke = _register(
+    dataclasses.replace(
+        DEFAULTS,
+        name="smoke",
+        description="minutes on a CPU: MiniLM, RTE/MRPC/SMS spam, full vs adapters vs LayerNorm, 1 epoch",
+        backbone=DEFAULT_BACKBONE,
+        accelerator=CPU,
+        max_parallelism=2,
+        retries=0,
+        max_train_examples=256,
+        max_eval_examples=128,
+        sweeps=(
+            Sweep(tasks=SMOKE_TASKS, methods=method_grid(full=True), learning_rates=(1e-4,), max_length=64, epochs=(1,)),
+            Sweep(
+                tasks=SMOKE_TASKS,
+                methods=method_grid(adapter_sizes=(16,), layernorm=True),
+                learning_rates=(3e-3,),
+                max_length=64,
+                epochs=(1,),
+            ),
+        ),
+        ablation=Ablation(tasks=("mrpc",), method={"name": "adapters", "size": 16, "init_std": 1e-2}),
+    )
+)
+
+# A real small reproduction in about an hour on a laptop CPU: four GLUE tasks from the shared
+# data, 2000 training examples each, full vs adapters 64 vs LayerNorm-only, 3 seeds.
+CPU_SMALL_TASKS = ("rte", "mrpc", "cola", "sst2")
+cpu_small = _register(
+    dataclasses.replace(
+        DEFAULTS,
+        name="cpu_small",
+        description="about an hour on a laptop CPU: MiniLM, RTE/MRPC/CoLA/SST-2, full vs adapters 64 vs LayerNorm, 3 seeds",
+        backbone=DEFAULT_BACKBONE,
+        accelerator=CPU,
+        max_parallelism=2,
+        retries=0,
+        max_train_examples=2000,
+        max_eval_examples=1000,
+        sweeps=(
+            # One learning rate per method from the paper's grids: 1e-4 for full fine-tuning,
+            # 3e-3 for the few parameters of adapters and LayerNorm.
+            Sweep(tasks=CPU_SMALL_TASKS, methods=method_grid(full=True), learning_rates=(1e-4,), seeds=(0, 1, 2)),
+            Sweep(
+                tasks=CPU_SMALL_TASKS,
+                methods=method_grid(adapter_sizes=(64,), layernorm=True),
+                learning_rates=(3e-3,),
+                seeds=(0, 1, 2),
+            ),
+        ),
+        ablation=Ablation(tasks=("mrpc",), method={"name": "adapters", "size": 64, "init_std": 1e-2}),
+    )
+)
+
+
+class UnknownExperimentError(KeyError):
+    def __str__(self) -> str:  # KeyError would quote the whole message
+        return str(self.args[0])
+
+
+def get_experiment(name: str) -> ExperimentSpec:
+    """The named experiment; an unknown name raises with the closest known names."""
+    if name in EXPERIMENTS:
+        return EXPERIMENTS[name]
+    close = difflib.get_close_matches(name, EXPERIMENTS, n=3, cutoff=0.4)
+    hint = f"did you mean {', '.join(close)}? " if close else ""
+    raise UnknownExperimentError(f"unknown experiment {name!r}; {hint}known: {', '.join(EXPERIMENTS)}")

@@ -1,0 +1,326 @@
+"""Expand an experiment's grid into validated run configs, with a cost estimate; runs nothing.
+
+`plan(spec)` checks everything it can before a single run starts: task and method names against
+the registries (with the closest known names), value ranges (learning rate, epochs, adapter size,
+k against the backbone's depth), empty blocks and repeated values. Runs come out in a fixed
+order (task, then block, method, learning rate, epochs, seed) with `TrainConfig.run_id`s, so the
+same spec always gives the same plan and KFP's cache recognises finished runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections import Counter
+from typing import Any
+
+from adaptune.config import TrainConfig, method_label
+from adaptune.experiments import PAPER_EPOCHS, Ablation, ExperimentSpec, Sweep
+from adaptune.tasks import Task, UnknownTaskError, get_task
+
+
+class PlanError(ValueError):
+    """An experiment grid that cannot run as declared; the message says what to change."""
+
+
+# --- cost estimate ------------------------------------------------------------------------------
+# Training throughput in examples per second for full fine-tuning at max_length 128, batch 32,
+# per backbone and accelerator (Vertex AI accelerator type, or "cpu"). These are ESTIMATES for
+# planning, not measurements: the CPU row for the embedded MiniLM is of the order measured on a
+# 2-core machine here; the accelerator rows are scaled from published BERT training throughputs.
+# `make bench` measures the real numbers.
+THROUGHPUT: dict[tuple[str, str], float] = {
+    ("all-MiniLM-L6-v2", "cpu"): 40.0,
+    ("bert-base-uncased", "cpu"): 8.0,
+    ("bert-large-uncased", "cpu"): 2.5,
+    ("all-MiniLM-L6-v2", "NVIDIA_H100_80GB"): 4000.0,
+    ("bert-base-uncased", "NVIDIA_H100_80GB"): 1000.0,
+    ("bert-large-uncased", "NVIDIA_H100_80GB"): 350.0,
+    ("all-MiniLM-L6-v2", "NVIDIA_TESLA_A100"): 2500.0,
+    ("bert-base-uncased", "NVIDIA_TESLA_A100"): 600.0,
+    ("bert-large-uncased", "NVIDIA_TESLA_A100"): 200.0,
+    ("all-MiniLM-L6-v2", "TPU_V5_LITEPOD"): 3000.0,
+    ("bert-base-uncased", "TPU_V5_LITEPOD"): 800.0,
+    ("bert-large-uncased", "TPU_V5_LITEPOD"): 280.0,
+}
+# Frozen weights need no weight gradients: a parameter-efficient step costs about 2/3 of a full one.
+PARAMETER_EFFICIENT_STEP_COST = 0.65
+EVALUATION_OVERHEAD = 1.1  # per-epoch validation adds roughly a tenth
+REFERENCE_MAX_LENGTH = 128
+
+# Public GLUE / SQuAD training-set sizes, for tasks whose registry entry has no paper_sizes.
+KNOWN_TRAIN_SIZES = {
+    "cola": 8551, "sst2": 67349, "mrpc": 3668, "stsb": 5749, "qqp": 363846, "mnli_m": 392702,
+    "mnli_mm": 392702, "qnli": 104743, "rte": 2490, "wnli": 635, "squad": 87599,
+}
+
+# Depth of the hub backbones that cannot be read offline; any other backbone's config is read.
+KNOWN_BACKBONE_LAYERS = {
+    "bert-base-uncased": 12, "bert-base-cased": 12, "bert-large-uncased": 24, "bert-large-cased": 24,
+    "google-bert/bert-base-uncased": 12, "google-bert/bert-large-uncased": 24,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    spec: ExperimentSpec
+    runs: list[TrainConfig]
+    run_hours: dict[str, float]  # run_id -> estimated wall-clock hours on one accelerator set
+    merged_duplicates: int  # runs reached by more than one block, kept once
+
+    @property
+    def accelerator_hours(self) -> float:
+        """Estimated wall-clock hours x accelerators per run (x1 on CPU nodes). An estimate."""
+        return sum(self.run_hours.values()) * max(self.spec.accelerator.count, 1)
+
+    @property
+    def tasks(self) -> list[str]:
+        return list(dict.fromkeys(run.task for run in self.runs))
+
+    def runs_by_task(self) -> list[dict[str, Any]]:
+        """The run list grouped per task, as KFP parameters: [{"task", "backbone", "max_length", "runs": [config dicts]}]."""
+        groups = []
+        for task in self.tasks:
+            runs = [run for run in self.runs if run.task == task]
+            groups.append(
+                {
+                    "task": task,
+                    "backbones": sorted({run.backbone for run in runs}),
+                    "max_lengths": sorted({run.max_length for run in runs}),
+                    "runs": [run.to_dict() for run in runs],
+                }
+            )
+        return groups
+
+    def summary(self) -> str:
+        spec = self.spec
+        accel = spec.accelerator
+        lines = [
+            f"experiment {spec.name}: {spec.description}",
+            f"accelerator {accel.label} x{accel.count}, parallelism {spec.max_parallelism} per task, retries {spec.retries}",
+        ]
+        header = ("task", "runs", "backbone", "methods", "learning rates", "epochs", "seeds")
+        rows = [header]
+        for task in self.tasks:
+            runs = [run for run in self.runs if run.task == task]
+            rows.append(
+                (
+                    task,
+                    str(len(runs)),
+                    ",".join(dict.fromkeys(run.backbone for run in runs)),
+                    _compact(method_label(run.method) for run in runs),
+                    _compact(f"{run.lr:g}" for run in runs),
+                    _compact(str(run.epochs) for run in runs),
+                    _compact(str(run.seed) for run in runs),
+                )
+            )
+        widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
+        lines += ["  ".join(cell.ljust(w) for cell, w in zip(row[:-1], widths)) + "  " + row[-1] for row in rows]
+        if spec.ablation:
+            lines.append(
+                f"ablation: the best {method_label(spec.ablation.method)} run of {', '.join(spec.ablation.tasks)}"
+            )
+        if spec.max_train_examples:
+            lines.append(f"subsampled: at most {spec.max_train_examples} training examples per task")
+        if self.merged_duplicates:
+            lines.append(f"{self.merged_duplicates} runs shared by several blocks are planned once")
+        lines.append(f"{len(self.runs)} runs")
+        run_hours = sum(self.run_hours.values())
+        at_once = max(spec.max_parallelism, 1) * max(len(self.tasks), 1)
+        lines.append(
+            f"estimate: {_hours(self.accelerator_hours)} accelerator-hours ({accel.label} x{max(accel.count, 1)} per run), "
+            f"~{_hours(run_hours / at_once)} h wall-clock with {spec.max_parallelism} runs per task at once "
+            "-- an estimate from adaptune.plan.THROUGHPUT, not a measurement"
+        )
+        return "\n".join(lines)
+
+
+def plan(spec: ExperimentSpec) -> Plan:
+    """Expand and validate `spec`; raises PlanError naming every problem found."""
+    problems: list[str] = []
+    if not spec.sweeps:
+        raise PlanError(f"experiment {spec.name!r} has an empty grid: declare at least one Sweep in its sweeps")
+    _check_spec_values(spec, problems)
+    per_task: dict[str, list[TrainConfig]] = {}
+    for index, sweep in enumerate(spec.sweeps):
+        where = f"experiment {spec.name!r}, sweep {index}"
+        for config in _expand(spec, sweep, where, problems):
+            per_task.setdefault(config.task, []).append(config)
+    if problems:
+        raise PlanError("invalid experiment grid:\n  - " + "\n  - ".join(dict.fromkeys(problems)))
+
+    runs: list[TrainConfig] = []
+    seen: set[str] = set()
+    for task_runs in per_task.values():
+        for config in task_runs:
+            if config.run_id not in seen:
+                seen.add(config.run_id)
+                runs.append(config)
+    if spec.ablation:
+        _check_ablation(spec.ablation, runs)
+    run_hours = {run.run_id: estimate_hours(run, spec) for run in runs}
+    return Plan(spec=spec, runs=runs, run_hours=run_hours, merged_duplicates=sum(map(len, per_task.values())) - len(runs))
+
+
+def _check_spec_values(spec: ExperimentSpec, problems: list[str]) -> None:
+    if spec.max_parallelism < 1:
+        problems.append(f"max_parallelism must be >= 1, got {spec.max_parallelism}")
+    if spec.retries < 0:
+        problems.append(f"retries must be >= 0, got {spec.retries}")
+    for field in ("max_train_examples", "max_eval_examples"):
+        value = getattr(spec, field)
+        if value is not None and value < 1:
+            problems.append(f"{field} must be >= 1 or None (the whole split), got {value}")
+    accel = spec.accelerator
+    if accel.family not in ("cpu", "gpu", "tpu"):
+        problems.append(f"accelerator family must be cpu, gpu or tpu, got {accel.family!r}")
+    elif accel.family != "cpu" and (not accel.type or accel.count < 1):
+        problems.append(f"a {accel.family} accelerator needs a type (e.g. NVIDIA_H100_80GB) and count >= 1")
+
+
+def _expand(spec: ExperimentSpec, sweep: Sweep, where: str, problems: list[str]) -> list[TrainConfig]:
+    for field in ("tasks", "methods", "learning_rates", "epochs", "seeds"):
+        values = getattr(sweep, field)
+        if not values:
+            problems.append(f"{where}: {field} is empty, so the block has no runs")
+        elif values != PAPER_EPOCHS:
+            repeated = [value for value, n in Counter(map(repr, values)).items() if n > 1]
+            if repeated:
+                problems.append(f"{where}: {field} repeats {', '.join(repeated)} (duplicate run ids)")
+    problems += [f"{where}: learning rate must be > 0, got {lr}" for lr in sweep.learning_rates if not lr > 0]
+    if sweep.epochs != PAPER_EPOCHS:
+        problems += [f"{where}: epochs must be an integer >= 1, got {e}" for e in sweep.epochs if not (isinstance(e, int) and e >= 1)]
+    if sweep.max_length is not None and sweep.max_length < 8:
+        problems.append(f"{where}: max_length must be >= 8 tokens, got {sweep.max_length}")
+
+    backbone = sweep.backbone or spec.backbone
+    tasks = [task for task in (_known_task(name, where, problems) for name in sweep.tasks) if task]
+    methods = [m for m in (_canonical_method(m, backbone, where, problems) for m in sweep.methods) if m]
+    if not tasks or not methods:
+        return []
+    configs = []
+    for task in tasks:
+        for method in methods:
+            for lr in sweep.learning_rates:
+                for epochs in _epochs_for(sweep, task, method, where, problems):
+                    for seed in sweep.seeds:
+                        overrides = {"max_length": sweep.max_length} if sweep.max_length else {}
+                        configs.append(
+                            TrainConfig(
+                                task=task.name, method=method, lr=lr, epochs=epochs, seed=seed, backbone=backbone,
+                                max_train_examples=spec.max_train_examples, max_eval_examples=spec.max_eval_examples,
+                                experiment=spec.name, **overrides,
+                            )
+                        )
+    return configs
+
+
+def _known_task(name: str, where: str, problems: list[str]) -> Task | None:
+    try:
+        return get_task(name)
+    except UnknownTaskError as error:
+        problems.append(f"{where}: {error}")
+        return None
+
+
+def _canonical_method(method: dict[str, Any], backbone: str, where: str, problems: list[str]) -> dict[str, Any] | None:
+    """The method dict as methods.py writes it (defaults filled in), so equal methods get equal run ids."""
+    from adaptune.methods import method_from_dict  # imports torch; only needed once a grid is expanded
+
+    try:
+        canonical = method_from_dict(dict(method)).to_dict()
+    except (TypeError, ValueError) as error:
+        problems.append(f"{where}: method {method!r}: {error}")
+        return None
+    if canonical["name"] == "top_k":
+        layers = backbone_layers(backbone)
+        if canonical["k"] > layers:
+            problems.append(f"{where}: top_k k={canonical['k']} exceeds the {layers} layers of {backbone}")
+            return None
+    return canonical
+
+
+def _epochs_for(sweep: Sweep, task: Task, method: dict[str, Any], where: str, problems: list[str]) -> tuple[int, ...]:
+    if sweep.epochs != PAPER_EPOCHS:
+        return sweep.epochs
+    if task.paper_epochs is None:
+        problems.append(f"{where}: epochs='paper' but the paper gives no epochs for task {task.name!r} (Table 4 covers the additional tasks); list the epochs")
+        return ()
+    finetune, adapters = task.paper_epochs
+    # Table 4 has fine-tuning and adapters columns: top_k is fine-tuning, LayerNorm-only is parameter-efficient.
+    return (finetune,) if method["name"] in ("full", "top_k") else (adapters,)
+
+
+def _check_ablation(ablation: Ablation, runs: list[TrainConfig]) -> None:
+    from adaptune.methods import method_from_dict
+
+    try:
+        method = method_from_dict(dict(ablation.method)).to_dict()
+    except (TypeError, ValueError) as error:
+        raise PlanError(f"ablation method {ablation.method!r}: {error}") from None
+    if method["name"] != "adapters":
+        raise PlanError(f"ablation switches adapters off, so its method must be adapters, got {method['name']!r}")
+    for task in ablation.tasks:
+        if not any(run.task == get_task(task).name and run.method == method for run in runs):
+            raise PlanError(f"ablation of {task!r} needs a planned {method_label(method)} run of that task; add one to a sweep")
+
+
+@functools.cache
+def backbone_layers(backbone: str) -> int:
+    """Number of Transformer layers of a backbone: known hub names, else its config (local path or embedded)."""
+    if backbone in KNOWN_BACKBONE_LAYERS:
+        return KNOWN_BACKBONE_LAYERS[backbone]
+    from transformers import AutoConfig
+
+    from adaptune.backbone import resolve_backbone
+
+    try:
+        return int(AutoConfig.from_pretrained(resolve_backbone(backbone)).num_hidden_layers)
+    except (OSError, ValueError) as error:
+        raise PlanError(
+            f"cannot read the config of backbone {backbone!r} to check top_k ({error}); use a local path, the embedded "
+            f"all-MiniLM-L6-v2, or one of {sorted(KNOWN_BACKBONE_LAYERS)}"
+        ) from None
+
+
+def estimate_hours(run: TrainConfig, spec: ExperimentSpec) -> float:
+    """Estimated training hours of one run: examples x epochs / throughput (see THROUGHPUT)."""
+    task = get_task(run.task)
+    train_size = task.paper_sizes[0] if task.paper_sizes else KNOWN_TRAIN_SIZES.get(task.name, 10_000)
+    if run.max_train_examples:
+        train_size = min(train_size, run.max_train_examples)
+    backbone = run.backbone.split("/")[-1]
+    per_second = THROUGHPUT.get((backbone, spec.accelerator.label))
+    if per_second is None:  # unknown pair: assume BERT-base on this accelerator, else the CPU row
+        per_second = THROUGHPUT.get(("bert-base-uncased", spec.accelerator.label), THROUGHPUT[("bert-base-uncased", "cpu")])
+    per_second *= REFERENCE_MAX_LENGTH / run.max_length
+    if run.method["name"] != "full":
+        per_second /= PARAMETER_EFFICIENT_STEP_COST
+    return train_size * run.epochs / per_second * EVALUATION_OVERHEAD / 3600
+
+
+def select_ablation_runs(records: list[dict[str, Any]], ablation: Ablation) -> list[dict[str, Any]]:
+    """Per ablation task, the finished run of the ablation's method with the best validation score."""
+    from adaptune.methods import method_from_dict
+
+    method = method_from_dict(dict(ablation.method)).to_dict()
+    selected = []
+    for name in ablation.tasks:
+        task = get_task(name)
+        candidates = [
+            record for record in records
+            if record.get("status") == "ok" and record["task"] == task.name
+            and method_from_dict(dict(record["method"])).to_dict() == method
+            and record.get("val_metrics", {}).get(task.primary_metric) is not None
+        ]
+        if candidates:
+            selected.append(max(candidates, key=lambda record: record["val_metrics"][task.primary_metric]))
+    return selected
+
+
+def _hours(hours: float) -> str:
+    return f"{hours:.2f}" if hours < 10 else f"{hours:.0f}"
+
+
+def _compact(values: Any) -> str:
+    return ",".join(dict.fromkeys(values))
