@@ -1,0 +1,85 @@
+"""Pick the accelerator a run uses: CUDA (bf16 autocast), TPU via torch_xla, else CPU."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib.util
+import os
+from collections.abc import Iterator
+
+import torch
+
+
+@dataclasses.dataclass(frozen=True)
+class Device:
+    """Where a run executes and how it casts: `torch_device` for tensors, `name` for records."""
+
+    kind: str  # "cuda" | "xla" | "cpu"
+    torch_device: torch.device
+    name: str  # human/record label, e.g. "cuda:NVIDIA H100 80GB HBM3", "xla:TPU", "cpu"
+    autocast_dtype: torch.dtype | None  # bf16 on CUDA/TPU, None (fp32) on CPU
+
+    @contextlib.contextmanager
+    def autocast(self) -> Iterator[None]:
+        """Mixed precision where it pays (bf16 needs no loss scaling); a no-op on CPU."""
+        if self.autocast_dtype is None:
+            yield
+            return
+        with torch.autocast(device_type=self.kind, dtype=self.autocast_dtype):
+            yield
+
+    def synchronize(self) -> None:
+        """Wait for queued device work, so that wall-clock timings are honest."""
+        if self.kind == "cuda":
+            torch.cuda.synchronize(self.torch_device)
+        elif self.kind == "xla":
+            import torch_xla.core.xla_model as xm  # only importable on TPU hosts
+
+            xm.mark_step()
+            xm.wait_device_ops()
+
+    def mark_step(self) -> None:
+        """XLA builds graphs lazily: cut one per optimizer step; nothing to do elsewhere."""
+        if self.kind == "xla":
+            import torch_xla.core.xla_model as xm
+
+            xm.mark_step()
+
+
+def pick_device(prefer: str | None = None) -> Device:
+    """CUDA when present, else TPU when torch_xla is importable, else CPU.
+
+    `prefer` (or $ADAPTUNE_DEVICE) forces one of "cuda", "xla", "cpu"; asking for one that is not
+    available is an error, not a silent fallback.
+    """
+    choice = (prefer or os.environ.get("ADAPTUNE_DEVICE") or "").strip().lower() or None
+    if choice not in (None, "cuda", "xla", "tpu", "cpu"):
+        raise ValueError(f"unknown device {choice!r}: use cuda, xla (tpu) or cpu, or leave it unset to pick automatically")
+    if choice == "tpu":
+        choice = "xla"
+    if choice in (None, "cuda") and torch.cuda.is_available():
+        index = torch.cuda.current_device()
+        return Device("cuda", torch.device("cuda", index), f"cuda:{torch.cuda.get_device_name(index)}", torch.bfloat16)
+    if choice in (None, "xla") and importlib.util.find_spec("torch_xla") is not None:
+        import torch_xla.core.xla_model as xm
+
+        xla_device = xm.xla_device()
+        return Device("xla", xla_device, f"xla:{xm.xla_device_hw(xla_device)}", torch.bfloat16)
+    if choice in ("cuda", "xla"):
+        raise RuntimeError(f"device {choice!r} was requested but is not available here; unset ADAPTUNE_DEVICE to use what is")
+    return Device("cpu", torch.device("cpu"), "cpu", None)
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """True for an accelerator (or host) allocation failure, which a run records instead of crashing."""
+    if isinstance(error, (torch.cuda.OutOfMemoryError, MemoryError)):
+        return True
+    message = str(error).lower()
+    return isinstance(error, RuntimeError) and ("out of memory" in message or "resource_exhausted" in message)
+
+
+def release_memory(device: Device) -> None:
+    """Return cached accelerator memory after a failure, so the next run in this process starts clean."""
+    if device.kind == "cuda":
+        torch.cuda.empty_cache()

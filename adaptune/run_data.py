@@ -1,0 +1,82 @@
+"""A run's data: load a task's splits, subsample them (seeded), tokenize, and shape them for the loop."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+from datasets import Dataset, DatasetDict
+
+from adaptune.batching import model_rows, subsample
+from adaptune.data import load_task_data, tokenize_task
+from adaptune.evaluate import EvalSplit
+from adaptune.squad import check_window, prepare_features
+from adaptune.tasks import Task
+
+EVAL_SPLITS = ("validation", "test")
+
+
+@dataclasses.dataclass
+class RunData:
+    train_rows: list[dict[str, Any]]  # empty when prepared for evaluation only
+    eval_splits: dict[str, EvalSplit]  # "validation", and "test" where the task has a labelled test split
+
+
+def prepare_run_data(
+    task: Task,
+    tokenizer: Any,
+    max_length: int,
+    doc_stride: int,
+    max_train_examples: int | None,
+    max_eval_examples: int | None,
+    data_dir: str | os.PathLike[str] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    with_train: bool = True,
+) -> RunData:
+    """Everything a run (or an ablation, `with_train=False`) feeds its model, from the real splits."""
+    raw = load_task_data(task, data_dir)
+    if "validation" not in raw:
+        raise ValueError(f"task {task.name!r} has no validation split (splits: {list(raw)}); the run selects its best epoch on it")
+    wanted = {"validation": max_eval_examples, "test": max_eval_examples}
+    if with_train:
+        wanted["train"] = max_train_examples
+    splits = DatasetDict({name: subsample(raw[name], limit) for name, limit in wanted.items() if name in raw})
+    if task.kind == "span":
+        return _span_data(splits, tokenizer, max_length, doc_stride)
+    tokenized = tokenize_task(task, splits, tokenizer, max_length, cache_dir)
+    eval_splits = {}
+    for name in EVAL_SPLITS:
+        if name in tokenized and _has_labels(tokenized[name]):
+            eval_splits[name] = EvalSplit(name, model_rows(tokenized[name]), references=list(tokenized[name]["labels"]))
+    return RunData(train_rows=model_rows(tokenized["train"]) if with_train else [], eval_splits=eval_splits)
+
+
+def _has_labels(split: Dataset) -> bool:
+    """A split is scored only when it carries real labels (GLUE-style hidden test labels are -1 or None)."""
+    if "labels" not in split.column_names or len(split) == 0:
+        return False
+    labels = split["labels"]
+    return all(label is not None and label != -1 for label in labels)
+
+
+def _span_data(splits: DatasetDict, tokenizer: Any, max_length: int, doc_stride: int) -> RunData:
+    check_window(max_length, doc_stride)
+    options = {"tokenizer": tokenizer, "max_length": max_length, "doc_stride": doc_stride}
+    train_rows: list[dict[str, Any]] = []
+    if "train" in splits:
+        train_features = splits["train"].map(
+            prepare_features, batched=True, remove_columns=splits["train"].column_names, fn_kwargs=options
+        )
+        train_rows = model_rows(train_features)
+    eval_splits = {}
+    for name in EVAL_SPLITS:
+        if name not in splits:
+            continue
+        examples = splits[name]
+        features = examples.map(
+            prepare_features, batched=True, remove_columns=examples.column_names, fn_kwargs={**options, "for_evaluation": True}
+        )
+        rows = [{k: v for k, v in row.items() if k not in ("start_positions", "end_positions")} for row in model_rows(features)]
+        eval_splits[name] = EvalSplit(name, rows, examples=examples, features=features.select_columns(["example_id", "offset_mapping"]))
+    return RunData(train_rows=train_rows, eval_splits=eval_splits)

@@ -1,0 +1,375 @@
+"""One run: train a method on a task, evaluate every epoch, keep the best epoch, write record + checkpoint.
+
+The procedure follows the paper's official code: AdamW with weight decay 0.01 (not on biases and
+LayerNorm weights, as BERT does), linear warmup over the first 10% of steps then linear decay to
+zero, gradient clipping at 1.0, batch 32, max length 128, the head on the first token. Batches are
+dynamically padded and length-grouped. The full training state is saved at epoch ends (and every
+`checkpoint_every_steps`), so a preempted run restarted with the same out dir resumes and ends with
+the same result. Diverging or out-of-memory runs come back as records with status "failed".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+from transformers import get_linear_schedule_with_warmup, set_seed
+from transformers.trainer_pt_utils import get_parameter_names
+
+from adaptune.backbone import load_model, load_tokenizer
+from adaptune.batching import epoch_batches, iterate_batches, make_collator
+from adaptune.checkpoint import save_task_checkpoint
+from adaptune.config import DEFAULT_BACKBONE, TrainConfig, method_label
+from adaptune.devices import Device, is_out_of_memory, pick_device, release_memory
+from adaptune.evaluate import EvalResult, evaluate_split
+from adaptune.methods import apply_method, method_from_dict, parse_method
+from adaptune.params import count_parameters
+from adaptune.run_data import RunData, prepare_run_data
+from adaptune.tasks import Task, get_task
+from adaptune.train_state import Progress, load_state, remove_state, save_state
+
+RECORD_FILE = "record.json"
+CHECKPOINT_DIR = "checkpoint"
+StepCallback = Callable[[int], None]
+
+
+class RunFailed(Exception):
+    """The run cannot go on (non-finite loss or gradients); becomes a "failed" record, not a crash."""
+
+
+def train_and_evaluate(
+    config: TrainConfig,
+    data_dir: str | os.PathLike[str] | None = None,
+    out_dir: str | os.PathLike[str] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    progress: bool = True,
+    step_callback: StepCallback | None = None,
+) -> dict[str, Any]:
+    """Train and evaluate one run; returns its record (also written to out_dir/record.json).
+
+    out_dir defaults to runs/<run_id>. A finished record already there for the same run id is
+    returned as is; a saved training state there is resumed. `step_callback(global_step)` runs after
+    every optimizer step (and after any state save of that step): a hook for progress reporting, and
+    for tests that interrupt a run by raising from it.
+    """
+    started = time.perf_counter()
+    out = Path(out_dir) if out_dir is not None else Path("runs") / config.run_id
+    out.mkdir(parents=True, exist_ok=True)
+    finished = _finished_record(out, config.run_id)
+    if finished is not None:
+        return finished
+
+    task = get_task(config.task)
+    method_cfg = method_from_dict(config.method)
+    _check_config(config)
+    device = pick_device()
+    record = _base_record(config, task, device, out)
+    run = _Run(config, task, method_cfg, device, out, record)
+    try:
+        run.execute(data_dir, cache_dir, progress, step_callback)
+    except RunFailed as failure:
+        record.update(status="failed", reason=str(failure))
+    except Exception as error:  # only allocation failures become records; anything else is a bug to see
+        if not is_out_of_memory(error):
+            raise
+        record.update(status="failed", reason=f"out of memory on {device.name}: {error}".strip()[:500])
+        release_memory(device)
+    record["wall_time_s"] = run.progress.elapsed_s + (time.perf_counter() - started)
+    record["curve"] = run.progress.curve
+    _write_json(out / RECORD_FILE, record)
+    if record["status"] != "failed":
+        remove_state(out)
+    return record
+
+
+class _Run:
+    """The state of one run while it trains: kept on an object so a failure can still report it."""
+
+    def __init__(self, config: TrainConfig, task: Task, method_cfg: Any, device: Device, out: Path, record: dict[str, Any]) -> None:
+        self.config, self.task, self.method_cfg, self.device, self.out, self.record = config, task, method_cfg, device, out, record
+        self.progress = Progress()
+
+    def execute(self, data_dir: Any, cache_dir: Any, show_progress: bool, step_callback: StepCallback | None) -> None:
+        config, task, device = self.config, self.task, self.device
+        _seed_everything(config.seed, device)
+        tokenizer = load_tokenizer(config.backbone)
+        data = prepare_run_data(
+            task, tokenizer, config.max_length, config.doc_stride, config.max_train_examples, config.max_eval_examples, data_dir, cache_dir
+        )
+        if not data.train_rows:
+            raise ValueError(f"task {task.name!r} has no training rows; check the data dir")
+        model = load_model(config.backbone, task.kind, task.num_labels)
+        apply_method(model, self.method_cfg)
+        model.to(device.torch_device)
+        counts = count_parameters(model)
+        self.record.update(trained_params=counts.trained, total_params=counts.total)
+
+        steps_per_epoch = math.ceil(len(data.train_rows) / config.batch_size)
+        total_steps = steps_per_epoch * config.epochs
+        optimizer = _adamw(model, config.lr, config.weight_decay)
+        scheduler = get_linear_schedule_with_warmup(optimizer, int(config.warmup_fraction * total_steps), total_steps)
+        resumed = load_state(self.out, config.run_id, model, optimizer, scheduler)
+        if resumed is not None:
+            self.progress = resumed
+        collator = make_collator(tokenizer, pad_to_multiple_of=8 if device.kind == "cuda" else None)
+        lengths = [len(row["input_ids"]) for row in data.train_rows]
+        segment_started = time.perf_counter()
+        trainable = [p for p in model.parameters() if p.requires_grad]
+
+        bar = tqdm(total=total_steps, initial=self.progress.global_step, desc=config.run_id, disable=not show_progress, leave=False)
+        try:
+            while self.progress.epoch < config.epochs:
+                p = self.progress
+                batches = epoch_batches(lengths, config.batch_size, config.seed, p.epoch)
+                model.train()
+                for batch_rows, batch in zip(
+                    batches[p.step_in_epoch :], iterate_batches(data.train_rows, batches[p.step_in_epoch :], collator, device.torch_device)
+                ):
+                    step_started = time.perf_counter()
+                    loss = self._step(model, batch, optimizer, scheduler, trainable)
+                    p.train_time_s += time.perf_counter() - step_started
+                    p.examples_trained += len(batch_rows)
+                    p.global_step += 1
+                    p.step_in_epoch += 1
+                    p.epoch_loss_sum += loss
+                    p.epoch_loss_steps += 1
+                    bar.update(1)
+                    bar.set_postfix(epoch=p.epoch + 1, loss=f"{loss:.4f}")
+                    every = config.checkpoint_every_steps
+                    if every and p.global_step % every == 0 and p.step_in_epoch < len(batches):
+                        self._save(model, optimizer, scheduler, segment_started)
+                    if step_callback is not None:
+                        step_callback(p.global_step)
+                self._end_epoch(model, data, collator)
+                self._save(model, optimizer, scheduler, segment_started)
+        finally:
+            bar.close()
+        self._finish()
+
+    def _step(self, model: nn.Module, batch: dict[str, torch.Tensor], optimizer: Any, scheduler: Any, trainable: list[nn.Parameter]) -> float:
+        with self.device.autocast():
+            loss = model(**batch).loss
+        loss_value = float(loss.detach())
+        where = f"at step {self.progress.global_step + 1} (epoch {self.progress.epoch + 1}, lr {self.config.lr:g})"
+        if not math.isfinite(loss_value):
+            raise RunFailed(f"non-finite training loss ({loss_value}) {where}: the learning rate is likely too high")
+        loss.backward()
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(trainable, self.config.max_grad_norm))
+        if not math.isfinite(grad_norm):
+            raise RunFailed(f"non-finite gradient norm ({grad_norm}) {where}: the learning rate is likely too high")
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        self.device.mark_step()
+        return loss_value
+
+    def _end_epoch(self, model: nn.Module, data: RunData, collator: Any) -> None:
+        p, config = self.progress, self.config
+        validation = evaluate_split(model, self.task, data.eval_splits["validation"], self.device, collator)
+        p.curve.append(
+            {
+                "epoch": p.epoch + 1,
+                "step": p.global_step,
+                "train_loss": p.epoch_loss_sum / max(p.epoch_loss_steps, 1),
+                "val_metrics": _finite_or_none(validation.metrics),
+            }
+        )
+        value = _selection_value(validation, self.task.primary_metric)
+        if p.best_value is None or value > p.best_value:
+            p.best_epoch, p.best_value = p.epoch + 1, value
+            p.best_val_metrics = _finite_or_none(validation.metrics)
+            p.best_predicted_classes = validation.predicted_classes
+            test = data.eval_splits.get("test")
+            p.best_test_metrics = _finite_or_none(evaluate_split(model, self.task, test, self.device, collator).metrics) if test else {}
+            metadata = {"run_id": config.run_id, "task": self.task.name, "best_epoch": p.best_epoch, "config": config.to_dict()}
+            save_task_checkpoint(model, self.method_cfg, config.backbone, self.out / CHECKPOINT_DIR, metadata=metadata)
+        p.epoch += 1
+        p.step_in_epoch = 0
+        p.epoch_loss_sum, p.epoch_loss_steps = 0.0, 0
+
+    def _save(self, model: nn.Module, optimizer: Any, scheduler: Any, segment_started: float) -> None:
+        # Saved wall time = earlier attempts + this one so far; resumed, the record adds the rest.
+        elapsed_before = self.progress.elapsed_s
+        self.progress.elapsed_s = elapsed_before + (time.perf_counter() - segment_started)
+        save_state(self.out, self.config.run_id, model, optimizer, scheduler, self.progress)
+        self.progress.elapsed_s = elapsed_before
+
+    def _finish(self) -> None:
+        p, record = self.progress, self.record
+        record.update(
+            best_epoch=p.best_epoch,
+            val_metrics=p.best_val_metrics,
+            test_metrics=p.best_test_metrics,
+            train_examples_per_s=p.examples_trained / p.train_time_s if p.train_time_s > 0 else None,
+            checkpoint_dir=str(self.out / CHECKPOINT_DIR),
+        )
+        if p.best_predicted_classes == 1 and self.task.num_labels > 1:
+            record.update(
+                status="degenerate",
+                reason=f"validation predictions at the best epoch ({p.best_epoch}) are all one class "
+                f"({self.task.primary_metric} {p.best_value:g}); compare other seeds and learning rates",
+            )
+
+
+def _base_record(config: TrainConfig, task: Task, device: Device, out: Path) -> dict[str, Any]:
+    """Every key of the run record, filled in as the run goes (a failed run still has them all)."""
+    return {
+        "run_id": config.run_id,
+        "experiment": config.experiment,
+        "task": config.task,
+        "method": dict(config.method),
+        "method_label": method_label(config.method),
+        "lr": config.lr,
+        "epochs": config.epochs,
+        "seed": config.seed,
+        "backbone": config.backbone,
+        "config": config.to_dict(),
+        "status": "ok",
+        "reason": None,
+        "trained_params": None,
+        "total_params": None,
+        "primary_metric": task.primary_metric,
+        "best_epoch": None,
+        "val_metrics": {},
+        "test_metrics": {},
+        "curve": [],
+        "wall_time_s": None,
+        "train_examples_per_s": None,
+        "device": device.name,
+        "checkpoint_dir": None,
+    }
+
+
+def _check_config(config: TrainConfig) -> None:
+    problems = []
+    if config.epochs < 1:
+        problems.append(f"epochs must be >= 1, got {config.epochs}")
+    if config.batch_size < 1:
+        problems.append(f"batch_size must be >= 1, got {config.batch_size}")
+    if math.isnan(config.lr) or config.lr <= 0:
+        problems.append(f"lr must be > 0, got {config.lr}")
+    if not 0 <= config.warmup_fraction < 1:
+        problems.append(f"warmup_fraction must be in [0, 1), got {config.warmup_fraction}")
+    if config.checkpoint_every_steps is not None and config.checkpoint_every_steps < 1:
+        problems.append(f"checkpoint_every_steps must be >= 1 or None, got {config.checkpoint_every_steps}")
+    if problems:
+        raise ValueError(f"invalid TrainConfig for {config.run_id}: " + "; ".join(problems))
+
+
+def _seed_everything(seed: int, device: Device) -> None:
+    if device.kind == "cuda":
+        # cuBLAS needs this before its first call to be deterministic; then only deterministic kernels.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    set_seed(seed)
+
+
+def _adamw(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """AdamW with BERT's exclusions: no weight decay on biases and LayerNorm weights."""
+    decayed = set(get_parameter_names(model, [nn.LayerNorm]))
+    groups: list[dict[str, Any]] = [{"params": [], "weight_decay": weight_decay}, {"params": [], "weight_decay": 0.0}]
+    for name, parameter in model.named_parameters():
+        if parameter.requires_grad:
+            groups[0 if name in decayed and not name.endswith("bias") else 1]["params"].append(parameter)
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, weight_decay=weight_decay)
+
+
+def _selection_value(result: EvalResult, metric: str) -> float:
+    if metric not in result.metrics:
+        raise KeyError(f"evaluation gave {sorted(result.metrics)} but the task selects by {metric!r}")
+    value = float(result.metrics[metric])
+    return value if math.isfinite(value) else -math.inf  # e.g. a correlation of constant predictions
+
+
+def _finite_or_none(metrics: dict[str, Any]) -> dict[str, float | None]:
+    """JSON has no NaN: undefined metrics (constant predictions) become null."""
+    return {name: (float(v) if v is not None and math.isfinite(float(v)) else None) for name, v in metrics.items()}
+
+
+def _finished_record(out: Path, run_id: str) -> dict[str, Any] | None:
+    path = out / RECORD_FILE
+    if not path.is_file():
+        return None
+    record = json.loads(path.read_text())
+    if record.get("run_id") != run_id:
+        raise ValueError(f"{path} holds run {record.get('run_id')!r}, not {run_id!r}: give each run its own out dir")
+    return record if record.get("status") != "failed" else None
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+    os.replace(temporary, path)
+
+
+# ---- command line: `python -m adaptune train ...` -------------------------------------------------
+
+
+def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--task", required=True, help="a task name (python -m adaptune tasks lists them)")
+    parser.add_argument("--method", default=None, help="full | layernorm | top_k:K | adapters:M[,init_std=S] (default adapters:64)")
+    parser.add_argument("--adapter-size", type=int, default=None, help="shorthand for --method adapters:M")
+    parser.add_argument("--top-k", type=int, default=None, help="shorthand for --method top_k:K")
+    parser.add_argument("--init-std", type=float, default=None, help="adapter weight init std (paper 1e-2, official code 1e-3)")
+    parser.add_argument("--lr", type=float, default=TrainConfig.lr)
+    parser.add_argument("--epochs", type=int, default=TrainConfig.epochs)
+    parser.add_argument("--seed", type=int, default=TrainConfig.seed)
+    parser.add_argument("--backbone", default=DEFAULT_BACKBONE, help="hub id or local path (default: the embedded MiniLM)")
+    parser.add_argument("--batch-size", type=int, default=TrainConfig.batch_size)
+    parser.add_argument("--max-length", type=int, default=TrainConfig.max_length)
+    parser.add_argument("--max-train-examples", type=int, default=None, help="seeded subset of the training split")
+    parser.add_argument("--max-eval-examples", type=int, default=None, help="seeded subset of validation/test")
+    parser.add_argument("--checkpoint-every-steps", type=int, default=None, help="save the resumable state every N steps")
+    parser.add_argument("--experiment", default="adhoc")
+    parser.add_argument("--data-dir", default=None, help="local data mirror (default: found automatically)")
+    parser.add_argument("--cache-dir", default=None, help="tokenization cache")
+    parser.add_argument("--out", default=None, help="run directory (default runs/<run_id>)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """The TrainConfig the CLI flags describe; conflicting method flags are an error."""
+    given = [flag for flag, value in (("--method", args.method), ("--adapter-size", args.adapter_size), ("--top-k", args.top_k)) if value is not None]
+    if len(given) > 1:
+        raise SystemExit(f"give one of --method, --adapter-size, --top-k (got {', '.join(given)})")
+    if args.adapter_size is not None:
+        method = parse_method(f"adapters:{args.adapter_size}")
+    elif args.top_k is not None:
+        method = parse_method(f"top_k:{args.top_k}")
+    else:
+        method = parse_method(args.method or "adapters:64")
+    method_dict = method.to_dict()
+    if args.init_std is not None:
+        if method_dict["name"] != "adapters":
+            raise SystemExit(f"--init-std applies to adapters only, not {method_dict['name']!r}")
+        method_dict["init_std"] = args.init_std
+    return TrainConfig(
+        task=args.task,
+        method=method_dict,
+        lr=args.lr,
+        epochs=args.epochs,
+        seed=args.seed,
+        backbone=args.backbone,
+        batch_size=args.batch_size,
+        max_length=args.max_length,
+        max_train_examples=args.max_train_examples,
+        max_eval_examples=args.max_eval_examples,
+        checkpoint_every_steps=args.checkpoint_every_steps,
+        experiment=args.experiment,
+    )
+
+
+def train_from_args(args: argparse.Namespace) -> int:
+    """Run `python -m adaptune train`; prints the record; exit code 0 for ok/degenerate, 1 for failed."""
+    record = train_and_evaluate(config_from_args(args), data_dir=args.data_dir, out_dir=args.out, cache_dir=args.cache_dir, progress=not args.no_progress)
+    print(json.dumps({k: v for k, v in record.items() if k not in ("config", "curve")}, indent=2, default=str))
+    return 1 if record["status"] == "failed" else 0
