@@ -1,0 +1,125 @@
+"""`build_report`: every table and figure from a results directory, linked from one report.md."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from adaptune.report.figures import FigureOutput, all_figures
+from adaptune.report.reference import load_reference, reference_path
+from adaptune.report.selection import problem_runs
+from adaptune.report.tables import (
+    adapter_size_table,
+    simple_markdown,
+    table1,
+    table1_markdown,
+    table2,
+    table2_markdown,
+)
+from adaptune.results import read_results
+
+
+def build_report(results_dir: str | Path, out_dir: str | Path, reference: str | Path | None = None) -> Path:
+    """Write tables/ (Parquet + Markdown), figures/ (PNG + PDF) and report.md into out_dir; return report.md."""
+    results_dir, out_dir = Path(results_dir), Path(out_dir)
+    frames = read_results(results_dir)
+    paper = load_reference(reference)
+    runs = frames["runs"]
+    tables_dir, figures_dir = out_dir / "tables", out_dir / "figures"
+    tables_dir.mkdir(parents=True, exist_ok=True)
+
+    t1, t2, sizes = table1(runs, paper), table2(runs, paper), adapter_size_table(runs, paper)
+    problems = problem_runs(runs)
+    for name, frame in (("table1", t1), ("table2", t2), ("adapter_sizes", sizes), ("excluded_runs", problems)):
+        frame.to_parquet(tables_dir / f"{name}.parquet", index=False)
+    markdown = {
+        "table1": table1_markdown(t1),
+        "table2": table2_markdown(t2, paper),
+        "adapter_sizes": simple_markdown(sizes),
+        "excluded_runs": simple_markdown(problems) if not problems.empty else "(none)",
+    }
+    for name, text in markdown.items():
+        (tables_dir / f"{name}.md").write_text(text + "\n", encoding="utf-8")
+    figures = all_figures(frames, paper, figures_dir)
+
+    report = out_dir / "report.md"
+    report.write_text(
+        _render(results_dir, runs, frames, markdown, t1, t2, figures, problems, out_dir, reference or reference_path()),
+        encoding="utf-8",
+    )
+    return report
+
+
+def _render(
+    results_dir: Path,
+    runs: pd.DataFrame,
+    frames: dict[str, pd.DataFrame],
+    markdown: dict[str, str],
+    t1: pd.DataFrame,
+    t2: pd.DataFrame,
+    figures: list[FigureOutput],
+    problems: pd.DataFrame,
+    out_dir: Path,
+    reference: Any,
+) -> str:
+    counts = runs["status"].value_counts()
+    status_line = ", ".join(f"{counts.get(status, 0)} {status}" for status in ("ok", "failed", "degenerate"))
+    lines = [
+        "# adaptune report",
+        "",
+        f"Results: `{results_dir}` — {len(runs)} run(s): {status_line}; "
+        f"{len(problems)} excluded from selection (listed under 'Excluded runs'). "
+        f"{frames['curves']['run_id'].nunique()} run(s) with learning curves, {len(frames['ablation'])} ablation row(s).",
+        "",
+        f"Paper values: `{reference}` (Houlsby et al. 2019). Scores are percent. Selection is always on "
+        "validation; a table reports the test score where the task has a labelled test split, else validation "
+        "(GLUE: dev, as the GLUE test labels are not public, so the paper's GLUE *test-server* numbers are only a reference).",
+        "",
+        "## Table 1: GLUE",
+        "",
+        "Per task and row, the single run best on validation (the paper also picks the best seed). "
+        "GLUE score: the mean over the paper's nine tasks that were measured. Trained % and total size are "
+        "relative to the backbone of these runs.",
+        "",
+        markdown["table1"],
+        "",
+        _missing_line(t1[~t1["task"].isin(["glue_score", "trained_params_percent", "total_size_multiple"])], "task", "row_label"),
+        "",
+        "Files: [table1.parquet](tables/table1.parquet), [table1.md](tables/table1.md)",
+        "",
+        "## Table 2: additional tasks",
+        "",
+        "Per task and method, the configuration with the best mean validation score across seeds; "
+        "mean ± s.e.m. across its seeds.",
+        "",
+        markdown["table2"],
+        "",
+        _missing_line(t2[~t2["task"].isin(["average", "trained_params_percent", "total_size_multiple"])], "task", "method_name", column="measured_mean"),
+        "",
+        "Files: [table2.parquet](tables/table2.parquet), [table2.md](tables/table2.md)",
+        "",
+        "## Adapter size (Section 3.6): mean validation score over the GLUE classification tasks",
+        "",
+        markdown["adapter_sizes"],
+        "",
+        "## Figures",
+        "",
+    ]
+    for figure in figures:
+        if figure.skipped:
+            lines += [f"- **{figure.title}**: skipped — {figure.skipped}.", ""]
+        else:
+            png, pdf = (path.relative_to(out_dir).as_posix() for path in figure.paths)
+            lines += [f"### {figure.title}", "", f"![{figure.name}]({png})", "", f"[PDF]({pdf})", ""]
+    lines += ["## Excluded runs (failed, degenerate, or without a validation score)", "", markdown["excluded_runs"], ""]
+    return "\n".join(lines)
+
+
+def _missing_line(table: pd.DataFrame, task_column: str, row_column: str, column: str = "measured") -> str:
+    missing = table[table[column].isna()] if column in table else table
+    if missing.empty:
+        return "Every cell was measured."
+    by_row = missing.groupby(row_column, sort=False)[task_column].apply(lambda tasks: ", ".join(tasks))
+    return "Not measured (no usable run): " + "; ".join(f"{row}: {tasks}" for row, tasks in by_row.items()) + "."

@@ -1,0 +1,113 @@
+"""Model selection on validation, shared by every table and figure.
+
+Selection always uses `val_score` (the task's primary metric on validation); test scores are only
+reported, never used to choose. Runs that failed, were degenerate or have no validation score are
+excluded from selection and listed by `problem_runs`.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+
+SEED_FREE_KEYS = ("seed", "experiment")  # what may differ between seeds of one configuration
+
+
+def usable_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """Runs that may be selected: status ok and a validation score."""
+    return runs[(runs["status"] == "ok") & runs["val_score"].notna()].copy()
+
+
+def problem_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """Failed, degenerate, and 'ok' runs without a validation score, with why each is excluded."""
+    problems = runs[(runs["status"] != "ok") | runs["val_score"].isna()].copy()
+    no_score = (problems["status"] == "ok") & problems["val_score"].isna()
+    problems.loc[no_score, "reason"] = problems.loc[no_score, "reason"].fillna("no validation score recorded")
+    problems["reason"] = problems["reason"].fillna("(no reason recorded)")
+    columns = ["run_id", "task", "method_label", "lr", "epochs", "seed", "status", "reason"]
+    return problems[columns].sort_values(["status", "task", "run_id"]).reset_index(drop=True)
+
+
+def reported_score(runs: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+    """The score a table reports for each run (test where labelled, else validation) and its split."""
+    has_test = runs["test_score"].notna()
+    return runs["test_score"].where(has_test, runs["val_score"]), pd.Series(np.where(has_test, "test", "validation"), index=runs.index)
+
+
+def best_by_validation(runs: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """One run per group: the highest val_score (ties: the smallest run_id, for a stable answer)."""
+    if runs.empty:
+        return runs.copy()
+    ordered = runs.sort_values(["val_score", "run_id"], ascending=[False, True])
+    return ordered.groupby(by, sort=True, dropna=False).head(1).reset_index(drop=True)
+
+
+def with_config_key(runs: pd.DataFrame) -> pd.DataFrame:
+    """Adds `config_key`: the whole run config minus the seed, so seeds of one configuration group together."""
+    runs = runs.copy()
+    runs["config_key"] = [_config_key(text) for text in runs["config_json"]]
+    return runs
+
+
+def seed_summary(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per configuration: mean and s.e.m. across seeds of the validation and reported scores."""
+    runs = with_config_key(runs)
+    runs["reported"], runs["reported_split"] = reported_score(runs)
+    keys = ["task", "method", "method_label", "config_key"]
+    summary = runs.groupby(keys, sort=True, dropna=False).agg(
+        adapter_size=("adapter_size", "first"),
+        top_k=("top_k", "first"),
+        init_std=("init_std", "first"),
+        lr=("lr", "first"),
+        epochs=("epochs", "first"),
+        trained_params=("trained_params", "mean"),
+        total_params=("total_params", "first"),
+        backbone=("backbone", "first"),
+        primary_metric=("primary_metric", "first"),
+        val_mean=("val_score", "mean"),
+        val_sem=("val_score", "sem"),
+        reported_mean=("reported", "mean"),
+        reported_sem=("reported", "sem"),
+        reported_split=("reported_split", "first"),
+        n_seeds=("run_id", "count"),
+        run_ids=("run_id", lambda ids: ",".join(sorted(ids))),
+    )
+    return summary.reset_index()
+
+
+def best_configuration(runs: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """Per group, the configuration with the best mean validation score across seeds."""
+    summary = seed_summary(runs)
+    if summary.empty:
+        return summary
+    ordered = summary.sort_values(["val_mean", "config_key"], ascending=[False, True])
+    return ordered.groupby(by, sort=True, dropna=False).head(1).reset_index(drop=True)
+
+
+def base_params(runs: pd.DataFrame) -> dict[str, int]:
+    """Pre-trained model size per backbone, for trained-% and total-size multiples.
+
+    Runs record the model's total size as trained (adapters included), not the backbone's own size,
+    so the smallest total among runs that add no parameters (full, top-k, LayerNorm) is the base;
+    a backbone seen only with adapters falls back to its smallest total (slightly high).
+    """
+    known = runs[runs["total_params"].notna()]
+    sizes = {}
+    for backbone, group in known.groupby("backbone"):
+        no_new_params = group[group["method"] != "adapters"]
+        sizes[backbone] = int((no_new_params if not no_new_params.empty else group)["total_params"].min())
+    return sizes
+
+
+def to_percent(values: pd.Series | float) -> pd.Series | float:
+    """Metric values are fractions (scikit-learn's scale); the paper prints percent."""
+    return values * 100.0
+
+
+def _config_key(config_json: str) -> str:
+    config = json.loads(config_json)
+    for key in SEED_FREE_KEYS:
+        config.pop(key, None)
+    return json.dumps(config, sort_keys=True)
