@@ -165,7 +165,8 @@ def _coerce(key: str, value: Any, field_type: type) -> Any:
                 raise ValueError
             return value
     except (TypeError, ValueError):
-        raise ValueError(f"method field {key!r} needs a {field_type.__name__}, got {value!r}") from None
+        expected = {int: "an integer", float: "a number", str: "a string"}[field_type]
+        raise ValueError(f"method field {key!r} needs {expected}, got {value!r}") from None
     return value
 
 

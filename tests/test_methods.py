@@ -1,0 +1,176 @@
+"""The four tuning methods: trainable sets, frozen weights staying frozen, configs round-tripping."""
+
+from __future__ import annotations
+
+import copy
+import csv
+import dataclasses
+
+import pandas as pd
+import pytest
+import torch
+from transformers import RobertaConfig, RobertaForSequenceClassification
+
+from adaptune.backbone import load_model, load_tokenizer
+from adaptune.config import TrainConfig, method_label
+from adaptune.methods import (
+    METHODS,
+    AdaptersConfig,
+    FullConfig,
+    LayerNormConfig,
+    TopKConfig,
+    apply_method,
+    method_from_dict,
+    parse_method,
+    register_method,
+)
+
+ALL_CONFIGS = [FullConfig(), AdaptersConfig(size=64), AdaptersConfig(size=8, init_std=1e-3, nonlinearity="relu"), TopKConfig(k=3), LayerNormConfig()]
+
+
+@pytest.fixture(scope="module")
+def classifier(backbone_path) -> torch.nn.Module:
+    return load_model(backbone_path, "classification", num_labels=2)
+
+
+@pytest.fixture(scope="module")
+def sst2(shared_data_dir, backbone_path) -> dict[str, torch.Tensor]:
+    dev = pd.read_csv(shared_data_dir / "glue" / "SST-2" / "dev.tsv", sep="\t", quoting=csv.QUOTE_NONE)
+    tokenizer = load_tokenizer(backbone_path)
+    batch = dict(tokenizer(list(dev.sentence[:16]), return_tensors="pt", padding=True, truncation=True, max_length=48))
+    batch["labels"] = torch.tensor(dev.label[:16].to_numpy())
+    return batch
+
+
+def trainable_names(model: torch.nn.Module) -> set[str]:
+    return {name for name, parameter in model.named_parameters() if parameter.requires_grad}
+
+
+def applied(model: torch.nn.Module, cfg) -> torch.nn.Module:
+    return apply_method(copy.deepcopy(model), cfg)
+
+
+# Expected sets written from parameter names, independently of the structural selection in methods.py.
+def test_full_trains_everything(classifier) -> None:
+    model = applied(classifier, FullConfig())
+    assert trainable_names(model) == {name for name, _ in model.named_parameters()}
+
+
+def test_adapters_train_adapters_layernorms_and_head_not_pooler(classifier) -> None:
+    model = applied(classifier, AdaptersConfig(size=64))
+    expected = {name for name, _ in model.named_parameters() if ".adapter." in name or "LayerNorm" in name or name.startswith("classifier.")}
+    assert trainable_names(model) == expected
+    assert "bert.embeddings.LayerNorm.weight" in expected
+    assert not any(name.startswith("bert.pooler.") for name in trainable_names(model))
+    # DESIGN.md's fact: 12 adapters x (2*64*384 + 384 + 64) + 13 LayerNorms x 768 + 384*2 + 2.
+    assert sum(p.numel() for p in model.parameters() if p.requires_grad) == 605_954
+
+
+@pytest.mark.parametrize("k", [1, 3, 6])
+def test_top_k_trains_top_layers_pooler_and_head(classifier, k: int) -> None:
+    model = applied(classifier, TopKConfig(k=k))
+    top = tuple(f"bert.encoder.layer.{index}." for index in range(6 - k, 6))
+    expected = {name for name, _ in model.named_parameters() if name.startswith((*top, "bert.pooler.", "classifier."))}
+    assert trainable_names(model) == expected
+
+
+def test_layernorm_trains_layernorms_and_head(classifier) -> None:
+    model = applied(classifier, LayerNormConfig())
+    expected = {name for name, _ in model.named_parameters() if "LayerNorm" in name or name.startswith("classifier.")}
+    assert trainable_names(model) == expected
+    assert len([name for name in expected if "LayerNorm" in name]) == 13 * 2
+
+
+def test_span_and_regression_heads_are_trained(backbone_path) -> None:
+    qa = apply_method(load_model(backbone_path, "span"), AdaptersConfig(size=4))
+    assert {"qa_outputs.weight", "qa_outputs.bias"} <= trainable_names(qa)
+    regression = apply_method(load_model(backbone_path, "regression"), LayerNormConfig())
+    assert regression.classifier.out_features == 1 and regression.config.problem_type == "regression"
+    assert {"classifier.weight", "classifier.bias"} <= trainable_names(regression)
+
+
+def test_head_found_by_structure_on_roberta() -> None:
+    tiny = RobertaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, max_position_embeddings=64, pad_token_id=1)
+    model = apply_method(RobertaForSequenceClassification(tiny), TopKConfig(k=1))
+    expected = {name for name, _ in model.named_parameters() if name.startswith(("roberta.encoder.layer.1.", "classifier."))}
+    assert trainable_names(model) == expected  # RoBERTa's classifier is a dense + out_proj head, no pooler
+    assert "classifier.out_proj.weight" in expected and "classifier.dense.weight" in expected
+
+
+@pytest.mark.parametrize("cfg", [AdaptersConfig(size=16), TopKConfig(k=2)], ids=["adapters", "top_k"])
+def test_frozen_parameters_stay_bit_identical_under_training(classifier, sst2, cfg) -> None:
+    torch.manual_seed(0)
+    model = applied(classifier, cfg).train()
+    before = {name: parameter.detach().clone() for name, parameter in model.named_parameters()}
+    # Hand every parameter to the optimiser, as a careless trainer would: freezing must still hold.
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+    for _ in range(3):
+        optimizer.zero_grad()
+        model(**sst2).loss.backward()
+        optimizer.step()
+    for name, parameter in model.named_parameters():
+        if parameter.requires_grad:
+            assert not torch.equal(parameter, before[name]), f"{name} is trainable but did not change"
+        else:
+            assert torch.equal(parameter, before[name]), f"{name} is frozen but changed"
+
+
+@pytest.mark.parametrize("cfg", ALL_CONFIGS, ids=lambda cfg: cfg.name)
+def test_config_round_trips_through_dict(cfg) -> None:
+    data = cfg.to_dict()
+    assert data["name"] == cfg.name
+    assert method_from_dict(data) == cfg
+    # The run config carries the same dict and labels it.
+    assert method_label(TrainConfig(task="rte", method=data).method) == method_label(data)
+
+
+def test_whole_floats_from_kfp_are_accepted() -> None:
+    assert method_from_dict({"name": "adapters", "size": 64.0, "init_std": 0.001, "nonlinearity": "gelu"}) == AdaptersConfig(64, 1e-3)
+    assert method_from_dict({"name": "top_k", "k": 3.0}) == TopKConfig(3)
+    with pytest.raises(ValueError, match="'k' needs an integer, got 2.5"):
+        method_from_dict({"name": "top_k", "k": 2.5})
+
+
+def test_unknown_method_or_field_lists_the_known_ones() -> None:
+    with pytest.raises(ValueError, match=r"unknown method 'lora'; known methods: \['adapters', 'full', 'layernorm', 'top_k'\]"):
+        method_from_dict({"name": "lora", "r": 8})
+    with pytest.raises(ValueError, match=r"unknown field\(s\) \['sise'\] for method 'adapters'; known fields: \['init_std', 'nonlinearity', 'size'\]"):
+        method_from_dict({"name": "adapters", "sise": 64})
+    with pytest.raises(ValueError, match="has no 'name'"):
+        method_from_dict({"size": 64})
+
+
+def test_parse_method_cli_forms() -> None:
+    assert parse_method("full") == FullConfig()
+    assert parse_method("layernorm") == LayerNormConfig()
+    assert parse_method("adapters:64") == AdaptersConfig(size=64)
+    assert parse_method("top_k:3") == TopKConfig(k=3)
+    assert parse_method("adapters:8,init_std=1e-3,nonlinearity=relu") == AdaptersConfig(8, 1e-3, "relu")
+    with pytest.raises(ValueError, match="known methods"):
+        parse_method("adapter:64")
+    with pytest.raises(ValueError, match="'size' needs an integer, got 'big'"):
+        parse_method("adapters:big")
+
+
+def test_validation() -> None:
+    with pytest.raises(ValueError, match="size must be >= 1"):
+        AdaptersConfig(size=0)
+    with pytest.raises(ValueError, match="k >= 1"):
+        TopKConfig(k=0)
+    with pytest.raises(ValueError, match="unknown adapters nonlinearity"):
+        AdaptersConfig(size=8, nonlinearity="nope")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        AdaptersConfig(size=8).size = 16  # type: ignore[misc]
+
+
+def test_top_k_beyond_the_model_depth_fails_in_apply(classifier) -> None:
+    with pytest.raises(ValueError, match=r"k=7 exceeds the model's 6 Transformer layers"):
+        applied(classifier, TopKConfig(k=7))
+
+
+def test_registry_is_explicit_and_guarded() -> None:
+    assert sorted(METHODS) == ["adapters", "full", "layernorm", "top_k"]
+    with pytest.raises(ValueError, match="already registered"):
+        register_method("full", FullConfig, lambda model, cfg: None)
+    with pytest.raises(ValueError, match="name must be 'bitfit'"):
+        register_method("bitfit", FullConfig, lambda model, cfg: None)
