@@ -24,11 +24,12 @@ from typing import Any
 import datasets
 import pyarrow as pa
 
-from adaptune.readers import READERS, RawRow
+from adaptune.readers import READERS, RawRow, read_header
 from adaptune.tasks import Task, get_task
 
 DATA_DIR_ENV = "ADAPTUNE_DATA_DIR"
 CACHE_DIR_ENV = "ADAPTUNE_CACHE_DIR"
+HUB = "hub"  # data_dir value that forces the hub even when a mirror could be found
 SPLIT_SEED = 0
 TOKENIZED_FORMAT_VERSION = 1  # bump when tokenize_task's output changes, to invalidate old caches
 
@@ -52,7 +53,10 @@ class Record:
 # --------------------------------------------------------------------------------------- sources
 def resolve_data_dir(data_dir: str | Path | None = None) -> Path | None:
     """The local mirror: the argument, else $ADAPTUNE_DATA_DIR, else the first `shared/data` found
-    walking up from the current directory (then from this package's location), else None (the hub)."""
+    walking up from the current directory (then from this package's location), else None (the hub).
+    The value "hub" (argument or variable) skips the mirror search and forces the hub."""
+    if str(data_dir) == HUB or (data_dir is None and os.environ.get(DATA_DIR_ENV) == HUB):
+        return None
     if data_dir is not None and str(data_dir) != "":
         path = Path(data_dir).expanduser()
         if not path.is_dir():
@@ -79,6 +83,10 @@ def local_files_status(task: Task | str, data_dir: Path | None) -> str:
         return "no"
     present = [split for split, rel in task.source.files if (data_dir / rel).is_file()]
     if len(present) == len(task.source.files):
+        header = read_header(data_dir / task.source.files[0][1], task.source.reader)
+        needed = [c for c in (*task.source.text_columns, task.source.label_column) if c]
+        if header is not None and not set(needed) <= set(header):
+            return f"file lacks {','.join(sorted(set(needed) - set(header)))}"
         return "yes"
     return f"only {','.join(present)}" if present else "no"
 

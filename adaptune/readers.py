@@ -147,6 +147,16 @@ def read_squad_json(path: Path) -> list[RawRow]:
     return rows
 
 
+def read_header(path: Path, reader: str) -> list[str] | None:
+    """The column names of a headed delimited file (read from its start only), else None."""
+    delimiter = {"csv": ",", "tsv": "\t"}.get(reader)
+    if delimiter is None:
+        return None
+    with path.open("rb") as handle:
+        start = decode_text(handle.read(1 << 16))
+    return next(csv.reader(io.StringIO(start, newline=""), delimiter=delimiter), None)
+
+
 READERS: dict[str, Callable[[Path], list[RawRow]]] = {
     "csv": read_csv,
     "tsv": read_tsv,
