@@ -221,3 +221,9 @@ def test_unsupported_model_gets_a_clear_error() -> None:
         add_adapters(gpt2, 4)
     with pytest.raises(UnsupportedModelError, match="GPT2ForSequenceClassification"):
         apply_method(gpt2, AdaptersConfig(size=4))
+
+
+def test_adapters_follow_the_model_dtype(base_model, batch) -> None:
+    model = add_adapters(copy.deepcopy(base_model).to(torch.bfloat16), 8)
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert logits(model, batch).dtype == torch.bfloat16
