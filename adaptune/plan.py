@@ -324,3 +324,16 @@ def _hours(hours: float) -> str:
 
 def _compact(values: Any) -> str:
     return ",".join(dict.fromkeys(values))
+
+
+def failed_run_record(config: TrainConfig, reason: str) -> dict[str, Any]:
+    """The record of a planned run that raised before train.py could write one (every contract key)."""
+    task = get_task(config.task)
+    return {
+        "run_id": config.run_id, "experiment": config.experiment, "task": config.task, "method": dict(config.method),
+        "method_label": method_label(config.method), "lr": config.lr, "epochs": config.epochs, "seed": config.seed,
+        "backbone": config.backbone, "config": config.to_dict(), "status": "failed", "reason": reason[-2000:],
+        "trained_params": None, "total_params": None, "primary_metric": task.primary_metric, "best_epoch": None,
+        "val_metrics": {}, "test_metrics": {}, "curve": [], "wall_time_s": None, "train_examples_per_s": None,
+        "device": None, "checkpoint_dir": None,
+    }

@@ -1,0 +1,76 @@
+"""`python -m pipelines run NAME --out DIR | plan NAME | compile | submit NAME` (what the Makefile calls)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+
+def _run(args: argparse.Namespace) -> int:
+    from pipelines.local import describe_outputs, run_local
+
+    started = time.perf_counter()
+    paths = run_local(args.name, args.out, data_dir=args.data_dir)
+    print(f"{args.name} finished in {time.perf_counter() - started:.0f} s. {describe_outputs(paths)}")
+    return 0
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from adaptune.experiments import get_experiment
+    from adaptune.plan import plan
+
+    print(plan(get_experiment(args.name)).summary())
+    return 0
+
+
+def _compile(args: argparse.Namespace) -> int:
+    from pipelines.compile import compile_all
+
+    for path in compile_all(*([args.root] if args.root else [])):
+        print(f"wrote {path}")
+    return 0
+
+
+def _submit(args: argparse.Namespace) -> int:
+    from pipelines.submit import submit
+
+    print(submit(args.name))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m pipelines", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="run an experiment's DAG locally with kfp.local")
+    run.add_argument("name")
+    run.add_argument("--out", required=True, help="where the Parquet, tables, figures and report land")
+    run.add_argument("--data-dir", default=None, help="local data mirror (default: shared/data found next to the tree, else the hub)")
+    run.set_defaults(handler=_run)
+    plan = commands.add_parser("plan", help="the grid, a line 'N runs' and an accelerator-hour estimate; runs nothing")
+    plan.add_argument("name")
+    plan.set_defaults(handler=_plan)
+    compile_ = commands.add_parser("compile", help="write pipeline.yaml and pipelines/compiled/<name>.yaml")
+    compile_.add_argument("--root", default=None, help="directory to write under (default: the repository root)")
+    compile_.set_defaults(handler=_compile)
+    submit = commands.add_parser("submit", help="submit to Vertex AI Pipelines, or to $KFP_HOST when set")
+    submit.add_argument("name")
+    submit.set_defaults(handler=_submit)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from adaptune.experiments import UnknownExperimentError
+    from adaptune.plan import PlanError
+    from pipelines.submit import SettingsError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except (UnknownExperimentError, PlanError, SettingsError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

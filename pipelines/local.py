@@ -1,0 +1,68 @@
+"""Run an experiment's DAG on this machine with kfp.local, in this environment, and gather its outputs.
+
+The SubprocessRunner runs each component as a subprocess of this Python (use_venv=False), so the
+components import the working tree's adaptune. The final Parquet files, tables, figures and
+report are copied from the pipeline root to the output directory.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from adaptune.experiments import get_experiment
+from adaptune.plan import plan
+from pipelines.reproduction import build_pipeline
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+RESULT_FILES = ("runs.parquet", "curves.parquet", "ablation.parquet")
+
+
+def run_local(name: str, out_dir: str | Path, data_dir: str | Path | None = None) -> dict[str, Path]:
+    """Plan (validate), run the DAG with kfp.local, and copy the outputs into out_dir; returns their paths."""
+    from kfp import local
+
+    from adaptune.data import resolve_data_dir
+
+    spec = get_experiment(name)
+    print(plan(spec).summary(), flush=True)
+    out_dir = Path(out_dir).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    root = resolve_data_dir(data_dir)
+    print(f"data: {root if root else 'the Hugging Face hub (no local mirror found)'}", flush=True)
+
+    # The components run as subprocesses: they must import this working tree's packages.
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    pipeline_root = out_dir / "kfp_root"
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root))
+    run = build_pipeline(spec)(data_dir=str(root) if root else "")
+    return collect_outputs(Path(run.outputs["results"].path), Path(run.outputs["report"].path), out_dir)
+
+
+def collect_outputs(results_dir: Path, report_dir: Path, out_dir: Path) -> dict[str, Path]:
+    """Copy the Parquet files and the report (report.md, tables/, figures/) into out_dir."""
+    paths: dict[str, Path] = {}
+    for name in RESULT_FILES:
+        if (results_dir / name).is_file():
+            paths[name] = Path(shutil.copyfile(results_dir / name, out_dir / name))
+    for entry in sorted(report_dir.iterdir()):
+        target = out_dir / entry.name
+        if entry.is_dir():
+            shutil.rmtree(target, ignore_errors=True)
+            shutil.copytree(entry, target)
+        else:
+            shutil.copyfile(entry, target)
+        paths[entry.name] = target
+    return paths
+
+
+def describe_outputs(paths: dict[str, Path]) -> str:
+    parquet = ", ".join(str(paths[name]) for name in RESULT_FILES if name in paths)
+    parts = [f"Parquet: {parquet}"]
+    for name, label in (("tables", "tables"), ("figures", "figures"), ("report.md", "report")):
+        if name in paths:
+            parts.append(f"{label}: {paths[name]}")
+    return "; ".join(parts)
+

@@ -1,0 +1,170 @@
+"""Submit a named experiment to Vertex AI Pipelines, or to a KFP endpoint when KFP_HOST is set.
+
+Settings come from environment variables, else from the [submit] table of a TOML file
+(`adaptune.toml` in the current directory, or $ADAPTUNE_CONFIG):
+
+    env var                    toml key          what
+    ADAPTUNE_PROJECT           project           Google Cloud project (Vertex AI)
+    ADAPTUNE_REGION            region            Vertex AI region, e.g. us-central1
+    ADAPTUNE_PIPELINE_ROOT     pipeline_root     gs:// path for the pipeline's artifacts
+    ADAPTUNE_SERVICE_ACCOUNT   service_account   the service account the pipeline runs as
+    ADAPTUNE_REGISTRY          registry          image registry (pipelines/images.py), optional
+    ADAPTUNE_IMAGE_TAG         image_tag         image tag, optional
+    ADAPTUNE_DATA_DIR_REMOTE   data_dir          data mirror the components read (e.g. /gcs/bucket/data); empty = hub
+
+Credentials are never read here: Vertex AI uses Application Default Credentials at submit time,
+and nothing but the names above reaches the request; the compiled spec holds no setting at all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as dt
+import os
+import tempfile
+import tomllib
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from adaptune.experiments import get_experiment
+from pipelines.compile import compile_experiment
+from pipelines.reproduction import pipeline_name
+
+CONFIG_FILE = "adaptune.toml"
+# setting -> environment variable; the first four are required for Vertex AI.
+ENV_VARS = {
+    "project": "ADAPTUNE_PROJECT",
+    "region": "ADAPTUNE_REGION",
+    "pipeline_root": "ADAPTUNE_PIPELINE_ROOT",
+    "service_account": "ADAPTUNE_SERVICE_ACCOUNT",
+    "registry": "ADAPTUNE_REGISTRY",
+    "image_tag": "ADAPTUNE_IMAGE_TAG",
+    "data_dir": "ADAPTUNE_DATA_DIR_REMOTE",
+}
+REQUIRED_FOR_VERTEX = ("project", "region", "pipeline_root", "service_account")
+
+
+class SettingsError(ValueError):
+    """Submission settings are missing or malformed; the message names each one and where to set it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SubmitSettings:
+    project: str | None = None
+    region: str | None = None
+    pipeline_root: str | None = None
+    service_account: str | None = None
+    registry: str | None = None
+    image_tag: str | None = None
+    data_dir: str = ""
+
+
+def load_settings(env: Mapping[str, str] | None = None, config_path: str | Path | None = None) -> SubmitSettings:
+    """Environment variables first, then the [submit] table of the config file (if it exists)."""
+    env = os.environ if env is None else env
+    path = Path(config_path or env.get("ADAPTUNE_CONFIG") or CONFIG_FILE)
+    from_file: dict[str, Any] = {}
+    if path.is_file():
+        try:
+            from_file = tomllib.loads(path.read_text()).get("submit", {})
+        except tomllib.TOMLDecodeError as error:
+            raise SettingsError(f"{path} is not valid TOML: {error}") from None
+        unknown = sorted(set(from_file) - set(ENV_VARS))
+        if unknown:
+            raise SettingsError(f"{path} [submit] has unknown key(s) {unknown}; known: {sorted(ENV_VARS)}")
+    values = {key: env.get(var) or from_file.get(key) for key, var in ENV_VARS.items()}
+    values["data_dir"] = values["data_dir"] or ""
+    return SubmitSettings(**values)
+
+
+def require_vertex_settings(settings: SubmitSettings) -> None:
+    missing = [key for key in REQUIRED_FOR_VERTEX if not getattr(settings, key)]
+    if missing:
+        lines = [f"  {key}: set ${ENV_VARS[key]} or `{key} = ...` under [submit] in {CONFIG_FILE}" for key in missing]
+        raise SettingsError("missing Vertex AI setting(s):\n" + "\n".join(lines) + "\n(or set KFP_HOST to submit to a KFP endpoint)")
+
+
+@contextlib.contextmanager
+def image_settings(settings: SubmitSettings) -> Iterator[None]:
+    """Make pipelines.images.image_for see the configured registry and tag while compiling."""
+    saved = {var: os.environ.get(var) for var in ("ADAPTUNE_REGISTRY", "ADAPTUNE_IMAGE_TAG")}
+    try:
+        if settings.registry:
+            os.environ["ADAPTUNE_REGISTRY"] = settings.registry
+        if settings.image_tag:
+            os.environ["ADAPTUNE_IMAGE_TAG"] = settings.image_tag
+        yield
+    finally:
+        for var, value in saved.items():
+            if value is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = value
+
+
+def display_name(name: str, now: dt.datetime | None = None) -> str:
+    now = now or dt.datetime.now(dt.timezone.utc)
+    return f"{pipeline_name(get_experiment(name))}-{now:%Y%m%d-%H%M%S}"
+
+
+def submit_vertex(name: str, settings: SubmitSettings, credentials: Any = None, api_endpoint: str | None = None,
+                  api_transport: str | None = None) -> Any:
+    """Compile and submit to Vertex AI Pipelines; returns the submitted PipelineJob.
+
+    `credentials`, `api_endpoint` and `api_transport` go to aiplatform.init (tests point them at a
+    loopback endpoint); None uses Application Default Credentials and the regional endpoint.
+    """
+    from google.cloud import aiplatform
+
+    require_vertex_settings(settings)
+    init_args: dict[str, Any] = {"project": settings.project, "location": settings.region}
+    if credentials is not None:
+        init_args["credentials"] = credentials
+    if api_endpoint is not None:
+        init_args["api_endpoint"] = api_endpoint
+    if api_transport is not None:
+        init_args["api_transport"] = api_transport
+    aiplatform.init(**init_args)
+    with tempfile.TemporaryDirectory() as tmp, image_settings(settings):
+        package = compile_experiment(name, Path(tmp) / f"{name}.yaml", target="vertex")
+        job = aiplatform.PipelineJob(
+            display_name=display_name(name),
+            template_path=str(package),
+            pipeline_root=settings.pipeline_root,
+            parameter_values={"data_dir": settings.data_dir},
+            enable_caching=True,  # a resubmitted sweep skips the runs that already finished
+            project=settings.project,
+            location=settings.region,
+        )
+        job.submit(service_account=settings.service_account)
+    return job
+
+
+def submit_kfp(name: str, host: str, settings: SubmitSettings) -> Any:
+    """Compile for a KFP cluster (node selectors, tolerations) and create a run on `host`."""
+    import kfp
+
+    with tempfile.TemporaryDirectory() as tmp, image_settings(settings):
+        package = compile_experiment(name, Path(tmp) / f"{name}.yaml", target="kfp")
+        client = kfp.Client(host=host)
+        return client.create_run_from_pipeline_package(
+            str(package),
+            arguments={"data_dir": settings.data_dir},
+            run_name=display_name(name),
+            experiment_name="adaptune",
+            enable_caching=True,
+        )
+
+
+def submit(name: str, env: Mapping[str, str] | None = None) -> str:
+    """`python -m pipelines submit NAME`: to KFP_HOST if set, else Vertex AI; returns a line to print."""
+    env = os.environ if env is None else env
+    settings = load_settings(env)
+    host = env.get("KFP_HOST")
+    if host:
+        result = submit_kfp(name, host, settings)
+        return f"submitted {name} to {host}: run {getattr(result, 'run_id', result)}"
+    job = submit_vertex(name, settings)
+    return f"submitted {name} to Vertex AI: {job.resource_name}"
