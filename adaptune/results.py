@@ -317,3 +317,21 @@ def _atomic_write(table: pa.Table, path: Path) -> None:
     except BaseException:
         Path(temp_name).unlink(missing_ok=True)
         raise
+
+
+def locate_results(path: str | Path) -> Path:
+    """The directory holding runs.parquet: `path` itself, or the one directory below it that does.
+
+    The notebooks take a pipeline's output directory; its Parquet may sit one or more levels down.
+    """
+    path = Path(path)
+    if (path / RUNS_FILE).is_file():
+        return path
+    found = sorted(candidate.parent for candidate in path.rglob(RUNS_FILE)) if path.is_dir() else []
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise FileNotFoundError(
+            f"no {RUNS_FILE} in or under {path}: run the pipeline (make demo) or set ADAPTUNE_RESULTS to a results directory"
+        )
+    raise FileNotFoundError(f"several results directories under {path}: {[str(f) for f in found]}; name one of them")
