@@ -342,7 +342,12 @@ def data_fingerprint(dataset_dict: datasets.DatasetDict) -> str:
 def tokenizer_fingerprint(tokenizer: Any) -> str:
     """Hash of what decides token ids: the fast tokenizer's full JSON (vocab, normaliser), else the vocab."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    content = backend.to_str() if backend is not None else json.dumps(sorted(tokenizer.get_vocab().items()))
+    if backend is not None:
+        # Truncation/padding state changes with every call (it records the last max_length): not content.
+        state = {k: v for k, v in json.loads(backend.to_str()).items() if k not in ("truncation", "padding")}
+        content = json.dumps(state, sort_keys=True)
+    else:
+        content = json.dumps(sorted(tokenizer.get_vocab().items()))
     return hashlib.sha256(f"{type(tokenizer).__name__}\0{content}".encode()).hexdigest()
 
 

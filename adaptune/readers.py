@@ -98,7 +98,8 @@ def read_newsgroups_tar(path: Path) -> list[RawRow]:
     """20 Newsgroups "bydate" tarball: train and test pooled (18846 documents), ordered by member path.
 
     Only members named by a numeric message id are documents: this skips stray files such as
-    `alt.atheism/54473-o` (an edited copy beside message 54473). Some copies have each document's
+    `alt.atheism/54473-o` (in the shared copy, a second copy of message 54473 beside it, differing
+    only in whitespace), which leaves the 18846 documents of the bydate release. Some copies have each document's
     line breaks replaced by tabs (the train half of the shared copy); a document whose only line
     break is the final one but which contains tabs gets its line breaks back (tabs -> newlines).
     Text is decoded as latin-1, as scikit-learn's fetch_20newsgroups does.
