@@ -35,7 +35,8 @@ def prepare_run_data(
     with_train: bool = True,
 ) -> RunData:
     """Everything a run (or an ablation, `with_train=False`) feeds its model, from the real splits."""
-    raw = load_task_data(task, data_dir)
+    # Evaluation alone (ablation) needs only validation: the local SQuAD/QNLI mirrors lack a train file.
+    raw = load_task_data(task, data_dir, splits=None if with_train else ("validation",))
     if "validation" not in raw:
         raise ValueError(f"task {task.name!r} has no validation split (splits: {list(raw)}); the run selects its best epoch on it")
     wanted = {"validation": max_eval_examples, "test": max_eval_examples}

@@ -1,0 +1,108 @@
+"""Figure 6: evaluate a trained adapter checkpoint with the adapters of each contiguous layer span off.
+
+For a model with L layers there are L(L+1)/2 spans [first, last] (0-based, inclusive); each gives one
+record with the task's selection metric on validation, beside the baseline with no adapter switched
+off. Switched-off adapters are exactly the identity, so span [0, L-1] is the model without adapters
+(its trained LayerNorms and head kept), as in the paper.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from adaptune.adapters import adapters_disabled, encoder_layers
+from adaptune.backbone import load_tokenizer
+from adaptune.batching import make_collator
+from adaptune.checkpoint import load_task_checkpoint
+from adaptune.devices import pick_device
+from adaptune.evaluate import evaluate_split
+from adaptune.run_data import prepare_run_data
+from adaptune.tasks import get_task
+
+
+def ablate(
+    checkpoint_dir: str | os.PathLike[str],
+    data_dir: str | os.PathLike[str] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    max_eval_examples: int | None = None,
+) -> list[dict[str, Any]]:
+    """One record per layer span: run_id, task, first_layer, last_layer, metric, value, baseline_value, relative_change.
+
+    Evaluates on the validation split the run was scored on: `max_eval_examples` None means the
+    run's own `max_eval_examples` (so baseline_value equals the run record's validation score).
+    relative_change = (value - baseline_value) / |baseline_value| (None when the baseline is 0).
+    """
+    model, method_cfg, info = load_task_checkpoint(checkpoint_dir)
+    if method_cfg.name != "adapters":
+        raise ValueError(f"{checkpoint_dir} was trained with method {method_cfg.name!r}; ablation switches adapters off, so it needs an adapters checkpoint")
+    metadata = info.get("metadata") or {}
+    config = metadata.get("config") or {}
+    if "task" not in metadata:
+        raise ValueError(f"{checkpoint_dir}/task.json has no metadata.task: it was not written by adaptune.train; pass a run's checkpoint dir")
+    task = get_task(metadata["task"])
+    device = pick_device()
+    tokenizer = load_tokenizer(info["backbone"])
+    data = prepare_run_data(
+        task,
+        tokenizer,
+        max_length=int(config.get("max_length", 128)),
+        doc_stride=int(config.get("doc_stride", 128)),
+        max_train_examples=None,
+        max_eval_examples=max_eval_examples if max_eval_examples is not None else config.get("max_eval_examples"),
+        data_dir=data_dir,
+        cache_dir=cache_dir,
+        with_train=False,
+    )
+    validation = data.eval_splits["validation"]
+    collator = make_collator(tokenizer)
+    model.to(device.torch_device)
+    metric = task.primary_metric
+
+    def score() -> float | None:
+        value = evaluate_split(model, task, validation, device, collator).metrics[metric]
+        return None if value is None else float(value)
+
+    baseline = score()
+    layer_count = len(encoder_layers(model))
+    records = []
+    for first in range(layer_count):
+        for last in range(first, layer_count):
+            with adapters_disabled(model, first, last):
+                value = score()
+            records.append(
+                {
+                    "run_id": metadata.get("run_id"),
+                    "task": task.name,
+                    "first_layer": first,
+                    "last_layer": last,
+                    "metric": metric,
+                    "value": value,
+                    "baseline_value": baseline,
+                    "relative_change": (value - baseline) / abs(baseline) if value is not None and baseline else None,
+                }
+            )
+    return records
+
+
+def add_ablate_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--checkpoint", required=True, help="a run's checkpoint dir (<run out>/checkpoint) trained with adapters")
+    parser.add_argument("--data-dir", default=None, help="local data mirror (default: found automatically)")
+    parser.add_argument("--cache-dir", default=None, help="tokenization cache")
+    parser.add_argument("--max-eval-examples", type=int, default=None, help="validation subset (default: the run's own)")
+    parser.add_argument("--out", default=None, help="write the records as JSON here (default: print them)")
+
+
+def ablate_from_args(args: argparse.Namespace) -> int:
+    records = ablate(args.checkpoint, data_dir=args.data_dir, cache_dir=args.cache_dir, max_eval_examples=args.max_eval_examples)
+    text = json.dumps(records, indent=2)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text + "\n")
+        print(f"{len(records)} ablation records -> {args.out}")
+    else:
+        print(text)
+    return 0

@@ -1,0 +1,111 @@
+"""train_and_evaluate on real data with the embedded backbone: it learns, resumes exactly, fails cleanly."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+
+from adaptune.batching import subsample  # noqa: E402
+from adaptune.config import TrainConfig  # noqa: E402
+from adaptune.data import load_task_data  # noqa: E402
+from adaptune.train import add_train_arguments, config_from_args, train_and_evaluate  # noqa: E402
+from adaptune.train_state import STATE_FILE  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+# A few hundred real SST-2 sentences: 10 steps per epoch, 3 epochs, a state save every 4 steps.
+SST2_RUN = TrainConfig(
+    task="sst2",
+    method={"name": "adapters", "size": 64},
+    lr=3e-3,
+    epochs=3,
+    max_length=64,
+    max_train_examples=320,
+    max_eval_examples=200,
+    checkpoint_every_steps=4,
+)
+
+
+class Interrupted(Exception):
+    """Stands in for a preemption in the middle of an epoch."""
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture(scope="module")
+def sst2_run(tmp_path_factory: pytest.TempPathFactory, shared_data_dir: Path, cache_dir: Path) -> tuple[dict, Path]:
+    out = tmp_path_factory.mktemp("sst2_run")
+    return train_and_evaluate(SST2_RUN, data_dir=shared_data_dir, out_dir=out, cache_dir=cache_dir, progress=False), out
+
+
+def test_short_real_run_learns_and_writes_record_and_checkpoint(sst2_run: tuple[dict, Path], shared_data_dir: Path) -> None:
+    record, out = sst2_run
+    assert record["status"] == "ok", record["reason"]
+    validation = subsample(load_task_data("sst2", shared_data_dir)["validation"], SST2_RUN.max_eval_examples)
+    majority = Counter(validation["label"]).most_common(1)[0][1] / len(validation)
+    assert record["val_metrics"]["accuracy"] > majority + 0.1
+
+    assert json.loads((out / "record.json").read_text()) == record
+    assert (out / "checkpoint" / "task.safetensors").is_file()
+    assert not (out / STATE_FILE).exists(), "a finished run drops its resume state"
+    assert [point["epoch"] for point in record["curve"]] == [1, 2, 3]
+    assert [point["step"] for point in record["curve"]] == [10, 20, 30]
+    best = max(record["curve"], key=lambda point: point["val_metrics"]["accuracy"])
+    assert record["best_epoch"] == best["epoch"] and record["val_metrics"] == best["val_metrics"]
+    # Adapters (m=64) + every LayerNorm + the head on MiniLM-L6 (DESIGN.md's count).
+    assert record["trained_params"] == 605_954 and record["total_params"] > 20_000_000
+    assert record["test_metrics"] == {}  # GLUE has no labelled test split
+    assert record["primary_metric"] == "accuracy" and record["device"] == "cpu"
+    assert record["train_examples_per_s"] > 0 and record["wall_time_s"] > 0
+
+
+def test_interrupted_run_resumes_to_the_same_result(sst2_run: tuple[dict, Path], tmp_path: Path, shared_data_dir: Path, cache_dir: Path) -> None:
+    uninterrupted, _ = sst2_run
+
+    def preempt_at_step_15(step: int) -> None:
+        if step == 15:  # mid epoch 2; the last saved state is step 12 (the epoch-1 end state came at 10)
+            raise Interrupted
+
+    with pytest.raises(Interrupted):
+        train_and_evaluate(SST2_RUN, data_dir=shared_data_dir, out_dir=tmp_path, cache_dir=cache_dir, progress=False, step_callback=preempt_at_step_15)
+    assert (tmp_path / STATE_FILE).is_file() and not (tmp_path / "record.json").exists()
+
+    steps_after_restart: list[int] = []
+    resumed = train_and_evaluate(
+        SST2_RUN, data_dir=shared_data_dir, out_dir=tmp_path, cache_dir=cache_dir, progress=False, step_callback=steps_after_restart.append
+    )
+    assert steps_after_restart == list(range(13, 31)), "the restart resumes after the last saved step"
+    for key in ("status", "best_epoch", "val_metrics", "trained_params"):
+        assert resumed[key] == uninterrupted[key], key
+    assert resumed["curve"] == uninterrupted["curve"]  # identical losses and metrics at every epoch
+
+
+def test_nan_inducing_learning_rate_gives_failed_record(tmp_path: Path, shared_data_dir: Path, cache_dir: Path) -> None:
+    config = TrainConfig(task="sst2", method={"name": "full"}, lr=float("inf"), epochs=1, max_length=32, max_train_examples=64, max_eval_examples=32)
+    record = train_and_evaluate(config, data_dir=shared_data_dir, out_dir=tmp_path, cache_dir=cache_dir, progress=False)
+    assert record["status"] == "failed"
+    assert "non-finite" in record["reason"] and "learning rate" in record["reason"]
+    assert record["val_metrics"] == {} and record["best_epoch"] is None
+    assert json.loads((tmp_path / "record.json").read_text())["status"] == "failed"
+
+
+def test_cli_flags_build_the_run_config() -> None:
+    parser = argparse.ArgumentParser()
+    add_train_arguments(parser)
+    args = parser.parse_args(["--task", "rte", "--adapter-size", "8", "--init-std", "1e-3", "--lr", "1e-4", "--epochs", "20", "--seed", "2"])
+    config = config_from_args(args)
+    assert config.method == {"name": "adapters", "size": 8, "init_std": 1e-3, "nonlinearity": "gelu"}
+    assert (config.task, config.lr, config.epochs, config.seed) == ("rte", 1e-4, 20, 2)
+    assert config_from_args(parser.parse_args(["--task", "rte", "--method", "top_k:3"])).method == {"name": "top_k", "k": 3}
+    with pytest.raises(SystemExit, match="one of --method"):
+        config_from_args(parser.parse_args(["--task", "rte", "--method", "full", "--top-k", "2"]))
