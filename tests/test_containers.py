@@ -396,3 +396,79 @@ def test_make_defaults_follow_pipelines_images(settings: dict[str, str], monkeyp
         monkeypatch.setenv(name, value)
     refs = dict(line.split() for line in make_lines("refs", env=dict(os.environ)))
     assert refs == {accelerator: image_for(accelerator) for accelerator in ACCELERATORS}
+
+
+# --- compiled pipelines ----------------------------------------------------------------------------
+
+
+def executor_images(package: Path) -> dict[str, tuple[str, str | None]]:
+    """executor name -> (image, requested accelerator resource type or None), from a compiled spec."""
+    import yaml
+
+    spec = next(yaml.safe_load_all(package.read_text()))
+    result = {}
+    for name, executor in spec["deploymentSpec"]["executors"].items():
+        container = executor["container"]
+        accelerator = (container.get("resources") or {}).get("accelerator") or {}
+        result[name] = (container["image"], accelerator.get("resourceType") or accelerator.get("type"))
+    return result
+
+
+def family_of_resource(resource_type: str | None) -> str:
+    """Accelerator family from what a task requests: Vertex AI types or Kubernetes resource names."""
+    if resource_type is None:
+        return "cpu"
+    lowered = resource_type.lower()
+    if "nvidia" in lowered:
+        return "gpu"
+    if "tpu" in lowered:
+        return "tpu"
+    raise AssertionError(f"unknown accelerator resource {resource_type!r}")
+
+
+def assert_images_follow_accelerators(package: Path, expected_family: str) -> None:
+    images = executor_images(package)
+    requested = {name for name, (_, resource) in images.items() if resource is not None}
+    if expected_family != "cpu":
+        assert "exec-train-eval" in requested, f"{package.name}: train_eval requests no {expected_family}"
+    for name, (image, resource) in images.items():
+        family = family_of_resource(resource)
+        assert family in (expected_family, "cpu"), (package.name, name, resource)
+        assert image == image_for(family), f"{package.name}: {name} requests {resource} but runs {image}"
+
+
+@pytest.mark.parametrize("target", ("vertex", "kfp"))
+def test_compiled_pipeline_runs_each_task_in_the_image_of_the_accelerator_it_requests(
+    target: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kfp import compiler
+
+    from adaptune.experiments import ACCELERATORS as EXPERIMENT_ACCELERATORS
+    from adaptune.experiments import get_experiment
+    from pipelines.compile import MAIN_EXPERIMENT
+    from pipelines.reproduction import build_pipeline
+
+    monkeypatch.setenv("ADAPTUNE_REGISTRY", "europe-docker.pkg.dev/test-project/adaptune")
+    monkeypatch.setenv("ADAPTUNE_IMAGE_TAG", "t1")
+    main = get_experiment(MAIN_EXPERIMENT)
+    for label, accelerator in EXPERIMENT_ACCELERATORS.items():
+        package = tmp_path / f"{label}.yaml"
+        compiler.Compiler().compile(build_pipeline(dataclasses.replace(main, accelerator=accelerator), target=target), str(package))
+        assert_images_follow_accelerators(package, accelerator.family)
+        assert all("europe-docker.pkg.dev/test-project/adaptune/" in image for image, _ in executor_images(package).values())
+
+
+def test_checked_in_compiled_pipelines_use_the_image_of_each_tasks_accelerator(monkeypatch: pytest.MonkeyPatch) -> None:
+    from adaptune.experiments import EXPERIMENTS
+
+    monkeypatch.delenv("ADAPTUNE_REGISTRY", raising=False)
+    monkeypatch.delenv("ADAPTUNE_IMAGE_TAG", raising=False)
+    from pipelines.compile import COMPILED_DIR, MAIN_EXPERIMENT
+
+    packages = {MAIN_EXPERIMENT: REPO_ROOT / "pipeline.yaml"}
+    packages.update({name: REPO_ROOT / COMPILED_DIR / f"{name}.yaml" for name in EXPERIMENTS})
+    present = {name: path for name, path in packages.items() if path.exists()}
+    if not present:
+        pytest.skip("no compiled pipeline is checked in yet (make compile writes pipeline.yaml)")
+    for name, path in present.items():
+        assert_images_follow_accelerators(path, EXPERIMENTS[name].accelerator.family)
