@@ -23,6 +23,7 @@ from typing import Any
 
 import datasets
 import pyarrow as pa
+from datasets.table import InMemoryTable
 
 from adaptune.readers import READERS, RawRow, read_header
 from adaptune.tasks import Task, get_task
@@ -97,7 +98,8 @@ def _hub_hint(task: Task, split: str | None = None) -> str:
         hub_split = source.hub_split_map.get(split or "", "") if split else ""
         where = f"{source.hub_id!r}" + (f", {source.hub_config!r}" if source.hub_config else "")
         return (f"or load it from the Hugging Face hub (datasets.load_dataset({where}"
-                + (f", split={hub_split!r}" if hub_split else "") + "), used when no data dir is given and the hub is reachable)")
+                + (f", split={hub_split!r}" if hub_split else "")
+                + f"): pass --data-dir hub (data_dir='hub', or ${DATA_DIR_ENV}=hub) where the hub is reachable")
     return f"no hub copy exists: download the publisher's file from {source.url}"
 
 
@@ -202,6 +204,12 @@ def _features(task: Task, labels: tuple[str, ...]) -> datasets.Features:
                               "text_b": datasets.Value("string"), "label": label})
 
 
+def _to_dataset(columns: dict[str, list[Any]], features: datasets.Features) -> datasets.Dataset:
+    """An in-memory Dataset built straight from Arrow arrays (from_dict encodes row by row: ~6x slower)."""
+    table = pa.table({name: pa.array(columns[name]) for name in features}).cast(features.arrow_schema)
+    return datasets.Dataset(InMemoryTable(table), info=datasets.DatasetInfo(features=features))
+
+
 def split_indices(n: int, seed: int = SPLIT_SEED) -> dict[str, list[int]]:
     """The additional tasks' 80/10/10 split of n rows, identical on every machine and library version.
 
@@ -261,13 +269,13 @@ def _load_classification(task: Task, root: Path | None, wanted: tuple[str, ...] 
         records = _source_records(task, root, "all")
         labels = _label_names(task, records, origin)
         columns = _canonical_columns(task, records, labels)
-        pooled = datasets.Dataset.from_dict(columns, features=_features(task, labels))
+        pooled = _to_dataset(columns, _features(task, labels))
         parts = {split: pooled.select(rows) for split, rows in split_indices(len(pooled)).items()}
     else:
         source_splits = list(task.source.file_map)  # GLUE: train, validation (dev)
         records_by_split = {s: _source_records(task, root, s) for s in source_splits if wanted is None or s in wanted}
         labels = _label_names(task, [r for rs in records_by_split.values() for r in rs], origin)
-        parts = {s: datasets.Dataset.from_dict(_canonical_columns(task, rs, labels), features=_features(task, labels))
+        parts = {s: _to_dataset(_canonical_columns(task, rs, labels), _features(task, labels))
                  for s, rs in records_by_split.items()}
     if wanted is not None:
         unknown = sorted(set(wanted) - set(parts))

@@ -256,3 +256,26 @@ def test_prepare_skips_splits_the_mirror_lacks(shared_data_dir: Path, tmp_path: 
     summary = prepare("squad", shared_data_dir, cache_dir=tmp_path)
     assert summary["splits"]["validation"]["rows"] == 10570
     assert "train-v1.1.json" in summary["missing_splits"]["train"]
+
+
+STSB_HEADER = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n"
+
+
+def _stsb_row(i: int, score: str) -> str:
+    return f"{i}\tmain-captions\tMSRvid\t2012test\t{i:04d}\tnone\tnone\tA man is playing a flute {i}.\tA man plays a flute.\t{score}\n"
+
+
+def test_stsb_labels_are_float_scores(tmp_path: Path) -> None:
+    _mirror_with(tmp_path, "glue/STS-B/train.tsv", STSB_HEADER + "".join(_stsb_row(i, f"{i / 4:.3f}") for i in range(12)))
+    _mirror_with(tmp_path, "glue/STS-B/dev.tsv", STSB_HEADER + _stsb_row(0, "3.800") + _stsb_row(1, "0.500"))
+    dsd = load_task_data("stsb", tmp_path)
+    assert dsd["train"].features["label"].dtype == "float32"
+    assert dsd["validation"]["label"] == pytest.approx([3.8, 0.5])
+    assert dsd["train"][4]["text_b"] == "A man plays a flute."
+
+
+def test_stsb_non_numeric_score_names_file_and_line(tmp_path: Path) -> None:
+    _mirror_with(tmp_path, "glue/STS-B/train.tsv", STSB_HEADER + _stsb_row(0, "1.0") + _stsb_row(1, "high"))
+    _mirror_with(tmp_path, "glue/STS-B/dev.tsv", STSB_HEADER + _stsb_row(0, "1.0"))
+    with pytest.raises(DataError, match=r"STS-B/train.tsv: line 3: label 'high' is not a number"):
+        load_task_data("stsb", tmp_path)
