@@ -279,3 +279,19 @@ def test_stsb_non_numeric_score_names_file_and_line(tmp_path: Path) -> None:
     _mirror_with(tmp_path, "glue/STS-B/dev.tsv", STSB_HEADER + _stsb_row(0, "1.0"))
     with pytest.raises(DataError, match=r"STS-B/train.tsv: line 3: label 'high' is not a number"):
         load_task_data("stsb", tmp_path)
+
+
+def _mnli_file(rows: list[tuple[str, str, str]]) -> str:
+    header = "index\tpromptID\tpairID\tgenre\tsentence1\tsentence2\tlabel1\tgold_label\n"
+    return header + "".join(f"{i}\t{i}\t{i}e\tfiction\t{a}\t{b}\t{g}\t{g}\n" for i, (a, b, g) in enumerate(rows))
+
+
+def test_mnli_matched_and_mismatched_share_train_with_their_own_dev(tmp_path: Path) -> None:
+    labels = ["entailment", "neutral", "contradiction"]
+    _mirror_with(tmp_path, "glue/MNLI/train.tsv", _mnli_file([(f"premise {i}", f"hypothesis {i}", labels[i % 3]) for i in range(9)]))
+    _mirror_with(tmp_path, "glue/MNLI/dev_matched.tsv", _mnli_file([("matched p", "matched h", "neutral")]))
+    _mirror_with(tmp_path, "glue/MNLI/dev_mismatched.tsv", _mnli_file([("other p", "other h", "contradiction")] * 2))
+    matched, mismatched = load_task_data("mnli_m", tmp_path), load_task_data("mnli_mm", tmp_path)
+    assert matched["train"]["text_a"] == mismatched["train"]["text_a"] and matched["train"]["label"] == [0, 1, 2] * 3
+    assert matched["validation"]["text_a"] == ["matched p"] and matched["validation"]["label"] == [1]
+    assert mismatched["validation"]["text_b"] == ["other h"] * 2 and mismatched["validation"]["label"] == [2, 2]
