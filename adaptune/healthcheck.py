@@ -16,7 +16,6 @@ import dataclasses
 import glob
 import importlib.util
 import json
-import os
 import sys
 from typing import Any
 
@@ -139,16 +138,15 @@ def smoke_test() -> str:
     return device.name
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m adaptune.healthcheck", description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--require", choices=REQUIREMENTS, default=os.environ.get("ADAPTUNE_HEALTH_REQUIRE", "any"),
-        help="fail unless this accelerator is usable (default: $ADAPTUNE_HEALTH_REQUIRE or any)",
-    )
+def add_health_arguments(parser: argparse.ArgumentParser) -> None:
+    """The health check's flags, for this module's entry point and `python -m adaptune health`."""
+    parser.add_argument("--require", choices=REQUIREMENTS, default="any", help="fail unless this accelerator is usable")
     parser.add_argument("--smoke", action="store_true", help="also run a small matmul on the device (claims it)")
     parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
-    args = parser.parse_args(argv)
 
+
+def health_from_args(args: argparse.Namespace) -> int:
+    """Probe, check, optionally smoke-test, print; return the exit status (0 healthy, 1 not)."""
     result: dict[str, Any] = {"healthy": False, "require": args.require}
     try:
         report = probe_device()
@@ -158,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
             result["smoke_device"] = smoke_test()
         result["healthy"] = True
     except Exception as error:  # any failure (an import included) is an unhealthy environment
-        result["error"] = f"{type(error).__name__}: {error}" if not isinstance(error, UnhealthyError) else str(error)
+        result["error"] = str(error) if isinstance(error, UnhealthyError) else f"{type(error).__name__}: {error}"
 
     if args.json:
         print(json.dumps(result, sort_keys=True))
@@ -167,6 +165,12 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(f"unhealthy: {result['error']}", file=sys.stderr)
     return 0 if result["healthy"] else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m adaptune.healthcheck", description=__doc__.splitlines()[0])
+    add_health_arguments(parser)
+    return health_from_args(parser.parse_args(argv))
 
 
 def _tpu_device_files() -> list[str]:
