@@ -30,6 +30,9 @@ TPU_REQUIREMENTS = CONTAINERS / "tpu" / "requirements-tpu.txt"
 ACCELERATORS = ("cpu", "gpu", "tpu")
 HEALTH_REQUIREMENT = {"cpu": None, "gpu": "gpu", "tpu": "tpu"}
 CREDENTIAL_NAME = re.compile(r"KEY|SECRET|TOKEN|PASSW|CREDENTIAL|AUTH|PRIVATE|CERT", re.IGNORECASE)
+CREDENTIAL_FILE = re.compile(
+    r"\.env\b|\.ssh|gcloud|\.pem|\.p12|\.key\b|credential|service[-_]?account|application_default|key[^/\s]*\.json", re.IGNORECASE
+)
 CREDENTIAL_VALUE = re.compile(r"AKIA[0-9A-Z]{12}|AIza[0-9A-Za-z_-]{20}|ya29\.|-----BEGIN|ghp_[0-9A-Za-z]{20}|hf_[0-9A-Za-z]{20}")
 
 
@@ -272,7 +275,7 @@ def test_no_credentials_in_env_arg_or_copy(accelerator: str) -> None:
     for ins in instructions:
         if ins.keyword in ("COPY", "ADD"):
             assert ins.keyword == "COPY", "ADD can fetch URLs and unpack archives; use COPY"
-            assert not re.search(r"\.env|\.ssh|gcloud|\.json|\.pem|\.key|credential", ins.args, re.IGNORECASE), ins.args
+            assert not CREDENTIAL_FILE.search(ins.args), f"{accelerator}/Dockerfile copies a credential-like file: {ins.args}"
 
 
 @pytest.mark.parametrize("accelerator", ACCELERATORS)
@@ -284,6 +287,31 @@ def test_healthcheck_runs_the_adaptune_health_module(accelerator: str) -> None:
     if HEALTH_REQUIREMENT[accelerator]:
         expected += ["--require", HEALTH_REQUIREMENT[accelerator]]
     assert command == expected
+
+
+def copied_files(instructions: list[Instruction]) -> dict[str, str]:
+    """Repository path -> absolute path in the image, for every COPY (relative destinations follow WORKDIR)."""
+    workdir, copied = "/", {}
+    for ins in instructions:
+        if ins.keyword == "WORKDIR":
+            workdir = os.path.join(workdir, ins.args)
+        elif ins.keyword == "COPY":
+            *sources, dest = ins.args.split()
+            dest_dir = os.path.normpath(os.path.join(workdir, dest))
+            for source in sources:
+                into_dir = dest.endswith("/") or len(sources) > 1
+                copied[source] = os.path.join(dest_dir, Path(source).name) if into_dir else dest_dir
+    return copied
+
+
+@pytest.mark.parametrize("accelerator", ACCELERATORS)
+def test_paper_reference_is_where_the_image_tells_the_library_to_look(accelerator: str) -> None:
+    from adaptune.report.reference import REFERENCE_ENV
+
+    instructions = dockerfile(accelerator)
+    assert (REPO_ROOT / "analysis" / "paper_reference.json").is_file()
+    # The installed package cannot find analysis/ beside itself, so the image must say where it is.
+    assert copied_files(instructions).get("analysis/paper_reference.json") == env_values(instructions).get(REFERENCE_ENV)
 
 
 # --- build context ---------------------------------------------------------------------------------
