@@ -126,7 +126,7 @@ def run_row(record: dict[str, Any], written_at: dt.datetime | None = None) -> di
         "backbone": record["backbone"],
         "trained_params": trained,
         "total_params": total,
-        "trained_percent": 100.0 * trained / total if trained is not None and total else None,
+        "trained_percent": 100.0 * trained / total if _is_number(trained) and _is_number(total) and total else None,
         "primary_metric": primary,
         "best_epoch": record.get("best_epoch"),
         "val_score": val_metrics.get(primary) if primary else None,
@@ -299,6 +299,10 @@ def _whole_int(value: Any, column: str, row: dict[str, Any], file_name: str) -> 
             )
         return int(value)
     return value
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _none_if_nan(value: Any) -> Any:

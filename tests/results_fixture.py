@@ -1,0 +1,92 @@
+"""A small *real* result set for the results-store, report and notebook tests.
+
+Tiny real runs of the training engine on the shared data (Crowdflower disasters: an extra task with a
+test split; SST-2: GLUE, validation only), covering every method, two adapter sizes, two seeds, two
+learning rates and two init stds, plus one run whose learning rate is absurd on purpose so that the
+set holds a real failure. Records are memoised per process and the engine skips runs already
+finished in the work dir, so the three test modules train once.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# Set to a fixed directory to keep the trained runs between pytest sessions (the engine skips runs
+# already finished there); by default they live in pytest's session temp dir.
+WORK_DIR_ENV = "ADAPTUNE_TEST_RUNS_DIR"
+
+# (task, method, lr, seed): small on purpose (128 examples, 2 epochs, max length 32).
+RUN_GRID: tuple[tuple[str, dict[str, Any], float, int], ...] = (
+    ("disasters", {"name": "full"}, 2e-4, 0),
+    ("disasters", {"name": "adapters", "size": 64, "init_std": 1e-2}, 3e-3, 0),
+    ("disasters", {"name": "adapters", "size": 64, "init_std": 1e-2}, 3e-3, 1),
+    ("disasters", {"name": "adapters", "size": 64, "init_std": 1.0}, 3e-3, 0),
+    ("disasters", {"name": "adapters", "size": 8, "init_std": 1e-2}, 1e-3, 0),
+    ("disasters", {"name": "layernorm"}, 3e-3, 0),  # too few steps to learn: a real "degenerate" record
+    ("disasters", {"name": "full"}, 1e6, 0),  # diverges: a real "failed" record
+    ("sst2", {"name": "full"}, 1e-4, 0),
+    ("sst2", {"name": "adapters", "size": 64, "init_std": 1e-2}, 1e-3, 0),
+)
+
+_MEMO: dict[str, list[dict[str, Any]]] = {}
+
+
+def build_real_records(work_dir: Path, data_dir: Path, backbone: str) -> list[dict[str, Any]]:
+    from adaptune.config import TrainConfig
+    from adaptune.train import train_and_evaluate
+
+    key = str(work_dir)
+    if key not in _MEMO:
+        records = []
+        for task, method, lr, seed in RUN_GRID:
+            config = TrainConfig(
+                task=task, method=method, lr=lr, seed=seed, epochs=2, batch_size=16, max_length=32,
+                max_train_examples=128, max_eval_examples=64, backbone=backbone, experiment="report_test",
+            )
+            records.append(
+                train_and_evaluate(
+                    config, data_dir=data_dir, out_dir=work_dir / "runs" / config.run_id,
+                    cache_dir=work_dir / "cache", progress=False,
+                )
+            )
+        _MEMO[key] = records
+    return _MEMO[key]
+
+
+@pytest.fixture(scope="session")
+def real_records(tmp_path_factory: pytest.TempPathFactory, shared_data_dir: Path, backbone_path: str) -> list[dict[str, Any]]:
+    return build_real_records(_work_dir(tmp_path_factory), shared_data_dir, backbone_path)
+
+
+def build_real_ablation(records: list[dict[str, Any]], work_dir: Path, data_dir: Path) -> list[dict[str, Any]]:
+    """Figure 6's spans on the first usable adapters run (6 layers: 21 spans of 64 validation examples)."""
+    from adaptune.ablation import ablate
+
+    key = f"ablation:{work_dir}"
+    if key not in _MEMO:
+        run = next(r for r in records if r["method"]["name"] == "adapters" and r["status"] == "ok")
+        _MEMO[key] = ablate(run["checkpoint_dir"], data_dir=data_dir, cache_dir=work_dir / "cache")
+    return _MEMO[key]
+
+
+@pytest.fixture(scope="session")
+def real_ablation(real_records: list[dict[str, Any]], tmp_path_factory: pytest.TempPathFactory, shared_data_dir: Path) -> list[dict[str, Any]]:
+    return build_real_ablation(real_records, _work_dir(tmp_path_factory), shared_data_dir)
+
+
+@pytest.fixture(scope="session")
+def real_results_dir(real_records: list[dict[str, Any]], real_ablation: list[dict[str, Any]], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The real records and ablation written to a results store (read-only for tests: copy before changing)."""
+    from adaptune.results import write_results
+
+    out = tmp_path_factory.mktemp("real_store")
+    write_results(real_records, out, ablation=real_ablation)
+    return out
+
+
+def _work_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return Path(os.environ.get(WORK_DIR_ENV) or tmp_path_factory.getbasetemp() / "real_results")
