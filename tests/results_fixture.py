@@ -22,10 +22,11 @@ WORK_DIR_ENV = "ADAPTUNE_TEST_RUNS_DIR"
 # (task, method, lr, seed): small on purpose (128 examples, 2 epochs, max length 32).
 RUN_GRID: tuple[tuple[str, dict[str, Any], float, int], ...] = (
     ("disasters", {"name": "full"}, 2e-4, 0),
+    ("disasters", {"name": "full"}, 1e-4, 0),
     ("disasters", {"name": "adapters", "size": 64, "init_std": 1e-2}, 3e-3, 0),
     ("disasters", {"name": "adapters", "size": 64, "init_std": 1e-2}, 3e-3, 1),
-    ("disasters", {"name": "adapters", "size": 64, "init_std": 1.0}, 3e-3, 0),
-    ("disasters", {"name": "adapters", "size": 8, "init_std": 1e-2}, 1e-3, 0),
+    ("disasters", {"name": "adapters", "size": 64, "init_std": 1e-1}, 3e-3, 0),
+    ("disasters", {"name": "adapters", "size": 8, "init_std": 1e-2}, 3e-3, 0),
     ("disasters", {"name": "layernorm"}, 3e-3, 0),  # too few steps to learn: a real "degenerate" record
     ("disasters", {"name": "full"}, 1e6, 0),  # diverges: a real "failed" record
     ("sst2", {"name": "full"}, 1e-4, 0),

@@ -25,6 +25,7 @@ from adaptune.report.selection import (  # noqa: E402
     best_by_validation,
     best_configuration,
     reported_score,
+    scored_runs,
     to_percent,
     usable_runs,
 )
@@ -151,8 +152,8 @@ def figure6_ablation(ablation: pd.DataFrame, out_dir: Path) -> FigureOutput:
 
 def figure6_init_std(runs: pd.DataFrame, out_dir: Path) -> FigureOutput:
     """Validation score vs the adapters' initialisation std (best lr/epochs per std, ± s.e.m.)."""
-    name, title = "figure6_init_std", "Figure 6 (right): validation score vs adapter init std"
-    usable = usable_runs(runs)
+    name, title = "figure6_init_std", "Figure 6 (right): validation score vs adapter init std (degenerate runs included)"
+    usable = scored_runs(runs)
     adapters = usable[(usable["method"] == "adapters") & usable["init_std"].notna()]
     varied = adapters.groupby("task")["init_std"].nunique()
     tasks = _ordered_tasks(varied[varied >= 2].index)
@@ -170,8 +171,8 @@ def figure6_init_std(runs: pd.DataFrame, out_dir: Path) -> FigureOutput:
 
 def figure7_learning_rate(runs: pd.DataFrame, out_dir: Path) -> FigureOutput:
     """Per task and method, the best configuration at each learning rate (± s.e.m.)."""
-    name, title = "figure7_lr_robustness", "Figure 7: best validation score at each learning rate"
-    usable = usable_runs(runs)
+    name, title = "figure7_lr_robustness", "Figure 7: best validation score at each learning rate (degenerate runs included)"
+    usable = scored_runs(runs)
     varied = usable.groupby(["task", "method"])["lr"].nunique()
     tasks = _ordered_tasks(varied[varied >= 2].index.get_level_values("task").unique())
     if not tasks:

@@ -20,6 +20,12 @@ def usable_runs(runs: pd.DataFrame) -> pd.DataFrame:
     return runs[(runs["status"] == "ok") & runs["val_score"].notna()].copy()
 
 
+def scored_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """Runs with a validation score, degenerate ones included: robustness plots (init std, learning
+    rate) must show where training breaks down, which is what a degenerate run is."""
+    return runs[runs["status"].isin(["ok", "degenerate"]) & runs["val_score"].notna()].copy()
+
+
 def problem_runs(runs: pd.DataFrame) -> pd.DataFrame:
     """Failed, degenerate, and 'ok' runs without a validation score, with why each is excluded."""
     problems = runs[(runs["status"] != "ok") | runs["val_score"].isna()].copy()
