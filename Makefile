@@ -44,7 +44,7 @@ images:
 	$(MAKE) -C containers images
 
 lint: venv
-	$(VENV)/bin/hadolint containers/*/Dockerfile
+	$(MAKE) -C containers lint HADOLINT=$(CURDIR)/$(VENV)/bin/hadolint
 
 lock: venv
 	{ grep '^#' requirements.lock; $(PY) -m pip freeze --exclude-editable | sed 's/+cpu//'; } > requirements.lock.new

@@ -54,9 +54,9 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _health(args: argparse.Namespace) -> int:
-    from adaptune.healthcheck import main as health_main
+    from adaptune.healthcheck import health_from_args
 
-    return health_main(args.rest)
+    return health_from_args(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -98,7 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     report.set_defaults(handler=_report)
 
     health = commands.add_parser("health", help="import check: reports the device this environment sees")
-    health.add_argument("rest", nargs=argparse.REMAINDER)
+    from adaptune.healthcheck import add_health_arguments
+
+    add_health_arguments(health)
     health.set_defaults(handler=_health)
     return parser
 
