@@ -1,14 +1,29 @@
 """`python -m adaptune <command>`: the library from a shell, no kfp needed.
 
-Each subcommand's module is imported only when it runs, so `adaptune tasks` starts fast.
+A command's module (and so torch) is imported only when that command runs, so `adaptune tasks`
+and `adaptune --help` start fast.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from pathlib import Path
+
+# Commands whose arguments and handler live in the module that does the work:
+# name -> (help, module, function adding the arguments, handler).
+MODULE_COMMANDS = {
+    "train": ("train and evaluate one run", "adaptune.train", "add_train_arguments", "train_from_args"),
+    "ablate": (
+        "Figure 6: evaluate a trained adapter checkpoint with layer spans switched off",
+        "adaptune.ablation",
+        "add_ablate_arguments",
+        "ablate_from_args",
+    ),
+    "health": ("reports the device this environment sees", "adaptune.healthcheck", "add_health_arguments", "health_from_args"),
+}
 
 
 def _tasks(args: argparse.Namespace) -> int:
@@ -26,18 +41,6 @@ def _prepare(args: argparse.Namespace) -> int:
     return 0
 
 
-def _train(args: argparse.Namespace) -> int:
-    from adaptune.train import train_from_args
-
-    return train_from_args(args)
-
-
-def _ablate(args: argparse.Namespace) -> int:
-    from adaptune.ablation import ablate_from_args
-
-    return ablate_from_args(args)
-
-
 def _plan(args: argparse.Namespace) -> int:
     from adaptune.experiments import get_experiment
     from adaptune.plan import plan
@@ -53,13 +56,8 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _health(args: argparse.Namespace) -> int:
-    from adaptune.healthcheck import health_from_args
-
-    return health_from_args(args)
-
-
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; only the chosen `command`'s module is imported to declare its arguments."""
     from adaptune.config import DEFAULT_BACKBONE
 
     parser = argparse.ArgumentParser(prog="adaptune", description=__doc__.splitlines()[0])
@@ -76,18 +74,6 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.add_argument("--cache-dir", default=None)
     prepare.set_defaults(handler=_prepare)
 
-    train = commands.add_parser("train", help="train and evaluate one run")
-    from adaptune.train import add_train_arguments
-
-    add_train_arguments(train)
-    train.set_defaults(handler=_train)
-
-    ablate = commands.add_parser("ablate", help="Figure 6: evaluate a trained adapter checkpoint with layer spans switched off")
-    from adaptune.ablation import add_ablate_arguments
-
-    add_ablate_arguments(ablate)
-    ablate.set_defaults(handler=_ablate)
-
     plan = commands.add_parser("plan", help="expand a named experiment into runs, with a cost estimate; runs nothing")
     plan.add_argument("experiment")
     plan.set_defaults(handler=_plan)
@@ -97,16 +83,19 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--out", required=True)
     report.set_defaults(handler=_report)
 
-    health = commands.add_parser("health", help="import check: reports the device this environment sees")
-    from adaptune.healthcheck import add_health_arguments
-
-    add_health_arguments(health)
-    health.set_defaults(handler=_health)
+    for name, (help_text, module_name, add_arguments, handler) in MODULE_COMMANDS.items():
+        sub = commands.add_parser(name, help=help_text)
+        if name == command:
+            module = importlib.import_module(module_name)
+            getattr(module, add_arguments)(sub)
+            sub.set_defaults(handler=getattr(module, handler))
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    command = next((arg for arg in argv if not arg.startswith("-")), None)
+    args = build_parser(command).parse_args(argv)
     return args.handler(args)
 
 
