@@ -58,7 +58,7 @@ def ablate(
         with_train=False,
     )
     validation = data.eval_splits["validation"]
-    collator = make_collator(tokenizer)
+    collator = make_collator(tokenizer, pad_to_multiple_of=device.pad_multiple)  # as the run evaluated
     model.to(device.torch_device)
     metric = task.primary_metric
 

@@ -29,6 +29,12 @@ class Device:
         with torch.autocast(device_type=self.kind, dtype=self.autocast_dtype):
             yield
 
+    @property
+    def pad_multiple(self) -> int | None:
+        """Pad batch lengths to a multiple of this: tensor-core tiles on CUDA; few distinct shapes
+        on XLA, which compiles one graph per shape; none on CPU, where every token costs."""
+        return {"cuda": 8, "xla": 64}.get(self.kind)
+
     def synchronize(self) -> None:
         """Wait for queued device work, so that wall-clock timings are honest."""
         if self.kind == "cuda":

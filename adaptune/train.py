@@ -120,7 +120,7 @@ class _Run:
         resumed = load_state(self.out, config.run_id, model, optimizer, scheduler)
         if resumed is not None:
             self.progress = resumed
-        collator = make_collator(tokenizer, pad_to_multiple_of=8 if device.kind == "cuda" else None)
+        collator = make_collator(tokenizer, pad_to_multiple_of=device.pad_multiple)
         lengths = [len(row["input_ids"]) for row in data.train_rows]
         segment_started = time.perf_counter()
         trainable = [p for p in model.parameters() if p.requires_grad]
