@@ -78,7 +78,11 @@ class Plan:
         return list(dict.fromkeys(run.task for run in self.runs))
 
     def runs_by_task(self) -> list[dict[str, Any]]:
-        """The run list grouped per task, as KFP parameters: [{"task", "backbone", "max_length", "runs": [config dicts]}]."""
+        """The run list grouped per task, as KFP parameters: [{"task", "backbones", "max_lengths", "runs": [config dicts]}].
+
+        None-valued fields are left out (they are TrainConfig's defaults): KFP cannot carry a null
+        inside a loop item.
+        """
         groups = []
         for task in self.tasks:
             runs = [run for run in self.runs if run.task == task]
@@ -87,7 +91,7 @@ class Plan:
                     "task": task,
                     "backbones": sorted({run.backbone for run in runs}),
                     "max_lengths": sorted({run.max_length for run in runs}),
-                    "runs": [run.to_dict() for run in runs],
+                    "runs": [{k: v for k, v in run.to_dict().items() if v is not None} for run in runs],
                 }
             )
         return groups
@@ -126,7 +130,7 @@ class Plan:
             lines.append(f"{self.merged_duplicates} runs shared by several blocks are planned once")
         lines.append(f"{len(self.runs)} runs")
         run_hours = sum(self.run_hours.values())
-        at_once = max(spec.max_parallelism, 1) * max(len(self.tasks), 1)
+        at_once = max(spec.max_parallelism, 1) * min(spec.max_parallel_tasks or len(self.tasks), max(len(self.tasks), 1))
         lines.append(
             f"estimate: {_hours(self.accelerator_hours)} accelerator-hours ({accel.label} x{max(accel.count, 1)} per run), "
             f"~{_hours(run_hours / at_once)} h wall-clock with {spec.max_parallelism} runs per task at once "
@@ -165,6 +169,8 @@ def plan(spec: ExperimentSpec) -> Plan:
 def _check_spec_values(spec: ExperimentSpec, problems: list[str]) -> None:
     if spec.max_parallelism < 1:
         problems.append(f"max_parallelism must be >= 1, got {spec.max_parallelism}")
+    if spec.max_parallel_tasks is not None and spec.max_parallel_tasks < 1:
+        problems.append(f"max_parallel_tasks must be >= 1 or None (all at once), got {spec.max_parallel_tasks}")
     if spec.retries < 0:
         problems.append(f"retries must be >= 0, got {spec.retries}")
     for field in ("max_train_examples", "max_eval_examples"):
@@ -192,6 +198,8 @@ def _expand(spec: ExperimentSpec, sweep: Sweep, where: str, problems: list[str])
         problems += [f"{where}: epochs must be an integer >= 1, got {e}" for e in sweep.epochs if not (isinstance(e, int) and e >= 1)]
     if sweep.max_length is not None and sweep.max_length < 8:
         problems.append(f"{where}: max_length must be >= 8 tokens, got {sweep.max_length}")
+    if sweep.batch_size is not None and sweep.batch_size < 1:
+        problems.append(f"{where}: batch_size must be >= 1, got {sweep.batch_size}")
 
     backbone = sweep.backbone or spec.backbone
     tasks = [task for task in (_known_task(name, where, problems) for name in sweep.tasks) if task]
@@ -204,7 +212,7 @@ def _expand(spec: ExperimentSpec, sweep: Sweep, where: str, problems: list[str])
             for lr in sweep.learning_rates:
                 for epochs in _epochs_for(sweep, task, method, where, problems):
                     for seed in sweep.seeds:
-                        overrides = {"max_length": sweep.max_length} if sweep.max_length else {}
+                        overrides = {key: getattr(sweep, key) for key in ("max_length", "batch_size") if getattr(sweep, key)}
                         configs.append(
                             TrainConfig(
                                 task=task.name, method=method, lr=lr, epochs=epochs, seed=seed, backbone=backbone,

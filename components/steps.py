@@ -54,8 +54,13 @@ def prepare_data(group: dict, data_dir: str, dataset: Output[Dataset]) -> List[d
     return group["runs"]
 
 
-def train_eval(run: dict, data_dir: str, dataset: Input[Dataset], model: Output[Model], metrics: Output[Metrics]) -> dict:
-    """Train and evaluate one run; the record is the output, the compact checkpoint the Model."""
+def train_eval(run: dict, data_dir: str, dataset: Input[Dataset], model: Output[Model], metrics: Output[Metrics]) -> str:
+    """Train and evaluate one run; the output is its record as JSON, the compact checkpoint the Model.
+
+    JSON text rather than a dict parameter: records hold nulls (reason, best_epoch, non-finite
+    metrics), which kfp.local cannot pass between tasks.
+    """
+    import json
     import traceback
 
     from adaptune.config import TrainConfig
@@ -78,18 +83,22 @@ def train_eval(run: dict, data_dir: str, dataset: Input[Dataset], model: Output[
                 metrics.log_metric(f"{split}_{name}", float(value))
     if record.get("trained_params"):
         metrics.log_metric("trained_params", float(record["trained_params"]))
-    return record
+    return json.dumps(record, default=str)
 
 
-def ablate_runs(experiment: str, records: List[list], data_dir: str) -> List[dict]:
-    """Figure 6: switch off the adapters of every span of layers in the selected runs, re-evaluate."""
+def ablate_runs(experiment: str, records: List[list], data_dir: str) -> str:
+    """Figure 6: switch off the adapters of every span of layers in the selected runs, re-evaluate.
+
+    Returns the ablation rows as JSON text (they may hold nulls; see train_eval).
+    """
+    import json
     import traceback
 
     from adaptune.experiments import get_experiment
     from adaptune.plan import select_ablation_runs
 
     spec = get_experiment(experiment)
-    flat = [record for task_records in records for record in task_records]
+    flat = [json.loads(record) for task_records in records for record in task_records]
     rows: list = []
     for record in select_ablation_runs(flat, spec.ablation):
         try:
@@ -98,14 +107,17 @@ def ablate_runs(experiment: str, records: List[list], data_dir: str) -> List[dic
             rows.extend(ablate(record["checkpoint_dir"], data_dir=data_dir or None))
         except Exception:  # the ablation table just lacks this run; the sweep's results stand
             print(f"ablation of {record['run_id']} failed:\n{traceback.format_exc()}")
-    return rows
+    return json.dumps(rows, default=str)
 
 
-def aggregate(records: List[list], ablation: List[dict], results: Output[Dataset]) -> None:
-    """Every run record (and ablation row) into runs / curves / ablation Parquet."""
+def aggregate(records: List[list], ablation: str, results: Output[Dataset]) -> None:
+    """Every run record (JSON, per task) and the ablation rows (JSON) into runs / curves / ablation Parquet."""
+    import json
+
     from adaptune.results import write_results
 
-    flat = [record for task_records in records for record in task_records]
+    flat = [json.loads(record) for task_records in records for record in task_records]
+    ablation = json.loads(ablation)
     paths = write_results(flat, results.path, ablation=ablation)
     statuses = {status: sum(r["status"] == status for r in flat) for status in ("ok", "degenerate", "failed")}
     results.metadata.update({"runs": len(flat), "ablation_rows": len(ablation), **statuses,

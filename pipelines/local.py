@@ -35,6 +35,8 @@ def run_local(name: str, out_dir: str | Path, data_dir: str | Path | None = None
     # The components run as subprocesses: they must import this working tree's packages.
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # Several runs share the CPU at once (the experiment's parallelism): one thread each, no oversubscription.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     pipeline_root = out_dir / "kfp_root"
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root))
     run = build_pipeline(spec)(data_dir=str(root) if root else "")

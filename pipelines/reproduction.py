@@ -52,7 +52,7 @@ def build_pipeline(spec: ExperimentSpec, target: str = "vertex") -> Callable[...
     steps = make_components(spec.accelerator.family)
 
     @dsl.pipeline(name="task-runs", description="one task: prepare its data once, then train and evaluate every run")
-    def task_runs(group: dict, data_dir: str) -> List[dict]:
+    def task_runs(group: dict, data_dir: str) -> List[str]:
         prepare_task = steps.prepare_data(group=group, data_dir=data_dir)
         with dsl.ParallelFor(prepare_task.outputs["Output"], parallelism=spec.max_parallelism) as run:
             train_task = steps.train_eval(run=run, data_dir=data_dir, dataset=prepare_task.outputs["dataset"])
@@ -65,9 +65,9 @@ def build_pipeline(spec: ExperimentSpec, target: str = "vertex") -> Callable[...
     def reproduction(data_dir: str = "") -> outputs:  # type: ignore[valid-type]
         plan_task = steps.plan_runs(experiment=spec.name)
         plan_task.set_caching_options(False)  # cheap, and must follow the image's experiments.py
-        with dsl.ParallelFor(plan_task.output) as group:
+        with dsl.ParallelFor(plan_task.output, parallelism=spec.max_parallel_tasks) as group:
             task_runs_task = task_runs(group=group, data_dir=data_dir)
-        ablation_rows: Any = []
+        ablation_rows: Any = "[]"
         if spec.ablation is not None:
             ablate_task = steps.ablate_runs(experiment=spec.name, records=dsl.Collected(task_runs_task.output), data_dir=data_dir)
             configure_accelerator(ablate_task, spec.accelerator, spec.retries, target)

@@ -1,0 +1,150 @@
+"""Named experiments expand into the paper's grids; bad grids fail in plan() with clear messages."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from adaptune.config import TrainConfig
+from adaptune.experiments import (
+    EXPERIMENTS,
+    Ablation,
+    Sweep,
+    UnknownExperimentError,
+    get_experiment,
+    method_grid,
+)
+from adaptune.plan import PlanError, failed_run_record, plan, select_ablation_runs
+from adaptune.results import read_results, write_runs
+
+
+def test_every_named_experiment_plans_with_unique_deterministic_run_ids() -> None:
+    for name, spec in EXPERIMENTS.items():
+        first, second = plan(spec), plan(spec)
+        ids = [run.run_id for run in first.runs]
+        assert ids == [run.run_id for run in second.runs], name
+        assert len(ids) == len(set(ids)) > 0, name
+        assert first.accelerator_hours > 0, name
+        assert all(run.experiment == name for run in first.runs), name
+
+
+def test_grid_sizes_follow_the_paper() -> None:
+    # Table 1: 9 GLUE scores (MNLI-m and -mm separately) x (full + 3 adapter sizes) x 3 lr x 2 epochs x 5 seeds.
+    assert len(plan(get_experiment("glue_full")).runs) == 9 * 4 * 3 * 2 * 5
+    # Table 2: 17 tasks x (full + 8 top-k + 6 adapter sizes) x 4 lr x 3 seeds, epochs fixed by Table 4.
+    assert len(plan(get_experiment("extra_full")).runs) == 17 * 15 * 4 * 3
+    # Figure 4: (10 adapter sizes + 12 top-k + LayerNorm) x 3 lr x 2 epochs x 3 seeds on 9 GLUE scores.
+    assert len(plan(get_experiment("tradeoff")).runs) == 9 * 23 * 3 * 2 * 3
+    # §3.5: 12 top-k x 3 lr x 3 epochs + 10 adapter sizes x 4 lr x 3 epochs, 3 seeds.
+    assert len(plan(get_experiment("squad")).runs) == (12 * 3 * 3 + 10 * 4 * 3) * 3
+    assert len(plan(get_experiment("smoke")).runs) == 2 * 3
+
+
+def test_extra_full_uses_table_4_epochs_per_method() -> None:
+    runs = plan(get_experiment("extra_full")).runs
+    airline = {(run.method["name"], run.epochs) for run in runs if run.task == "airline"}
+    # Table 4: Crowdflower airline 50 epochs fine-tuning, 20 adapters; top-k is fine-tuning.
+    assert airline == {("full", 50), ("top_k", 50), ("adapters", 20)}
+
+
+def test_glue_full_is_bert_large_and_paper_full_keeps_each_blocks_backbone() -> None:
+    assert {run.backbone for run in plan(get_experiment("glue_full")).runs} == {"bert-large-uncased"}
+    full = plan(get_experiment("paper_full"))
+    assert {run.backbone for run in full.runs} == {"bert-large-uncased", "bert-base-uncased"}
+    parts = sum(len(plan(get_experiment(n)).runs) for n in ("glue_full", "extra_full", "tradeoff", "squad", "ablation", "lr_robustness"))
+    # tradeoff and ablation share the size-64, init 1e-2 runs of MNLI-m and CoLA: planned once.
+    assert len(full.runs) == parts - full.merged_duplicates and full.merged_duplicates > 0
+
+
+def test_ablation_experiment_sweeps_init_std_over_1e7_to_1() -> None:
+    stds = {run.method["init_std"] for run in plan(get_experiment("ablation")).runs}
+    assert min(stds) == pytest.approx(1e-7) and max(stds) == 1.0 and len(stds) == 8
+
+
+def test_runs_by_task_round_trip_through_kfp_floats() -> None:
+    planned = plan(get_experiment("smoke"))
+    groups = planned.runs_by_task()
+    assert [group["task"] for group in groups] == ["mrpc", "sms_spam"]
+    by_id = {run.run_id for run in planned.runs}
+    for group in groups:
+        for run in group["runs"]:
+            assert None not in run.values()  # kfp.local cannot carry nulls in loop items
+            as_kfp = {k: float(v) if isinstance(v, int) else v for k, v in run.items()}  # ints come back as floats
+            assert TrainConfig.from_dict(as_kfp).run_id in by_id
+
+
+def _spec(**sweep_changes: object) -> object:
+    base = Sweep(tasks=("rte",), methods=method_grid(full=True), learning_rates=(1e-4,), epochs=(1,))
+    return dataclasses.replace(get_experiment("smoke"), sweeps=(dataclasses.replace(base, **sweep_changes),), ablation=None)
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        ({"tasks": ("mrcp",)}, "did you mean mrpc"),
+        ({"methods": ({"name": "adaptors", "size": 8},)}, "known methods"),
+        ({"learning_rates": (0.0,)}, "learning rate must be > 0"),
+        ({"methods": method_grid(top_k=(7,))}, "exceeds the 6 layers of all-MiniLM-L6-v2"),
+        ({"methods": ({"name": "adapters", "size": 0},)}, "size must be >= 1"),
+        ({"seeds": (0, 0)}, "seeds repeats 0"),
+        ({"epochs": ()}, "epochs is empty"),
+        ({"epochs": "paper"}, "the paper gives no epochs for task 'rte'"),
+    ],
+)
+def test_invalid_grids_fail_in_plan_with_a_clear_message(changes: dict, expected: str) -> None:
+    with pytest.raises(PlanError, match=expected.replace("(", r"\(")):
+        plan(_spec(**changes))
+
+
+def test_every_problem_is_reported_at_once_and_empty_grids_fail() -> None:
+    with pytest.raises(PlanError) as error:
+        plan(_spec(tasks=("rte", "nosuchtask"), learning_rates=(-1.0,)))
+    assert "nosuchtask" in str(error.value) and "learning rate must be > 0" in str(error.value)
+    with pytest.raises(PlanError, match="empty grid"):
+        plan(dataclasses.replace(get_experiment("smoke"), sweeps=()))
+    with pytest.raises(PlanError, match="top_k k=13 exceeds the 12 layers of bert-base-uncased"):
+        plan(dataclasses.replace(get_experiment("extra_full"), sweeps=(
+            Sweep(tasks=("sms_spam",), methods=method_grid(top_k=(13,)), learning_rates=(1e-4,)),)))
+
+
+def test_ablation_needs_a_planned_adapter_run() -> None:
+    spec = dataclasses.replace(_spec(), ablation=Ablation(tasks=("rte",), method={"name": "adapters", "size": 64}))
+    with pytest.raises(PlanError, match="needs a planned adapters64 run"):
+        plan(spec)
+
+
+def test_unknown_experiment_names_the_closest() -> None:
+    with pytest.raises(UnknownExperimentError, match="did you mean glue_full"):
+        get_experiment("glue_ful")
+
+
+def test_summary_prints_the_grid_run_count_and_estimate(capsys: pytest.CaptureFixture[str]) -> None:
+    from pipelines.__main__ import main
+
+    assert main(["plan", "smoke"]) == 0
+    out = capsys.readouterr().out
+    assert "\n6 runs\n" in out and "accelerator-hours" in out and "sms_spam" in out
+    assert main(["plan", "nope"]) == 2
+
+
+def test_select_ablation_runs_takes_the_best_finished_run_per_task() -> None:
+    spec = get_experiment("smoke")
+    runs = [run for run in plan(spec).runs if run.task == "sms_spam"]
+    records = []
+    for run, f1, status in zip(runs, (0.9, 0.6, 0.8), ("ok", "ok", "ok")):
+        record = failed_run_record(run, "")
+        record.update(status=status, val_metrics={"accuracy": f1})
+        records.append(record)
+    adapter_record = next(r for r in records if r["method"]["name"] == "adapters")
+    selected = select_ablation_runs(records, spec.ablation)
+    assert selected == [adapter_record]
+    adapter_record["status"] = "failed"
+    assert select_ablation_runs(records, spec.ablation) == []
+
+
+def test_failed_run_record_is_a_valid_result_row(tmp_path: object) -> None:
+    run = plan(get_experiment("smoke")).runs[0]
+    write_runs([failed_run_record(run, "Traceback: boom")], tmp_path)
+    runs = read_results(tmp_path)["runs"]
+    assert runs.loc[0, "run_id"] == run.run_id and runs.loc[0, "status"] == "failed"
