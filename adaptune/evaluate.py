@@ -17,7 +17,7 @@ from adaptune.metrics import compute_metrics, squad_scores
 from adaptune.squad import postprocess_predictions
 from adaptune.tasks import Task
 
-EVAL_BATCH_SIZE = 64
+EVAL_BATCH_SIZE = 32  # batches are sorted by length; larger ones mostly add padding on CPU
 
 
 @dataclasses.dataclass

@@ -25,7 +25,7 @@ from adaptune.train import train_and_evaluate  # noqa: E402
 pytestmark = pytest.mark.slow
 
 RUN = TrainConfig(
-    task="sst2", method={"name": "adapters", "size": 32}, lr=3e-3, epochs=1, max_length=48, max_train_examples=192, max_eval_examples=96
+    task="sst2", method={"name": "adapters", "size": 32}, lr=3e-3, epochs=2, max_length=48, max_train_examples=128, max_eval_examples=64
 )
 LAYERS = 6  # MiniLM-L6
 

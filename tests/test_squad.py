@@ -99,9 +99,9 @@ def test_postprocessing_recovers_gold_answers_and_respects_max_answer_length(par
 def test_span_run_trains_and_scores_exact_match_and_f1(tmp_path: Path, squad_dev: Dataset, monkeypatch: pytest.MonkeyPatch) -> None:
     # The local mirror has only SQuAD dev: disjoint dev questions stand in for a training split.
     shuffled = squad_dev.shuffle(seed=1)
-    stand_in = DatasetDict(train=shuffled.select(range(48)), validation=shuffled.select(range(48, 72)))
+    stand_in = DatasetDict(train=shuffled.select(range(32)), validation=shuffled.select(range(32, 48)))
     monkeypatch.setattr(run_data, "load_task_data", lambda task, data_dir=None, splits=None: stand_in)
-    config = TrainConfig(task="squad", method={"name": "adapters", "size": 16}, lr=1e-3, epochs=1, batch_size=16, max_length=192, doc_stride=64)
+    config = TrainConfig(task="squad", method={"name": "adapters", "size": 16}, lr=1e-3, epochs=1, batch_size=16, max_length=160, doc_stride=48)
     record = train_and_evaluate(config, out_dir=tmp_path, progress=False)
     assert record["status"] == "ok", record["reason"]
     assert record["primary_metric"] == "exact_match" or record["primary_metric"] == "f1"
