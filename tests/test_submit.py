@@ -1,0 +1,141 @@
+"""Submission: settings from env or adaptune.toml, one message for what is missing, and the real
+aiplatform request sent to a fake Vertex AI endpoint on loopback (no cloud, no credentials)."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipelines.submit import ENV_VARS, SettingsError, SubmitSettings, load_settings, submit, submit_vertex
+
+
+def test_missing_settings_are_named_in_one_message(tmp_path: Path) -> None:
+    settings = load_settings(env={"ADAPTUNE_PROJECT": "p"}, config_path=tmp_path / "absent.toml")
+    with pytest.raises(SettingsError) as error:
+        submit_vertex("smoke", settings)
+    message = str(error.value)
+    for var in ("ADAPTUNE_REGION", "ADAPTUNE_PIPELINE_ROOT", "ADAPTUNE_SERVICE_ACCOUNT"):
+        assert var in message
+    assert "ADAPTUNE_PROJECT" not in message and "KFP_HOST" in message
+
+
+def test_settings_come_from_env_over_the_config_file(tmp_path: Path) -> None:
+    config = tmp_path / "adaptune.toml"
+    config.write_text('[submit]\nproject = "from-file"\nregion = "europe-west4"\nregistry = "eu.gcr.io/x"\n')
+    settings = load_settings(env={"ADAPTUNE_PROJECT": "from-env"}, config_path=config)
+    assert (settings.project, settings.region, settings.registry) == ("from-env", "europe-west4", "eu.gcr.io/x")
+    config.write_text('[submit]\nprojekt = "typo"\n')
+    with pytest.raises(SettingsError, match="unknown key.*projekt"):
+        load_settings(env={}, config_path=config)
+
+
+class _FakeVertex(http.server.BaseHTTPRequestHandler):
+    requests: list[dict[str, Any]] = []
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.requests.append({"path": self.path, "body": body, "authorization": self.headers.get("Authorization")})
+        reply = {**body, "name": self.path.split("?")[0].lstrip("/").removeprefix("v1/") + "/fake-job-1",
+                 "state": "PIPELINE_STATE_PENDING"}
+        self._send(reply)
+
+    def do_GET(self) -> None:  # noqa: N802
+        self._send({"name": self.path.lstrip("/").removeprefix("v1/"), "state": "PIPELINE_STATE_RUNNING"})
+
+    def _send(self, payload: dict[str, Any]) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def fake_vertex() -> Iterator[str]:
+    _FakeVertex.requests = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FakeVertex)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_vertex_submission_sends_the_compiled_pipeline(fake_vertex: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from google.auth.credentials import AnonymousCredentials
+
+    secret = "-----BEGIN PRIVATE KEY-----fake"
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS_JSON", secret)  # must never reach the request
+    # PipelineJob.submit first checks (or creates) the pipeline root's bucket through the Storage and
+    # Resource Manager APIs, which retry for minutes offline; record that call instead.
+    from google.cloud.aiplatform.utils import gcs_utils
+
+    buckets: list[str] = []
+    monkeypatch.setattr(gcs_utils, "create_gcs_bucket_for_pipeline_artifacts_if_it_does_not_exist",
+                        lambda output_artifacts_gcs_dir, **_: buckets.append(output_artifacts_gcs_dir))
+    settings = SubmitSettings(
+        project="proj-1", region="us-central1", pipeline_root="gs://bucket/root",
+        service_account="runner@proj-1.iam.gserviceaccount.com", registry="us-docker.pkg.dev/proj-1/repo",
+        image_tag="7.7.7", data_dir="/gcs/bucket/data",
+    )
+    submit_vertex("smoke", settings, credentials=AnonymousCredentials(), api_endpoint=fake_vertex, api_transport="rest")
+
+    assert buckets == ["gs://bucket/root"]
+    (request,) = [r for r in _FakeVertex.requests if "pipelineJobs" in r["path"]]
+    assert request["path"].startswith("/v1/projects/proj-1/locations/us-central1/pipelineJobs")
+    body = request["body"]
+    assert body["displayName"].startswith("adaptune-smoke-")
+    assert body["serviceAccount"] == settings.service_account
+    assert body["runtimeConfig"]["gcsOutputDirectory"] == "gs://bucket/root"
+    assert body["runtimeConfig"]["parameterValues"] == {"data_dir": "/gcs/bucket/data"}
+    spec = body["pipelineSpec"]
+    assert spec["pipelineInfo"]["name"] == "adaptune-smoke"
+    images = {e["container"]["image"] for e in spec["deploymentSpec"]["executors"].values()}
+    assert images == {"us-docker.pkg.dev/proj-1/repo/adaptune-cpu:7.7.7"}
+    text = json.dumps(body)
+    assert secret not in text and "Bearer" not in text and request["authorization"] is None
+    assert settings.service_account not in json.dumps(spec)  # the identity is a request field, not in the spec
+
+
+def test_no_credential_or_setting_lands_in_a_compiled_spec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipelines.compile import compile_experiment
+
+    values = {var: f"secret-{var.lower()}" for var in ENV_VARS.values() if var not in ("ADAPTUNE_REGISTRY", "ADAPTUNE_IMAGE_TAG")}
+    values.update(GOOGLE_APPLICATION_CREDENTIALS=str(tmp_path / "key.json"), KFP_TOKEN="secret-token")
+    for var, value in values.items():
+        monkeypatch.setenv(var, value)
+    for target in ("vertex", "kfp"):
+        text = compile_experiment("glue_full", tmp_path / f"{target}.yaml", target=target).read_text()
+        leaked = [var for var, value in values.items() if value in text]
+        assert not leaked, f"{target}: {leaked}"
+
+
+def test_kfp_host_submits_a_kfp_target_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    import kfp
+
+    calls: dict[str, Any] = {}
+
+    class RecordingClient:
+        def __init__(self, host: str) -> None:
+            calls["host"] = host
+
+        def create_run_from_pipeline_package(self, package: str, **kwargs: Any) -> Any:
+            calls["package"] = Path(package).read_text()
+            calls.update(kwargs)
+            return type("Run", (), {"run_id": "run-1"})()
+
+    monkeypatch.setattr(kfp, "Client", RecordingClient)
+    line = submit("glue_full", env={"KFP_HOST": "http://127.0.0.1:1", "ADAPTUNE_CONFIG": "/nonexistent.toml"})
+    assert line == "submitted glue_full to http://127.0.0.1:1: run run-1"
+    assert calls["host"] == "http://127.0.0.1:1" and calls["enable_caching"] is True
+    assert calls["arguments"] == {"data_dir": ""} and calls["run_name"].startswith("adaptune-glue-full-")
+    assert "nodeSelector" in calls["package"] and "nvidia.com/gpu" in calls["package"]
