@@ -25,14 +25,15 @@ class PlanError(ValueError):
 
 # --- cost estimate ------------------------------------------------------------------------------
 # Training throughput in examples per second for full fine-tuning at max_length 128, batch 32,
-# per backbone and accelerator (Vertex AI accelerator type, or "cpu"). These are ESTIMATES for
-# planning, not measurements: the CPU row for the embedded MiniLM is of the order measured on a
-# 2-core machine here; the accelerator rows are scaled from published BERT training throughputs.
-# `make bench` measures the real numbers.
+# per backbone and accelerator (Vertex AI accelerator type, or "cpu"), for one run. These are
+# ESTIMATES for planning, not measurements of this table's rows: the MiniLM CPU row comes from the
+# smoke runs here (full fine-tuning 12-17 examples/s at max_length 64, one thread per run, two runs
+# on a busy 2-core machine, halved for max_length 128); the other rows are rough scalings of
+# published BERT training throughputs. `make bench` measures real numbers.
 THROUGHPUT: dict[tuple[str, str], float] = {
-    ("all-MiniLM-L6-v2", "cpu"): 40.0,
-    ("bert-base-uncased", "cpu"): 8.0,
-    ("bert-large-uncased", "cpu"): 2.5,
+    ("all-MiniLM-L6-v2", "cpu"): 7.0,
+    ("bert-base-uncased", "cpu"): 1.5,
+    ("bert-large-uncased", "cpu"): 0.5,
     ("all-MiniLM-L6-v2", "NVIDIA_H100_80GB"): 4000.0,
     ("bert-base-uncased", "NVIDIA_H100_80GB"): 1000.0,
     ("bert-large-uncased", "NVIDIA_H100_80GB"): 350.0,
