@@ -102,7 +102,10 @@ class Plan:
         accel = spec.accelerator
         lines = [
             f"experiment {spec.name}: {spec.description}",
-            f"accelerator {accel.label} x{accel.count}, parallelism {spec.max_parallelism} per task, retries {spec.retries}",
+            f"accelerator {accel.label}" + (f" x{accel.count}" if accel.count else "")
+            + f", {spec.max_parallelism} runs at a time per task, "
+            + (f"{spec.max_parallel_tasks} task(s) at a time" if spec.max_parallel_tasks else "every task at once")
+            + f", retries {spec.retries}",
         ]
         header = ("task", "runs", "backbone", "methods", "learning rates", "epochs", "seeds")
         rows = [header]
