@@ -42,15 +42,20 @@ def prepare_run_data(
     wanted = {"validation": max_eval_examples, "test": max_eval_examples}
     if with_train:
         wanted["train"] = max_train_examples
-    splits = DatasetDict({name: subsample(raw[name], limit) for name, limit in wanted.items() if name in raw})
     if task.kind == "span":
-        return _span_data(splits, tokenizer, max_length, doc_stride)
-    tokenized = tokenize_task(task, splits, tokenizer, max_length, cache_dir)
+        return _span_data(_subsample_splits(raw, wanted), tokenizer, max_length, doc_stride)
+    # Tokenize whole splits (cached per task, shared by every run and by prepare_data), then
+    # subsample: the subset depends only on the split's length, so it picks the same rows as before.
+    tokenized = _subsample_splits(tokenize_task(task, raw, tokenizer, max_length, cache_dir), wanted)
     eval_splits = {}
     for name in EVAL_SPLITS:
         if name in tokenized and _has_labels(tokenized[name]):
             eval_splits[name] = EvalSplit(name, model_rows(tokenized[name]), references=list(tokenized[name]["labels"]))
     return RunData(train_rows=model_rows(tokenized["train"]) if with_train else [], eval_splits=eval_splits)
+
+
+def _subsample_splits(splits: DatasetDict, wanted: dict[str, int | None]) -> DatasetDict:
+    return DatasetDict({name: subsample(splits[name], limit) for name, limit in wanted.items() if name in splits})
 
 
 def _has_labels(split: Dataset) -> bool:
