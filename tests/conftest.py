@@ -18,7 +18,7 @@ import torch  # noqa: E402  (after the environment is set)
 torch.set_num_threads(1)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
+SHARED_DATA = (REPO_ROOT.parent / "shared" / "data").resolve()
 
 
 @pytest.fixture(scope="session")
