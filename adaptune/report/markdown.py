@@ -80,8 +80,9 @@ def _render(
         "## Table 1: GLUE",
         "",
         "Per task and row, the single run best on validation (the paper also picks the best seed). "
-        "GLUE score: the mean over the paper's nine tasks that were measured. Trained % and total size are "
-        "relative to the backbone of these runs.",
+        "GLUE score: the mean over those of the paper's nine tasks that were measured; beside it, the paper's "
+        "published score when all nine were measured, else the mean of the paper's own values over the same tasks. "
+        "Trained % is relative to the backbone of these runs; total size is for all nine tasks at that trained %.",
         "",
         markdown["table1"],
         "",

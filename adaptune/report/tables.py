@@ -30,6 +30,8 @@ TABLE1_ROWS: dict[str, tuple[str, Any]] = {
 }
 TABLE2_METHODS = {"full": "Fine-tune", "top_k": "Variable FT (top-k)", "adapters": "Adapters", "layernorm": "LayerNorm only"}
 SUMMARY_COLUMNS = ("glue_score", "trained_params_percent", "total_size_multiple")
+# Columns (and their _a/_b variants) that simple_markdown shows to four significant digits, not as scores.
+HYPERPARAMETER_COLUMNS = ("lr", "init_std")
 
 
 def table1(runs: pd.DataFrame, reference: dict[str, Any]) -> pd.DataFrame:
@@ -52,8 +54,9 @@ def table1(runs: pd.DataFrame, reference: dict[str, Any]) -> pd.DataFrame:
         measured_tasks = [task for task in score_tasks if task in chosen.index]
         scores = [r["measured"] for r in records if r["row"] == row and r["task"] in measured_tasks]
         glue_score = float(np.mean(scores)) if scores else None
-        records.append(_summary_record(row, label, "glue_score", glue_score, paper_row["glue_score"], len(measured_tasks)))
-        trained_percent, multiple = _size_summary(chosen, base, shares_backbone=row != "full")
+        paper_score = _paper_mean_over(paper_row, measured_tasks, score_tasks, paper_row["glue_score"])
+        records.append(_summary_record(row, label, "glue_score", glue_score, paper_score, len(measured_tasks)))
+        trained_percent, multiple = _size_summary(chosen, base, shares_backbone=row != "full", n_tasks=len(score_tasks))
         records.append(
             _summary_record(row, label, "trained_params_percent", trained_percent, paper_row["trained_params_percent"], len(chosen))
         )
@@ -89,19 +92,21 @@ def table2(runs: pd.DataFrame, reference: dict[str, Any]) -> pd.DataFrame:
                 )
             records.append(record)
         selected = chosen[chosen.index.get_level_values("method") == method]
+        measured_tasks = [r["task"] for r in records if r["method"] == method and "measured_mean" in r]
         measured = [r["measured_mean"] for r in records if r["method"] == method and "measured_mean" in r]
+        paper_means = {task: (paper_tasks.get(task, {}).get(method) or [None])[0] for task in tasks}
         records.append(
             {
                 "task": "average",
                 "method": method,
                 "method_name": label,
                 "measured_mean": float(np.mean(measured)) if measured else None,
-                "paper_mean": reference["table2"]["average"].get(method),
+                "paper_mean": _paper_mean_over(paper_means, measured_tasks, tasks, reference["table2"]["average"].get(method)),
                 "n_seeds": None,
-                "selected": f"mean over {len(measured)} measured task(s); the paper averages all 17",
+                "selected": f"mean over {len(measured)} measured task(s); paper: mean over the same tasks",
             }
         )
-        trained_percent, multiple = _size_summary(selected.reset_index(), base, shares_backbone=method != "full")
+        trained_percent, multiple = _size_summary(selected.reset_index(), base, shares_backbone=method != "full", n_tasks=len(tasks))
         for name, value in (("trained_params_percent", trained_percent), ("total_size_multiple", multiple)):
             records.append(
                 {
@@ -110,7 +115,7 @@ def table2(runs: pd.DataFrame, reference: dict[str, Any]) -> pd.DataFrame:
                     "method_name": label,
                     "measured_mean": value,
                     "paper_mean": reference["table2"][name].get(method),
-                    "selected": f"over {len(selected)} measured task(s); the paper counts 17",
+                    "selected": f"trained % over {len(selected)} measured task(s); size for all {len(tasks)} tasks",
                 }
             )
     frame = pd.DataFrame.from_records(records)
@@ -189,10 +194,18 @@ def table2_markdown(table: pd.DataFrame, reference: dict[str, Any]) -> str:
 
 
 def simple_markdown(table: pd.DataFrame) -> str:
-    """A plain Markdown rendering of a small table (numbers to one decimal)."""
+    """A plain Markdown rendering of a small table (scores to one decimal; learning rates and init
+    stds to four significant digits)."""
     lines = [_md_row(list(table.columns)), _md_row(["---"] * len(table.columns))]
     for _, row in table.iterrows():
-        lines.append(_md_row([_fmt(value) if isinstance(value, (float, np.floating)) else _text(value) for value in row]))
+        cells = []
+        for column, value in row.items():
+            if isinstance(value, (float, np.floating)) and not np.isnan(value):
+                hyperparameter = str(column).removesuffix("_a").removesuffix("_b") in HYPERPARAMETER_COLUMNS
+                cells.append(f"{value:.4g}" if hyperparameter else _fmt(value))
+            else:
+                cells.append(_text(value))
+        lines.append(_md_row(cells))
     return "\n".join(lines)
 
 
@@ -228,15 +241,29 @@ def _summary_record(row: str, label: str, name: str, measured: float | None, pap
     }
 
 
-def _size_summary(chosen: pd.DataFrame, base: dict[str, int], shares_backbone: bool) -> tuple[float | None, float | None]:
-    """Mean trained-% of the base model over the chosen runs, and the paper's total-size multiple."""
+def _size_summary(
+    chosen: pd.DataFrame, base: dict[str, int], shares_backbone: bool, n_tasks: int
+) -> tuple[float | None, float | None]:
+    """Mean trained-% of the base model over the chosen runs, and the total-size multiple for all
+    `n_tasks` of the paper's table at that mean (so it compares with the paper's 9x / 1.3x / 17x /
+    1.19x even when a sweep measured only some tasks)."""
     chosen = chosen[chosen["trained_params"].notna() & chosen["backbone"].isin(list(base))]
     if chosen.empty:
         return None, None
     backbone = chosen["backbone"].mode().iloc[0]  # a table mixes backbones only by mistake; use the usual one
-    trained = [int(value) for value in chosen["trained_params"]]
-    percent = 100.0 * float(np.mean(trained)) / base[backbone]
-    return percent, total_size_multiple(trained, base[backbone], shares_backbone=shares_backbone)
+    mean_trained = float(np.mean([int(value) for value in chosen["trained_params"]]))
+    percent = 100.0 * mean_trained / base[backbone]
+    return percent, total_size_multiple([round(mean_trained)] * n_tasks, base[backbone], shares_backbone=shares_backbone)
+
+
+def _paper_mean_over(paper_by_task: dict[str, Any], measured: list[str], all_tasks: list[str], published: float | None) -> float | None:
+    """The paper's figure to set beside a mean over `measured` tasks: its published average when every
+    task was measured, else the mean of its own per-task values over the same tasks (like with like)."""
+    if set(all_tasks) <= set(measured):
+        return published
+    values = [paper_by_task.get(task) for task in measured]
+    values = [float(value) for value in values if value is not None]
+    return float(np.mean(values)) if values and len(values) == len(measured) else None
 
 
 def _describe(config: pd.Series) -> str:
