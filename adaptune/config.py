@@ -38,6 +38,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         # Normalise so that equal configurations give equal run ids, however they were built.
         object.__setattr__(self, "method", {k: _int_if_whole(v) for k, v in sorted(self.method.items())})
+        method_label(self.method)  # a malformed method fails here, with a message, not later as a KeyError
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
             if field.type in ("int", "int | None") and value is not None:
@@ -62,9 +63,19 @@ class TrainConfig:
         return f"{self.task}-{method_label(self.method)}-s{self.seed}-" + hashlib.sha1(canonical.encode()).hexdigest()[:10]
 
 
+# The field a method's label needs (methods registered later label by name alone);
+# adaptune.methods.method_from_dict validates the rest.
+_LABEL_FIELDS = {"adapters": "size", "top_k": "k"}
+
+
 def method_label(method: dict[str, Any]) -> str:
     """Short human label of a method dict: full, adapters64, top_k3, layernorm."""
-    name = method["name"]
+    name = method.get("name")
+    if not isinstance(name, str) or _LABEL_FIELDS.get(name, "name") not in method:
+        raise ValueError(
+            f"malformed method {method!r}: expected a 'name' and its parameters, e.g. {{'name': 'full'}}, "
+            "{'name': 'adapters', 'size': 64} or {'name': 'top_k', 'k': 3}"
+        )
     if name == "adapters":
         return f"adapters{int(method['size'])}"
     if name == "top_k":
