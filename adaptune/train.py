@@ -34,6 +34,7 @@ from adaptune.evaluate import EvalResult, evaluate_split
 from adaptune.methods import apply_method, method_from_dict, parse_method
 from adaptune.params import count_parameters
 from adaptune.run_data import RunData, prepare_run_data
+from adaptune.squad import DOC_STRIDE as SPAN_DOC_STRIDE, MAX_LENGTH as SPAN_MAX_LENGTH
 from adaptune.tasks import Task, get_task
 from adaptune.train_state import Progress, load_state, remove_state, save_state
 
@@ -325,7 +326,14 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=TrainConfig.seed)
     parser.add_argument("--backbone", default=DEFAULT_BACKBONE, help="hub id or local path (default: the embedded MiniLM)")
     parser.add_argument("--batch-size", type=int, default=TrainConfig.batch_size)
-    parser.add_argument("--max-length", type=int, default=TrainConfig.max_length)
+    parser.add_argument(
+        "--max-length", type=int, default=None,
+        help=f"tokens per example (default: the task's standard, {SPAN_MAX_LENGTH} for SQuAD, {TrainConfig.max_length} otherwise)",
+    )
+    parser.add_argument(
+        "--doc-stride", type=int, default=None,
+        help=f"SQuAD window overlap in tokens (default {SPAN_DOC_STRIDE}); keep it below half of --max-length",
+    )
     parser.add_argument("--max-train-examples", type=int, default=None, help="seeded subset of the training split")
     parser.add_argument("--max-eval-examples", type=int, default=None, help="seeded subset of validation/test")
     parser.add_argument("--checkpoint-every-steps", type=int, default=None, help="save the resumable state every N steps")
@@ -352,6 +360,10 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         if method_dict["name"] != "adapters":
             raise SystemExit(f"--init-std applies to adapters only, not {method_dict['name']!r}")
         method_dict["init_std"] = args.init_std
+    # Unset lengths mean the task's standard: SQuAD's windows are 384 tokens with stride 128, GLUE's 128.
+    span = get_task(args.task).kind == "span"
+    max_length = args.max_length if args.max_length is not None else (SPAN_MAX_LENGTH if span else TrainConfig.max_length)
+    doc_stride = args.doc_stride if args.doc_stride is not None else (SPAN_DOC_STRIDE if span else TrainConfig.doc_stride)
     return TrainConfig(
         task=args.task,
         method=method_dict,
@@ -360,7 +372,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         seed=args.seed,
         backbone=args.backbone,
         batch_size=args.batch_size,
-        max_length=args.max_length,
+        max_length=max_length,
+        doc_stride=doc_stride,
         max_train_examples=args.max_train_examples,
         max_eval_examples=args.max_eval_examples,
         checkpoint_every_steps=args.checkpoint_every_steps,

@@ -17,6 +17,7 @@ from adaptune.batching import subsample  # noqa: E402
 from adaptune.config import TrainConfig  # noqa: E402
 from adaptune.data import load_task_data  # noqa: E402
 from adaptune import train as train_module  # noqa: E402
+from adaptune.squad import check_window  # noqa: E402
 from adaptune.train import add_train_arguments, config_from_args, train_and_evaluate  # noqa: E402
 from adaptune.train_state import STATE_FILE  # noqa: E402
 
@@ -133,3 +134,12 @@ def test_cli_flags_build_the_run_config() -> None:
     assert config_from_args(parser.parse_args(["--task", "rte", "--method", "top_k:3"])).method == {"name": "top_k", "k": 3}
     with pytest.raises(SystemExit, match="one of --method"):
         config_from_args(parser.parse_args(["--task", "rte", "--method", "full", "--top-k", "2"]))
+
+    # Unset lengths are the task's standard: 384-token windows with stride 128 for SQuAD, 128 tokens for GLUE.
+    squad = config_from_args(parser.parse_args(["--task", "squad"]))
+    assert (squad.max_length, squad.doc_stride) == (384, 128)
+    check_window(squad.max_length, squad.doc_stride)  # the default SQuAD run no longer fails its window check
+    assert (config.max_length, config.doc_stride) == (128, TrainConfig.doc_stride)
+    explicit = config_from_args(parser.parse_args(["--task", "squad", "--max-length", "192", "--doc-stride", "64"]))
+    assert (explicit.max_length, explicit.doc_stride) == (192, 64)
+    assert config_from_args(parser.parse_args(["--task", "rte", "--max-length", "256"])).max_length == 256
