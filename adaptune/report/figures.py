@@ -3,7 +3,9 @@
 Every figure function returns a `FigureOutput`; when a sweep holds no data for a figure (say, no
 SQuAD runs), it returns `skipped` with the reason instead of drawing an empty plot.
 Scores are plotted in percent; points are the configuration best on validation (mean across seeds,
-error bars one s.e.m.).
+error bars one s.e.m.). Each figure (each panel of Figure 3) shows one backbone: BERT-base, the
+paper's for Figures 3-7, where measured, else the most common one (`runs_for_backbone`); the title
+and `FigureOutput.backbone` name it.
 """
 
 from __future__ import annotations
@@ -22,9 +24,11 @@ import pandas as pd  # noqa: E402
 
 from adaptune.report.reference import task_suite  # noqa: E402
 from adaptune.report.selection import (  # noqa: E402
+    BERT_BASE,
     best_by_validation,
     best_configuration,
     reported_score,
+    runs_for_backbone,
     scored_runs,
     to_percent,
     usable_runs,
@@ -46,6 +50,7 @@ class FigureOutput:
     title: str
     paths: tuple[Path, ...] = ()
     skipped: str | None = None  # why the figure was not drawn
+    backbone: str | None = None  # the backbone whose runs it shows (panels' names joined, Figure 3)
 
 
 def all_figures(frames: dict[str, pd.DataFrame], reference: dict[str, Any], out_dir: Path) -> list[FigureOutput]:
@@ -54,7 +59,7 @@ def all_figures(frames: dict[str, pd.DataFrame], reference: dict[str, Any], out_
         figure3_tradeoff(runs, reference, out_dir),
         figure4_per_task(runs, out_dir),
         figure5_squad(runs, reference, out_dir),
-        figure6_ablation(frames["ablation"], out_dir),
+        figure6_ablation(frames["ablation"], out_dir, runs),
         figure6_init_std(runs, out_dir),
         figure7_learning_rate(runs, out_dir),
     ]
@@ -67,13 +72,15 @@ def figure3_tradeoff(runs: pd.DataFrame, reference: dict[str, Any], out_dir: Pat
     usable = usable.assign(suite=[task_suite(task, reference) for task in usable["task"]])
     panels = []
     for suite, label in (("glue", "GLUE (validation)"), ("extra", "Additional tasks (test)")):
-        points = _relative_points(usable[usable["suite"] == suite])
+        in_suite = usable[(usable["suite"] == suite) & usable["method"].isin(["full", "adapters", "top_k"])]
+        suite_runs, backbone = runs_for_backbone(in_suite, BERT_BASE)
+        points = _relative_points(suite_runs)
         if not points.empty:
-            panels.append((label, points))
+            panels.append((f"{label}, {backbone}", points, backbone))
     if not panels:
         return FigureOutput(name, title, skipped="needs, for some task, a full fine-tuning run and an adapters or top-k run")
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
-    for ax, (label, points) in zip(axes[0], panels):
+    for ax, (label, points, _) in zip(axes[0], panels):
         for method, group in points.groupby("method"):
             method_name, color = METHOD_STYLE[method]
             bands = group.groupby("point").agg(
@@ -89,7 +96,7 @@ def figure3_tradeoff(runs: pd.DataFrame, reference: dict[str, Any], out_dir: Pat
         ax.axhline(0.0, color="grey", linestyle="--", linewidth=1)
         ax.set(xscale="log", xlabel="trained parameters per task", ylabel="score − full fine-tuning (points)", title=label)
         ax.legend(fontsize=8)
-    return _save(fig, out_dir, name, title)
+    return _save(fig, out_dir, name, title, ", ".join(dict.fromkeys(backbone for _, _, backbone in panels)))
 
 
 def figure4_per_task(runs: pd.DataFrame, out_dir: Path) -> FigureOutput:
@@ -98,21 +105,23 @@ def figure4_per_task(runs: pd.DataFrame, out_dir: Path) -> FigureOutput:
     usable = usable_runs(runs)
     usable = usable[~usable["task"].str.startswith("squad")]
     curves = usable[usable["method"].isin(["adapters", "top_k", "layernorm"])]
+    curves, backbone = runs_for_backbone(curves, BERT_BASE)
     tasks = _ordered_tasks(curves["task"].unique())
     if not tasks:
         return FigureOutput(name, title, skipped="no usable adapters, top-k or LayerNorm-only runs on a classification task")
+    usable = usable[usable["backbone"] == backbone]
     fig, axes = _panel_grid(len(tasks))
     for ax, task in zip(axes, tasks):
         _method_points(ax, usable[usable["task"] == task])
         ax.set_title(task)
-    return _save(fig, out_dir, name, title)
+    return _save(fig, out_dir, name, title, backbone)
 
 
 def figure5_squad(runs: pd.DataFrame, reference: dict[str, Any], out_dir: Path) -> FigureOutput:
     """SQuAD v1.1 validation F1 vs trained params, with the paper's values from its text."""
     name, title = "figure5_squad", "Figure 5: SQuAD F1 vs trained parameters"
     usable = usable_runs(runs)
-    squad = usable[usable["task"].str.startswith("squad")]
+    squad, backbone = runs_for_backbone(usable[usable["task"].str.startswith("squad")], BERT_BASE)
     if squad.empty:
         return FigureOutput(name, title, skipped="no usable SQuAD runs in this results set")
     fig, axes = _panel_grid(1)
@@ -122,14 +131,20 @@ def figure5_squad(runs: pd.DataFrame, reference: dict[str, Any], out_dir: Path) 
     axes[0].axhline(paper["adapters64"], color="tab:orange", linestyle=":", label=f"paper adapters 64 {paper['adapters64']}")
     axes[0].legend(fontsize=8)
     axes[0].set_ylabel("F1")
-    return _save(fig, out_dir, name, title)
+    return _save(fig, out_dir, name, title, backbone)
 
 
-def figure6_ablation(ablation: pd.DataFrame, out_dir: Path) -> FigureOutput:
-    """Heatmaps: change (% of the baseline) when the adapters of layers first..last are switched off."""
+def figure6_ablation(ablation: pd.DataFrame, out_dir: Path, runs: pd.DataFrame | None = None) -> FigureOutput:
+    """Heatmaps: change (% of the baseline) when the adapters of layers first..last are switched off.
+    With `runs`, the ablated runs' backbones are looked up and one backbone is shown (BERT-base first)."""
     name, title = "figure6_ablation", "Figure 6: removing adapters from layer spans"
     if ablation.empty:
         return FigureOutput(name, title, skipped="no ablation rows (ablation.parquet is empty or absent)")
+    backbone = None
+    if runs is not None:
+        backbones = runs.drop_duplicates("run_id").set_index("run_id")["backbone"]
+        ablation = ablation.assign(backbone=ablation["run_id"].map(backbones).fillna("(run not in results)"))
+        ablation, backbone = runs_for_backbone(ablation, BERT_BASE)
     # One trained model per task, as in the paper: the run with the most ablated spans.
     chosen = ablation.groupby(["task", "run_id"]).size().reset_index(name="n").sort_values(["task", "n"], ascending=[True, False])
     chosen = chosen.groupby("task").head(1)
@@ -147,7 +162,7 @@ def figure6_ablation(ablation: pd.DataFrame, out_dir: Path) -> FigureOutput:
         image = ax.imshow(grid, cmap="viridis", origin="upper")
         fig.colorbar(image, ax=ax, label="change (%)")
         ax.set(xlabel="last layer", ylabel="first layer", title=f"{task} ({metric})")
-    return _save(fig, out_dir, name, title)
+    return _save(fig, out_dir, name, title, backbone)
 
 
 def figure6_init_std(runs: pd.DataFrame, out_dir: Path) -> FigureOutput:
@@ -155,6 +170,7 @@ def figure6_init_std(runs: pd.DataFrame, out_dir: Path) -> FigureOutput:
     name, title = "figure6_init_std", "Figure 6 (right): validation score vs adapter init std (degenerate runs included)"
     usable = scored_runs(runs)
     adapters = usable[(usable["method"] == "adapters") & usable["init_std"].notna()]
+    adapters, backbone = runs_for_backbone(adapters, BERT_BASE)
     varied = adapters.groupby("task")["init_std"].nunique()
     tasks = _ordered_tasks(varied[varied >= 2].index)
     if not tasks:
@@ -166,13 +182,13 @@ def figure6_init_std(runs: pd.DataFrame, out_dir: Path) -> FigureOutput:
         axes[0].errorbar(rows["init_std"], to_percent(rows["val_mean"]), yerr=_sem(rows), marker="o", capsize=3, label=task)
     axes[0].set(xscale="log", xlabel="adapter init std", ylabel="validation score (%)")
     axes[0].legend(fontsize=8)
-    return _save(fig, out_dir, name, title)
+    return _save(fig, out_dir, name, title, backbone)
 
 
 def figure7_learning_rate(runs: pd.DataFrame, out_dir: Path) -> FigureOutput:
     """Per task and method, the best configuration at each learning rate (± s.e.m.)."""
     name, title = "figure7_lr_robustness", "Figure 7: best validation score at each learning rate (degenerate runs included)"
-    usable = scored_runs(runs)
+    usable, backbone = runs_for_backbone(scored_runs(runs), BERT_BASE)
     varied = usable.groupby(["task", "method"])["lr"].nunique()
     tasks = _ordered_tasks(varied[varied >= 2].index.get_level_values("task").unique())
     if not tasks:
@@ -188,7 +204,7 @@ def figure7_learning_rate(runs: pd.DataFrame, out_dir: Path) -> FigureOutput:
             ax.errorbar(rows["lr"], to_percent(rows["val_mean"]), yerr=_sem(rows), marker="o", capsize=3, color=color, label=method_name)
         ax.set(xscale="log", xlabel="learning rate", ylabel="validation score (%)", title=task)
         ax.legend(fontsize=8)
-    return _save(fig, out_dir, name, title)
+    return _save(fig, out_dir, name, title, backbone)
 
 
 def _relative_points(runs: pd.DataFrame) -> pd.DataFrame:
@@ -244,12 +260,12 @@ def _panel_grid(n_panels: int, size: tuple[float, float] = (5.0, 3.8)) -> tuple[
     return fig, flat[:n_panels]
 
 
-def _save(fig: Any, out_dir: Path, name: str, title: str) -> FigureOutput:
+def _save(fig: Any, out_dir: Path, name: str, title: str, backbone: str | None = None) -> FigureOutput:
     out_dir.mkdir(parents=True, exist_ok=True)
-    fig.suptitle(title)
+    fig.suptitle(f"{title} — {backbone}" if backbone else title)
     fig.tight_layout()
     paths = tuple(out_dir / f"{name}.{extension}" for extension in ("png", "pdf"))
     for path in paths:
         fig.savefig(path, dpi=120)
     plt.close(fig)
-    return FigureOutput(name, title, paths=paths)
+    return FigureOutput(name, title, paths=paths, backbone=backbone)

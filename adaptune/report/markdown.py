@@ -37,7 +37,7 @@ def build_report(results_dir: str | Path, out_dir: str | Path, reference: str | 
     markdown = {
         "table1": table1_markdown(t1),
         "table2": table2_markdown(t2, paper),
-        "adapter_sizes": simple_markdown(sizes),
+        "adapter_sizes": simple_markdown(sizes.drop(columns="backbone")),
         "excluded_runs": simple_markdown(problems) if not problems.empty else "(none)",
     }
     for name, text in markdown.items():
@@ -46,7 +46,7 @@ def build_report(results_dir: str | Path, out_dir: str | Path, reference: str | 
 
     report = out_dir / "report.md"
     report.write_text(
-        _render(results_dir, runs, frames, markdown, t1, t2, figures, problems, out_dir, reference or reference_path()),
+        _render(results_dir, runs, frames, markdown, t1, t2, sizes, figures, problems, out_dir, reference or reference_path()),
         encoding="utf-8",
     )
     return report
@@ -59,6 +59,7 @@ def _render(
     markdown: dict[str, str],
     t1: pd.DataFrame,
     t2: pd.DataFrame,
+    sizes: pd.DataFrame,
     figures: list[FigureOutput],
     problems: pd.DataFrame,
     out_dir: Path,
@@ -84,6 +85,8 @@ def _render(
         "published score when all nine were measured, else the mean of the paper's own values over the same tasks. "
         "Trained % is relative to the backbone of these runs; total size is for all nine tasks at that trained %.",
         "",
+        _backbone_line(t1, "BERT-large"),
+        "",
         markdown["table1"],
         "",
         _missing_line(t1[~t1["task"].isin(["glue_score", "trained_params_percent", "total_size_multiple"])], "task", "row_label"),
@@ -95,6 +98,8 @@ def _render(
         "Per task and method, the configuration with the best mean validation score across seeds; "
         "mean ± s.e.m. across its seeds.",
         "",
+        _backbone_line(t2, "BERT-base"),
+        "",
         markdown["table2"],
         "",
         _missing_line(t2[~t2["task"].isin(["average", "trained_params_percent", "total_size_multiple"])], "task", "method_name", column="measured_mean"),
@@ -102,6 +107,8 @@ def _render(
         "Files: [table2.parquet](tables/table2.parquet), [table2.md](tables/table2.md)",
         "",
         "## Adapter size (Section 3.6): mean validation score over the GLUE classification tasks",
+        "",
+        _backbone_line(sizes, "BERT-large (Table 1's runs)"),
         "",
         markdown["adapter_sizes"],
         "",
@@ -113,9 +120,17 @@ def _render(
             lines += [f"- **{figure.title}**: skipped — {figure.skipped}.", ""]
         else:
             png, pdf = (path.relative_to(out_dir).as_posix() for path in figure.paths)
-            lines += [f"### {figure.title}", "", f"![{figure.name}]({png})", "", f"[PDF]({pdf})", ""]
+            lines += [f"### {figure.title}", "", f"Backbone: `{figure.backbone or 'unknown'}` (the paper's: BERT-base).", ""]
+            lines += [f"![{figure.name}]({png})", "", f"[PDF]({pdf})", ""]
     lines += ["## Excluded runs (failed, degenerate, or without a validation score)", "", markdown["excluded_runs"], ""]
     return "\n".join(lines)
+
+
+def _backbone_line(table: pd.DataFrame, paper_backbone: str) -> str:
+    """Which backbone's runs a table shows (tables never mix backbones; see selection.runs_for_backbone)."""
+    names = table["backbone"].dropna().unique() if "backbone" in table else []
+    shown = f"`{names[0]}`" if len(names) else "none (no usable run)"
+    return f"Backbone: {shown}; the paper's: {paper_backbone}. Runs of other backbones are not in this table."
 
 
 def _missing_line(table: pd.DataFrame, task_column: str, row_column: str, column: str = "measured") -> str:

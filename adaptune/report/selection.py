@@ -14,6 +14,10 @@ import pandas as pd
 
 SEED_FREE_KEYS = ("seed", "experiment")  # what may differ between seeds of one configuration
 
+# The backbone each of the paper's tables and figures used (the names experiments.py gives them).
+BERT_BASE = "bert-base-uncased"
+BERT_LARGE = "bert-large-uncased"
+
 
 def usable_runs(runs: pd.DataFrame) -> pd.DataFrame:
     """Runs that may be selected: status ok and a validation score."""
@@ -40,6 +44,23 @@ def reported_score(runs: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
     """The score a table reports for each run (test where labelled, else validation) and its split."""
     has_test = runs["test_score"].notna()
     return runs["test_score"].where(has_test, runs["val_score"]), pd.Series(np.where(has_test, "test", "validation"), index=runs.index)
+
+
+def runs_for_backbone(runs: pd.DataFrame, preferred: str) -> tuple[pd.DataFrame, str | None]:
+    """The runs of one backbone, so that a table or figure never mixes models: the paper's backbone
+    for it (`preferred`, matched on the name or a path/hub id ending in it) when some run used it,
+    else the most common backbone among `runs` (ties: the first name in sorted order).
+    Returns (those runs, that backbone); (runs, None) when there are no runs."""
+    if runs.empty:
+        return runs.copy(), None
+    names = runs["backbone"].astype(str)
+    is_preferred = (names == preferred) | names.str.rstrip("/").str.split("/").str[-1].eq(preferred)
+    if is_preferred.any():
+        backbone = names[is_preferred].mode().sort_values().iloc[0]
+    else:
+        counts = names.value_counts()
+        backbone = sorted(counts[counts == counts.max()].index)[0]
+    return runs[names == backbone].copy(), backbone
 
 
 def best_by_validation(runs: pd.DataFrame, by: list[str]) -> pd.DataFrame:

@@ -14,10 +14,13 @@ import pandas as pd
 from adaptune.params import total_size_multiple
 from adaptune.report.reference import extra_tasks, glue_tasks
 from adaptune.report.selection import (
+    BERT_BASE,
+    BERT_LARGE,
     base_params,
     best_by_validation,
     best_configuration,
     reported_score,
+    runs_for_backbone,
     to_percent,
     usable_runs,
 )
@@ -35,9 +38,13 @@ HYPERPARAMETER_COLUMNS = ("lr", "init_std")
 
 
 def table1(runs: pd.DataFrame, reference: dict[str, Any]) -> pd.DataFrame:
-    """Per GLUE task and Table 1 row, the best run on validation; then GLUE score, trained %, total size."""
+    """Per GLUE task and Table 1 row, the best run on validation; then GLUE score, trained %, total size.
+
+    One backbone for the whole table (column `backbone`): BERT-large, the paper's, where measured."""
     usable = usable_runs(runs)
     tasks = glue_tasks(reference)
+    in_table = usable["task"].isin(tasks) & usable["method"].isin(["full", "adapters"])
+    usable, backbone = runs_for_backbone(usable[in_table], BERT_LARGE)
     score_tasks = reference["table1"]["tasks"]  # the paper's nine columns (WNLI omitted, its footnote 2)
     base = base_params(runs)
     records = []
@@ -56,20 +63,25 @@ def table1(runs: pd.DataFrame, reference: dict[str, Any]) -> pd.DataFrame:
         glue_score = float(np.mean(scores)) if scores else None
         paper_score = _paper_mean_over(paper_row, measured_tasks, score_tasks, paper_row["glue_score"])
         records.append(_summary_record(row, label, "glue_score", glue_score, paper_score, len(measured_tasks)))
-        trained_percent, multiple = _size_summary(chosen, base, shares_backbone=row != "full", n_tasks=len(score_tasks))
+        trained_percent, multiple = _size_summary(chosen, base, backbone, shares_backbone=row != "full", n_tasks=len(score_tasks))
         records.append(
             _summary_record(row, label, "trained_params_percent", trained_percent, paper_row["trained_params_percent"], len(chosen))
         )
         records.append(_summary_record(row, label, "total_size_multiple", multiple, paper_row["total_size_multiple"], len(chosen)))
-    return pd.DataFrame.from_records(records)
+    frame = pd.DataFrame.from_records(records)
+    frame["backbone"] = backbone
+    return frame
 
 
 def table2(runs: pd.DataFrame, reference: dict[str, Any]) -> pd.DataFrame:
-    """Per additional task and method, mean and s.e.m. across seeds of the configuration best on validation."""
+    """Per additional task and method, mean and s.e.m. across seeds of the configuration best on validation.
+
+    One backbone for the whole table (column `backbone`): BERT-base, the paper's, where measured."""
     usable = usable_runs(runs)
     paper_tasks = reference["table2"]["tasks"]
     tasks = extra_tasks(reference)
     candidates = usable[usable["task"].isin(tasks) & usable["method"].isin(list(TABLE2_METHODS))]
+    candidates, backbone = runs_for_backbone(candidates, BERT_BASE)
     chosen = best_configuration(candidates, ["task", "method"]).set_index(["task", "method"])
     base = base_params(runs)
     records = []
@@ -106,7 +118,9 @@ def table2(runs: pd.DataFrame, reference: dict[str, Any]) -> pd.DataFrame:
                 "selected": f"mean over {len(measured)} measured task(s); paper: mean over the same tasks",
             }
         )
-        trained_percent, multiple = _size_summary(selected.reset_index(), base, shares_backbone=method != "full", n_tasks=len(tasks))
+        trained_percent, multiple = _size_summary(
+            selected.reset_index(), base, backbone, shares_backbone=method != "full", n_tasks=len(tasks)
+        )
         for name, value in (("trained_params_percent", trained_percent), ("total_size_multiple", multiple)):
             records.append(
                 {
@@ -120,14 +134,18 @@ def table2(runs: pd.DataFrame, reference: dict[str, Any]) -> pd.DataFrame:
             )
     frame = pd.DataFrame.from_records(records)
     frame["difference"] = frame["measured_mean"] - frame["paper_mean"]
+    frame["backbone"] = backbone
     return frame
 
 
 def adapter_size_table(runs: pd.DataFrame, reference: dict[str, Any]) -> pd.DataFrame:
-    """Section 3.6: mean validation score over GLUE classification tasks per adapter size (best lr/epochs)."""
+    """Section 3.6: mean validation score over GLUE classification tasks per adapter size (best lr/epochs).
+
+    The paper's numbers are Table 1's BERT-large runs: BERT-large where measured (column `backbone`)."""
     paper = reference["figures"]["adapter_size_mean_validation"]
     usable = usable_runs(runs)
     adapters = usable[(usable["method"] == "adapters") & usable["task"].isin(paper["tasks"])]
+    adapters, backbone = runs_for_backbone(adapters, BERT_LARGE)
     chosen = best_configuration(adapters, ["task", "adapter_size"])
     records = []
     sizes = sorted({int(size) for size in paper["sizes"]} | {int(s) for s in chosen["adapter_size"].dropna()})
@@ -145,7 +163,9 @@ def adapter_size_table(runs: pd.DataFrame, reference: dict[str, Any]) -> pd.Data
                 "tasks": ",".join(sorted(rows["task"])),
             }
         )
-    return pd.DataFrame.from_records(records)
+    frame = pd.DataFrame.from_records(records)
+    frame["backbone"] = backbone
+    return frame
 
 
 def table1_markdown(table: pd.DataFrame) -> str:
@@ -242,15 +262,14 @@ def _summary_record(row: str, label: str, name: str, measured: float | None, pap
 
 
 def _size_summary(
-    chosen: pd.DataFrame, base: dict[str, int], shares_backbone: bool, n_tasks: int
+    chosen: pd.DataFrame, base: dict[str, int], backbone: str | None, shares_backbone: bool, n_tasks: int
 ) -> tuple[float | None, float | None]:
-    """Mean trained-% of the base model over the chosen runs, and the total-size multiple for all
-    `n_tasks` of the paper's table at that mean (so it compares with the paper's 9x / 1.3x / 17x /
-    1.19x even when a sweep measured only some tasks)."""
-    chosen = chosen[chosen["trained_params"].notna() & chosen["backbone"].isin(list(base))]
-    if chosen.empty:
+    """Mean trained-% of the table's backbone over the chosen runs (all of that backbone), and the
+    total-size multiple for all `n_tasks` of the paper's table at that mean (so it compares with the
+    paper's 9x / 1.3x / 17x / 1.19x even when a sweep measured only some tasks)."""
+    chosen = chosen[chosen["trained_params"].notna() & (chosen["backbone"] == backbone)]
+    if chosen.empty or backbone not in base:
         return None, None
-    backbone = chosen["backbone"].mode().iloc[0]  # a table mixes backbones only by mistake; use the usual one
     mean_trained = float(np.mean([int(value) for value in chosen["trained_params"]]))
     percent = 100.0 * mean_trained / base[backbone]
     return percent, total_size_multiple([round(mean_trained)] * n_tasks, base[backbone], shares_backbone=shares_backbone)
