@@ -5,8 +5,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
+import torch
 
 os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
 
@@ -14,10 +17,14 @@ from datasets import Dataset, DatasetDict  # noqa: E402
 
 from adaptune import run_data  # noqa: E402
 from adaptune.backbone import load_tokenizer  # noqa: E402
+from adaptune.batching import evaluation_batches, make_collator  # noqa: E402
 from adaptune.config import TrainConfig  # noqa: E402
 from adaptune.data import load_task_data  # noqa: E402
+from adaptune.devices import Device  # noqa: E402
+from adaptune.evaluate import EvalSplit, evaluate_split  # noqa: E402
 from adaptune.metrics import squad_scores  # noqa: E402
 from adaptune.squad import prepare_features, postprocess_predictions  # noqa: E402
+from adaptune.tasks import get_task  # noqa: E402
 from adaptune.train import train_and_evaluate  # noqa: E402
 
 # Short windows so one real paragraph (Super Bowl 50, 775 characters) spans several overlapping ones.
@@ -104,10 +111,77 @@ def test_span_run_trains_and_scores_exact_match_and_f1(tmp_path: Path, squad_dev
     config = TrainConfig(task="squad", method={"name": "adapters", "size": 16}, lr=1e-3, epochs=1, batch_size=16, max_length=160, doc_stride=48)
     record = train_and_evaluate(config, out_dir=tmp_path, progress=False)
     assert record["status"] == "ok", record["reason"]
-    assert record["primary_metric"] == "exact_match" or record["primary_metric"] == "f1"
+    assert record["primary_metric"] == "f1"
     assert set(record["val_metrics"]) == {"exact_match", "f1"}
     assert 0.0 <= record["val_metrics"]["exact_match"] <= record["val_metrics"]["f1"] <= 1.0
     assert record["curve"][0]["train_loss"] > 0 and (tmp_path / "checkpoint" / "task.json").is_file()
+
+
+class _GoldSpanModel(torch.nn.Module):
+    """Stands in for a QA model: one-hot start/end logits at the positions it was given per window.
+
+    Windows are recognised by their token ids, so the logits follow each window through
+    evaluate_split's length-sorted batches; a wrong row order back into the features would show.
+    """
+
+    def __init__(self, positions: dict[tuple[int, ...], tuple[int, int]]) -> None:
+        super().__init__()
+        self.positions = positions
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **_: torch.Tensor) -> SimpleNamespace:
+        starts = torch.zeros(input_ids.shape)
+        ends = torch.zeros(input_ids.shape)
+        for row, (ids, mask) in enumerate(zip(input_ids.tolist(), attention_mask.tolist(), strict=True)):
+            start, end = self.positions[tuple(ids[: sum(mask)])]
+            if end >= sum(mask):  # another window's positions can lie past this one's end: point at [CLS]
+                start = end = 0
+            starts[row, start] = 10.0
+            ends[row, end] = 10.0
+        return SimpleNamespace(start_logits=starts, end_logits=ends)
+
+
+def test_span_evaluation_scores_gold_logits_as_perfect_and_misplaced_ones_as_wrong(squad_dev: Dataset, tokenizer) -> None:
+    # Real dev questions whose first answer is exactly a run of whole tokens (not "gold" inside
+    # "golden"), over contexts long enough for several windows of different lengths.
+    candidates = squad_dev.shuffle(seed=2).select(range(40))
+    chosen = []
+    for index, example in enumerate(candidates):
+        single = {k: [v] for k, v in example.items()}
+        features = prepare_features(single, tokenizer, MAX_LENGTH, STRIDE, for_evaluation=True)
+        spans = [
+            example["context"][offsets[start][0] : offsets[end][1]]
+            for offsets, start, end in zip(features["offset_mapping"], features["start_positions"], features["end_positions"], strict=True)
+            if start
+        ]
+        if len(features["input_ids"]) > 1 and spans and all(span == example["answers"]["text"][0] for span in spans):
+            chosen.append(index)
+    assert len(chosen) >= 4
+    examples = candidates.select(chosen[:6])
+    features = examples.map(
+        prepare_features, batched=True, remove_columns=examples.column_names,
+        fn_kwargs={"tokenizer": tokenizer, "max_length": MAX_LENGTH, "doc_stride": STRIDE, "for_evaluation": True},
+    )
+    model_columns = ("input_ids", "attention_mask", "token_type_ids")
+    rows = [{k: row[k] for k in model_columns if k in row} for row in features]
+    split = EvalSplit("validation", rows, examples=examples, features=features.select_columns(["example_id", "offset_mapping"]))
+    batch_size = 4
+    order = [i for batch in evaluation_batches(split.lengths, batch_size) for i in batch]
+    assert order != sorted(order), "the windows must be evaluated out of order for the test to check the reordering"
+
+    keys = [tuple(row["input_ids"]) for row in rows]
+    assert len(set(keys)) == len(keys)
+    gold = list(zip(features["start_positions"], features["end_positions"], strict=True))
+    cpu = Device("cpu", torch.device("cpu"), "cpu", None)
+    collator = make_collator(tokenizer)
+    task = get_task("squad")
+
+    result = evaluate_split(_GoldSpanModel(dict(zip(keys, gold, strict=True))), task, split, cpu, collator, batch_size=batch_size)
+    assert result.metrics == {"exact_match": 1.0, "f1": 1.0}
+
+    # The same one-hot logits given to the wrong windows (each window gets the next one's) score badly.
+    shifted = gold[1:] + gold[:1]
+    misplaced = evaluate_split(_GoldSpanModel(dict(zip(keys, shifted, strict=True))), task, split, cpu, collator, batch_size=batch_size)
+    assert misplaced.metrics["exact_match"] < 0.5 and misplaced.metrics["f1"] < 0.5
 
 
 def test_window_too_small_for_the_stride_is_a_clear_error(paragraph: Dataset, tokenizer) -> None:
