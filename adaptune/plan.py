@@ -127,6 +127,7 @@ class Plan:
         if spec.ablation:
             lines.append(
                 f"ablation: the best {method_label(spec.ablation.method)} run of {', '.join(spec.ablation.tasks)}"
+                + (f" on {spec.ablation.backbone}" if spec.ablation.backbone else "")
             )
         if spec.max_train_examples:
             lines.append(f"subsampled: at most {spec.max_train_examples} training examples per task")
@@ -272,9 +273,13 @@ def _check_ablation(ablation: Ablation, runs: list[TrainConfig]) -> None:
         raise PlanError(f"ablation method {ablation.method!r}: {error}") from None
     if method["name"] != "adapters":
         raise PlanError(f"ablation switches adapters off, so its method must be adapters, got {method['name']!r}")
+    on = f" on {ablation.backbone}" if ablation.backbone else ""
     for task in ablation.tasks:
-        if not any(run.task == get_task(task).name and run.method == method for run in runs):
-            raise PlanError(f"ablation of {task!r} needs a planned {method_label(method)} run of that task; add one to a sweep")
+        if not any(
+            run.task == get_task(task).name and run.method == method and (ablation.backbone is None or run.backbone == ablation.backbone)
+            for run in runs
+        ):
+            raise PlanError(f"ablation of {task!r} needs a planned {method_label(method)} run of that task{on}; add one to a sweep")
 
 
 @functools.cache
@@ -312,7 +317,8 @@ def estimate_hours(run: TrainConfig, spec: ExperimentSpec) -> float:
 
 
 def select_ablation_runs(records: list[dict[str, Any]], ablation: Ablation) -> list[dict[str, Any]]:
-    """Per ablation task, the finished run of the ablation's method with the best validation score."""
+    """Per ablation task, the finished run of the ablation's method (and backbone, when the ablation
+    names one) with the best validation score."""
     from adaptune.methods import method_from_dict
 
     method = method_from_dict(dict(ablation.method)).to_dict()
@@ -323,6 +329,7 @@ def select_ablation_runs(records: list[dict[str, Any]], ablation: Ablation) -> l
             record for record in records
             if record.get("status") == "ok" and record["task"] == task.name
             and method_from_dict(dict(record["method"])).to_dict() == method
+            and (ablation.backbone is None or record.get("backbone") == ablation.backbone)
             and record.get("val_metrics", {}).get(task.primary_metric) is not None
         ]
         if candidates:

@@ -78,7 +78,7 @@ def test_tpu_experiment_uses_the_tpu_image_and_accelerator(tmp_path: Path) -> No
         container = executors[heavy]["container"]
         assert container["image"].endswith("/adaptune-tpu:0.1.0"), heavy
         assert container["resources"]["accelerator"]["resourceType"] == "TPU_V5_LITEPOD"
-        assert container["resources"]["accelerator"]["resourceCount"] == "4"
+        assert container["resources"]["accelerator"]["resourceCount"] == "1"  # one chip: devices.py uses one XLA device
 
 
 def test_cpu_experiment_has_no_accelerator_and_one_task_at_a_time(tmp_path: Path) -> None:

@@ -67,11 +67,23 @@ def test_runs_by_task_round_trip_through_kfp_floats() -> None:
     groups = planned.runs_by_task()
     assert [group["task"] for group in groups] == ["mrpc", "sms_spam"]
     by_id = {run.run_id for run in planned.runs}
+    nested_floats = 0
     for group in groups:
         for run in group["runs"]:
             assert None not in run.values()  # kfp.local cannot carry nulls in loop items
-            as_kfp = {k: float(v) if isinstance(v, int) else v for k, v in run.items()}  # ints come back as floats
+            as_kfp = _kfp_floats(run)  # ints come back as floats, nested ones too (method.size -> 16.0)
+            nested_floats += as_kfp["method"].get("size") == 16.0
             assert TrainConfig.from_dict(as_kfp).run_id in by_id
+    assert nested_floats == 2  # the adapters16 run of each task went through as size 16.0
+
+
+def _kfp_floats(value: object) -> object:
+    """What a KFP loop item looks like on the other side: every int (bools aside) a float, at any depth."""
+    if isinstance(value, dict):
+        return {key: _kfp_floats(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_kfp_floats(item) for item in value]
+    return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
 
 def _spec(**sweep_changes: object) -> object:
@@ -136,11 +148,31 @@ def test_select_ablation_runs_takes_the_best_finished_run_per_task() -> None:
         record = failed_run_record(run, "")
         record.update(status=status, val_metrics={"accuracy": f1})
         records.append(record)
-    adapter_record = next(r for r in records if r["method"]["name"] == "adapters")
-    selected = select_ablation_runs(records, spec.ablation)
-    assert selected == [adapter_record]
-    adapter_record["status"] = "failed"
+    first_adapter = next(r for r in records if r["method"]["name"] == "adapters")
+    # A second run of the ablation's method (another seed), listed after the first and better on validation.
+    better_adapter = failed_run_record(dataclasses.replace(next(r for r in runs if r.method["name"] == "adapters"), seed=1), "")
+    better_adapter.update(status="ok", val_metrics={"accuracy": first_adapter["val_metrics"]["accuracy"] + 0.1})
+    records.append(better_adapter)
+    assert select_ablation_runs(records, spec.ablation) == [better_adapter]
+    better_adapter["status"] = "failed"
+    assert select_ablation_runs(records, spec.ablation) == [first_adapter]
+    first_adapter["status"] = "failed"
     assert select_ablation_runs(records, spec.ablation) == []
+
+
+def test_select_ablation_runs_keeps_to_the_ablations_backbone() -> None:
+    """paper_full holds size-64 adapter runs of MNLI-m on BERT-large (Table 1) and BERT-base (Figure 6):
+    the better-scoring BERT-large run must not be ablated instead of the paper's BERT-base one."""
+    spec = get_experiment("paper_full")
+    assert spec.ablation.backbone == "bert-base-uncased" == get_experiment("ablation").ablation.backbone
+    method = {"name": "adapters", "size": 64, "init_std": 1e-2}
+    records = []
+    for backbone, score in (("bert-large-uncased", 0.9), ("bert-base-uncased", 0.8)):
+        record = failed_run_record(TrainConfig(task="mnli_m", method=method, lr=3e-4, backbone=backbone), "")
+        record.update(status="ok", val_metrics={"accuracy": score})
+        records.append(record)
+    assert select_ablation_runs(records, spec.ablation) == [records[1]]
+    assert select_ablation_runs(records, dataclasses.replace(spec.ablation, backbone=None)) == [records[0]]
 
 
 def test_failed_run_record_is_a_valid_result_row(tmp_path: object) -> None:
