@@ -16,6 +16,7 @@ from typing import Any
 
 from adaptune.config import TrainConfig, method_label
 from adaptune.experiments import PAPER_EPOCHS, Ablation, ExperimentSpec, Sweep
+from adaptune.records import run_record
 from adaptune.tasks import Task, UnknownTaskError, get_task
 
 
@@ -347,12 +348,6 @@ def _compact(values: Any) -> str:
 
 def failed_run_record(config: TrainConfig, reason: str) -> dict[str, Any]:
     """The record of a planned run that raised before train.py could write one (every contract key)."""
-    task = get_task(config.task)
-    return {
-        "run_id": config.run_id, "experiment": config.experiment, "task": config.task, "method": dict(config.method),
-        "method_label": method_label(config.method), "lr": config.lr, "epochs": config.epochs, "seed": config.seed,
-        "backbone": config.backbone, "config": config.to_dict(), "status": "failed", "reason": reason[-2000:],
-        "trained_params": None, "total_params": None, "primary_metric": task.primary_metric, "best_epoch": None,
-        "val_metrics": {}, "test_metrics": {}, "curve": [], "wall_time_s": None, "train_examples_per_s": None,
-        "device": None, "checkpoint_dir": None,
-    }
+    record = run_record(config, get_task(config.task).primary_metric)
+    record.update(status="failed", reason=reason[-2000:])
+    return record

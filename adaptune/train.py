@@ -28,11 +28,12 @@ from transformers.trainer_pt_utils import get_parameter_names
 from adaptune.backbone import load_model, load_tokenizer
 from adaptune.batching import epoch_batches, iterate_batches, make_collator
 from adaptune.checkpoint import save_task_checkpoint
-from adaptune.config import DEFAULT_BACKBONE, TrainConfig, method_label
+from adaptune.config import DEFAULT_BACKBONE, TrainConfig
 from adaptune.devices import Device, is_out_of_memory, pick_device, release_memory
 from adaptune.evaluate import EvalResult, evaluate_split
 from adaptune.methods import apply_method, method_from_dict, parse_method
 from adaptune.params import count_parameters
+from adaptune.records import run_record
 from adaptune.run_data import RunData, prepare_run_data
 from adaptune.squad import DOC_STRIDE as SPAN_DOC_STRIDE, MAX_LENGTH as SPAN_MAX_LENGTH
 from adaptune.tasks import Task, get_task
@@ -73,7 +74,7 @@ def train_and_evaluate(
     method_cfg = method_from_dict(config.method)
     _check_config(config)
     device = pick_device()
-    record = _base_record(config, task, device, out)
+    record = run_record(config, task.primary_metric, device.name)  # filled in as the run goes
     run = _Run(config, task, method_cfg, device, out, record)
     try:
         run.execute(data_dir, cache_dir, progress, step_callback)
@@ -219,35 +220,6 @@ class _Run:
                 reason=f"validation predictions at the best epoch ({p.best_epoch}) are all one class "
                 f"({self.task.primary_metric} {p.best_value:g}); compare other seeds and learning rates",
             )
-
-
-def _base_record(config: TrainConfig, task: Task, device: Device, out: Path) -> dict[str, Any]:
-    """Every key of the run record, filled in as the run goes (a failed run still has them all)."""
-    return {
-        "run_id": config.run_id,
-        "experiment": config.experiment,
-        "task": config.task,
-        "method": dict(config.method),
-        "method_label": method_label(config.method),
-        "lr": config.lr,
-        "epochs": config.epochs,
-        "seed": config.seed,
-        "backbone": config.backbone,
-        "config": config.to_dict(),
-        "status": "ok",
-        "reason": None,
-        "trained_params": None,
-        "total_params": None,
-        "primary_metric": task.primary_metric,
-        "best_epoch": None,
-        "val_metrics": {},
-        "test_metrics": {},
-        "curve": [],
-        "wall_time_s": None,
-        "train_examples_per_s": None,
-        "device": device.name,
-        "checkpoint_dir": None,
-    }
 
 
 def _check_config(config: TrainConfig) -> None:
