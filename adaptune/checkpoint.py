@@ -21,6 +21,7 @@ from torch import nn
 
 from adaptune.backbone import load_model, resolve_backbone, task_kind_of
 from adaptune.config import DEFAULT_BACKBONE
+from adaptune.files import atomic_write
 from adaptune.methods import apply_method, method_from_dict
 
 WEIGHTS_FILE = "task.safetensors"
@@ -60,8 +61,8 @@ def save_task_checkpoint(
     except TypeError as error:
         raise CheckpointError(f"checkpoint metadata must be JSON-serialisable: {error}") from None
     # Write beside the target then rename, so a preempted save never leaves a half-written file.
-    _atomic_write(out / WEIGHTS_FILE, lambda path: save_file(trained, str(path), metadata={"format": "pt"}))
-    _atomic_write(out / INFO_FILE, lambda path: path.write_text(info_text + "\n"))
+    atomic_write(out / WEIGHTS_FILE, lambda path: save_file(trained, str(path), metadata={"format": "pt"}))
+    atomic_write(out / INFO_FILE, lambda path: path.write_text(info_text + "\n"))
     return out
 
 
@@ -94,9 +95,3 @@ def load_task_checkpoint(checkpoint_dir: str | os.PathLike[str], backbone: str |
 def _portable_backbone_name(backbone: str) -> str:
     """Store the embedded backbone by name, not by this machine's site-packages path."""
     return DEFAULT_BACKBONE if backbone == resolve_backbone(None) else backbone
-
-
-def _atomic_write(target: Path, write: Any) -> None:
-    temporary = target.with_name(target.name + ".tmp")
-    write(temporary)
-    os.replace(temporary, target)

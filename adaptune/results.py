@@ -11,8 +11,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
-import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +18,8 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from adaptune.files import atomic_write
 
 RUNS_FILE = "runs.parquet"
 CURVES_FILE = "curves.parquet"
@@ -249,7 +249,8 @@ def _append(
         old_rows = [row for row in old_rows if row["run_id"] not in replace_runs]
     # Plain dict dedupe: later rows (this write, and later rows within it) overwrite earlier ones.
     merged = {tuple(row[k] for k in key): row for row in old_rows + new_table.to_pylist()}
-    _atomic_write(pa.Table.from_pylist(list(merged.values()), schema=schema), path)
+    table = pa.Table.from_pylist(list(merged.values()), schema=schema)
+    atomic_write(path, lambda temporary: pq.write_table(table, temporary))
     return path
 
 
@@ -310,17 +311,6 @@ def _none_if_nan(value: Any) -> Any:
     if isinstance(value, float) and math.isnan(value):
         return None
     return value
-
-
-def _atomic_write(table: pa.Table, path: Path) -> None:
-    handle, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(handle)
-    try:
-        pq.write_table(table, temp_name)
-        os.replace(temp_name, path)
-    except BaseException:
-        Path(temp_name).unlink(missing_ok=True)
-        raise
 
 
 def locate_results(path: str | Path) -> Path:

@@ -31,6 +31,7 @@ from adaptune.checkpoint import save_task_checkpoint
 from adaptune.config import DEFAULT_BACKBONE, TrainConfig
 from adaptune.devices import Device, is_out_of_memory, pick_device, release_memory
 from adaptune.evaluate import EvalResult, evaluate_split
+from adaptune.files import atomic_write
 from adaptune.methods import apply_method, method_from_dict, parse_method
 from adaptune.params import count_parameters
 from adaptune.records import run_record
@@ -279,9 +280,8 @@ def _finished_record(out: Path, run_id: str) -> dict[str, Any] | None:
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
-    os.replace(temporary, path)
+    text = json.dumps(data, indent=2, sort_keys=True, default=str) + "\n"
+    atomic_write(path, lambda temporary: temporary.write_text(text))
 
 
 # ---- command line: `python -m adaptune train ...` -------------------------------------------------

@@ -7,12 +7,13 @@ kill at any moment leaves either the previous state or the new one, never half o
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+
+from adaptune.files import atomic_write
 
 STATE_FILE = "train_state.pt"
 
@@ -49,10 +50,7 @@ def save_state(
         "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
         "progress": dataclasses.asdict(progress),
     }
-    target = out_dir / STATE_FILE
-    temporary = target.with_name(target.name + ".tmp")
-    torch.save(state, temporary)
-    os.replace(temporary, target)
+    atomic_write(out_dir / STATE_FILE, lambda temporary: torch.save(state, temporary))
 
 
 def load_state(
