@@ -39,6 +39,7 @@ from adaptune.data import load_task_data, tokenize_task
 from adaptune.devices import Device, pick_device
 from adaptune.methods import apply_method, method_from_dict
 from adaptune.tasks import get_task
+from adaptune.train import training_step
 
 BATCH_SIZE = 32
 PAD_LENGTH = 128
@@ -212,19 +213,14 @@ def _build(method: dict[str, Any], device: Device) -> nn.Module:
 
 
 def _trainer(model: nn.Module, device: Device) -> Callable[[Batch], None]:
-    """One training step as train.py takes it: forward, backward, clip, AdamW, zero grads."""
+    """One training step exactly as a run takes it (adaptune.train.training_step)."""
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=1e-5, weight_decay=0.01)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)  # constant: only the cost matters
 
     def step(batch: Batch) -> None:
-        with device.autocast():
-            loss = model(**batch).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        device.mark_step()
+        training_step(model, batch, optimizer, scheduler, trainable, device, max_grad_norm=1.0)
 
     return step
 

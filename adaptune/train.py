@@ -159,21 +159,11 @@ class _Run:
         self._finish()
 
     def _step(self, model: nn.Module, batch: dict[str, torch.Tensor], optimizer: Any, scheduler: Any, trainable: list[nn.Parameter]) -> float:
-        with self.device.autocast():
-            loss = model(**batch).loss
-        loss_value = float(loss.detach())
-        where = f"at step {self.progress.global_step + 1} (epoch {self.progress.epoch + 1}, lr {self.config.lr:g})"
-        if not math.isfinite(loss_value):
-            raise RunFailed(f"non-finite training loss ({loss_value}) {where}: the learning rate is likely too high")
-        loss.backward()
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(trainable, self.config.max_grad_norm))
-        if not math.isfinite(grad_norm):
-            raise RunFailed(f"non-finite gradient norm ({grad_norm}) {where}: the learning rate is likely too high")
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        self.device.mark_step()
-        return loss_value
+        try:
+            return training_step(model, batch, optimizer, scheduler, trainable, self.device, self.config.max_grad_norm)
+        except RunFailed as failure:
+            where = f"at step {self.progress.global_step + 1} (epoch {self.progress.epoch + 1}, lr {self.config.lr:g})"
+            raise RunFailed(f"{failure} {where}: the learning rate is likely too high") from None
 
     def _end_epoch(self, model: nn.Module, data: RunData, collator: Any) -> None:
         p, config = self.progress, self.config
@@ -221,6 +211,31 @@ class _Run:
                 reason=f"validation predictions at the best epoch ({p.best_epoch}) are all one class "
                 f"({self.task.primary_metric} {p.best_value:g}); compare other seeds and learning rates",
             )
+
+
+def training_step(
+    model: nn.Module, batch: dict[str, torch.Tensor], optimizer: Any, scheduler: Any, trainable: list[nn.Parameter],
+    device: Device, max_grad_norm: float,
+) -> float:
+    """One optimizer step (forward, backward, clip, AdamW, schedule); returns the loss.
+
+    A non-finite loss or gradient norm raises RunFailed before the weights change. The benchmark
+    times this same function.
+    """
+    with device.autocast():
+        loss = model(**batch).loss
+    loss_value = float(loss.detach())
+    if not math.isfinite(loss_value):
+        raise RunFailed(f"non-finite training loss ({loss_value})")
+    loss.backward()
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(trainable, max_grad_norm))
+    if not math.isfinite(grad_norm):
+        raise RunFailed(f"non-finite gradient norm ({grad_norm})")
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    device.mark_step()
+    return loss_value
 
 
 def _check_config(config: TrainConfig) -> None:
