@@ -9,7 +9,7 @@ import dataclasses
 import pandas as pd
 import pytest
 import torch
-from transformers import RobertaConfig, RobertaForSequenceClassification
+from transformers import BertConfig, BertForSequenceClassification, RobertaConfig, RobertaForSequenceClassification
 
 from adaptune.backbone import load_model, load_tokenizer
 from adaptune.config import TrainConfig, method_label
@@ -22,6 +22,7 @@ from adaptune.methods import (
     apply_method,
     method_from_dict,
     parse_method,
+    pooler_is_untrained,
     register_method,
 )
 
@@ -56,17 +57,65 @@ def test_full_trains_everything(classifier) -> None:
     assert trainable_names(model) == {name for name, _ in model.named_parameters()}
 
 
-def test_adapters_train_adapters_layernorms_and_head_not_pooler(classifier) -> None:
+def test_adapters_train_adapters_layernorms_head_and_the_untrained_pooler(classifier) -> None:
+    """MiniLM's pooler was never trained (it was trained with mean pooling), so the head rule trains it."""
+    assert pooler_is_untrained(classifier)
     model = applied(classifier, AdaptersConfig(size=64))
-    expected = {name for name, _ in model.named_parameters() if ".adapter." in name or "LayerNorm" in name or name.startswith("classifier.")}
+    expected = {
+        name for name, _ in model.named_parameters()
+        if ".adapter." in name or "LayerNorm" in name or name.startswith(("classifier.", "bert.pooler."))
+    }
     assert trainable_names(model) == expected
-    assert "bert.embeddings.LayerNorm.weight" in expected
-    assert not any(name.startswith("bert.pooler.") for name in trainable_names(model))
-    # DESIGN.md's fact: 12 adapters x (2*64*384 + 384 + 64) + 13 LayerNorms x 768 + 384*2 + 2.
-    assert sum(p.numel() for p in model.parameters() if p.requires_grad) == 605_954
+    assert {"bert.embeddings.LayerNorm.weight", "bert.pooler.dense.weight", "bert.pooler.dense.bias"} <= expected
+    # DESIGN.md's fact, 605,954 with the pooler frozen (12 adapters x (2*64*384 + 384 + 64) + 13 LayerNorms
+    # x 768 + 384*2 + 2), plus the untrained pooler's 384*384 + 384.
+    assert sum(p.numel() for p in model.parameters() if p.requires_grad) == 605_954 + 384 * 384 + 384
 
 
-@pytest.mark.parametrize("k", [1, 3, 6])
+def _bert_with_pretrained_looking_pooler() -> BertForSequenceClassification:
+    """A small BERT initialised as BERT is (std 0.02), its pooler bias made nonzero as training leaves it."""
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, max_position_embeddings=64)
+    model = BertForSequenceClassification(config)
+    with torch.no_grad():
+        model.bert.pooler.dense.bias.normal_(0.0, 0.02)
+    return model
+
+
+@pytest.mark.parametrize("cfg", [AdaptersConfig(size=8), LayerNormConfig()], ids=["adapters", "layernorm"])
+def test_a_pretrained_pooler_stays_frozen(cfg) -> None:
+    """BERT as the paper has it: the pre-trained pooler is not part of what adapters / LayerNorm-only train."""
+    model = _bert_with_pretrained_looking_pooler()
+    assert model.bert.pooler.dense.weight.std().item() == pytest.approx(0.02, rel=0.1)
+    assert not pooler_is_untrained(model)
+    trained = trainable_names(apply_method(model, cfg))
+    assert not any(name.startswith("bert.pooler.") for name in trained)
+    assert {"classifier.weight", "classifier.bias"} <= trained
+
+
+def test_the_head_rule_reads_the_weights_not_the_name(classifier) -> None:
+    # The embedded backbone: bias exactly zero, weight std ~0.009 (under 1.5 x initializer_range 0.02).
+    pooler = classifier.bert.pooler.dense
+    assert torch.count_nonzero(pooler.bias) == 0 and pooler.weight.std().item() < 0.015
+    assert pooler_is_untrained(classifier)
+    # The same model with a pooler bias that moved: pre-trained, whatever its name.
+    moved = copy.deepcopy(classifier)
+    with torch.no_grad():
+        moved.bert.pooler.dense.bias.fill_(1e-3)
+    assert not pooler_is_untrained(moved)
+    # Zero bias but weights far larger than an initialisation: counted as trained.
+    large = copy.deepcopy(classifier)
+    with torch.no_grad():
+        large.bert.pooler.dense.weight.mul_(10.0)
+    assert not pooler_is_untrained(large)
+    # No pooler (RoBERTa's classifier has none) or no weights (meta device): the paper's layout.
+    tiny = RobertaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, max_position_embeddings=64, pad_token_id=1)
+    assert not pooler_is_untrained(RobertaForSequenceClassification(tiny))
+    with torch.device("meta"):
+        assert not pooler_is_untrained(BertForSequenceClassification(BertConfig()))
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
 def test_top_k_trains_top_layers_pooler_and_head(classifier, k: int) -> None:
     model = applied(classifier, TopKConfig(k=k))
     top = tuple(f"bert.encoder.layer.{index}." for index in range(6 - k, 6))
@@ -74,9 +123,17 @@ def test_top_k_trains_top_layers_pooler_and_head(classifier, k: int) -> None:
     assert trainable_names(model) == expected
 
 
-def test_layernorm_trains_layernorms_and_head(classifier) -> None:
+def test_top_k_with_every_layer_is_exactly_full_fine_tuning(classifier) -> None:
+    """The paper: top-k with k = the number of layers is full fine-tuning, the embeddings included."""
+    top_all = applied(classifier, TopKConfig(k=6))
+    full = applied(classifier, FullConfig())
+    assert trainable_names(top_all) == trainable_names(full) == {name for name, _ in classifier.named_parameters()}
+    assert "bert.embeddings.word_embeddings.weight" in trainable_names(top_all)
+
+
+def test_layernorm_trains_layernorms_head_and_the_untrained_pooler(classifier) -> None:
     model = applied(classifier, LayerNormConfig())
-    expected = {name for name, _ in model.named_parameters() if "LayerNorm" in name or name.startswith("classifier.")}
+    expected = {name for name, _ in model.named_parameters() if "LayerNorm" in name or name.startswith(("classifier.", "bert.pooler."))}
     assert trainable_names(model) == expected
     assert len([name for name in expected if "LayerNorm" in name]) == 13 * 2
 

@@ -25,8 +25,11 @@ def test_counts_on_the_embedded_backbone(backbone_path) -> None:
     after = count_parameters(model)
     d, m, adapters = 384, 64, 2 * 6
     assert after.total == before.total + adapters * (2 * m * d + d + m)
-    assert after.trained == 605_954  # DESIGN.md: same as AdapterHub's Houlsby config with LayerNorms unfrozen
-    assert after.trained_percent == pytest.approx(100 * 605_954 / after.total)
+    # DESIGN.md: 605,954 with the pooler frozen (AdapterHub's Houlsby config with LayerNorms unfrozen);
+    # MiniLM's pooler was never trained, so the head rule trains it too: + 384*384 + 384.
+    pooler = d * d + d
+    assert after.trained == 605_954 + pooler == 753_794
+    assert after.trained_percent == pytest.approx(100 * 753_794 / after.total)
 
 
 def test_paper_bert_base_figures() -> None:
@@ -36,10 +39,14 @@ def test_paper_bert_base_figures() -> None:
     # Section 3.5: adapters of size 64 train about 2% of the parameters.
     adapters = count_parameters(apply_method(bert_base_on_meta(), AdaptersConfig(size=64)))
     assert round(adapters.trained_percent) == 2
-    # Top-k with k = all 12 layers trains everything but the embeddings.
+    # Top-k with k = all 12 layers is full fine-tuning: everything trains, the embeddings included.
     top_all = count_parameters(apply_method(bert_base_on_meta(), TopKConfig(k=12)))
-    embeddings = sum(p.numel() for p in bert_base_on_meta().bert.embeddings.parameters())
-    assert top_all.trained == top_all.total - embeddings
+    assert top_all.trained == top_all.total
+    # One layer fewer leaves the embeddings and the lowest layer frozen.
+    top_11 = count_parameters(apply_method(bert_base_on_meta(), TopKConfig(k=11)))
+    model = bert_base_on_meta()
+    frozen = sum(p.numel() for module in (model.bert.embeddings, model.bert.encoder.layer[0]) for p in module.parameters())
+    assert top_11.trained == top_11.total - frozen
 
 
 def test_total_size_multiple_full_fine_tuning_matches_paper() -> None:
