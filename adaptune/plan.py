@@ -65,6 +65,22 @@ KNOWN_BACKBONE_LAYERS = {
 
 
 @dataclasses.dataclass(frozen=True)
+class Shard:
+    """Runs one pipeline task trains one after another, loading the backbone and tokenized data once.
+
+    Every run of a shard has the same task, backbone and token length. Shards are re-derived from
+    the spec by every component (plan is deterministic), so the DAG fans out only their small ids.
+    """
+
+    id: str  # "0007-cola": position in the plan, then the task, readable in the pipeline console
+    runs: tuple[TrainConfig, ...]
+
+    @property
+    def task(self) -> str:
+        return self.runs[0].task
+
+
+@dataclasses.dataclass(frozen=True)
 class Plan:
     spec: ExperimentSpec
     runs: list[TrainConfig]
@@ -80,24 +96,44 @@ class Plan:
     def tasks(self) -> list[str]:
         return list(dict.fromkeys(run.task for run in self.runs))
 
-    def runs_by_task(self) -> list[dict[str, Any]]:
-        """The run list grouped per task, as KFP parameters: [{"task", "backbones", "max_lengths", "runs": [config dicts]}].
+    @functools.cached_property
+    def shards(self) -> list[Shard]:
+        """The runs packed per (task, backbone, length) into shards of at most spec.shard_size runs,
+        each group split into near-equal parts, in plan order."""
+        groups: dict[tuple, list[TrainConfig]] = {}
+        for run in self.runs:
+            groups.setdefault((run.task, run.backbone, run.max_length, run.doc_stride), []).append(run)
+        shards: list[Shard] = []
+        for runs in groups.values():
+            parts = -(-len(runs) // self.spec.shard_size)
+            size, extra = divmod(len(runs), parts)
+            start = 0
+            for part in range(parts):
+                end = start + size + (part < extra)
+                shards.append(Shard(id=f"{len(shards):04d}-{runs[0].task}", runs=tuple(runs[start:end])))
+                start = end
+        return shards
 
-        None-valued fields are left out (they are TrainConfig's defaults): KFP cannot carry a null
-        inside a loop item.
-        """
-        groups = []
-        for task in self.tasks:
-            runs = [run for run in self.runs if run.task == task]
-            groups.append(
-                {
-                    "task": task,
-                    "backbones": sorted({run.backbone for run in runs}),
-                    "max_lengths": sorted({run.max_length for run in runs}),
-                    "runs": [{k: v for k, v in run.to_dict().items() if v is not None} for run in runs],
-                }
-            )
-        return groups
+    def shard(self, shard_id: str) -> Shard:
+        for shard in self.shards:
+            if shard.id == shard_id:
+                return shard
+        raise PlanError(f"experiment {self.spec.name!r} has no shard {shard_id!r} ({len(self.shards)} shards); "
+                        "the spec changed since the pipeline planned it")
+
+    @property
+    def peak_accelerators(self) -> int:
+        """Accelerators the DAG may hold at once: shards in flight x accelerators per shard."""
+        return min(len(self.shards), self.spec.parallelism) * self.spec.accelerator.count
+
+    def wall_clock_hours(self) -> float:
+        """Estimated hours until the last shard ends: shards start in plan order on `parallelism` slots."""
+        import heapq
+
+        slots = [0.0] * min(self.spec.parallelism, max(len(self.shards), 1))
+        for shard in self.shards:
+            heapq.heapreplace(slots, slots[0] + sum(self.run_hours[run.run_id] for run in shard.runs))
+        return max(slots)
 
     def summary(self) -> str:
         spec = self.spec
@@ -105,8 +141,7 @@ class Plan:
         lines = [
             f"experiment {spec.name}: {spec.description}",
             f"accelerator {accel.label}" + (f" x{accel.count}" if accel.count else "")
-            + f", {spec.max_parallelism} runs at a time per task, "
-            + (f"{spec.max_parallel_tasks} task(s) at a time" if spec.max_parallel_tasks else "every task at once")
+            + f", {len(self.shards)} shards of at most {spec.shard_size} runs, {spec.parallelism} at a time"
             + f", retries {spec.retries}",
         ]
         header = ("task", "runs", "backbone", "methods", "learning rates", "epochs", "seeds")
@@ -136,11 +171,12 @@ class Plan:
         if self.merged_duplicates:
             lines.append(f"{self.merged_duplicates} runs shared by several blocks are planned once")
         lines.append(f"{len(self.runs)} runs")
-        run_hours = sum(self.run_hours.values())
-        at_once = max(spec.max_parallelism, 1) * min(spec.max_parallel_tasks or len(self.tasks), max(len(self.tasks), 1))
+        if accel.count:
+            quota = f" (max_accelerators {spec.max_accelerators})" if spec.max_accelerators is not None else ""
+            lines.append(f"peak: {self.peak_accelerators} {accel.label} at once{quota}")
         lines.append(
             f"estimate: {_hours(self.accelerator_hours)} accelerator-hours ({accel.label} x{max(accel.count, 1)} per run), "
-            f"~{_hours(run_hours / at_once)} h wall-clock with {spec.max_parallelism} runs per task at once "
+            f"~{_hours(self.wall_clock_hours())} h wall-clock with {spec.parallelism} shards at once "
             "-- an estimate from adaptune.plan.THROUGHPUT, not a measurement"
         )
         return "\n".join(lines)
@@ -170,14 +206,23 @@ def plan(spec: ExperimentSpec) -> Plan:
     if spec.ablation:
         _check_ablation(spec.ablation, runs)
     run_hours = {run.run_id: estimate_hours(run, spec) for run in runs}
-    return Plan(spec=spec, runs=runs, run_hours=run_hours, merged_duplicates=sum(map(len, per_task.values())) - len(runs))
+    planned = Plan(spec=spec, runs=runs, run_hours=run_hours, merged_duplicates=sum(map(len, per_task.values())) - len(runs))
+    if spec.max_accelerators is not None and planned.peak_accelerators > spec.max_accelerators:
+        raise PlanError(
+            f"experiment {spec.name!r} may hold {planned.peak_accelerators} {spec.accelerator.label} at once "
+            f"({min(len(planned.shards), spec.parallelism)} shards x {spec.accelerator.count}), over max_accelerators "
+            f"{spec.max_accelerators}: lower parallelism, or raise max_accelerators to what your quota allows"
+        )
+    return planned
 
 
 def _check_spec_values(spec: ExperimentSpec, problems: list[str]) -> None:
-    if spec.max_parallelism < 1:
-        problems.append(f"max_parallelism must be >= 1, got {spec.max_parallelism}")
-    if spec.max_parallel_tasks is not None and spec.max_parallel_tasks < 1:
-        problems.append(f"max_parallel_tasks must be >= 1 or None (all at once), got {spec.max_parallel_tasks}")
+    if spec.parallelism < 1:
+        problems.append(f"parallelism must be >= 1 (shards trained at once), got {spec.parallelism}")
+    if spec.shard_size < 1:
+        problems.append(f"shard_size must be >= 1 (runs per shard), got {spec.shard_size}")
+    if spec.max_accelerators is not None and spec.max_accelerators < 1:
+        problems.append(f"max_accelerators must be >= 1 or None (unchecked), got {spec.max_accelerators}")
     if spec.retries < 0:
         problems.append(f"retries must be >= 0, got {spec.retries}")
     for field in ("max_train_examples", "max_eval_examples"):

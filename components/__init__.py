@@ -1,7 +1,7 @@
-"""KFP lightweight components wrapping adaptune: plan, prepare_data, train_eval, ablate, aggregate, report.
+"""KFP lightweight components wrapping adaptune: plan_shards, train_shard, ablate_runs, aggregate, report.
 
 `make_components(family)` builds them with the project's images (`pipelines.images.image_for`):
-train_eval and ablate run on the experiment's accelerator image, the light steps on the CPU one.
+train_shard and ablate_runs run on the experiment's accelerator image, the light steps on the CPU one.
 The images already hold adaptune and kfp (requirements.lock), so nothing is pip-installed at run time.
 """
 
@@ -18,9 +18,8 @@ from pipelines.images import image_for
 
 @dataclasses.dataclass(frozen=True)
 class Components:
-    plan_runs: Any
-    prepare_data: Any
-    train_eval: Any
+    plan_shards: Any
+    train_shard: Any
     ablate_runs: Any
     aggregate: Any
     report: Any
@@ -31,11 +30,10 @@ def _component(func: Callable[..., Any], family: str) -> Any:
 
 
 def make_components(accelerator_family: str = "cpu") -> Components:
-    """The six components; the heavy two use `accelerator_family`'s image ("cpu", "gpu" or "tpu")."""
+    """The five components; the heavy two use `accelerator_family`'s image ("cpu", "gpu" or "tpu")."""
     return Components(
-        plan_runs=_component(steps.plan_runs, "cpu"),
-        prepare_data=_component(steps.prepare_data, "cpu"),
-        train_eval=_component(steps.train_eval, accelerator_family),
+        plan_shards=_component(steps.plan_shards, "cpu"),
+        train_shard=_component(steps.train_shard, accelerator_family),
         ablate_runs=_component(steps.ablate_runs, accelerator_family),
         aggregate=_component(steps.aggregate, "cpu"),
         report=_component(steps.report, "cpu"),

@@ -2,127 +2,81 @@
 
 KFP ships each function's source alone into its container, so every body imports what it needs
 and calls no helper of this module. No `from __future__ import annotations` here: KFP reads the
-annotations (Input[Dataset], List[dict]) as real types to build the component interface.
+annotations (Output[Dataset], List[str]) as real types to build the component interface.
 
-A run that goes wrong comes back as a record with status "failed", never as a failing task: a
-failed task would stop the sweep (and crashes kfp.local's orchestrator, see DESIGN.md).
+Every input is small and bounded: the experiment spec as compact JSON (a few KB, whatever the
+number of runs), a shard id, the run store's root. Components re-plan the spec (deterministic) to
+find their runs, and fan in by reading the run store.
 """
 
 from typing import List
 
-from kfp.dsl import Artifact, Dataset, Input, Markdown, Metrics, Model, Output
+from kfp.dsl import Artifact, Dataset, Input, Markdown, Output
 
 
-def plan_runs(experiment: str) -> List[dict]:
-    """Expand the named experiment into its runs, grouped per task (validated; raises on a bad grid)."""
-    from adaptune.experiments import get_experiment
+def plan_shards(spec_json: str, compiled_shape: str) -> List[str]:
+    """Validate the spec and return its shard ids (what the DAG fans out over).
+
+    `compiled_shape` is the accelerator and parallelism the DAG was compiled with: a spec edited in
+    the console may change its grid, not the DAG's resources.
+    """
+    import json
+
+    from adaptune.experiments import spec_from_dict
     from adaptune.plan import plan
 
-    planned = plan(get_experiment(experiment))
+    spec = spec_from_dict(json.loads(spec_json))
+    shape = json.loads(compiled_shape)
+    actual = {"accelerator": spec.accelerator.label, "count": spec.accelerator.count, "parallelism": spec.parallelism}
+    if actual != shape:
+        raise ValueError(f"the spec asks for {actual} but this pipeline was compiled for {shape}: "
+                         "compile and submit the edited spec (make submit PIPELINE=path/to/sweep.yaml)")
+    planned = plan(spec)
     print(planned.summary())
-    return planned.runs_by_task()
+    return [shard.id for shard in planned.shards]
 
 
-def prepare_data(group: dict, data_dir: str, dataset: Output[Dataset]) -> List[dict]:
-    """Load, split and tokenize one task once for every (backbone, max_length) its runs use.
+def train_shard(spec_json: str, shard_id: str, runs_root: str, data_dir: str, retry_failed: bool) -> str:
+    """Train the shard's runs that the run store has no record of; returns a one-line summary.
 
-    The Dataset artifact is the tokenization cache that every train_eval of the task reads. Returns
-    the task's runs for the fan-out. A data problem is logged and left for each run to report as
-    a failed record, so one missing task does not stop the others.
+    A transient failure (out of memory, network, storage) fails the task so that its retry resumes
+    from the store; every other failure is a failed record and the shard goes on.
     """
     import json
-    import os
-    import traceback
 
-    from adaptune.data import prepare
+    from adaptune.experiments import spec_from_dict
+    from adaptune.shards import run_shard
+    from adaptune.store import RunStore
 
-    os.makedirs(dataset.path, exist_ok=True)
-    summaries, errors = [], []
-    for backbone in group["backbones"]:
-        for max_length in group["max_lengths"]:
-            try:
-                summaries.append(
-                    prepare(group["task"], data_dir=data_dir or None, tokenizer_name=backbone,
-                            cache_dir=dataset.path, max_length=int(max_length))
-                )
-            except Exception:  # reported per run by train_eval, which meets the same error
-                errors.append(traceback.format_exc())
-                print(errors[-1])
-    with open(os.path.join(dataset.path, "prepare.json"), "w") as handle:
-        json.dump({"summaries": summaries, "errors": errors}, handle, indent=2, default=str)
-    dataset.metadata.update({"task": group["task"], "runs": len(group["runs"]), "errors": len(errors)})
-    return group["runs"]
+    outcomes = run_shard(spec_from_dict(json.loads(spec_json)), shard_id, RunStore(runs_root),
+                         data_dir=data_dir or None, retry_failed=retry_failed)
+    summary = ", ".join(f"{count} {outcome}" for outcome, count in sorted(outcomes.items()))
+    print(f"shard {shard_id}: {summary}")
+    return summary
 
 
-def train_eval(run: dict, data_dir: str, dataset: Input[Dataset], model: Output[Model], metrics: Output[Metrics]) -> str:
-    """Train and evaluate one run; the output is its record as JSON, the compact checkpoint the Model.
-
-    JSON text rather than a dict parameter: records hold nulls (reason, best_epoch, non-finite
-    metrics), which kfp.local cannot pass between tasks.
-    """
-    import json
-    import traceback
-
-    from adaptune.config import TrainConfig
-    from adaptune.plan import failed_run_record
-
-    config = TrainConfig.from_dict(run)
-    try:
-        from adaptune.train import train_and_evaluate
-
-        record = train_and_evaluate(config, data_dir=data_dir or None, out_dir=model.path, cache_dir=dataset.path,
-                                    progress=False)
-    except Exception:
-        record = failed_run_record(config, traceback.format_exc())
-        print(record["reason"])
-    model.metadata.update({"run_id": record["run_id"], "method": record.get("method_label"), "status": record["status"]})
-    metrics.log_metric("status_ok", 1.0 if record["status"] == "ok" else 0.0)
-    for split in ("val", "test"):
-        for name, value in (record.get(f"{split}_metrics") or {}).items():
-            if isinstance(value, (int, float)):
-                metrics.log_metric(f"{split}_{name}", float(value))
-    if record.get("trained_params"):
-        metrics.log_metric("trained_params", float(record["trained_params"]))
-    return json.dumps(record, default=str)
-
-
-def ablate_runs(experiment: str, records: List[list], data_dir: str) -> str:
-    """Figure 6: switch off the adapters of every span of layers in the selected runs, re-evaluate.
-
-    Returns the ablation rows as JSON text (they may hold nulls; see train_eval).
-    """
-    import json
-    import traceback
-
-    from adaptune.experiments import get_experiment
-    from adaptune.plan import select_ablation_runs
-
-    spec = get_experiment(experiment)
-    flat = [json.loads(record) for task_records in records for record in task_records]
-    rows: list = []
-    for record in select_ablation_runs(flat, spec.ablation):
-        try:
-            from adaptune.ablation import ablate
-
-            rows.extend(ablate(record["checkpoint_dir"], data_dir=data_dir or None))
-        except Exception:  # the ablation table just lacks this run; the sweep's results stand
-            print(f"ablation of {record['run_id']} failed:\n{traceback.format_exc()}")
-    return json.dumps(rows, default=str)
-
-
-def aggregate(records: List[list], ablation: str, results: Output[Dataset]) -> None:
-    """Every run record (JSON, per task) and the ablation rows (JSON) into runs / curves / ablation Parquet."""
+def ablate_runs(spec_json: str, runs_root: str, data_dir: str) -> int:
+    """Figure 6: switch off the adapters of every span of layers in the selected runs (rows in the store)."""
     import json
 
-    from adaptune.results import write_results
+    from adaptune.experiments import spec_from_dict
+    from adaptune.store import RunStore
+    from adaptune.sweep import ablate_sweep
 
-    flat = [json.loads(record) for task_records in records for record in task_records]
-    ablation = json.loads(ablation)
-    paths = write_results(flat, results.path, ablation=ablation)
-    statuses = {status: sum(r["status"] == status for r in flat) for status in ("ok", "degenerate", "failed")}
-    results.metadata.update({"runs": len(flat), "ablation_rows": len(ablation), **statuses,
-                             "files": sorted(p.name for p in paths.values())})
-    print(f"{len(flat)} runs {statuses}; wrote {sorted(str(p) for p in paths.values())}")
+    return ablate_sweep(spec_from_dict(json.loads(spec_json)), RunStore(runs_root), data_dir=data_dir or None)
+
+
+def aggregate(spec_json: str, runs_root: str, results: Output[Dataset]) -> None:
+    """Every planned run's record and the ablation rows, from the store into runs / curves / ablation Parquet."""
+    import json
+
+    from adaptune.experiments import spec_from_dict
+    from adaptune.store import RunStore
+    from adaptune.sweep import aggregate_sweep
+
+    summary = aggregate_sweep(spec_from_dict(json.loads(spec_json)), RunStore(runs_root), results.path)
+    results.metadata.update(summary)
+    print(summary)
 
 
 def report(results: Input[Dataset], report_dir: Output[Artifact], report_md: Output[Markdown]) -> None:

@@ -11,7 +11,7 @@ def _run(args: argparse.Namespace) -> int:
     from pipelines.local import describe_outputs, run_local
 
     started = time.perf_counter()
-    paths = run_local(args.name, args.out, data_dir=args.data_dir)
+    paths = run_local(args.name, args.out, data_dir=args.data_dir, runs_root=args.runs_root, retry_failed=args.retry_failed)
     print(f"{args.name} finished in {time.perf_counter() - started:.0f} s. {describe_outputs(paths)}")
     return 0
 
@@ -35,7 +35,7 @@ def _compile(args: argparse.Namespace) -> int:
 def _submit(args: argparse.Namespace) -> int:
     from pipelines.submit import submit
 
-    print(submit(args.name))
+    print(submit(args.name, retry_failed=args.retry_failed))
     return 0
 
 
@@ -43,31 +43,35 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m pipelines", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="run an experiment's DAG locally with kfp.local")
-    run.add_argument("name")
+    run.add_argument("name", help="a named experiment or a sweep file (.yaml/.json)")
     run.add_argument("--out", required=True, help="where the Parquet, tables, figures and report land")
     run.add_argument("--data-dir", default=None, help="local data mirror (default: shared/data found next to the tree, else the hub)")
+    run.add_argument("--runs-root", default=None, help="the run store (default: OUT/store); finished runs there are reused")
+    run.add_argument("--retry-failed", action="store_true", help="train again the runs whose record says failed")
     run.set_defaults(handler=_run)
     plan = commands.add_parser("plan", help="the grid, a line 'N runs' and an accelerator-hour estimate; runs nothing")
-    plan.add_argument("name")
+    plan.add_argument("name", help="a named experiment or a sweep file (.yaml/.json)")
     plan.set_defaults(handler=_plan)
     compile_ = commands.add_parser("compile", help="write pipeline.yaml and pipelines/compiled/<name>.yaml")
     compile_.add_argument("--root", default=None, help="directory to write under (default: the repository root)")
     compile_.set_defaults(handler=_compile)
     submit = commands.add_parser("submit", help="submit to Vertex AI Pipelines, or to $KFP_HOST when set")
-    submit.add_argument("name")
+    submit.add_argument("name", help="a named experiment or a sweep file (.yaml/.json)")
+    submit.add_argument("--retry-failed", action="store_true", help="train again the runs whose record says failed")
     submit.set_defaults(handler=_submit)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    from adaptune.experiments import UnknownExperimentError
+    from adaptune.experiments import SpecError, UnknownExperimentError
     from adaptune.plan import PlanError
+    from adaptune.store import StoreError
     from pipelines.submit import SettingsError
 
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
-    except (UnknownExperimentError, PlanError, SettingsError) as error:
+    except (UnknownExperimentError, SpecError, PlanError, SettingsError, StoreError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
 

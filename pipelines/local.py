@@ -1,8 +1,9 @@
 """Run an experiment's DAG on this machine with kfp.local, in this environment, and gather its outputs.
 
 The SubprocessRunner runs each component as a subprocess of this Python (use_venv=False), so the
-components import the working tree's adaptune. The final Parquet files, tables, figures and
-report are copied from the pipeline root to the output directory.
+components import the working tree's adaptune. Runs live in the run store (<out>/store by
+default); the final Parquet files, tables, figures and report are copied from the pipeline root to
+the output directory.
 """
 
 from __future__ import annotations
@@ -13,14 +14,25 @@ from pathlib import Path
 
 from adaptune.experiments import get_experiment
 from adaptune.plan import plan
+from adaptune.store import RunStore
 from pipelines.reproduction import build_pipeline
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULT_FILES = ("runs.parquet", "curves.parquet", "ablation.parquet")
 
 
-def run_local(name: str, out_dir: str | Path, data_dir: str | Path | None = None) -> dict[str, Path]:
-    """Plan (validate), run the DAG with kfp.local, and copy the outputs into out_dir; returns their paths."""
+def run_local(
+    name: str,
+    out_dir: str | Path,
+    data_dir: str | Path | None = None,
+    runs_root: str | None = None,
+    retry_failed: bool = False,
+) -> dict[str, Path]:
+    """Plan (validate), run the DAG with kfp.local, and copy the outputs into out_dir; returns their paths.
+
+    `name` is a named experiment or a sweep file. The run store defaults to <out_dir>/store: run
+    the same command again and finished runs are reused, interrupted ones resume.
+    """
     from kfp import local
 
     from adaptune.data import resolve_data_dir
@@ -29,17 +41,19 @@ def run_local(name: str, out_dir: str | Path, data_dir: str | Path | None = None
     print(plan(spec).summary(), flush=True)
     out_dir = Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
+    store = RunStore(runs_root or out_dir / "store")
     root = resolve_data_dir(data_dir)
     print(f"data: {root if root else 'the Hugging Face hub (no local mirror found)'}", flush=True)
+    print(f"run store: {store.root}", flush=True)
 
     # The components run as subprocesses: they must import this working tree's packages.
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    # Several runs share the CPU at once (the experiment's parallelism): one thread each, no oversubscription.
+    # Several shards share the CPU at once (the experiment's parallelism): one thread each, no oversubscription.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     pipeline_root = out_dir / "kfp_root"
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root))
-    run = build_pipeline(spec)(data_dir=str(root) if root else "")
+    run = build_pipeline(spec)(runs_root=store.root, data_dir=str(root) if root else "", retry_failed=retry_failed)
     return collect_outputs(Path(run.outputs["results"].path), Path(run.outputs["report"].path), out_dir)
 
 

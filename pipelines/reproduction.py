@@ -1,23 +1,28 @@
-"""The one reproduction DAG, built for a named experiment.
+"""The one reproduction DAG, built for an experiment spec.
 
-    plan -> per task (ParallelFor): prepare_data once -> ParallelFor(runs, parallelism=N) train_eval
-         -> Collected records -> ablate the selected adapter runs -> aggregate (Parquet) -> report
+    plan_shards -> ParallelFor(shard ids, parallelism=spec.parallelism) train_shard
+                -> ablate_runs -> aggregate (Parquet) -> report
 
-Records fan in as parameters (Vertex AI caps collected artifacts at 100); the ablation reads the
-checkpoints through the records' checkpoint paths. Loop items are whole dicts (DESIGN.md).
+The spec travels as a small pipeline parameter (`spec_json`, a few KB at any scale): a run cloned
+in the Vertex AI console can change its grid there. Every component re-plans it; the fan-out
+carries only shard ids, and the fan-in reads the run store (`runs_root`), so no input grows with
+the number of runs. train_shard, ablate_runs and aggregate are never cached: the run store is the
+cache (finished runs are reused, failed ones too unless `retry_failed`), so a resubmission trains
+only what is missing and retries what failed transiently.
 
-`target` picks how train_eval asks for its accelerator: "vertex" (Vertex AI accelerator type and
+`target` picks how train_shard asks for its accelerator: "vertex" (Vertex AI accelerator type and
 count) or "kfp" (a KFP cluster on GKE: Kubernetes resource limit, node selector and tolerations
 through kfp-kubernetes).
 """
 
 # No `from __future__ import annotations`: KFP reads the pipeline functions' annotations as types.
 
-from typing import Any, Callable, List, NamedTuple
+import json
+from typing import Any, Callable, NamedTuple
 
 from kfp import dsl, kubernetes
 
-from adaptune.experiments import Accelerator, ExperimentSpec
+from adaptune.experiments import Accelerator, ExperimentSpec, spec_to_json
 from components import make_components
 
 TARGETS = ("vertex", "kfp")
@@ -31,7 +36,7 @@ def pipeline_name(spec: ExperimentSpec) -> str:
 
 
 def configure_accelerator(task: Any, accelerator: Accelerator, retries: int, target: str) -> None:
-    """Resources, placement and retries of a heavy task (train_eval, ablate)."""
+    """Resources, placement and retries of a heavy task (train_shard, ablate_runs)."""
     task.set_cpu_limit(accelerator.cpu_limit).set_memory_limit(accelerator.memory_limit)
     if accelerator.family != "cpu":
         resource = accelerator.type if target == "vertex" else KUBERNETES_RESOURCES[accelerator.family]
@@ -41,8 +46,14 @@ def configure_accelerator(task: Any, accelerator: Accelerator, retries: int, tar
             kubernetes.add_node_selector(task, label_key=key, label_value=value)
         for key in accelerator.tolerations:
             kubernetes.add_toleration(task, key=key, operator="Exists", effect="NoSchedule")
-    if retries:  # preempted (spot) nodes: the run resumes from its saved state
+    if retries:  # preempted (spot) nodes and transient errors: the shard resumes from the run store
         task.set_retry(num_retries=retries, backoff_duration=RETRY_BACKOFF)
+
+
+def compiled_shape(spec: ExperimentSpec) -> str:
+    """What the compiled DAG fixes (plan_shards refuses a spec that asks for something else)."""
+    return json.dumps({"accelerator": spec.accelerator.label, "count": spec.accelerator.count, "parallelism": spec.parallelism},
+                      sort_keys=True)
 
 
 def build_pipeline(spec: ExperimentSpec, target: str = "vertex") -> Callable[..., Any]:
@@ -50,29 +61,30 @@ def build_pipeline(spec: ExperimentSpec, target: str = "vertex") -> Callable[...
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}; expected one of {TARGETS}")
     steps = make_components(spec.accelerator.family)
-
-    @dsl.pipeline(name="task-runs", description="one task: prepare its data once, then train and evaluate every run")
-    def task_runs(group: dict, data_dir: str) -> List[str]:
-        prepare_task = steps.prepare_data(group=group, data_dir=data_dir)
-        with dsl.ParallelFor(prepare_task.outputs["Output"], parallelism=spec.max_parallelism) as run:
-            train_task = steps.train_eval(run=run, data_dir=data_dir, dataset=prepare_task.outputs["dataset"])
-            configure_accelerator(train_task, spec.accelerator, spec.retries, target)
-        return dsl.Collected(train_task.outputs["Output"])
-
     outputs = NamedTuple("Outputs", [("results", dsl.Dataset), ("report", dsl.Artifact)])
 
     @dsl.pipeline(name=pipeline_name(spec), description=spec.description)
-    def reproduction(data_dir: str = "") -> outputs:  # type: ignore[valid-type]
-        plan_task = steps.plan_runs(experiment=spec.name)
-        plan_task.set_caching_options(False)  # cheap, and must follow the image's experiments.py
-        with dsl.ParallelFor(plan_task.output, parallelism=spec.max_parallel_tasks) as group:
-            task_runs_task = task_runs(group=group, data_dir=data_dir)
-        ablation_rows: Any = "[]"
+    def reproduction(  # type: ignore[valid-type]
+        runs_root: str,
+        spec_json: str = spec_to_json(spec),
+        data_dir: str = "",
+        retry_failed: bool = False,
+    ) -> outputs:
+        plan_task = steps.plan_shards(spec_json=spec_json, compiled_shape=compiled_shape(spec))
+        plan_task.set_caching_options(False)  # cheap, and must follow the image's adaptune
+        with dsl.ParallelFor(plan_task.output, parallelism=spec.parallelism) as shard_id:
+            train_task = steps.train_shard(spec_json=spec_json, shard_id=shard_id, runs_root=runs_root,
+                                           data_dir=data_dir, retry_failed=retry_failed)
+            train_task.set_caching_options(False)  # the run store decides what to reuse
+            configure_accelerator(train_task, spec.accelerator, spec.retries, target)
+        last: Any = train_task
         if spec.ablation is not None:
-            ablate_task = steps.ablate_runs(experiment=spec.name, records=dsl.Collected(task_runs_task.output), data_dir=data_dir)
+            ablate_task = steps.ablate_runs(spec_json=spec_json, runs_root=runs_root, data_dir=data_dir).after(train_task)
+            ablate_task.set_caching_options(False)
             configure_accelerator(ablate_task, spec.accelerator, spec.retries, target)
-            ablation_rows = ablate_task.output
-        aggregate_task = steps.aggregate(records=dsl.Collected(task_runs_task.output), ablation=ablation_rows)
+            last = ablate_task
+        aggregate_task = steps.aggregate(spec_json=spec_json, runs_root=runs_root).after(last)
+        aggregate_task.set_caching_options(False)
         report_task = steps.report(results=aggregate_task.outputs["results"])
         return outputs(results=aggregate_task.outputs["results"], report=report_task.outputs["report_dir"])
 

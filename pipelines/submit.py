@@ -11,6 +11,7 @@ Settings come from environment variables, else from the [submit] table of a TOML
     ADAPTUNE_REGISTRY          registry          image registry (pipelines/images.py), optional
     ADAPTUNE_IMAGE_TAG         image_tag         image tag, optional
     ADAPTUNE_DATA_DIR_REMOTE   data_dir          data mirror the components read (e.g. /gcs/bucket/data); empty = hub
+    ADAPTUNE_RUNS_ROOT         runs_root         the run store (gs://bucket/prefix); default <pipeline_root>/adaptune-runs
 
 Credentials are never read here: Vertex AI uses Application Default Credentials at submit time,
 and nothing but the names above reaches the request; the compiled spec holds no setting at all.
@@ -42,6 +43,7 @@ ENV_VARS = {
     "registry": "ADAPTUNE_REGISTRY",
     "image_tag": "ADAPTUNE_IMAGE_TAG",
     "data_dir": "ADAPTUNE_DATA_DIR_REMOTE",
+    "runs_root": "ADAPTUNE_RUNS_ROOT",
 }
 REQUIRED_FOR_VERTEX = ("project", "region", "pipeline_root", "service_account")
 
@@ -59,6 +61,16 @@ class SubmitSettings:
     registry: str | None = None
     image_tag: str | None = None
     data_dir: str = ""
+    runs_root: str | None = None
+
+    def resolved_runs_root(self) -> str:
+        """The run store: runs_root, else a folder beside the pipeline's artifacts. Keep it between
+        submissions: it is what makes a resubmission reuse finished runs."""
+        if self.runs_root:
+            return self.runs_root
+        if self.pipeline_root:
+            return self.pipeline_root.rstrip("/") + "/adaptune-runs"
+        raise SettingsError(f"no run store: set ${ENV_VARS['runs_root']} or `runs_root = \"gs://bucket/prefix\"` under [submit] in {CONFIG_FILE}")
 
 
 def load_settings(env: Mapping[str, str] | None = None, config_path: str | Path | None = None) -> SubmitSettings:
@@ -109,8 +121,13 @@ def display_name(name: str, now: dt.datetime | None = None) -> str:
     return f"{pipeline_name(get_experiment(name))}-{now:%Y%m%d-%H%M%S}"
 
 
+def pipeline_arguments(settings: SubmitSettings, retry_failed: bool = False) -> dict[str, Any]:
+    """The run-time parameters of a submission (the spec itself is the compiled default)."""
+    return {"data_dir": settings.data_dir, "runs_root": settings.resolved_runs_root(), "retry_failed": retry_failed}
+
+
 def submit_vertex(name: str, settings: SubmitSettings, credentials: Any = None, api_endpoint: str | None = None,
-                  api_transport: str | None = None) -> Any:
+                  api_transport: str | None = None, retry_failed: bool = False) -> Any:
     """Compile and submit to Vertex AI Pipelines; returns the submitted PipelineJob.
 
     `credentials`, `api_endpoint` and `api_transport` go to aiplatform.init (tests point them at a
@@ -133,8 +150,8 @@ def submit_vertex(name: str, settings: SubmitSettings, credentials: Any = None, 
             display_name=display_name(name),
             template_path=str(package),
             pipeline_root=settings.pipeline_root,
-            parameter_values={"data_dir": settings.data_dir},
-            enable_caching=True,  # a resubmitted sweep skips the runs that already finished
+            parameter_values=pipeline_arguments(settings, retry_failed),
+            enable_caching=True,  # plan-independent steps only; the run store decides which runs to train
             project=settings.project,
             location=settings.region,
         )
@@ -142,7 +159,7 @@ def submit_vertex(name: str, settings: SubmitSettings, credentials: Any = None, 
     return job
 
 
-def submit_kfp(name: str, host: str, settings: SubmitSettings) -> Any:
+def submit_kfp(name: str, host: str, settings: SubmitSettings, retry_failed: bool = False) -> Any:
     """Compile for a KFP cluster (node selectors, tolerations) and create a run on `host`."""
     import kfp
 
@@ -151,20 +168,20 @@ def submit_kfp(name: str, host: str, settings: SubmitSettings) -> Any:
         client = kfp.Client(host=host)
         return client.create_run_from_pipeline_package(
             str(package),
-            arguments={"data_dir": settings.data_dir},
+            arguments=pipeline_arguments(settings, retry_failed),
             run_name=display_name(name),
             experiment_name="adaptune",
             enable_caching=True,
         )
 
 
-def submit(name: str, env: Mapping[str, str] | None = None) -> str:
+def submit(name: str, env: Mapping[str, str] | None = None, retry_failed: bool = False) -> str:
     """`python -m pipelines submit NAME`: to KFP_HOST if set, else Vertex AI; returns a line to print."""
     env = os.environ if env is None else env
     settings = load_settings(env)
     host = env.get("KFP_HOST")
     if host:
-        result = submit_kfp(name, host, settings)
+        result = submit_kfp(name, host, settings, retry_failed)
         return f"submitted {name} to {host}: run {getattr(result, 'run_id', result)}"
-    job = submit_vertex(name, settings)
+    job = submit_vertex(name, settings, retry_failed=retry_failed)
     return f"submitted {name} to Vertex AI: {job.resource_name}"
