@@ -6,9 +6,17 @@ write one (a data error inside a pipeline component) still gets every key.
 
 from __future__ import annotations
 
+import os
+import re
+import traceback
+from pathlib import Path
 from typing import Any
 
 from adaptune.config import TrainConfig, method_label
+from adaptune.files import atomic_write
+
+TRACEBACK_FILE = "traceback.txt"  # beside record.json in a run dir: the full story behind a failed run's reason
+REASON_LIMIT = 500  # characters of a one-line reason
 
 
 def run_record(config: TrainConfig, primary_metric: str, device: str | None = None) -> dict[str, Any]:
@@ -38,3 +46,59 @@ def run_record(config: TrainConfig, primary_metric: str, device: str | None = No
         "device": device,
         "checkpoint_dir": None,
     }
+
+
+def one_line_reason(error: BaseException | str, limit: int = REASON_LIMIT) -> str:
+    """"ExceptionType: message" on one line, for a failed run's `reason` and for command-line errors.
+
+    `error` is an exception, or the text of a formatted traceback (traceback.format_exc(), possibly
+    cut at its start): then the last exception in it is used, its module path dropped. Newlines and
+    runs of spaces become one space, Python's ^^^^/~~~~ markers are dropped, and the result is cut
+    to `limit` characters (ending in "…"). Keep the full traceback with `save_traceback`.
+    """
+    if isinstance(error, BaseException):
+        message = error.args[0] if isinstance(error, KeyError) and len(error.args) == 1 and isinstance(error.args[0], str) else str(error)
+        text = f"{type(error).__name__}: {message}" if message.strip() else type(error).__name__
+    else:
+        text = _last_exception(str(error))
+    text = re.sub(r"\s+", " ", re.sub(r"[\^~]{3,}", " ", text)).strip() or "(no reason given)"
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
+_FRAME = re.compile(r"^\s+File \"")
+_MARKERS = re.compile(r"^[\s\^~]*$")
+_QUALIFIED_TYPE = re.compile(r"^(?:[A-Za-z_][\w]*\.)+([A-Za-z_]\w*)(?=:|$)")
+
+
+def _last_exception(text: str) -> str:
+    """The final exception line(s) of a traceback's text: what follows its last stack frame."""
+    lines = text.splitlines()
+    frames = [index for index, line in enumerate(lines) if _FRAME.match(line)]
+    if frames:
+        rest = lines[frames[-1] + 1 :]
+        start = 0
+        while start < len(rest) and (rest[start][:1] in (" ", "\t") or not rest[start].strip()):
+            start += 1  # the frame's source line and its ^^^^ markers
+        lines = rest[start:]
+    kept = [line.strip() for line in lines if not _MARKERS.match(line) and not line.startswith("Traceback (most recent call last)")]
+    if kept:
+        kept[0] = _QUALIFIED_TYPE.sub(r"\1", kept[0])  # adaptune.data.DataError: ... -> DataError: ...
+    return " ".join(kept)
+
+
+def save_traceback(run_dir: str | os.PathLike[str], error: BaseException | str | None = None) -> Path:
+    """Write the full traceback into run_dir/traceback.txt (atomically) and return its path.
+
+    `error`: an exception (its traceback, chained ones included), a traceback's text, or None for the
+    exception being handled now. The one-line `reason` of a record points here for the details.
+    """
+    if error is None:
+        text = traceback.format_exc()
+    elif isinstance(error, BaseException):
+        text = "".join(traceback.format_exception(error))
+    else:
+        text = str(error)
+    path = Path(run_dir) / TRACEBACK_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, lambda temporary: temporary.write_text(text if text.endswith("\n") else text + "\n", encoding="utf-8"))
+    return path
