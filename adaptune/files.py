@@ -10,13 +10,33 @@ from typing import Any
 
 
 def atomic_write(target: str | os.PathLike[str], write: Callable[[Path], Any]) -> None:
-    """Call `write(temporary_path)`, then move it over `target`; a failed write leaves `target` as it was."""
+    """Call `write(temporary_path)`, then move it over `target`; a failed write leaves `target` as it was.
+
+    The file gets the permissions of an ordinary new file (0666 less the umask; mkstemp's are 0600),
+    so that a results directory written by one user or service account stays readable by its group.
+    """
     target = Path(target)
     handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     os.close(handle)
     try:
         write(Path(temporary))
+        os.chmod(temporary, 0o666 & ~current_umask())
         os.replace(temporary, target)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def current_umask() -> int:
+    """The process umask, read without changing it where Linux reports it (/proc/self/status);
+    elsewhere set and restored at once (os.umask has no read-only form)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
