@@ -10,6 +10,7 @@ single-text tasks), label (ClassLabel index; float32 for STS-B). SQuAD keeps the
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import io
@@ -17,7 +18,7 @@ import json
 import os
 import shutil
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,25 @@ class Record:
     text_a: str
     text_b: str | None
     label: str
+
+
+@contextlib.contextmanager
+def quiet_datasets() -> Iterator[None]:
+    """No `datasets` progress bars or info logs inside (map, save_to_disk, load_from_disk, hub loads),
+    so that a run's or a pipeline's output shows adaptune's own lines; the previous settings come back
+    on exit. Also a decorator."""
+    from datasets.utils import logging as datasets_logging
+
+    bars_were_on = datasets.is_progress_bar_enabled()
+    verbosity = datasets_logging.get_verbosity()
+    datasets.disable_progress_bars()
+    datasets_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        datasets_logging.set_verbosity(verbosity)
+        if bars_were_on:
+            datasets.enable_progress_bars()
 
 
 # --------------------------------------------------------------------------------------- sources
@@ -230,6 +250,7 @@ def split_indices(n: int, seed: int = SPLIT_SEED) -> dict[str, list[int]]:
 _LOADED: dict[tuple, datasets.DatasetDict] = {}  # parsed datasets, keyed by source files and their mtimes
 
 
+@quiet_datasets()
 def load_task_data(task: Task | str, data_dir: str | Path | None = None,
                    splits: Sequence[str] | None = None) -> datasets.DatasetDict:
     """The task's canonical splits (train / validation / test where labelled) from the mirror or the hub.
@@ -284,9 +305,20 @@ def _load_classification(task: Task, root: Path | None, wanted: tuple[str, ...] 
         parts = {s: parts[s] for s in wanted}
     for split, dataset in parts.items():
         if len(dataset) == 0:
-            raise DataError(f"{task.name}: the {split} split is empty after reading {origin}; "
+            raise DataError(f"{task.name}: the {split} split is empty after reading {_split_origin(task, root, split)}; "
                             "the file holds no usable rows (check it, or re-download it)")
     return datasets.DatasetDict(parts)
+
+
+def _split_origin(task: Task, root: Path | None, split: str) -> str:
+    """Where a split's rows come from: its own file (GLUE: dev.tsv for validation), the one file it is
+    split from (the additional tasks), or its hub split."""
+    source = task.source
+    if root is None:
+        return f"hub {source.hub_id}/{source.hub_config} split {source.hub_split_map.get(split, split)}"
+    if split in source.file_map:
+        return str(root / source.file_map[split])
+    return f"{root / source.file_map['all']} (its {split} part of the 80/10/10 split)"
 
 
 _SQUAD_FEATURES = datasets.Features({
@@ -366,6 +398,7 @@ def tokenization_key(task: Task | str, dataset_dict: datasets.DatasetDict, token
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
 
+@quiet_datasets()
 def tokenize_task(task: Task | str, dataset_dict: datasets.DatasetDict, tokenizer: Any, max_length: int = 128,
                   cache_dir: str | Path | None = None) -> datasets.DatasetDict:
     """input_ids, attention_mask, token_type_ids (if the tokenizer gives them), labels; unpadded.
@@ -400,6 +433,7 @@ def tokenize_task(task: Task | str, dataset_dict: datasets.DatasetDict, tokenize
 
 
 # ------------------------------------------------------------------------------------------ prepare
+@quiet_datasets()
 def prepare(task: Task | str, data_dir: str | Path | None = None, tokenizer_name: str | None = None,
             cache_dir: str | Path | None = None, max_length: int = 128) -> dict[str, Any]:
     """Load, split and tokenize one task (cached); returns where it went, split sizes and label counts.

@@ -9,7 +9,7 @@ from typing import Any
 from datasets import Dataset, DatasetDict
 
 from adaptune.batching import model_rows, subsample
-from adaptune.data import load_task_data, tokenize_task
+from adaptune.data import load_task_data, quiet_datasets, tokenize_task
 from adaptune.evaluate import EvalSplit
 from adaptune.squad import check_window, prepare_features
 from adaptune.tasks import Task
@@ -23,6 +23,7 @@ class RunData:
     eval_splits: dict[str, EvalSplit]  # "validation", and "test" where the task has a labelled test split
 
 
+@quiet_datasets()  # no progress bars from map/save/load: a run prints its own per-epoch lines
 def prepare_run_data(
     task: Task,
     tokenizer: Any,

@@ -168,8 +168,11 @@ def test_empty_split_is_an_error(shared_data_dir: Path, tmp_path: Path) -> None:
     header = (shared_data_dir / "glue/RTE/dev.tsv").read_text(encoding="utf-8").splitlines(keepends=True)[0]
     _mirror_with(tmp_path, "glue/RTE/dev.tsv", header)
     _mirror_with(tmp_path, "glue/RTE/train.tsv", (shared_data_dir / "glue/RTE/train.tsv").read_text(encoding="utf-8"))
-    with pytest.raises(DataError, match="validation split is empty"):
+    with pytest.raises(DataError, match="validation split is empty") as error:
         load_task_data("rte", tmp_path)
+    # The message names the file that is empty (dev.tsv), not the first file of the task (train.tsv).
+    assert str(tmp_path / "glue/RTE/dev.tsv") in str(error.value)
+    assert "train.tsv" not in str(error.value)
 
 
 def test_hub_rows_go_through_the_same_canonicalisation(shared_data_dir: Path, monkeypatch) -> None:
@@ -295,3 +298,16 @@ def test_mnli_matched_and_mismatched_share_train_with_their_own_dev(tmp_path: Pa
     assert matched["train"]["text_a"] == mismatched["train"]["text_a"] and matched["train"]["label"] == [0, 1, 2] * 3
     assert matched["validation"]["text_a"] == ["matched p"] and matched["validation"]["label"] == [1]
     assert mismatched["validation"]["text_b"] == ["other h"] * 2 and mismatched["validation"]["label"] == [2, 2]
+
+
+def test_tokenizing_shows_no_datasets_progress_bars(shared_data_dir: Path, backbone_path: str, tmp_path: Path, capfd) -> None:
+    from transformers import AutoTokenizer
+
+    rte = load_task_data("rte", shared_data_dir)
+    small = datasets.DatasetDict({"train": rte["train"].select(range(40)), "validation": rte["validation"].select(range(10))})
+    datasets.enable_progress_bars()
+    capfd.readouterr()
+    tokenize_task("rte", small, AutoTokenizer.from_pretrained(backbone_path), max_length=32, cache_dir=tmp_path)
+    err = capfd.readouterr().err
+    assert "tokenize rte" not in err and "Saving the dataset" not in err, err
+    assert datasets.is_progress_bar_enabled()  # the caller's own setting comes back afterwards
