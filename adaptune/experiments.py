@@ -469,13 +469,28 @@ def _sweep_from_dict(data: Any, index: int) -> Sweep:
     for required in ("tasks", "methods", "learning_rates"):
         if required not in fields:
             raise SpecError(f"sweep {index} needs '{required}'")
-    for name in ("tasks", "learning_rates", "seeds"):
-        if name in fields:
-            fields[name] = tuple(fields[name]) if isinstance(fields[name], list | tuple) else (fields[name],)
-    if "epochs" in fields and fields["epochs"] != PAPER_EPOCHS:
-        fields["epochs"] = tuple(fields["epochs"]) if isinstance(fields["epochs"], list | tuple) else (fields["epochs"],)
+    kinds = {"tasks": str, "learning_rates": float, "seeds": int, "epochs": int}
+    for name, kind in kinds.items():
+        if name in fields and not (name == "epochs" and fields[name] == PAPER_EPOCHS):
+            values = fields[name] if isinstance(fields[name], list | tuple) else [fields[name]]
+            fields[name] = tuple(_typed(value, kind, f"sweep {index}: {name}") for value in values)
     fields["methods"] = tuple(_method_dict(m, f"sweep {index}") for m in fields["methods"])
     return Sweep(**fields)
+
+
+def _typed(value: Any, kind: type, where: str) -> Any:
+    """YAML reads 1e-4 as a string (it wants 1.0e-4): accept numbers written either way."""
+    if kind is str:
+        return str(value)
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise SpecError(f"{where}: {value!r} is not a number") from None
+    if kind is int:
+        if not number.is_integer():
+            raise SpecError(f"{where}: {value!r} is not a whole number")
+        return int(number)
+    return number
 
 
 def _method_dict(method: Any, where: str) -> dict[str, Any]:

@@ -1,0 +1,51 @@
+"""A stand-in for adaptune.train.train_and_evaluate that trains nothing: it writes a complete record.
+
+Used through $ADAPTUNE_TRAINER (adaptune.shards.TRAINER_ENV) to run a paper-scale DAG's shape under
+kfp.local in seconds, and directly by the run-store tests. Behaviour per run is steered by files in
+$STUB_TRAINER_DIR: `calls/<run_id>` counts the calls; `transient/<run_id>` holds how many more
+calls raise ConnectionError; `nan/<run_id>` makes the run diverge (a failed record).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from adaptune.config import TrainConfig
+from adaptune.records import run_record
+from adaptune.tasks import get_task
+
+
+def control_dir() -> Path:
+    return Path(os.environ["STUB_TRAINER_DIR"])
+
+
+def calls(run_id: str) -> int:
+    path = control_dir() / "calls" / run_id
+    return int(path.read_text()) if path.is_file() else 0
+
+
+def train(config: TrainConfig, out_dir: str | os.PathLike[str], **_: Any) -> dict[str, Any]:
+    root = control_dir()
+    (root / "calls").mkdir(parents=True, exist_ok=True)
+    (root / "calls" / config.run_id).write_text(str(calls(config.run_id) + 1))
+    transient = root / "transient" / config.run_id
+    if transient.is_file() and int(transient.read_text()) > 0:
+        transient.write_text(str(int(transient.read_text()) - 1))
+        raise ConnectionError(f"stub: storage unreachable while training {config.run_id}")
+    task = get_task(config.task)
+    record = run_record(config, task.primary_metric, device="stub")
+    if (root / "nan" / config.run_id).is_file():
+        record.update(status="failed", reason="non-finite training loss (nan) at step 1: the learning rate is likely too high")
+    else:
+        # A deterministic score per run, so tables and figures have something to rank.
+        score = int(hashlib.sha1(config.run_id.encode()).hexdigest()[:6], 16) / 0xFFFFFF
+        metrics = {name: score for name in task.metrics}
+        record.update(best_epoch=config.epochs, val_metrics=metrics, test_metrics={}, trained_params=1, total_params=100,
+                      curve=[{"epoch": config.epochs, "step": 1, "train_loss": 1.0 - score, "val_metrics": metrics}],
+                      wall_time_s=0.0)
+    Path(out_dir, "record.json").write_text(json.dumps(record))
+    return record
