@@ -177,13 +177,14 @@ class _Run:
             }
         )
         value = _selection_value(validation, self.task.primary_metric)
-        if p.best_value is None or value > p.best_value:
+        if p.best_value is None or value > p.best_value:  # kept for the record; the result is the final epoch's
             p.best_epoch, p.best_value = p.epoch + 1, value
-            p.best_val_metrics = _finite_or_none(validation.metrics)
-            p.best_predicted_classes = validation.predicted_classes
+        if p.epoch + 1 == config.epochs:  # as the official code: train N epochs, evaluate the final model
+            p.final_val_metrics = _finite_or_none(validation.metrics)
+            p.final_predicted_classes = validation.predicted_classes
             test = data.eval_splits.get("test")
-            p.best_test_metrics = _finite_or_none(evaluate_split(model, self.task, test, self.device, collator).metrics) if test else {}
-            metadata = {"run_id": config.run_id, "task": self.task.name, "best_epoch": p.best_epoch, "config": config.to_dict()}
+            p.final_test_metrics = _finite_or_none(evaluate_split(model, self.task, test, self.device, collator).metrics) if test else {}
+            metadata = {"run_id": config.run_id, "task": self.task.name, "epoch": config.epochs, "best_epoch": p.best_epoch, "config": config.to_dict()}
             save_task_checkpoint(model, self.method_cfg, config.backbone, self.out / CHECKPOINT_DIR, metadata=metadata)
         p.epoch += 1
         p.step_in_epoch = 0
@@ -200,16 +201,17 @@ class _Run:
         p, record = self.progress, self.record
         record.update(
             best_epoch=p.best_epoch,
-            val_metrics=p.best_val_metrics,
-            test_metrics=p.best_test_metrics,
+            val_metrics=p.final_val_metrics,
+            test_metrics=p.final_test_metrics,
             train_examples_per_s=p.examples_trained / p.train_time_s if p.train_time_s > 0 else None,
             checkpoint_dir=str(self.out / CHECKPOINT_DIR),
         )
-        if p.best_predicted_classes == 1 and self.task.num_labels > 1:
+        if p.final_predicted_classes == 1 and self.task.num_labels > 1:
+            final = p.final_val_metrics.get(self.task.primary_metric)
             record.update(
                 status="degenerate",
-                reason=f"validation predictions at the best epoch ({p.best_epoch}) are all one class "
-                f"({self.task.primary_metric} {p.best_value:g}); compare other seeds and learning rates",
+                reason=f"validation predictions at the final epoch ({self.config.epochs}) are all one class "
+                f"({self.task.primary_metric} {final if final is None else f'{final:g}'}); compare other seeds and learning rates",
             )
 
 

@@ -31,11 +31,12 @@ class Progress:
     examples_trained: int = 0
     elapsed_s: float = 0.0  # wall time of earlier attempts, up to their last saved state
     curve: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    best_epoch: int | None = None
+    best_epoch: int | None = None  # the epoch best on validation (recorded; not the run's result)
     best_value: float | None = None
-    best_val_metrics: dict[str, float] = dataclasses.field(default_factory=dict)
-    best_test_metrics: dict[str, float] = dataclasses.field(default_factory=dict)
-    best_predicted_classes: int | None = None
+    # The run's result: the final epoch's metrics (the official code evaluates the final model).
+    final_val_metrics: dict[str, float | None] = dataclasses.field(default_factory=dict)
+    final_test_metrics: dict[str, float | None] = dataclasses.field(default_factory=dict)
+    final_predicted_classes: int | None = None
 
 
 def save_state(
@@ -75,7 +76,8 @@ def load_state(
     torch.set_rng_state(state["rng_cpu"])
     if state["rng_cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["rng_cuda"])
-    return Progress(**state["progress"])
+    known = {field.name for field in dataclasses.fields(Progress)}
+    return Progress(**{key: value for key, value in state["progress"].items() if key in known})  # older states' extra fields dropped
 
 
 def remove_state(out_dir: Path) -> None:
