@@ -1,8 +1,8 @@
 """Figure 6: evaluate a trained adapter checkpoint with the adapters of each contiguous layer span off.
 
 For a model with L layers there are L(L+1)/2 spans [first, last] (0-based, inclusive); each gives one
-record with the task's selection metric on validation, beside the baseline with no adapter switched
-off. Switched-off adapters are exactly the identity, so span [0, L-1] is the model without adapters
+record per task metric (the selection metric first; the paper's Figure 6 reads accuracy) on
+validation, beside the baseline with no adapter switched off. Switched-off adapters are exactly the identity, so span [0, L-1] is the model without adapters
 (its trained LayerNorms and head kept), as in the paper.
 """
 
@@ -30,7 +30,8 @@ def ablate(
     cache_dir: str | os.PathLike[str] | None = None,
     max_eval_examples: int | None = None,
 ) -> list[dict[str, Any]]:
-    """One record per layer span: run_id, task, first_layer, last_layer, metric, value, baseline_value, relative_change.
+    """One record per layer span and task metric: run_id, task, first_layer, last_layer, metric, value,
+    baseline_value, relative_change.
 
     Evaluates on the validation split the run was scored on: `max_eval_examples` None means the
     run's own `max_eval_examples` (so baseline_value equals the run record's validation score).
@@ -60,31 +61,31 @@ def ablate(
     validation = data.eval_splits["validation"]
     collator = make_collator(tokenizer, pad_to_multiple_of=device.pad_multiple)  # as the run evaluated
     model.to(device.torch_device)
-    metric = task.primary_metric
+    def scores() -> dict[str, float | None]:
+        values = evaluate_split(model, task, validation, device, collator).metrics
+        return {metric: None if values.get(metric) is None else float(values[metric]) for metric in task.metrics}
 
-    def score() -> float | None:
-        value = evaluate_split(model, task, validation, device, collator).metrics[metric]
-        return None if value is None else float(value)
-
-    baseline = score()
+    baseline = scores()
     layer_count = len(encoder_layers(model))
     records = []
     for first in range(layer_count):
         for last in range(first, layer_count):
             with adapters_disabled(model, first, last):
-                value = score()
-            records.append(
-                {
-                    "run_id": metadata.get("run_id"),
-                    "task": task.name,
-                    "first_layer": first,
-                    "last_layer": last,
-                    "metric": metric,
-                    "value": value,
-                    "baseline_value": baseline,
-                    "relative_change": (value - baseline) / abs(baseline) if value is not None and baseline else None,
-                }
-            )
+                values = scores()
+            for metric in task.metrics:
+                value, base = values[metric], baseline[metric]
+                records.append(
+                    {
+                        "run_id": metadata.get("run_id"),
+                        "task": task.name,
+                        "first_layer": first,
+                        "last_layer": last,
+                        "metric": metric,
+                        "value": value,
+                        "baseline_value": base,
+                        "relative_change": (value - base) / abs(base) if value is not None and base else None,
+                    }
+                )
     return records
 
 

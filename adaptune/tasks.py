@@ -110,7 +110,8 @@ class Task:
 _BINARY = {"0": 0, "1": 1}
 
 _GLUE_TABLE: dict[str, dict] = {
-    "cola": dict(dir="CoLA", config="cola", labels=("unacceptable", "acceptable"), metrics=("matthews_correlation",),
+    # CoLA selects by MCC (Table 1); accuracy is kept too: Section 3.6 and Figure 6 report validation accuracy.
+    "cola": dict(dir="CoLA", config="cola", labels=("unacceptable", "acceptable"), metrics=("matthews_correlation", "accuracy"),
                  text=("sentence",), hub_text=("sentence",), reader="glue_cola_tsv", binary=True),
     "sst2": dict(dir="SST-2", config="sst2", labels=("negative", "positive"), metrics=("accuracy",),
                  text=("sentence",), hub_text=("sentence",), reader="tsv", binary=True),

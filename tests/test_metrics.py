@@ -14,10 +14,11 @@ GOLD = RNG.integers(0, 2, size=200)
 PRED = np.where(RNG.random(200) < 0.8, GOLD, 1 - GOLD)
 
 
-def test_cola_is_matthews_correlation() -> None:
+def test_cola_is_matthews_correlation_then_accuracy() -> None:
     result = compute_metrics("cola", PRED, GOLD)
-    assert list(result) == ["matthews_correlation"]
+    assert list(result) == ["matthews_correlation", "accuracy"]  # MCC selects; accuracy for Section 3.6 / Figure 6
     assert result["matthews_correlation"] == pytest.approx(skm.matthews_corrcoef(GOLD, PRED))
+    assert result["accuracy"] == pytest.approx(skm.accuracy_score(GOLD, PRED))
 
 
 @pytest.mark.parametrize("task", ["mrpc", "qqp"])

@@ -16,7 +16,7 @@ def test_registry_holds_the_papers_tasks() -> None:
 
 
 def test_metrics_follow_the_paper() -> None:
-    assert TASKS["cola"].metrics == ("matthews_correlation",)
+    assert TASKS["cola"].metrics == ("matthews_correlation", "accuracy")  # MCC selects (Table 1); accuracy: Section 3.6, Figure 6
     assert TASKS["mrpc"].metrics == TASKS["qqp"].metrics == ("f1", "accuracy")
     assert TASKS["stsb"].kind == "regression" and TASKS["stsb"].metrics == ("spearman", "pearson")
     assert TASKS["squad"].kind == "span" and set(TASKS["squad"].metrics) == {"exact_match", "f1"}
