@@ -2,6 +2,11 @@
 
 A command's module (and so torch) is imported only when that command runs, so `adaptune tasks`
 and `adaptune --help` start fast.
+
+Exit codes: 0 done (a degenerate run included), 1 a run that failed (or an internal error), 2 bad
+input. Bad input (an unknown task or method, a malformed data file, a bad number, a missing data dir
+or backbone, conflicting flags) is one line on stderr saying what is wrong and what to do; `--debug`
+(or ADAPTUNE_DEBUG=1) adds the full traceback.
 """
 
 from __future__ import annotations
@@ -9,13 +14,44 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
+import traceback
+import warnings
 from pathlib import Path
+
+from adaptune.records import one_line_reason
+
+DEBUG_ENV = "ADAPTUNE_DEBUG"
+EXIT_FAILED, EXIT_USAGE = 1, 2
+MESSAGE_LIMIT = 4000  # characters of an error line (an unknown task's line lists every task)
+# Exceptions that mean bad input, not a bug: one line and exit 2. Named, not imported, so that an
+# error costs no import (an unknown task must not wait for torch). Subclasses count too.
+USER_ERRORS = frozenset({
+    "adaptune.checks.ConfigError",
+    "adaptune.backbone.BackboneError",
+    "adaptune.tasks.UnknownTaskError",
+    "adaptune.data.DataNotFoundError",
+    "adaptune.data.DataError",
+    "adaptune.readers.MalformedFileError",
+    "adaptune.adapters.UnsupportedModelError",
+    "adaptune.results.SchemaError",
+    "adaptune.results.ResultsReadError",
+    "adaptune.plan.PlanError",
+    "adaptune.experiments.SpecError",
+    "adaptune.experiments.UnknownExperimentError",
+    "adaptune.checkpoint.CheckpointError",
+    "adaptune.store.StoreError",
+    "builtins.FileNotFoundError",
+    "builtins.NotADirectoryError",
+    "builtins.IsADirectoryError",
+    "builtins.PermissionError",
+})
 
 # Commands whose arguments and handler live in the module that does the work:
 # name -> (help, module, function adding the arguments, handler).
 MODULE_COMMANDS = {
-    "train": ("train and evaluate one run", "adaptune.train", "add_train_arguments", "train_from_args"),
+    "train": ("train and evaluate one run", "adaptune.train_cli", "add_train_arguments", "train_from_args"),
     "ablate": (
         "Figure 6: evaluate a trained adapter checkpoint with layer spans switched off",
         "adaptune.ablation",
@@ -56,35 +92,60 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line: `adaptune train: error: ... (see adaptune train --help)`."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """`--help` shows each option's default, unless it has none (None, a flag's False) or its help says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if not action.option_strings or default is None or default is False or default is argparse.SUPPRESS or "default" in text:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser; only the chosen `command`'s module is imported to declare its arguments."""
     from adaptune.config import DEFAULT_BACKBONE
 
-    parser = argparse.ArgumentParser(prog="adaptune", description=__doc__.splitlines()[0])
+    debug_help = f"on an error, print the full traceback too (also: {DEBUG_ENV}=1)"
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=debug_help)
+    parser = _Parser(prog="adaptune", description=__doc__.splitlines()[0], formatter_class=_HelpFormatter)
+    parser.add_argument("--debug", action="store_true", help=debug_help)
     commands = parser.add_subparsers(dest="command", required=True)
 
-    tasks = commands.add_parser("tasks", help="list every task with its source and metrics")
+    def add_command(name: str, **kwargs: object) -> argparse.ArgumentParser:
+        return commands.add_parser(name, parents=[common], formatter_class=_HelpFormatter, **kwargs)
+
+    tasks = add_command("tasks", help="list every task with its source and metrics")
     tasks.add_argument("--data-dir", default=None, help="local mirror in the publishers' layout (default: found automatically)")
     tasks.set_defaults(handler=_tasks)
 
-    prepare = commands.add_parser("prepare", help="load, split and tokenize one task (cached)")
-    prepare.add_argument("--task", required=True)
-    prepare.add_argument("--data-dir", default=None)
-    prepare.add_argument("--backbone", default=DEFAULT_BACKBONE)
-    prepare.add_argument("--cache-dir", default=None)
+    prepare = add_command("prepare", help="load, split and tokenize one task (cached)")
+    prepare.add_argument("--task", required=True, help="a task name (python -m adaptune tasks lists them)")
+    prepare.add_argument("--data-dir", default=None, help="local data mirror, or 'hub' (default: found automatically)")
+    prepare.add_argument("--backbone", default=DEFAULT_BACKBONE, help="the tokenizer's backbone: hub id or local directory")
+    prepare.add_argument("--cache-dir", default=None, help="tokenization cache (default: $ADAPTUNE_CACHE_DIR or ~/.cache/adaptune)")
     prepare.set_defaults(handler=_prepare)
 
-    plan = commands.add_parser("plan", help="expand a named experiment into runs, with a cost estimate; runs nothing")
+    plan = add_command("plan", help="expand a named experiment into runs, with a cost estimate; runs nothing")
     plan.add_argument("experiment")
     plan.set_defaults(handler=_plan)
 
-    report = commands.add_parser("report", help="tables, figures and report.md from a results directory")
+    report = add_command("report", help="tables, figures and report.md from a results directory")
     report.add_argument("results", help="directory holding runs.parquet (and curves/ablation)")
-    report.add_argument("--out", required=True)
+    report.add_argument("--out", required=True, help="directory for report.md, tables/ and figures/")
     report.set_defaults(handler=_report)
 
     for name, (help_text, module_name, add_arguments, handler) in MODULE_COMMANDS.items():
-        sub = commands.add_parser(name, help=help_text)
+        sub = add_command(name, help=help_text)
         if name == command:
             module = importlib.import_module(module_name)
             getattr(module, add_arguments)(sub)
@@ -93,10 +154,41 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    argv = sys.argv[1:] if argv is None else list(argv)
+    debug = "--debug" in argv or os.environ.get(DEBUG_ENV, "").strip().lower() in ("1", "true", "yes", "on")
     command = next((arg for arg in argv if not arg.startswith("-")), None)
-    args = build_parser(command).parse_args(argv)
-    return args.handler(args)
+    prog = f"adaptune {command}" if command else "adaptune"
+    saved_format = warnings.formatwarning
+    if not debug:  # our warnings (e.g. an unreadable optional results file) as one line each
+        warnings.formatwarning = lambda message, category, *_args, **_kwargs: f"{prog}: warning: {' '.join(str(message).split())}\n"
+    try:
+        args = build_parser(command).parse_args(argv)
+        return args.handler(args)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as error:  # noqa: BLE001 (every error ends as one line; --debug adds the traceback)
+        if debug:
+            traceback.print_exc()
+        user_error = is_user_error(error)
+        print(error_line(prog, error, user_error), file=sys.stderr)
+        return EXIT_USAGE if user_error else EXIT_FAILED
+    finally:
+        warnings.formatwarning = saved_format
+
+
+def is_user_error(error: BaseException) -> bool:
+    """Bad input rather than a bug: one of USER_ERRORS, or a subclass of one."""
+    return any(f"{cls.__module__}.{cls.__qualname__}" in USER_ERRORS for cls in type(error).__mro__)
+
+
+def error_line(prog: str, error: BaseException, user_error: bool | None = None) -> str:
+    """The one line printed for an error: its message for bad input, else its type and a pointer to --debug."""
+    user_error = is_user_error(error) if user_error is None else user_error
+    reason = one_line_reason(error, limit=MESSAGE_LIMIT)
+    if user_error:
+        return f"{prog}: error: {reason.removeprefix(type(error).__name__ + ': ')}"
+    return f"{prog}: internal error: {reason} (rerun with --debug, or {DEBUG_ENV}=1, for the traceback)"
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from adaptune.backbone import load_model, load_tokenizer
 from adaptune.batching import epoch_batches, iterate_batches, make_collator
 from adaptune.checkpoint import save_task_checkpoint
 from adaptune.config import DEFAULT_BACKBONE, TrainConfig
+from adaptune.epoch_log import report_epoch
 from adaptune.devices import Device, is_out_of_memory, pick_device, release_memory
 from adaptune.evaluate import EvalResult, evaluate_split
 from adaptune.files import atomic_write
@@ -186,6 +187,7 @@ class _Run:
             p.final_test_metrics = _finite_or_none(evaluate_split(model, self.task, test, self.device, collator).metrics) if test else {}
             metadata = {"run_id": config.run_id, "task": self.task.name, "epoch": config.epochs, "best_epoch": p.best_epoch, "config": config.to_dict()}
             save_task_checkpoint(model, self.method_cfg, config.backbone, self.out / CHECKPOINT_DIR, metadata=metadata)
+        report_epoch(config.run_id, config.epochs, self.task.primary_metric, p.curve[-1], p.best_epoch)
         p.epoch += 1
         p.step_in_epoch = 0
         p.epoch_loss_sum, p.epoch_loss_steps = 0.0, 0
@@ -246,8 +248,8 @@ def _check_config(config: TrainConfig) -> None:
         problems.append(f"epochs must be >= 1, got {config.epochs}")
     if config.batch_size < 1:
         problems.append(f"batch_size must be >= 1, got {config.batch_size}")
-    if math.isnan(config.lr) or config.lr <= 0:
-        problems.append(f"lr must be > 0, got {config.lr}")
+    if not math.isfinite(config.lr) or config.lr <= 0:
+        problems.append(f"lr must be a finite number > 0, got {config.lr}")
     if not 0 <= config.warmup_fraction < 1:
         problems.append(f"warmup_fraction must be in [0, 1), got {config.warmup_fraction}")
     if config.checkpoint_every_steps is not None and config.checkpoint_every_steps < 1:
@@ -301,77 +303,7 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     atomic_write(path, lambda temporary: temporary.write_text(text))
 
 
-# ---- command line: `python -m adaptune train ...` -------------------------------------------------
-
-
-def add_train_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--task", required=True, help="a task name (python -m adaptune tasks lists them)")
-    parser.add_argument("--method", default=None, help="full | layernorm | top_k:K | adapters:M[,init_std=S] (default adapters:64)")
-    parser.add_argument("--adapter-size", type=int, default=None, help="shorthand for --method adapters:M")
-    parser.add_argument("--top-k", type=int, default=None, help="shorthand for --method top_k:K")
-    parser.add_argument("--init-std", type=float, default=None, help="adapter weight init std (paper 1e-2, official code 1e-3)")
-    parser.add_argument("--lr", type=float, default=TrainConfig.lr)
-    parser.add_argument("--epochs", type=int, default=TrainConfig.epochs)
-    parser.add_argument("--seed", type=int, default=TrainConfig.seed)
-    parser.add_argument("--backbone", default=DEFAULT_BACKBONE, help="hub id or local path (default: the embedded MiniLM)")
-    parser.add_argument("--batch-size", type=int, default=TrainConfig.batch_size)
-    parser.add_argument(
-        "--max-length", type=int, default=None,
-        help=f"tokens per example (default: the task's standard, {SPAN_MAX_LENGTH} for SQuAD, {TrainConfig.max_length} otherwise)",
-    )
-    parser.add_argument(
-        "--doc-stride", type=int, default=None,
-        help=f"SQuAD window overlap in tokens (default {SPAN_DOC_STRIDE}); keep it below half of --max-length",
-    )
-    parser.add_argument("--max-train-examples", type=int, default=None, help="seeded subset of the training split")
-    parser.add_argument("--max-eval-examples", type=int, default=None, help="seeded subset of validation/test")
-    parser.add_argument("--checkpoint-every-steps", type=int, default=None, help="save the resumable state every N steps")
-    parser.add_argument("--experiment", default="adhoc")
-    parser.add_argument("--data-dir", default=None, help="local data mirror (default: found automatically)")
-    parser.add_argument("--cache-dir", default=None, help="tokenization cache")
-    parser.add_argument("--out", default=None, help="run directory (default runs/<run_id>)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-
-
-def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    """The TrainConfig the CLI flags describe; conflicting method flags are an error."""
-    given = [flag for flag, value in (("--method", args.method), ("--adapter-size", args.adapter_size), ("--top-k", args.top_k)) if value is not None]
-    if len(given) > 1:
-        raise SystemExit(f"give one of --method, --adapter-size, --top-k (got {', '.join(given)})")
-    if args.adapter_size is not None:
-        method = parse_method(f"adapters:{args.adapter_size}")
-    elif args.top_k is not None:
-        method = parse_method(f"top_k:{args.top_k}")
-    else:
-        method = parse_method(args.method or "adapters:64")
-    method_dict = method.to_dict()
-    if args.init_std is not None:
-        if method_dict["name"] != "adapters":
-            raise SystemExit(f"--init-std applies to adapters only, not {method_dict['name']!r}")
-        method_dict["init_std"] = args.init_std
-    # Unset lengths mean the task's standard: SQuAD's windows are 384 tokens with stride 128, GLUE's 128.
-    span = get_task(args.task).kind == "span"
-    max_length = args.max_length if args.max_length is not None else (SPAN_MAX_LENGTH if span else TrainConfig.max_length)
-    doc_stride = args.doc_stride if args.doc_stride is not None else (SPAN_DOC_STRIDE if span else TrainConfig.doc_stride)
-    return TrainConfig(
-        task=args.task,
-        method=method_dict,
-        lr=args.lr,
-        epochs=args.epochs,
-        seed=args.seed,
-        backbone=args.backbone,
-        batch_size=args.batch_size,
-        max_length=max_length,
-        doc_stride=doc_stride,
-        max_train_examples=args.max_train_examples,
-        max_eval_examples=args.max_eval_examples,
-        checkpoint_every_steps=args.checkpoint_every_steps,
-        experiment=args.experiment,
-    )
-
-
-def train_from_args(args: argparse.Namespace) -> int:
-    """Run `python -m adaptune train`; prints the record; exit code 0 for ok/degenerate, 1 for failed."""
-    record = train_and_evaluate(config_from_args(args), data_dir=args.data_dir, out_dir=args.out, cache_dir=args.cache_dir, progress=not args.no_progress)
-    print(json.dumps({k: v for k, v in record.items() if k not in ("config", "curve")}, indent=2, default=str))
-    return 1 if record["status"] == "failed" else 0
+# ---- command line: `python -m adaptune train ...` ----------------------------------------------------
+# Flags, config and checks live in adaptune.train_cli (no torch import: `train --help` and bad input
+# answer at once); re-exported here for callers of the old names.
+from adaptune.train_cli import add_train_arguments, config_from_args, train_from_args  # noqa: E402,F401

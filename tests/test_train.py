@@ -18,6 +18,7 @@ from adaptune.config import TrainConfig  # noqa: E402
 from adaptune.data import load_task_data  # noqa: E402
 from adaptune import train as train_module  # noqa: E402
 from adaptune.squad import check_window  # noqa: E402
+from adaptune.checks import ConfigError  # noqa: E402
 from adaptune.train import add_train_arguments, config_from_args, train_and_evaluate  # noqa: E402
 from adaptune.train_state import STATE_FILE  # noqa: E402
 
@@ -137,7 +138,7 @@ def test_cli_flags_build_the_run_config() -> None:
     assert config.method == {"name": "adapters", "size": 8, "init_std": 1e-3, "nonlinearity": "gelu"}
     assert (config.task, config.lr, config.epochs, config.seed) == ("rte", 1e-4, 20, 2)
     assert config_from_args(parser.parse_args(["--task", "rte", "--method", "top_k:3"])).method == {"name": "top_k", "k": 3}
-    with pytest.raises(SystemExit, match="one of --method"):
+    with pytest.raises(ConfigError, match="one of --method"):
         config_from_args(parser.parse_args(["--task", "rte", "--method", "full", "--top-k", "2"]))
 
     # Unset lengths are the task's standard: 384-token windows with stride 128 for SQuAD, 128 tokens for GLUE.
