@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,14 @@ REQUIRED_RECORD_KEYS = ("run_id", "task", "method", "lr", "epochs", "seed", "bac
 
 class SchemaError(ValueError):
     """A row does not fit the declared schema; the message names the file, column and run."""
+
+
+class ResultsReadError(ValueError):
+    """runs.parquet cannot be read (truncated, corrupt, not Parquet); the one-line message names the file."""
+
+
+class ResultsWarning(UserWarning):
+    """An optional results file (curves, ablation) could not be read and was left out."""
 
 
 def run_row(record: dict[str, Any], written_at: dt.datetime | None = None) -> dict[str, Any]:
@@ -197,7 +206,12 @@ def write_results(
 
 
 def read_results(results_dir: str | Path) -> dict[str, pd.DataFrame]:
-    """{"runs", "curves", "ablation"} as DataFrames; a table never written comes back empty."""
+    """{"runs", "curves", "ablation"} as DataFrames; a table never written comes back empty.
+
+    An unreadable runs.parquet raises ResultsReadError naming it; an unreadable curves or ablation
+    file (corrupt, or of another schema) is left out with a ResultsWarning naming it, so that the
+    runs can still be reported.
+    """
     results_dir = Path(results_dir)
     runs_path = results_dir / RUNS_FILE
     if not runs_path.is_file():
@@ -211,9 +225,28 @@ def read_results(results_dir: str | Path) -> dict[str, pd.DataFrame]:
         ("curves", CURVES_FILE, CURVES_SCHEMA),
         ("ablation", ABLATION_FILE, ABLATION_SCHEMA),
     ):
-        table = _read_checked(results_dir / file_name, schema)
+        path = results_dir / file_name
+        try:
+            table = _read_checked(path, schema)
+        except (pa.ArrowException, OSError, SchemaError) as error:
+            if name == "runs" and isinstance(error, SchemaError):
+                raise
+            problem = f"{path} cannot be read ({_one_line(error)})"
+            if name == "runs":
+                raise ResultsReadError(
+                    f"{problem}: it is truncated or not Parquet; rewrite it from the run records (python -m pipelines run ...) "
+                    "or restore it from a copy"
+                ) from None
+            warnings.warn(f"{problem}; going on without the {name} (figures that need them are skipped)", ResultsWarning, stacklevel=2)
+            table = schema.empty_table()
         frames[name] = table.to_pandas()
     return frames
+
+
+def _one_line(error: BaseException) -> str:
+    from adaptune.records import one_line_reason
+
+    return one_line_reason(error, limit=300)
 
 
 def metrics_table(runs: pd.DataFrame, split: str = "val") -> pd.DataFrame:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +19,18 @@ from adaptune.report.tables import (
     table2,
     table2_markdown,
 )
-from adaptune.results import read_results
+from adaptune.results import ResultsWarning, read_results
 
 
 def build_report(results_dir: str | Path, out_dir: str | Path, reference: str | Path | None = None) -> Path:
     """Write tables/ (Parquet + Markdown), figures/ (PNG + PDF) and report.md into out_dir; return report.md."""
     results_dir, out_dir = Path(results_dir), Path(out_dir)
-    frames = read_results(results_dir)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResultsWarning)
+        frames = read_results(results_dir)
+    for warning in caught:  # shown to the caller as usual, and listed in the report
+        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    unreadable = tuple(str(warning.message) for warning in caught if issubclass(warning.category, ResultsWarning))
     paper = load_reference(reference)
     runs = frames["runs"]
     tables_dir, figures_dir = out_dir / "tables", out_dir / "figures"
@@ -38,7 +44,7 @@ def build_report(results_dir: str | Path, out_dir: str | Path, reference: str | 
         "table1": table1_markdown(t1),
         "table2": table2_markdown(t2, paper),
         "adapter_sizes": simple_markdown(sizes.drop(columns="backbone")),
-        "excluded_runs": simple_markdown(problems) if not problems.empty else "(none)",
+        "excluded_runs": simple_markdown(markdown_safe(problems)) if not problems.empty else "(none)",
     }
     for name, text in markdown.items():
         (tables_dir / f"{name}.md").write_text(text + "\n", encoding="utf-8")
@@ -46,7 +52,7 @@ def build_report(results_dir: str | Path, out_dir: str | Path, reference: str | 
 
     report = out_dir / "report.md"
     report.write_text(
-        _render(results_dir, runs, frames, markdown, t1, t2, sizes, figures, problems, out_dir, reference or reference_path()),
+        _render(results_dir, runs, frames, markdown, t1, t2, sizes, figures, problems, out_dir, reference or reference_path(), unreadable),
         encoding="utf-8",
     )
     return report
@@ -64,6 +70,7 @@ def _render(
     problems: pd.DataFrame,
     out_dir: Path,
     reference: Any,
+    unreadable: tuple[str, ...] = (),
 ) -> str:
     counts = runs["status"].value_counts()
     status_line = ", ".join(f"{counts.get(status, 0)} {status}" for status in ("ok", "failed", "degenerate"))
@@ -78,6 +85,7 @@ def _render(
         "validation; a table reports the test score where the task has a labelled test split, else validation "
         "(GLUE: dev, as the GLUE test labels are not public, so the paper's GLUE *test-server* numbers are only a reference).",
         "",
+        *[f"**Left out, unreadable:** {' '.join(problem.split())}\n" for problem in unreadable],
         "## Table 1: GLUE",
         "",
         "Per task and row, the single run best on validation (the paper also picks the best seed). "
@@ -124,6 +132,15 @@ def _render(
             lines += [f"![{figure.name}]({png})", "", f"[PDF]({pdf})", ""]
     lines += ["## Excluded runs (failed, degenerate, or without a validation score)", "", markdown["excluded_runs"], ""]
     return "\n".join(lines)
+
+
+def markdown_safe(table: pd.DataFrame) -> pd.DataFrame:
+    """A copy whose text cells cannot break a Markdown table row: newlines become spaces, `|` is escaped."""
+
+    def cell(value: Any) -> Any:
+        return " ".join(value.split()).replace("|", "\\|") if isinstance(value, str) else value
+
+    return table.map(cell)
 
 
 def _backbone_line(table: pd.DataFrame, paper_backbone: str) -> str:
