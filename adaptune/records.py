@@ -67,6 +67,7 @@ def one_line_reason(error: BaseException | str, limit: int = REASON_LIMIT) -> st
 
 _FRAME = re.compile(r"^\s+File \"")
 _MARKERS = re.compile(r"^[\s\^~]*$")
+_EXCEPTION_HEADER = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Failed|Exit|Interrupt|Warning|Iteration)\w*(?::|$)")
 _QUALIFIED_TYPE = re.compile(r"^(?:[A-Za-z_][\w]*\.)+([A-Za-z_]\w*)(?=:|$)")
 
 
@@ -80,6 +81,9 @@ def _last_exception(text: str) -> str:
         while start < len(rest) and (rest[start][:1] in (" ", "\t") or not rest[start].strip()):
             start += 1  # the frame's source line and its ^^^^ markers
         lines = rest[start:]
+    else:  # cut before its last frame: start at the last line that reads like "SomeError: ..."
+        headers = [index for index, line in enumerate(lines) if _EXCEPTION_HEADER.match(line)]
+        lines = lines[headers[-1] :] if headers else lines
     kept = [line.strip() for line in lines if not _MARKERS.match(line) and not line.startswith("Traceback (most recent call last)")]
     if kept:
         kept[0] = _QUALIFIED_TYPE.sub(r"\1", kept[0])  # adaptune.data.DataError: ... -> DataError: ...
