@@ -74,18 +74,37 @@ class SubmitSettings:
 
 
 def load_settings(env: Mapping[str, str] | None = None, config_path: str | Path | None = None) -> SubmitSettings:
-    """Environment variables first, then the [submit] table of the config file (if it exists)."""
+    """Environment variables first, then the [submit] table of the config file (if it exists).
+
+    The file is `config_path`, else $ADAPTUNE_CONFIG (which must exist when set), else ./adaptune.toml
+    (optional). Its [submit] table may hold only the keys above, each a string.
+    """
     env = os.environ if env is None else env
-    path = Path(config_path or env.get("ADAPTUNE_CONFIG") or CONFIG_FILE)
+    named = env.get("ADAPTUNE_CONFIG")
+    if config_path is None and named and not Path(named).is_file():
+        raise SettingsError(f"$ADAPTUNE_CONFIG={named} is not a file: point it at a TOML file with a [submit] table, or unset it")
+    path = Path(config_path or named or CONFIG_FILE)
     from_file: dict[str, Any] = {}
     if path.is_file():
         try:
             from_file = tomllib.loads(path.read_text()).get("submit", {})
         except tomllib.TOMLDecodeError as error:
             raise SettingsError(f"{path} is not valid TOML: {error}") from None
+        except UnicodeDecodeError:
+            raise SettingsError(f"{path} is not a UTF-8 text file: write the settings as TOML") from None
+        if not isinstance(from_file, dict):
+            raise SettingsError(
+                f"{path}: `submit` must be a table of settings, not submit = {from_file!r}: write a `[submit]` line, "
+                'then one `key = "value"` line per setting (e.g. project = "my-project")'
+            )
         unknown = sorted(set(from_file) - set(ENV_VARS))
         if unknown:
             raise SettingsError(f"{path} [submit] has unknown key(s) {unknown}; known: {sorted(ENV_VARS)}")
+        for key, value in from_file.items():
+            if not isinstance(value, str):
+                raise SettingsError(
+                    f'{path} [submit] {key} must be a string in quotes ({key} = "..."), not {value!r} ({type(value).__name__})'
+                )
     values = {key: env.get(var) or from_file.get(key) for key, var in ENV_VARS.items()}
     values["data_dir"] = values["data_dir"] or ""
     return SubmitSettings(**values)
@@ -178,6 +197,7 @@ def submit_kfp(name: str, host: str, settings: SubmitSettings, retry_failed: boo
 def submit(name: str, env: Mapping[str, str] | None = None, retry_failed: bool = False) -> str:
     """`python -m pipelines submit NAME`: to KFP_HOST if set, else Vertex AI; returns a line to print."""
     env = os.environ if env is None else env
+    get_experiment(name)  # an unknown experiment is reported before any missing or malformed setting
     settings = load_settings(env)
     host = env.get("KFP_HOST")
     if host:
