@@ -26,7 +26,8 @@ demo: venv
 	$(PY) -m pipelines run smoke --out $(OUT)/smoke
 
 run: venv
-	$(PY) -m pipelines run $(PIPELINE) --out $(OUT)/$(PIPELINE)
+	$(PY) -m pipelines run $(PIPELINE) --out $(OUT)/$(basename $(notdir $(PIPELINE))) \
+		$(if $(RUNS_ROOT),--runs-root $(RUNS_ROOT)) $(if $(RETRY_FAILED),--retry-failed)
 
 plan: venv
 	$(PY) -m pipelines plan $(PIPELINE)
@@ -35,7 +36,7 @@ compile: venv
 	$(PY) -m pipelines compile
 
 submit: venv
-	$(PY) -m pipelines submit $(PIPELINE)
+	$(PY) -m pipelines submit $(PIPELINE) $(if $(RETRY_FAILED),--retry-failed)
 
 bench: venv
 	$(PY) -m adaptune.bench --out bench/results.json

@@ -254,7 +254,9 @@ def _expand(spec: ExperimentSpec, sweep: Sweep, where: str, problems: list[str])
         problems.append(f"{where}: batch_size must be >= 1, got {sweep.batch_size}")
 
     backbone = sweep.backbone or spec.backbone
-    tasks = [task for task in (_known_task(name, where, problems) for name in sweep.tasks) if task]
+    # A task scored by another's runs (mnli_mm by mnli_m's) plans that task's runs, once.
+    known = [task for task in (_known_task(name, where, problems) for name in sweep.tasks) if task]
+    tasks = list({task.name: task for task in (get_task(t.trained_as) if t.trained_as else t for t in known)}.values())
     methods = [m for m in (_canonical_method(m, backbone, where, problems) for m in sweep.methods) if m]
     if not tasks or not methods:
         return []

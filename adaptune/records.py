@@ -45,7 +45,20 @@ def run_record(config: TrainConfig, primary_metric: str, device: str | None = No
         "train_examples_per_s": None,
         "device": device,
         "checkpoint_dir": None,
+        # Tasks scored by this run on their own validation split (tasks.scored_companions):
+        # {"mnli_mm": {"val_metrics": {...}, "test_metrics": {...}}} for an MNLI run.
+        "companions": {},
     }
+
+
+def with_companions(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """The record, then one row-shaped record per companion task (run id "<run_id>@<task>"), so an
+    MNLI run fills both the MNLI-m and the MNLI-mm columns, trained once."""
+    rows = [record]
+    for task, scores in (record.get("companions") or {}).items():
+        rows.append({**record, "run_id": f"{record['run_id']}@{task}", "task": task, "curve": [], "companions": {},
+                     "val_metrics": scores.get("val_metrics") or {}, "test_metrics": scores.get("test_metrics") or {}})
+    return rows
 
 
 def one_line_reason(error: BaseException | str, limit: int = REASON_LIMIT) -> str:

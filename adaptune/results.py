@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from adaptune.files import atomic_write
+from adaptune.records import with_companions
 
 RUNS_FILE = "runs.parquet"
 CURVES_FILE = "curves.parquet"
@@ -174,7 +175,7 @@ def curve_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
 def write_runs(records: Iterable[dict[str, Any]], out_dir: str | Path) -> Path:
     """Append run records to out_dir/runs.parquet (newest row per run_id wins)."""
     now = dt.datetime.now(dt.timezone.utc)
-    rows = [run_row(record, written_at=now) for record in records]
+    rows = [run_row(row, written_at=now) for record in records for row in with_companions(record)]
     return _append(Path(out_dir) / RUNS_FILE, RUNS_SCHEMA, rows, key=("run_id",))
 
 

@@ -87,7 +87,9 @@ class RunStore:
         """Whole-file writes: atomic rename here, a single object put on a bucket."""
         text = json.dumps(data, indent=2, sort_keys=True, default=str) + "\n"
         if self.is_local:
-            atomic_write(Path(self._path(*parts)), lambda temporary: temporary.write_text(text))
+            target = Path(self._path(*parts))
+            target.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(target, lambda temporary: temporary.write_text(text))
         else:
             self.fs.pipe_file(self._path(*parts), text.encode())
 

@@ -77,6 +77,9 @@ class Task:
     num_classes: int | None = None  # paper's class count; checks the label set read from data when `labels` is empty
     paper_sizes: tuple[int, int, int] | None = None  # Table 3: train / validation / test
     paper_epochs: tuple[int, int] | None = None  # Table 4: (fine-tune, adapters)
+    # Not trained on its own: scored by the runs of this task on its own validation split (MNLI-mm
+    # is the MNLI run scored on the mismatched dev set, as in the paper: one training, two columns).
+    trained_as: str | None = None
 
     @property
     def text_fields(self) -> tuple[str, ...]:
@@ -128,7 +131,7 @@ _GLUE_TABLE: dict[str, dict] = {
                    reader="tsv", dev="dev_matched.tsv", hub_dev="validation_matched"),
     "mnli_mm": dict(dir="MNLI", config="mnli", labels=("entailment", "neutral", "contradiction"), metrics=("accuracy",),
                     text=("sentence1", "sentence2"), hub_text=("premise", "hypothesis"), label_column="gold_label",
-                    reader="tsv", dev="dev_mismatched.tsv", hub_dev="validation_mismatched"),
+                    reader="tsv", dev="dev_mismatched.tsv", hub_dev="validation_mismatched", trained_as="mnli_m"),
     "qnli": dict(dir="QNLI", config="qnli", labels=("entailment", "not_entailment"), metrics=("accuracy",),
                  text=("question", "sentence"), hub_text=("question", "sentence"), reader="tsv"),
     "rte": dict(dir="RTE", config="rte", labels=("entailment", "not_entailment"), metrics=("accuracy",),
@@ -162,6 +165,7 @@ def _glue_task(name: str, row: dict) -> Task:
     return Task(
         name=name, family="glue", kind=row.get("kind", "classification"), labels=labels, metrics=row["metrics"],
         source=source, title=_GLUE_TITLES[name], in_glue_score=row.get("in_glue_score", True), label_aliases=aliases,
+        trained_as=row.get("trained_as"),
     )
 
 
@@ -320,3 +324,8 @@ def format_task_table(data_dir: str | Path | None = None) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row[:-1], widths)) + "  " + row[-1] for row in rows]
     return "\n".join([header, *lines])
+
+
+def scored_companions(name: str) -> tuple[str, ...]:
+    """Tasks whose scores come from this task's runs (Task.trained_as): ("mnli_mm",) for mnli_m."""
+    return tuple(task.name for task in TASKS.values() if task.trained_as == name)

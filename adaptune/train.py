@@ -37,12 +37,11 @@ from adaptune.methods import apply_method, method_from_dict, parse_method
 from adaptune.params import count_parameters
 from adaptune.records import run_record
 from adaptune.run_data import RunData, prepare_run_data
+from adaptune.store import CHECKPOINT_DIR, RECORD_FILE
 from adaptune.squad import DOC_STRIDE as SPAN_DOC_STRIDE, MAX_LENGTH as SPAN_MAX_LENGTH
-from adaptune.tasks import Task, get_task
+from adaptune.tasks import Task, get_task, scored_companions
 from adaptune.train_state import Progress, load_state, remove_state, save_state
 
-RECORD_FILE = "record.json"
-CHECKPOINT_DIR = "checkpoint"
 StepCallback = Callable[[int], None]
 
 
@@ -57,13 +56,18 @@ def train_and_evaluate(
     cache_dir: str | os.PathLike[str] | None = None,
     progress: bool = True,
     step_callback: StepCallback | None = None,
+    on_state_saved: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """Train and evaluate one run; returns its record (also written to out_dir/record.json).
 
     out_dir defaults to runs/<run_id>. A finished record already there for the same run id is
     returned as is; a saved training state there is resumed. `step_callback(global_step)` runs after
     every optimizer step (and after any state save of that step): a hook for progress reporting, and
-    for tests that interrupt a run by raising from it.
+    for tests that interrupt a run by raising from it. `on_state_saved()` runs after every saved
+    training state (the run store uploads it there, so a preempted run resumes on another machine).
+
+    Out of memory is raised, not recorded: on a shared device it is transient, and the run store's
+    shard runner (adaptune.shards) decides whether to retry or record it.
     """
     started = time.perf_counter()
     out = Path(out_dir) if out_dir is not None else Path("runs") / config.run_id
@@ -77,16 +81,15 @@ def train_and_evaluate(
     _check_config(config)
     device = pick_device()
     record = run_record(config, task.primary_metric, device.name)  # filled in as the run goes
-    run = _Run(config, task, method_cfg, device, out, record)
+    run = _Run(config, task, method_cfg, device, out, record, on_state_saved)
     try:
         run.execute(data_dir, cache_dir, progress, step_callback)
     except RunFailed as failure:
         record.update(status="failed", reason=str(failure))
-    except Exception as error:  # only allocation failures become records; anything else is a bug to see
-        if not is_out_of_memory(error):
-            raise
-        record.update(status="failed", reason=f"out of memory on {device.name}: {error}".strip()[:500])
-        release_memory(device)
+    except Exception as error:
+        if is_out_of_memory(error):
+            release_memory(device)  # the caller may go on with another run on this device
+        raise
     record["wall_time_s"] = run.progress.elapsed_s + (time.perf_counter() - started)
     record["curve"] = run.progress.curve
     _write_json(out / RECORD_FILE, record)
@@ -98,8 +101,10 @@ def train_and_evaluate(
 class _Run:
     """The state of one run while it trains: kept on an object so a failure can still report it."""
 
-    def __init__(self, config: TrainConfig, task: Task, method_cfg: Any, device: Device, out: Path, record: dict[str, Any]) -> None:
+    def __init__(self, config: TrainConfig, task: Task, method_cfg: Any, device: Device, out: Path, record: dict[str, Any],
+                 on_state_saved: Callable[[], None] | None = None) -> None:
         self.config, self.task, self.method_cfg, self.device, self.out, self.record = config, task, method_cfg, device, out, record
+        self.on_state_saved = on_state_saved
         self.progress = Progress()
 
     def execute(self, data_dir: Any, cache_dir: Any, show_progress: bool, step_callback: StepCallback | None) -> None:
@@ -111,6 +116,12 @@ class _Run:
         )
         if not data.train_rows:
             raise ValueError(f"task {task.name!r} has no training rows; check the data dir")
+        # Tasks this run also scores (MNLI-mm for an MNLI run): their data is checked before training.
+        self.companion_splits = {
+            name: prepare_run_data(get_task(name), tokenizer, config.max_length, config.doc_stride, None,
+                                   config.max_eval_examples, data_dir, cache_dir, with_train=False).eval_splits["validation"]
+            for name in scored_companions(task.name)
+        }
         model = load_model(config.backbone, task.kind, task.num_labels)
         apply_method(model, self.method_cfg)
         model.to(device.torch_device)
@@ -185,6 +196,11 @@ class _Run:
             p.final_predicted_classes = validation.predicted_classes
             test = data.eval_splits.get("test")
             p.final_test_metrics = _finite_or_none(evaluate_split(model, self.task, test, self.device, collator).metrics) if test else {}
+            p.final_companions = {
+                name: {"val_metrics": _finite_or_none(evaluate_split(model, get_task(name), split, self.device, collator).metrics),
+                       "test_metrics": {}}
+                for name, split in self.companion_splits.items()
+            }
             metadata = {"run_id": config.run_id, "task": self.task.name, "epoch": config.epochs, "best_epoch": p.best_epoch, "config": config.to_dict()}
             save_task_checkpoint(model, self.method_cfg, config.backbone, self.out / CHECKPOINT_DIR, metadata=metadata)
         report_epoch(config.run_id, config.epochs, self.task.primary_metric, p.curve[-1], p.best_epoch)
@@ -198,6 +214,8 @@ class _Run:
         self.progress.elapsed_s = elapsed_before + (time.perf_counter() - segment_started)
         save_state(self.out, self.config.run_id, model, optimizer, scheduler, self.progress)
         self.progress.elapsed_s = elapsed_before
+        if self.on_state_saved is not None:
+            self.on_state_saved()
 
     def _finish(self) -> None:
         p, record = self.progress, self.record
@@ -205,6 +223,7 @@ class _Run:
             best_epoch=p.best_epoch,
             val_metrics=p.final_val_metrics,
             test_metrics=p.final_test_metrics,
+            companions=p.final_companions,
             train_examples_per_s=p.examples_trained / p.train_time_s if p.train_time_s > 0 else None,
             checkpoint_dir=str(self.out / CHECKPOINT_DIR),
         )

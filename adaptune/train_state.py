@@ -37,6 +37,7 @@ class Progress:
     final_val_metrics: dict[str, float | None] = dataclasses.field(default_factory=dict)
     final_test_metrics: dict[str, float | None] = dataclasses.field(default_factory=dict)
     final_predicted_classes: int | None = None
+    final_companions: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)  # mnli_mm for an MNLI run
 
 
 def save_state(

@@ -458,7 +458,7 @@ def assert_images_follow_accelerators(package: Path, expected_family: str) -> No
     images = executor_images(package)
     requested = {name for name, (_, resource) in images.items() if resource is not None}
     if expected_family != "cpu":
-        assert "exec-train-eval" in requested, f"{package.name}: train_eval requests no {expected_family}"
+        assert "exec-train-shard" in requested, f"{package.name}: train_shard requests no {expected_family}"
     for name, (image, resource) in images.items():
         family = family_of_resource(resource)
         assert family in (expected_family, "cpu"), (package.name, name, resource)

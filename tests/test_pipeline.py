@@ -45,11 +45,11 @@ def test_vertex_spec_carries_gpu_accelerator_retries_and_images(tmp_path: Path) 
     spec = get_experiment("glue_full")
     (pipeline,) = _compiled(spec, "vertex", tmp_path)
     executors = pipeline["deploymentSpec"]["executors"]
-    train = executors["exec-train-eval"]["container"]
+    train = executors["exec-train-shard"]["container"]
     assert train["image"].endswith("/adaptune-gpu:0.1.0")
     assert train["resources"]["accelerator"]["resourceType"] == "NVIDIA_H100_80GB"
     assert train["resources"]["accelerator"]["resourceCount"] == "1"
-    for light in ("exec-plan-runs", "exec-prepare-data", "exec-aggregate", "exec-report"):
+    for light in ("exec-plan-shards", "exec-aggregate", "exec-report"):
         assert executors[light]["container"]["image"].endswith("/adaptune-cpu:0.1.0"), light
         assert "resources" not in executors[light]["container"], light
     # No run-time pip installs: the images already hold adaptune and kfp.
@@ -57,15 +57,15 @@ def test_vertex_spec_carries_gpu_accelerator_retries_and_images(tmp_path: Path) 
     assert _find(pipeline, "retryPolicy") == [
         {"backoffDuration": "60s", "backoffFactor": 2.0, "backoffMaxDuration": "3600s", "maxRetryCount": spec.retries}
     ]
-    assert _find(pipeline, "parallelismLimit") == [spec.max_parallelism]
+    assert _find(pipeline, "parallelismLimit") == [spec.parallelism]
     assert "cachingOptions" in str(pipeline) and pipeline["pipelineInfo"]["name"] == "adaptune-glue-full"
 
 
 def test_kfp_target_adds_node_selector_and_toleration(tmp_path: Path) -> None:
     pipeline, platform = _compiled(get_experiment("glue_full"), "kfp", tmp_path)
-    train = pipeline["deploymentSpec"]["executors"]["exec-train-eval"]["container"]
+    train = pipeline["deploymentSpec"]["executors"]["exec-train-shard"]["container"]
     assert train["resources"]["accelerator"]["resourceType"] == "nvidia.com/gpu"
-    kubernetes = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]["exec-train-eval"]
+    kubernetes = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]["exec-train-shard"]
     assert kubernetes["nodeSelector"]["labels"] == {"cloud.google.com/gke-accelerator": "nvidia-h100-80gb"}
     assert kubernetes["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
 
@@ -74,18 +74,18 @@ def test_tpu_experiment_uses_the_tpu_image_and_accelerator(tmp_path: Path) -> No
     spec = dataclasses.replace(get_experiment("ablation"), accelerator=TPU_V5E)
     (pipeline,) = _compiled(spec, "vertex", tmp_path)
     executors = pipeline["deploymentSpec"]["executors"]
-    for heavy in ("exec-train-eval", "exec-ablate-runs"):
+    for heavy in ("exec-train-shard", "exec-ablate-runs"):
         container = executors[heavy]["container"]
         assert container["image"].endswith("/adaptune-tpu:0.1.0"), heavy
         assert container["resources"]["accelerator"]["resourceType"] == "TPU_V5_LITEPOD"
         assert container["resources"]["accelerator"]["resourceCount"] == "1"  # one chip: devices.py uses one XLA device
 
 
-def test_cpu_experiment_has_no_accelerator_and_one_task_at_a_time(tmp_path: Path) -> None:
+def test_cpu_experiment_has_no_accelerator_and_two_shards_at_a_time(tmp_path: Path) -> None:
     (pipeline,) = _compiled(get_experiment("smoke"), "vertex", tmp_path)
-    train = pipeline["deploymentSpec"]["executors"]["exec-train-eval"]["container"]
+    train = pipeline["deploymentSpec"]["executors"]["exec-train-shard"]["container"]
     assert train["image"].endswith("/adaptune-cpu:0.1.0") and "accelerator" not in train["resources"]
-    assert sorted(_find(pipeline, "parallelismLimit")) == [1, 2]
+    assert _find(pipeline, "parallelismLimit") == [2]
     assert _find(pipeline, "retryPolicy") == []  # smoke declares retries=0
 
 

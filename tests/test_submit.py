@@ -96,7 +96,10 @@ def test_vertex_submission_sends_the_compiled_pipeline(fake_vertex: str, monkeyp
     assert body["displayName"].startswith("adaptune-smoke-")
     assert body["serviceAccount"] == settings.service_account
     assert body["runtimeConfig"]["gcsOutputDirectory"] == "gs://bucket/root"
-    assert body["runtimeConfig"]["parameterValues"] == {"data_dir": "/gcs/bucket/data"}
+    # The run store defaults to a folder beside the pipeline root; the spec is the compiled default.
+    assert body["runtimeConfig"]["parameterValues"] == {
+        "data_dir": "/gcs/bucket/data", "runs_root": "gs://bucket/root/adaptune-runs", "retry_failed": False
+    }
     spec = body["pipelineSpec"]
     assert spec["pipelineInfo"]["name"] == "adaptune-smoke"
     images = {e["container"]["image"] for e in spec["deploymentSpec"]["executors"].values()}
@@ -134,8 +137,19 @@ def test_kfp_host_submits_a_kfp_target_package(monkeypatch: pytest.MonkeyPatch) 
             return type("Run", (), {"run_id": "run-1"})()
 
     monkeypatch.setattr(kfp, "Client", RecordingClient)
-    line = submit("glue_full", env={"KFP_HOST": "http://127.0.0.1:1", "ADAPTUNE_CONFIG": "/nonexistent.toml"})
+    line = submit("glue_full", env={"KFP_HOST": "http://127.0.0.1:1", "ADAPTUNE_CONFIG": "/nonexistent.toml", "ADAPTUNE_RUNS_ROOT": "gs://b/runs"})
     assert line == "submitted glue_full to http://127.0.0.1:1: run run-1"
     assert calls["host"] == "http://127.0.0.1:1" and calls["enable_caching"] is True
-    assert calls["arguments"] == {"data_dir": ""} and calls["run_name"].startswith("adaptune-glue-full-")
+    assert calls["arguments"] == {"data_dir": "", "runs_root": "gs://b/runs", "retry_failed": False}
+    assert calls["run_name"].startswith("adaptune-glue-full-")
     assert "nodeSelector" in calls["package"] and "nvidia.com/gpu" in calls["package"]
+
+
+def test_a_submission_without_a_run_store_says_where_to_set_one() -> None:
+    from pipelines.submit import SettingsError
+
+    with pytest.raises(SettingsError, match="ADAPTUNE_RUNS_ROOT"):
+        SubmitSettings().resolved_runs_root()
+    assert SubmitSettings(pipeline_root="gs://b/root/").resolved_runs_root() == "gs://b/root/adaptune-runs"
+    assert SubmitSettings(pipeline_root="gs://b/root", runs_root="gs://c/store").resolved_runs_root() == "gs://c/store"
+

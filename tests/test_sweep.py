@@ -302,3 +302,42 @@ def test_paper_full_shaped_dag_runs_with_small_inputs_and_one_row_per_run(
     before = sum(stub_trainer.calls(run.run_id) for run in planned.runs)
     run_local(str(sweep_file), tmp_path / "out")
     assert sum(stub_trainer.calls(run.run_id) for run in planned.runs) == before == 9090
+
+
+# --- MNLI once -------------------------------------------------------------------------------------
+
+
+def test_mnli_is_planned_once_for_both_dev_sets() -> None:
+    glue = plan(get_experiment("glue_full"))
+    tasks = {run.task for run in glue.runs}
+    assert "mnli_m" in tasks and "mnli_mm" not in tasks
+    mismatched_only = dataclasses.replace(
+        _small_spec(), sweeps=(Sweep(tasks=("mnli_mm",), methods=({"name": "full"},), learning_rates=(1e-4,)),)
+    )
+    assert {run.task for run in plan(mismatched_only).runs} == {"mnli_m"}  # the run that scores MNLI-mm
+
+
+def test_an_mnli_record_fills_both_columns(tmp_path: Path) -> None:
+    from adaptune.records import run_record
+    from adaptune.results import write_runs
+
+    record = run_record(TrainConfig(task="mnli_m", method={"name": "full"}), "accuracy")
+    record.update(val_metrics={"accuracy": 0.84}, companions={"mnli_mm": {"val_metrics": {"accuracy": 0.83}, "test_metrics": {}}})
+    runs = pd.read_parquet(write_runs([record], tmp_path)).set_index("task")
+    assert runs.loc["mnli_m", "val_score"] == 0.84 and runs.loc["mnli_mm", "val_score"] == 0.83
+    assert runs.loc["mnli_mm", "run_id"] == f"{record['run_id']}@mnli_mm"
+
+
+@pytest.mark.slow
+def test_a_run_scores_the_tasks_trained_as_it(tmp_path: Path, shared_data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # MNLI is not in the offline mirror: a second RTE entry trained as RTE (the shape of mnli_mm ->
+    # mnli_m) must be scored by the RTE run, on its own validation split, with the final model.
+    from adaptune import tasks
+    from adaptune.train import train_and_evaluate
+
+    monkeypatch.setitem(tasks.TASKS, "rte_again", dataclasses.replace(tasks.TASKS["rte"], name="rte_again", trained_as="rte"))
+    config = TrainConfig(task="rte", method={"name": "layernorm"}, lr=1e-3, epochs=1, max_length=32, batch_size=16,
+                         max_train_examples=32, max_eval_examples=48)
+    record = train_and_evaluate(config, data_dir=shared_data_dir, out_dir=tmp_path / "run", cache_dir=tmp_path / "cache", progress=False)
+    assert set(record["companions"]) == {"rte_again"}
+    assert record["companions"]["rte_again"]["val_metrics"] == record["val_metrics"]  # same split, same final model
