@@ -35,7 +35,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr", type=float, default=TrainConfig.lr, help="peak learning rate (AdamW, linear warmup and decay)")
     parser.add_argument("--epochs", type=int, default=TrainConfig.epochs, help="training epochs (validation is scored after each)")
     parser.add_argument("--seed", type=int, default=TrainConfig.seed, help="seed of initialisation, batch order and subsets")
-    parser.add_argument("--backbone", default=DEFAULT_BACKBONE, help="hub id or local directory; the default, all-MiniLM-L6-v2, is embedded and works offline")
+    parser.add_argument("--backbone", default=DEFAULT_BACKBONE, help="hub id or local directory (default: %(default)s, embedded: works offline)")
     parser.add_argument("--batch-size", type=int, default=TrainConfig.batch_size, help="examples per optimizer step")
     parser.add_argument(
         "--max-length", type=int, default=None,
