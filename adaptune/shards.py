@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import traceback
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -25,7 +24,8 @@ from typing import Any
 from adaptune.config import TrainConfig
 from adaptune.experiments import ExperimentSpec
 from adaptune.plan import failed_run_record, plan
-from adaptune.store import CHECKPOINT_DIR, RECORD_FILE, RUNS_DIR, TRACEBACK_FILE, RunStore
+from adaptune.records import one_line_reason, save_traceback
+from adaptune.store import CHECKPOINT_DIR, RECORD_FILE, RUNS_DIR, RunStore
 
 TRAINER_ENV = "ADAPTUNE_TRAINER"  # "module:function" with train_and_evaluate's signature (dry runs of a DAG's shape)
 # Exception class names (anywhere in the MRO or the cause chain) that mean "try again later".
@@ -53,12 +53,6 @@ def is_transient(error: BaseException) -> bool:
             return True
         current = current.__cause__ or current.__context__
     return False
-
-
-def one_line(error: BaseException) -> str:
-    """'Type: first line of the message', for a record's reason (the traceback is kept beside it)."""
-    message = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {message[0] if message else ''}".strip().rstrip(":")[:500]
 
 
 def run_shard(
@@ -102,8 +96,8 @@ def run_in_store(
             record = trainer(config, data_dir=data_dir, out_dir=work.path, cache_dir=cache_dir, progress=progress,
                              on_state_saved=work.sync)
         except Exception as error:  # noqa: BLE001 -- every failure is either retried or recorded, never lost
-            reason = one_line(error)
-            (work.path / TRACEBACK_FILE).write_text(traceback.format_exc())
+            reason = one_line_reason(error)
+            save_traceback(work.path, error)
             if is_transient(error):
                 failures = store.note_transient_failure(config.run_id, reason)
                 if failures <= max_transient_failures:

@@ -31,6 +31,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from adaptune.files import atomic_write
+from adaptune.records import TRACEBACK_FILE
 
 RUNS_DIR = "runs"
 ABLATION_DIR = "ablation"
@@ -38,7 +39,6 @@ CACHE_DIR = "cache"
 RECORD_FILE = "record.json"
 CHECKPOINT_DIR = "checkpoint"
 ATTEMPTS_FILE = "attempts.json"
-TRACEBACK_FILE = "traceback.txt"
 VERTEX_GCS_MOUNT = Path("/gcs")  # Vertex AI mounts every bucket the job can read here
 READ_THREADS = 32  # object stores answer many small reads at once far faster than one by one
 

@@ -258,7 +258,8 @@ def test_a_run_killed_mid_shard_resumes_in_the_next_attempt(
         run_shard(spec, shard.id, store, data_dir=shared_data_dir)
     assert store.record(shard.runs[0].run_id) is None
     steps.clear()
-    assert run_shard(spec, shard.id, store, data_dir=shared_data_dir) == Counter(ok=1)
+    outcome = run_shard(spec, shard.id, store, data_dir=shared_data_dir)
+    assert sum(outcome.values()) == 1 and set(outcome) <= {"ok", "degenerate"}  # trained to the end, not reused
     assert len(steps) == 6  # only the second epoch's 6 steps: the first came back from the store
     record = store.record(shard.runs[0].run_id)
     assert [point["epoch"] for point in record["curve"]] == [1, 2]
