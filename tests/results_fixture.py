@@ -25,9 +25,9 @@ RUN_GRID: tuple[tuple[str, dict[str, Any], float, int], ...] = (
     ("disasters", {"name": "full"}, 1e-4, 0),
     ("disasters", {"name": "adapters", "size": 64, "init_std": 1e-2}, 3e-3, 0),
     ("disasters", {"name": "adapters", "size": 64, "init_std": 1e-2}, 3e-3, 1),
-    ("disasters", {"name": "adapters", "size": 64, "init_std": 1e-1}, 3e-3, 0),
+    ("disasters", {"name": "adapters", "size": 64, "init_std": 1e-1}, 3e-3, 0),  # init far from identity: a real "degenerate" record
     ("disasters", {"name": "adapters", "size": 8, "init_std": 1e-2}, 3e-3, 0),
-    ("disasters", {"name": "layernorm"}, 3e-3, 0),  # too few steps to learn: a real "degenerate" record
+    ("disasters", {"name": "layernorm"}, 3e-3, 0),
     ("disasters", {"name": "full"}, 1e6, 0),  # diverges: a real "failed" record
     ("sst2", {"name": "full"}, 1e-4, 0),
     ("sst2", {"name": "adapters", "size": 64, "init_std": 1e-2}, 1e-3, 0),

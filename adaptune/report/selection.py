@@ -128,6 +128,16 @@ def base_params(runs: pd.DataFrame) -> dict[str, int]:
     return sizes
 
 
+def val_metric(runs: pd.DataFrame, metric: str) -> pd.Series:
+    """One validation metric of each run, read from its `val_metrics` JSON (NaN where it lacks it):
+    for tables that report a metric other than the task's selection metric (Section 3.6: accuracy)."""
+    def value(text: object) -> float:
+        found = json.loads(text).get(metric) if isinstance(text, str) and text else None
+        return float(found) if found is not None else np.nan
+
+    return pd.Series([value(text) for text in runs["val_metrics"]], index=runs.index, dtype=float)
+
+
 def to_percent(values: pd.Series | float) -> pd.Series | float:
     """Metric values are fractions (scikit-learn's scale); the paper prints percent."""
     return values * 100.0

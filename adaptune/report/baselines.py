@@ -1,0 +1,87 @@
+"""The majority-class baseline beside every task: what always predicting the training labels' most
+common class scores on the split a table reports.
+
+So that a number that only looks like learning (MRPC F1 0.81 from predicting "paraphrase" for
+everything) cannot pass as learning. The majority class comes from the training labels of the split
+the runs used (the same seeded subset when they subsampled, `max_train_examples`); it is scored on
+the reported split (the same seeded subset, `max_eval_examples`) with the task's own metrics:
+accuracy and F1 of that constant prediction, MCC 0, and a correlation 0 for regression (a constant
+prediction has no correlation; metrics.py reports 0, as GLUE does).
+
+Only a local data mirror is read (never the hub): where the mirror lacks a task's files the baseline
+is None and the table shows "—".
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from adaptune.batching import subsample
+from adaptune.data import load_task_data, local_files_status, resolve_data_dir
+from adaptune.metrics import compute_metrics
+from adaptune.tasks import get_task
+
+
+def majority_baseline(
+    task_name: str,
+    split: str,
+    max_train_examples: int | None = None,
+    max_eval_examples: int | None = None,
+    data_dir: str | Path | None = None,
+) -> dict[str, float] | None:
+    """{metric: value (a fraction, as metrics.py gives)} of predicting the training majority class on
+    `split`; None where the local mirror lacks the task's train or `split` data (or the task is SQuAD)."""
+    try:
+        root = resolve_data_dir(data_dir)
+    except FileNotFoundError:
+        return None
+    if root is None:
+        return None
+    return _majority_baseline(task_name, split, max_train_examples, max_eval_examples, str(root))
+
+
+@lru_cache(maxsize=256)
+def _majority_baseline(task_name: str, split: str, max_train: int | None, max_eval: int | None, root: str) -> dict[str, float] | None:
+    task = get_task(task_name)
+    if task.kind == "span" or local_files_status(task, Path(root)) != "yes":
+        return None
+    try:
+        data = load_task_data(task, root, splits=("train", split))
+    except (OSError, ValueError):  # the mirror holds the files but not this split (or a malformed file)
+        return None
+    gold = list(subsample(data[split], max_eval)["label"])
+    if task.kind == "regression":
+        return {metric: 0.0 for metric in task.metrics}
+    counts = Counter(subsample(data["train"], max_train)["label"])
+    majority = min(counts, key=lambda label: (-counts[label], label))  # ties: the smaller label
+    return compute_metrics(task, [majority] * len(gold), gold)
+
+
+def run_baseline(
+    task_name: str, run: pd.Series | dict[str, Any], metric: str, split: str, data_dir: str | Path | None = None
+) -> float | None:
+    """The baseline in percent for `task_name`, `metric` and the reported `split`, on the subsets the
+    run's config used (its `config_json`); None where it cannot be computed."""
+    config = json.loads(run["config_json"]) if isinstance(run.get("config_json"), str) else {}
+    values = majority_baseline(task_name, split, config.get("max_train_examples"), config.get("max_eval_examples"), data_dir)
+    if values is None or values.get(metric) is None:
+        return None
+    return 100.0 * float(values[metric])
+
+
+def task_baseline(task_name: str, metric: str, split: str, data_dir: str | Path | None = None) -> float | None:
+    """The baseline in percent on the whole splits (for a task no run measured)."""
+    values = majority_baseline(task_name, split, None, None, data_dir)
+    return None if values is None or values.get(metric) is None else 100.0 * float(values[metric])
+
+
+def reported_split(task_name: str) -> str:
+    """The split tables report for a task with no run: test where the task has a labelled test split."""
+    task = get_task(task_name)
+    return "test" if task.family == "extra" else "validation"
