@@ -10,8 +10,11 @@ import contextlib
 import dataclasses
 import functools
 import os
+import socket
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from transformers import (
     AutoConfig,
@@ -84,7 +87,7 @@ def check_backbone(name: str | None) -> BackboneInfo:
         )
     with quiet_transformers():
         try:
-            config = AutoConfig.from_pretrained(str(local) if local.exists() else path)
+            config = _read_config(str(local) if local.exists() else path, local=local.exists())
         except (OSError, ValueError) as error:
             raise BackboneError(_config_problem(shown, path, error)) from error
         from adaptune.adapters import SUPPORTED_LAYOUT, UnsupportedModelError, encoder_layers
@@ -108,6 +111,55 @@ def check_backbone(name: str | None) -> BackboneInfo:
                         hidden_size=int(getattr(config, "hidden_size", 0) or 0))
 
 
+class _HubUnreachable(OSError):
+    """The hub's host does not answer (found before huggingface_hub's minute of retries)."""
+
+
+def _read_config(path: str, local: bool) -> Any:
+    """AutoConfig for a local directory, else from the hub cache, else from the hub when its host answers."""
+    if local or _hub_offline():
+        return AutoConfig.from_pretrained(path)
+    with _quiet_hub():
+        try:
+            return AutoConfig.from_pretrained(path, local_files_only=True)  # cached: no network needed
+        except (OSError, ValueError):
+            pass
+        if not _hub_answers():
+            raise _HubUnreachable(f"no connection to {_hub_endpoint()}")
+        return AutoConfig.from_pretrained(path)
+
+
+def _hub_endpoint() -> str:
+    from huggingface_hub import constants
+
+    return str(constants.ENDPOINT)
+
+
+def _hub_answers(timeout_s: float = 5.0) -> bool:
+    """Whether the hub's host accepts a connection (assumed yes behind a proxy, which this cannot test)."""
+    if any(os.environ.get(var) for var in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return True
+    url = urllib.parse.urlparse(_hub_endpoint())
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout=timeout_s).close()
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def _quiet_hub() -> Iterator[None]:
+    """No huggingface_hub retry warnings while a config is looked up (the error says it all, once)."""
+    from huggingface_hub.utils import logging as hub_logging
+
+    previous = hub_logging.get_verbosity()
+    hub_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hub_logging.set_verbosity(previous)
+
+
 def _looks_like_path(name: str) -> bool:
     """A name the hub could never hold: absolute, relative to . or ~, or with more than one '/'."""
     return name.startswith(("/", "./", "../", "~")) or name in (".", "..") or name.count("/") > 1
@@ -127,8 +179,8 @@ def _config_problem(shown: str, path: str, error: BaseException) -> str:
         return f"backbone {shown!r} is not a local directory and the Hugging Face hub has no such model: check the name, {_USE_INSTEAD}"
     if "GatedRepoError" in causes:
         return f"backbone {shown!r} is a gated model on the Hugging Face hub: log in (hf auth login) with access to it, or pass a local copy"
-    if "LocalEntryNotFoundError" in causes or "OfflineModeIsEnabled" in causes or "We couldn't connect" in str(error):
-        offline = "HF_HUB_OFFLINE is set" if _hub_offline() else "no connection"
+    if {"LocalEntryNotFoundError", "OfflineModeIsEnabled", "_HubUnreachable"} & set(causes) or "We couldn't connect" in str(error):
+        offline = "HF_HUB_OFFLINE is set" if _hub_offline() else f"no connection to {_hub_endpoint()}"
         return (f"backbone {shown!r} is not a local directory, not in the Hugging Face cache, and the hub is unreachable "
                 f"({offline}): pass a local directory holding a saved copy (config.json and weights), {_USE_INSTEAD}")
     first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
