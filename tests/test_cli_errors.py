@@ -156,3 +156,18 @@ def test_a_finished_run_exits_0_and_a_failed_run_exits_1(lr: float, code: int, s
     assert f'"status": "{status}"' in result.stdout
     if status == "ok":  # one line per epoch, with its validation score, on stderr
         assert "epoch 1/1: train_loss" in result.stderr and "val accuracy" in result.stderr
+
+
+@pytest.mark.slow  # builds a whole report (figures) in a subprocess
+def test_report_goes_on_without_an_unreadable_curves_file(tmp_path: Path) -> None:
+    from test_report_errors import _records
+
+    from adaptune.results import CURVES_FILE, write_results
+
+    write_results(_records(), tmp_path / "results")
+    (tmp_path / "results" / CURVES_FILE).write_bytes(b"not parquet")
+    result = _run(("report", str(tmp_path / "results"), "--out", str(tmp_path / "report")))
+    assert result.returncode == 0, result.stderr
+    warning, = result.stderr.splitlines()  # one line
+    assert warning.startswith("adaptune report: warning: ") and str(tmp_path / "results" / CURVES_FILE) in warning
+    assert (tmp_path / "report" / "report.md").is_file()
