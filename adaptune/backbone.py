@@ -246,3 +246,8 @@ def task_kind_of(model: PreTrainedModel) -> str:
         f"{class_name} is neither a sequence-classification nor a question-answering model; "
         "build models with adaptune.backbone.load_model"
     )
+
+
+def hub_reachable() -> bool:
+    """Whether the Hugging Face hub can be used now: not in offline mode, and its host answers."""
+    return not _hub_offline() and _hub_answers()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections import Counter
 from typing import Any
 
@@ -50,6 +51,7 @@ THROUGHPUT: dict[tuple[str, str], float] = {
 PARAMETER_EFFICIENT_STEP_COST = 0.65
 EVALUATION_OVERHEAD = 1.1  # per-epoch validation adds roughly a tenth
 REFERENCE_MAX_LENGTH = 128
+MAX_POSITIONS = 512  # BERT's position embeddings
 
 # Public GLUE / SQuAD training-set sizes, for tasks whose registry entry has no paper_sizes.
 KNOWN_TRAIN_SIZES = {
@@ -245,15 +247,22 @@ def _expand(spec: ExperimentSpec, sweep: Sweep, where: str, problems: list[str])
             repeated = [value for value, n in Counter(map(repr, values)).items() if n > 1]
             if repeated:
                 problems.append(f"{where}: {field} repeats {', '.join(repeated)} (duplicate run ids)")
-    problems += [f"{where}: learning rate must be > 0, got {lr}" for lr in sweep.learning_rates if not lr > 0]
+    problems += [f"{where}: learning rate must be > 0 and finite, got {lr}" for lr in sweep.learning_rates
+                 if not (isinstance(lr, int | float) and math.isfinite(lr) and lr > 0)]
+    problems += [f"{where}: seeds must be whole numbers >= 0, got {seed!r}" for seed in sweep.seeds
+                 if not (isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0)]
     if sweep.epochs != PAPER_EPOCHS:
         problems += [f"{where}: epochs must be an integer >= 1, got {e}" for e in sweep.epochs if not (isinstance(e, int) and e >= 1)]
-    if sweep.max_length is not None and sweep.max_length < 8:
-        problems.append(f"{where}: max_length must be >= 8 tokens, got {sweep.max_length}")
+    if sweep.max_length is not None and not 8 <= sweep.max_length <= MAX_POSITIONS:
+        problems.append(f"{where}: max_length must be 8..{MAX_POSITIONS} tokens (BERT's positions), got {sweep.max_length}")
     if sweep.batch_size is not None and sweep.batch_size < 1:
         problems.append(f"{where}: batch_size must be >= 1, got {sweep.batch_size}")
 
     backbone = sweep.backbone or spec.backbone
+    backbone_problem = _backbone_problem(backbone)
+    if backbone_problem:
+        problems.append(f"{where}: {backbone_problem}")
+        return []
     # A task scored by another's runs (mnli_mm by mnli_m's) plans that task's runs, once.
     known = [task for task in (_known_task(name, where, problems) for name in sweep.tasks) if task]
     tasks = list({task.name: task for task in (get_task(t.trained_as) if t.trained_as else t for t in known)}.values())
@@ -329,6 +338,41 @@ def _check_ablation(ablation: Ablation, runs: list[TrainConfig]) -> None:
             for run in runs
         ):
             raise PlanError(f"ablation of {task!r} needs a planned {method_label(method)} run of that task{on}; add one to a sweep")
+
+
+def _backbone_problem(backbone: str) -> str | None:
+    """Why the backbone cannot be used (missing path, unsupported model, hub unreachable), or None.
+    The paper's hub backbones are taken on trust where the hub cannot be reached to read them."""
+    if backbone in KNOWN_BACKBONE_LAYERS:
+        return None
+    from adaptune.backbone import BackboneError, check_backbone
+
+    try:
+        check_backbone(backbone)
+    except BackboneError as error:
+        return str(error)
+    return None
+
+
+def check_local_data(planned: Plan, data_dir: Any) -> None:
+    """Before anything runs locally: every planned task's files are in the local mirror (or, with no
+    mirror, the hub is reachable). SQuAD needs only its dev file (the local stand-in split)."""
+    from adaptune.backbone import hub_reachable
+    from adaptune.data import local_files_status
+
+    if data_dir is None:
+        if not hub_reachable():
+            raise PlanError("no local data mirror was found and the Hugging Face hub cannot be reached: pass --data-dir "
+                            "(a copy in the publishers' layout, like shared/data) or run where the hub is reachable")
+        return
+    missing = []
+    for task in planned.tasks:
+        status = local_files_status(task, data_dir)
+        if status != "yes" and not (get_task(task).family == "squad" and status == "only validation"):
+            missing.append(f"{task} ({status})")
+    if missing:
+        raise PlanError(f"the data mirror {data_dir} lacks the files of: {', '.join(missing)}; add them (python -m adaptune "
+                        "tasks lists the expected paths), drop those tasks, or pass --data-dir hub where the hub is reachable")
 
 
 @functools.cache

@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 
 from adaptune.experiments import get_experiment
-from adaptune.plan import plan
+from adaptune.plan import check_local_data, plan
 from adaptune.store import RunStore
 from pipelines.reproduction import build_pipeline
 
@@ -38,11 +38,13 @@ def run_local(
     from adaptune.data import resolve_data_dir
 
     spec = get_experiment(name)
-    print(plan(spec).summary(), flush=True)
+    planned = plan(spec)
+    print(planned.summary(), flush=True)
+    root = resolve_data_dir(data_dir)
+    check_local_data(planned, root)  # a missing file fails here, before a single run starts
     out_dir = Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     store = RunStore(runs_root or out_dir / "store")
-    root = resolve_data_dir(data_dir)
     print(f"data: {root if root else 'the Hugging Face hub (no local mirror found)'}", flush=True)
     print(f"run store: {store.root}", flush=True)
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from adaptune.config import TrainConfig
 from adaptune.records import run_record
-from adaptune.tasks import get_task
+from adaptune.tasks import get_task, scored_companions
 
 
 def control_dir() -> Path:
@@ -44,7 +44,9 @@ def train(config: TrainConfig, out_dir: str | os.PathLike[str], **_: Any) -> dic
         # A deterministic score per run, so tables and figures have something to rank.
         score = int(hashlib.sha1(config.run_id.encode()).hexdigest()[:6], 16) / 0xFFFFFF
         metrics = {name: score for name in task.metrics}
+        companions = {name: {"val_metrics": metrics, "test_metrics": {}} for name in scored_companions(config.task)}
         record.update(best_epoch=config.epochs, val_metrics=metrics, test_metrics={}, trained_params=1, total_params=100,
+                      companions=companions,
                       curve=[{"epoch": config.epochs, "step": 1, "train_loss": 1.0 - score, "val_metrics": metrics}],
                       wall_time_s=0.0)
     Path(out_dir, "record.json").write_text(json.dumps(record))

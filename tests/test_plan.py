@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -79,6 +80,10 @@ def _spec(**sweep_changes: object) -> object:
         ({"seeds": (0, 0)}, "seeds repeats 0"),
         ({"epochs": ()}, "epochs is empty"),
         ({"epochs": "paper"}, "the paper gives no epochs for task 'rte'"),
+        ({"learning_rates": (float("inf"),)}, "learning rate must be > 0 and finite, got inf"),
+        ({"seeds": (-1,)}, "seeds must be whole numbers >= 0, got -1"),
+        ({"max_length": 100_000}, "max_length must be 8..512 tokens"),
+        ({"backbone": "/nonexistent/model"}, "backbone path /nonexistent/model does not exist"),
     ],
 )
 def test_invalid_grids_fail_in_plan_with_a_clear_message(changes: dict, expected: str) -> None:
@@ -157,3 +162,13 @@ def test_failed_run_record_is_a_valid_result_row(tmp_path: object) -> None:
     write_runs([failed_run_record(run, "Traceback: boom")], tmp_path)
     runs = read_results(tmp_path)["runs"]
     assert runs.loc[0, "run_id"] == run.run_id and runs.loc[0, "status"] == "failed"
+
+
+def test_a_task_missing_from_the_local_mirror_fails_before_anything_runs(shared_data_dir: Path) -> None:
+    from adaptune.plan import check_local_data
+
+    planned = plan(_spec(tasks=("rte", "qnli")))  # the mirror holds QNLI's dev set only
+    with pytest.raises(PlanError, match=r"lacks the files of: qnli \(only validation\)"):
+        check_local_data(planned, shared_data_dir)
+    check_local_data(plan(_spec(tasks=("rte", "sms_spam"))), shared_data_dir)  # both present: no error
+
