@@ -343,3 +343,18 @@ def test_a_run_scores_the_tasks_trained_as_it(tmp_path: Path, shared_data_dir: P
     record = train_and_evaluate(config, data_dir=shared_data_dir, out_dir=tmp_path / "run", cache_dir=tmp_path / "cache", progress=False)
     assert set(record["companions"]) == {"rte_again"}
     assert record["companions"]["rte_again"]["val_metrics"] == record["val_metrics"]  # same split, same final model
+
+
+def test_a_bucket_root_reads_through_the_vertex_mount_or_says_what_is_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from adaptune import store as store_module
+    from adaptune.store import StoreError
+
+    if importlib.util.find_spec("gcsfs") is None:  # this environment's case: no GCS client library
+        with pytest.raises(StoreError, match="install gcsfs, or on Vertex AI use the /gcs/<bucket> mount"):
+            RunStore("gs://bucket/prefix")
+    monkeypatch.setattr(store_module, "VERTEX_GCS_MOUNT", tmp_path / "gcs")
+    (tmp_path / "gcs").mkdir()
+    mounted = RunStore("gs://bucket/prefix")  # on Vertex AI: the Cloud Storage FUSE path, a local filesystem
+    assert mounted.is_local and mounted.root == str(tmp_path / "gcs" / "bucket" / "prefix")
