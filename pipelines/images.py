@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 ACCELERATOR_IMAGES = {"cpu": "adaptune-cpu", "gpu": "adaptune-gpu", "tpu": "adaptune-tpu"}
-DEFAULT_REGISTRY = "us-docker.pkg.dev/YOUR_PROJECT/adaptune"
+DEFAULT_REGISTRY = "us-docker.pkg.dev/your-project/adaptune"  # image references are lowercase
 DEFAULT_TAG = "0.1.0"
 
 
