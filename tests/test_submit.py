@@ -122,7 +122,7 @@ def test_no_credential_or_setting_lands_in_a_compiled_spec(tmp_path: Path, monke
         assert not leaked, f"{target}: {leaked}"
 
 
-def test_kfp_host_submits_a_kfp_target_package(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_kfp_host_submits_a_kfp_target_package(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     import kfp
 
     calls: dict[str, Any] = {}
@@ -137,7 +137,8 @@ def test_kfp_host_submits_a_kfp_target_package(monkeypatch: pytest.MonkeyPatch) 
             return type("Run", (), {"run_id": "run-1"})()
 
     monkeypatch.setattr(kfp, "Client", RecordingClient)
-    line = submit("glue_full", env={"KFP_HOST": "http://127.0.0.1:1", "ADAPTUNE_CONFIG": "/nonexistent.toml", "ADAPTUNE_RUNS_ROOT": "gs://b/runs"})
+    monkeypatch.chdir(tmp_path)  # no adaptune.toml here: settings come from the environment alone
+    line = submit("glue_full", env={"KFP_HOST": "http://127.0.0.1:1", "ADAPTUNE_RUNS_ROOT": "gs://b/runs"})
     assert line == "submitted glue_full to http://127.0.0.1:1: run run-1"
     assert calls["host"] == "http://127.0.0.1:1" and calls["enable_caching"] is True
     assert calls["arguments"] == {"data_dir": "", "runs_root": "gs://b/runs", "retry_failed": False}
