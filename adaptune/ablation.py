@@ -57,6 +57,7 @@ def ablate(
         data_dir=data_dir,
         cache_dir=cache_dir,
         with_train=False,
+        data_split=metadata.get("data_split"),  # SQuAD's stand-in: its own validation articles, not all of dev
     )
     validation = data.eval_splits["validation"]
     collator = make_collator(tokenizer, pad_to_multiple_of=device.pad_multiple)  # as the run evaluated

@@ -6,6 +6,12 @@ canonicalisation (`_canonical_columns`) and, for the additional tasks, the same 
 
 Canonical columns: idx (the row's position in the source after filtering), text_a, text_b (None for
 single-text tasks), label (ClassLabel index; float32 for STS-B). SQuAD keeps the official fields.
+
+Data splits (`TaskData.data_split`, carried into every run record): "standard" is the task's own split
+(for SQuAD: train-v1.1 / dev-v1.1, each split from the mirror where it holds the file, else from the
+hub). Where the mirror has only SQuAD's dev file and the hub cannot be used, a run trains on the named
+local stand-in "squad_dev_standin" instead: dev-v1.1's articles split 80/20 by a hash of their title
+(`squad_standin_titles`), which is not the paper's split and says so in every record.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import io
 import json
 import os
 import shutil
+import sys
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -34,6 +41,10 @@ CACHE_DIR_ENV = "ADAPTUNE_CACHE_DIR"
 HUB = "hub"  # data_dir value that forces the hub even when a mirror could be found
 SPLIT_SEED = 0
 TOKENIZED_FORMAT_VERSION = 1  # bump when tokenize_task's output changes, to invalidate old caches
+STANDARD_SPLIT = "standard"  # the task's own splits (the paper's)
+SQUAD_STANDIN = "squad_dev_standin"  # SQuAD from dev-v1.1 alone: train / validation = disjoint dev articles
+DATA_SPLITS = (STANDARD_SPLIT, SQUAD_STANDIN)
+STANDIN_TRAIN_FRACTION = 0.8  # of the dev articles (by count) that the stand-in trains on
 
 
 class DataNotFoundError(FileNotFoundError):
@@ -42,6 +53,15 @@ class DataNotFoundError(FileNotFoundError):
 
 class DataError(ValueError):
     """Rows that cannot become a valid dataset: an unknown label, a bad value, an empty split."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskData:
+    """A task's loaded splits and which split scheme they follow (named in every run record)."""
+
+    splits: datasets.DatasetDict
+    data_split: str  # STANDARD_SPLIT or SQUAD_STANDIN
+    split_note: str | None  # one line for records and reports where the split is not the paper's; else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -247,27 +267,89 @@ def split_indices(n: int, seed: int = SPLIT_SEED) -> dict[str, list[int]]:
 
 
 # ------------------------------------------------------------------------------------------ loading
-_LOADED: dict[tuple, datasets.DatasetDict] = {}  # parsed datasets, keyed by source files and their mtimes
+_LOADED: dict[tuple, TaskData] = {}  # parsed datasets, keyed by source files and their mtimes
+
+
+def load_task_data(task: Task | str, data_dir: str | Path | None = None, splits: Sequence[str] | None = None,
+                   data_split: str | None = None) -> datasets.DatasetDict:
+    """The task's canonical splits (train / validation / test where labelled) from the mirror or the hub.
+
+    `splits` restricts which splits to load (e.g. ("validation",) for evaluation alone). `data_split`:
+    see `load_task_splits`, which also says which split scheme the data follows.
+    """
+    return load_task_splits(task, data_dir, splits, data_split).splits
 
 
 @quiet_datasets()
-def load_task_data(task: Task | str, data_dir: str | Path | None = None,
-                   splits: Sequence[str] | None = None) -> datasets.DatasetDict:
-    """The task's canonical splits (train / validation / test where labelled) from the mirror or the hub.
+def load_task_splits(task: Task | str, data_dir: str | Path | None = None, splits: Sequence[str] | None = None,
+                     data_split: str | None = None) -> TaskData:
+    """`load_task_data`'s splits, with the split scheme they follow and its note for the run record.
 
-    `splits` restricts which splits to load (e.g. ("validation",) where the mirror has no train file).
+    `data_split` None chooses (`choose_data_split`): the task's standard splits, each from the mirror
+    where it holds the file, else from the hub; SQuAD asked for its train split where neither the
+    mirror nor the hub has it gets the local stand-in SQUAD_STANDIN, and one line on stderr says so.
+    "standard" never falls back to the stand-in; SQUAD_STANDIN always uses it (from the mirror's dev
+    file, or the hub's validation split).
     """
     task = get_task(task)
     root = resolve_data_dir(data_dir)
     wanted = tuple(splits) if splits is not None else None
-    key = (task.name, str(root), wanted, _files_signature(task, root))
+    chosen = _choose_data_split(task, root, wanted) if data_split is None else _checked_data_split(task, data_split)
+    key = (task.name, str(root), wanted, _files_signature(task, root), chosen)
     if key not in _LOADED:
-        if task.family == "squad":
-            loaded = _load_squad(task, root, wanted or tuple(task.source.file_map))
+        if chosen == SQUAD_STANDIN:
+            loaded = _load_squad_standin(task, root, wanted or tuple(task.source.file_map), announce=data_split is None)
+        elif task.family == "squad":
+            loaded = TaskData(_load_squad(task, root, wanted or tuple(task.source.file_map)), STANDARD_SPLIT, None)
         else:
-            loaded = _load_classification(task, root, wanted)
+            loaded = TaskData(_load_classification(task, root, wanted), STANDARD_SPLIT, None)
         _LOADED[key] = loaded
     return _LOADED[key]
+
+
+def choose_data_split(task: Task | str, data_dir: str | Path | None = None, splits: Sequence[str] | None = None) -> str:
+    """The split scheme `load_task_splits` uses by default: SQUAD_STANDIN for SQuAD when its train split
+    is wanted, the mirror lacks train-v1.1.json but holds dev-v1.1.json, and the hub cannot be used
+    (offline mode, or its host does not answer); else STANDARD_SPLIT."""
+    return _choose_data_split(get_task(task), resolve_data_dir(data_dir), tuple(splits) if splits is not None else None)
+
+
+def _choose_data_split(task: Task, root: Path | None, splits: tuple[str, ...] | None) -> str:
+    if task.family != "squad" or root is None or (splits is not None and "train" not in splits):
+        return STANDARD_SPLIT
+    files = task.source.file_map
+    if (root / files["train"]).is_file() or not (root / files["validation"]).is_file():
+        return STANDARD_SPLIT
+    return STANDARD_SPLIT if _hub_usable() else SQUAD_STANDIN
+
+
+def _checked_data_split(task: Task, data_split: str) -> str:
+    if data_split not in DATA_SPLITS:
+        raise ValueError(f"unknown data split {data_split!r}; known: {list(DATA_SPLITS)}")
+    if data_split == SQUAD_STANDIN and task.family != "squad":
+        raise ValueError(f"the data split {SQUAD_STANDIN!r} is SQuAD's local stand-in, not one of {task.name}'s")
+    return data_split
+
+
+_HUB_ANSWERS: list[bool] = []  # whether the hub's host answered, asked once per process
+
+
+def _hub_usable() -> bool:
+    """Whether `datasets` can load from the hub now: not in offline mode (HF_HUB_OFFLINE or
+    HF_DATASETS_OFFLINE) and the hub's host answers (asked once per process)."""
+    if datasets.config.HF_HUB_OFFLINE or datasets.config.HF_DATASETS_OFFLINE:
+        return False
+    if not _HUB_ANSWERS:
+        from adaptune.backbone import hub_reachable
+
+        _HUB_ANSWERS.append(hub_reachable())
+    return _HUB_ANSWERS[0]
+
+
+def _hub_unusable_reason() -> str:
+    if datasets.config.HF_HUB_OFFLINE or datasets.config.HF_DATASETS_OFFLINE:
+        return "HF_HUB_OFFLINE / HF_DATASETS_OFFLINE is set"
+    return "the hub's host does not answer"
 
 
 def _files_signature(task: Task, root: Path | None) -> tuple:
@@ -329,35 +411,103 @@ _SQUAD_FEATURES = datasets.Features({
 
 
 def _load_squad(task: Task, root: Path | None, wanted: tuple[str, ...]) -> datasets.DatasetDict:
+    """The official splits, each from the mirror where it holds the file, else from the hub (per split:
+    a mirror with only dev-v1.1.json gets train from the hub where the hub can be used)."""
     parts: dict[str, datasets.Dataset] = {}
     for split in wanted:
         if split not in task.source.file_map:
             raise ValueError(f"squad has no split {split!r}; its splits are {list(task.source.file_map)}")
         if root is None:
-            hub_split = task.source.hub_split_map[split]
-            try:
-                dataset = datasets.load_dataset(task.source.hub_id, task.source.hub_config, split=hub_split,
-                                                revision=task.source.hub_revision)
-            except Exception as error:
-                raise DataNotFoundError(f"squad: could not load {task.source.hub_id} {hub_split} from the hub ({error}); "
-                                        f"pass a data dir holding {task.source.file_map[split]}") from error
-            parts[split] = dataset.cast(_SQUAD_FEATURES)
+            parts[split] = _squad_hub(task, split)
             continue
         path = root / task.source.file_map[split]
-        if not path.is_file():
+        if path.is_file():
+            parts[split] = _squad_local(path, split)
+            continue
+        if not _hub_usable():
             raise DataNotFoundError(
-                f"squad: {split} file not found: expected {path} (official SQuAD v1.1 JSON from {task.source.url}); "
-                f"{_hub_hint(task, split)}; or load only the splits present, e.g. load_task_data('squad', splits=['validation'])")
-        rows = READERS[task.source.reader](path)
-        columns: dict[str, list[Any]] = {name: [] for name in _SQUAD_FEATURES}
-        for row in rows:
-            for name in ("id", "title", "context", "question"):
-                columns[name].append(row.fields[name])
-            columns["answers"].append(json.loads(row.fields["answers"]))
-        if not rows:
-            raise DataError(f"{path}: the {split} split is empty (no questions)")
-        parts[split] = datasets.Dataset.from_dict(columns, features=_SQUAD_FEATURES)
+                f"squad: {split} file not found: expected {path} (official SQuAD v1.1 JSON from {task.source.url}), "
+                f"and the hub cannot be used ({_hub_unusable_reason()}); {_hub_hint(task, split)}; or load only the splits "
+                f"present, e.g. load_task_data('squad', splits=['validation']), or the local stand-in "
+                f"(data_split={SQUAD_STANDIN!r}: train and validation from disjoint dev articles, not the paper's split)")
+        parts[split] = _squad_hub(task, split, instead_of=path)
+        _say(f"squad: {path} is not in the mirror: its {split} split comes from the hub "
+             f"({task.source.hub_id} {task.source.hub_split_map[split]}), the other splits from {root}")
     return datasets.DatasetDict(parts)
+
+
+def _squad_hub(task: Task, split: str, instead_of: Path | None = None) -> datasets.Dataset:
+    hub_split = task.source.hub_split_map[split]
+    try:
+        dataset = datasets.load_dataset(task.source.hub_id, task.source.hub_config, split=hub_split,
+                                        revision=task.source.hub_revision)
+    except Exception as error:
+        missing = f"{instead_of} is not in the mirror and " if instead_of is not None else ""
+        raise DataNotFoundError(f"squad: {missing}could not load {task.source.hub_id} {hub_split} from the hub ({error}); "
+                                f"pass a data dir holding {task.source.file_map[split]}") from error
+    return dataset.cast(_SQUAD_FEATURES)
+
+
+def _squad_local(path: Path, split: str) -> datasets.Dataset:
+    rows = READERS["squad_json"](path)
+    columns: dict[str, list[Any]] = {name: [] for name in _SQUAD_FEATURES}
+    for row in rows:
+        for name in ("id", "title", "context", "question"):
+            columns[name].append(row.fields[name])
+        columns["answers"].append(json.loads(row.fields["answers"]))
+    if not rows:
+        raise DataError(f"{path}: the {split} split is empty (no questions)")
+    return datasets.Dataset.from_dict(columns, features=_SQUAD_FEATURES)
+
+
+def squad_standin_titles(titles: Sequence[str], seed: int = SPLIT_SEED) -> dict[str, list[str]]:
+    """The stand-in's articles: {"train": titles, "validation": titles}, disjoint, in first-seen order.
+
+    Distinct titles are ordered by sha256(f"{seed}:{title}") (the same on every machine and library
+    version); the first floor(0.8 n) of that order train (at least one, and one left to evaluate on),
+    the rest validate. Whole articles go to one side, so no context is both trained and scored on.
+    """
+    distinct = list(dict.fromkeys(titles))
+    if len(distinct) < 2:
+        raise DataError(f"the SQuAD stand-in needs at least 2 articles to split, got {len(distinct)}")
+    order = sorted(distinct, key=lambda title: hashlib.sha256(f"{seed}:{title}".encode()).digest())
+    n_train = min(max(int(STANDIN_TRAIN_FRACTION * len(distinct)), 1), len(distinct) - 1)
+    train = set(order[:n_train])
+    return {"train": [t for t in distinct if t in train], "validation": [t for t in distinct if t not in train]}
+
+
+def _load_squad_standin(task: Task, root: Path | None, wanted: tuple[str, ...], announce: bool) -> TaskData:
+    """SQUAD_STANDIN: train and validation from disjoint articles of dev-v1.1 (the mirror's file, or the
+    hub's validation split where there is no mirror)."""
+    unknown = [split for split in wanted if split not in ("train", "validation")]
+    if unknown:
+        raise ValueError(f"the SQuAD stand-in has splits train and validation, not {unknown}")
+    if root is not None:
+        path = root / task.source.file_map["validation"]
+        if not path.is_file():
+            raise DataNotFoundError(f"squad: the stand-in split is made from the dev file, expected at {path} "
+                                    f"(official SQuAD v1.1 JSON from {task.source.url}); {_hub_hint(task, 'validation')}")
+        dev, origin = _squad_local(path, "validation"), str(path)
+    else:
+        dev, origin = _squad_hub(task, "validation"), f"hub {task.source.hub_id} validation"
+    titles = squad_standin_titles(dev["title"])
+    side = {title: split for split, names in titles.items() for title in names}
+    rows_of: dict[str, list[int]] = {"train": [], "validation": []}
+    for index, title in enumerate(dev["title"]):
+        rows_of[side[title]].append(index)
+    parts = {split: dev.select(rows_of[split]) for split in wanted}
+    note = (f"{SQUAD_STANDIN}: NOT the paper's split (the paper trains on train-v1.1 and scores all of dev-v1.1): "
+            f"train = {len(rows_of['train'])} questions of {len(titles['train'])} dev-v1.1 articles, validation = "
+            f"{len(rows_of['validation'])} questions of the other {len(titles['validation'])} articles (articles assigned "
+            f"by sha256 of their title, {int(STANDIN_TRAIN_FRACTION * 100)}% of them to train), from {origin}")
+    if announce:
+        _say(f"squad: no {task.source.file_map['train']} in the mirror and the hub cannot be used ({_hub_unusable_reason()}): "
+             f"using the local stand-in split, {note}")
+    return TaskData(datasets.DatasetDict(parts), SQUAD_STANDIN, note)
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 # ------------------------------------------------------------------------------------- tokenization

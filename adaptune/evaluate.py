@@ -44,6 +44,9 @@ class EvalSplit:
 class EvalResult:
     metrics: dict[str, float]
     predicted_classes: int | None  # distinct predicted classes (classification only): 1 means collapsed
+    # SQuAD: {question id: answer text} for every question of the split, in its order (the official
+    # evaluate-v1.1.py's prediction file); None for other tasks.
+    predictions: dict[str, str] | None = None
 
 
 @torch.inference_mode()
@@ -74,7 +77,7 @@ def evaluate_split(
             split.examples, split.features, [start for start, _ in outputs], [end for _, end in outputs]
         )
         answers = {example_id: answer["text"] for example_id, answer in zip(split.examples["id"], split.examples["answers"], strict=True)}
-        return EvalResult(metrics=dict(squad_scores(predictions, answers)), predicted_classes=None)
+        return EvalResult(metrics=dict(squad_scores(predictions, answers)), predicted_classes=None, predictions=predictions)
 
     logits = np.stack(outputs)
     assert split.references is not None

@@ -16,6 +16,10 @@ from adaptune.config import TrainConfig, method_label
 from adaptune.files import atomic_write
 
 TRACEBACK_FILE = "traceback.txt"  # beside record.json in a run dir: the full story behind a failed run's reason
+# Beside record.json in a SQuAD run's dir: {question id: answer text} of the final epoch's validation
+# questions, the prediction file the official evaluate-v1.1.py reads.
+PREDICTIONS_FILE = "predictions.json"
+STANDARD_SPLIT = "standard"  # data_split of a run on its task's own splits (= adaptune.data.STANDARD_SPLIT)
 REASON_LIMIT = 500  # characters of a one-line reason
 
 
@@ -45,6 +49,11 @@ def run_record(config: TrainConfig, primary_metric: str, device: str | None = No
         "train_examples_per_s": None,
         "device": device,
         "checkpoint_dir": None,
+        # The split scheme the run's data follows (adaptune.data.TaskData): "standard" (the task's own
+        # splits) or a named stand-in such as "squad_dev_standin"; split_note says what a stand-in is
+        # and that it is not the paper's split (None for "standard").
+        "data_split": STANDARD_SPLIT,
+        "split_note": None,
         # Tasks scored by this run on their own validation split (tasks.scored_companions):
         # {"mnli_mm": {"val_metrics": {...}, "test_metrics": {...}}} for an MNLI run.
         "companions": {},

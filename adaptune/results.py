@@ -57,6 +57,8 @@ RUNS_SCHEMA = pa.schema(
         pa.field("train_examples_per_s", pa.float64()),
         pa.field("device", pa.string()),
         pa.field("checkpoint_dir", pa.string()),
+        pa.field("data_split", pa.string()),  # "standard", or a named stand-in (e.g. squad_dev_standin): not the paper's split
+        pa.field("split_note", pa.string()),  # what a stand-in split is (null for "standard")
         pa.field("method_json", pa.string(), nullable=False),
         pa.field("config_json", pa.string(), nullable=False),
         pa.field("written_at", pa.timestamp("us", tz="UTC"), nullable=False),
@@ -86,6 +88,9 @@ ABLATION_SCHEMA = pa.schema(
         pa.field("relative_change", pa.float64()),
     ]
 )
+
+# Columns added after runs.parquet files were first written: an older file lacking them reads with nulls.
+ADDED_RUN_COLUMNS = ("data_split", "split_note")
 
 # Keys a run record must carry even when the run failed (ARCHITECTURE.md, "The run record").
 REQUIRED_RECORD_KEYS = ("run_id", "task", "method", "lr", "epochs", "seed", "backbone", "config", "status")
@@ -149,6 +154,8 @@ def run_row(record: dict[str, Any], written_at: dt.datetime | None = None) -> di
         "train_examples_per_s": record.get("train_examples_per_s"),
         "device": record.get("device"),
         "checkpoint_dir": None if record.get("checkpoint_dir") is None else str(record["checkpoint_dir"]),
+        "data_split": record.get("data_split"),
+        "split_note": record.get("split_note"),
         "method_json": json.dumps(method, sort_keys=True),
         "config_json": json.dumps(record["config"], sort_keys=True, default=str),
         "written_at": written_at or dt.datetime.now(dt.timezone.utc),
@@ -263,6 +270,10 @@ def _read_checked(path: Path, schema: pa.Schema) -> pa.Table:
     if not path.is_file():
         return schema.empty_table()
     table = pq.read_table(path)
+    if schema is RUNS_SCHEMA:
+        for name in ADDED_RUN_COLUMNS:
+            if name not in table.column_names:
+                table = table.append_column(schema.field(name), pa.nulls(len(table), schema.field(name).type))
     missing = [name for name in schema.names if name not in table.column_names]
     if missing:
         raise SchemaError(f"{path} lacks column(s) {missing}: it was written by another schema version; rewrite it")

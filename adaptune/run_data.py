@@ -9,7 +9,7 @@ from typing import Any
 from datasets import Dataset, DatasetDict
 
 from adaptune.batching import model_rows, subsample
-from adaptune.data import load_task_data, quiet_datasets, tokenize_task
+from adaptune.data import STANDARD_SPLIT, load_task_splits, quiet_datasets, tokenize_task
 from adaptune.evaluate import EvalSplit
 from adaptune.squad import check_window, prepare_features
 from adaptune.tasks import Task
@@ -21,6 +21,8 @@ EVAL_SPLITS = ("validation", "test")
 class RunData:
     train_rows: list[dict[str, Any]]  # empty when prepared for evaluation only
     eval_splits: dict[str, EvalSplit]  # "validation", and "test" where the task has a labelled test split
+    data_split: str = STANDARD_SPLIT  # the split scheme (adaptune.data.TaskData), named in the run record
+    split_note: str | None = None  # where it is not the paper's split: what it is instead
 
 
 @quiet_datasets()  # no progress bars from map/save/load: a run prints its own per-epoch lines
@@ -34,17 +36,25 @@ def prepare_run_data(
     data_dir: str | os.PathLike[str] | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     with_train: bool = True,
+    data_split: str | None = None,
 ) -> RunData:
-    """Everything a run (or an ablation, `with_train=False`) feeds its model, from the real splits."""
+    """Everything a run (or an ablation, `with_train=False`) feeds its model, from the real splits.
+
+    `data_split` None: the task's standard splits, or SQuAD's local stand-in where a run needs a train
+    split that neither the mirror nor the hub has (adaptune.data.load_task_splits). An ablation passes
+    the split its run was trained on, so that it scores the same validation questions.
+    """
     # Evaluation alone (ablation) needs only validation: the local SQuAD/QNLI mirrors lack a train file.
-    raw = load_task_data(task, data_dir, splits=None if with_train else ("validation",))
+    loaded = load_task_splits(task, data_dir, splits=None if with_train else ("validation",), data_split=data_split)
+    raw, labels = loaded.splits, {"data_split": loaded.data_split, "split_note": loaded.split_note}
     if "validation" not in raw:
         raise ValueError(f"task {task.name!r} has no validation split (splits: {list(raw)}); the run selects its best epoch on it")
     wanted = {"validation": max_eval_examples, "test": max_eval_examples}
     if with_train:
         wanted["train"] = max_train_examples
     if task.kind == "span":
-        return _span_data(_subsample_splits(raw, wanted), tokenizer, max_length, doc_stride)
+        span = _span_data(_subsample_splits(raw, wanted), tokenizer, max_length, doc_stride)
+        return dataclasses.replace(span, **labels)
     # Tokenize whole splits (cached per task, shared by every run and by prepare_data), then
     # subsample: the subset depends only on the split's length, so it picks the same rows as before.
     tokenized = _subsample_splits(tokenize_task(task, raw, tokenizer, max_length, cache_dir), wanted)
@@ -52,7 +62,7 @@ def prepare_run_data(
     for name in EVAL_SPLITS:
         if name in tokenized and _has_labels(tokenized[name]):
             eval_splits[name] = EvalSplit(name, model_rows(tokenized[name]), references=list(tokenized[name]["labels"]))
-    return RunData(train_rows=model_rows(tokenized["train"]) if with_train else [], eval_splits=eval_splits)
+    return RunData(train_rows=model_rows(tokenized["train"]) if with_train else [], eval_splits=eval_splits, **labels)
 
 
 def _subsample_splits(splits: DatasetDict, wanted: dict[str, int | None]) -> DatasetDict:

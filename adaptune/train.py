@@ -35,7 +35,7 @@ from adaptune.evaluate import EvalResult, evaluate_split
 from adaptune.files import atomic_write
 from adaptune.methods import apply_method, method_from_dict, parse_method
 from adaptune.params import count_parameters
-from adaptune.records import run_record
+from adaptune.records import PREDICTIONS_FILE, run_record
 from adaptune.run_data import RunData, prepare_run_data
 from adaptune.store import CHECKPOINT_DIR, RECORD_FILE
 from adaptune.squad import DOC_STRIDE as SPAN_DOC_STRIDE, MAX_LENGTH as SPAN_MAX_LENGTH
@@ -116,6 +116,7 @@ class _Run:
         )
         if not data.train_rows:
             raise ValueError(f"task {task.name!r} has no training rows; check the data dir")
+        self.record.update(data_split=data.data_split, split_note=data.split_note)
         # Tasks this run also scores (MNLI-mm for an MNLI run): their data is checked before training.
         self.companion_splits = {
             name: prepare_run_data(get_task(name), tokenizer, config.max_length, config.doc_stride, None,
@@ -201,7 +202,10 @@ class _Run:
                        "test_metrics": {}}
                 for name, split in self.companion_splits.items()
             }
-            metadata = {"run_id": config.run_id, "task": self.task.name, "epoch": config.epochs, "best_epoch": p.best_epoch, "config": config.to_dict()}
+            if validation.predictions is not None:  # SQuAD: the official evaluate-v1.1.py's prediction file
+                _write_json(self.out / PREDICTIONS_FILE, validation.predictions, sort_keys=False)
+            metadata = {"run_id": config.run_id, "task": self.task.name, "epoch": config.epochs, "best_epoch": p.best_epoch,
+                        "config": config.to_dict(), "data_split": self.record["data_split"]}
             save_task_checkpoint(model, self.method_cfg, config.backbone, self.out / CHECKPOINT_DIR, metadata=metadata)
         report_epoch(config.run_id, config.epochs, self.task.primary_metric, p.curve[-1], p.best_epoch)
         p.epoch += 1
@@ -317,8 +321,8 @@ def _finished_record(out: Path, run_id: str) -> dict[str, Any] | None:
     return record if record.get("status") != "failed" else None
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    text = json.dumps(data, indent=2, sort_keys=True, default=str) + "\n"
+def _write_json(path: Path, data: dict[str, Any], sort_keys: bool = True) -> None:
+    text = json.dumps(data, indent=2, sort_keys=sort_keys, default=str) + "\n"
     atomic_write(path, lambda temporary: temporary.write_text(text))
 
 

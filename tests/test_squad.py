@@ -1,7 +1,9 @@
-"""SQuAD v1.1 windows and answer post-processing on a real dev paragraph; the span path of a run."""
+"""SQuAD v1.1 windows and answer post-processing on a real dev paragraph; the span path of a run; the
+local stand-in split (only dev-v1.1.json is local) and the per-split hub fallback; predictions.json."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -15,17 +17,19 @@ os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
 
 from datasets import Dataset, DatasetDict  # noqa: E402
 
-from adaptune import run_data  # noqa: E402
+from adaptune import data  # noqa: E402
 from adaptune.backbone import load_tokenizer  # noqa: E402
-from adaptune.batching import evaluation_batches, make_collator  # noqa: E402
-from adaptune.config import TrainConfig  # noqa: E402
-from adaptune.data import load_task_data  # noqa: E402
+from adaptune.batching import evaluation_batches, make_collator, subsample  # noqa: E402
+from adaptune.cli import main  # noqa: E402
+from adaptune.data import (  # noqa: E402
+    SQUAD_STANDIN, STANDARD_SPLIT, DataNotFoundError, load_task_data, load_task_splits, squad_standin_titles,
+)
 from adaptune.devices import Device  # noqa: E402
 from adaptune.evaluate import EvalSplit, evaluate_split  # noqa: E402
 from adaptune.metrics import squad_scores  # noqa: E402
 from adaptune.squad import prepare_features, postprocess_predictions  # noqa: E402
+from adaptune.records import PREDICTIONS_FILE  # noqa: E402
 from adaptune.tasks import get_task  # noqa: E402
-from adaptune.train import train_and_evaluate  # noqa: E402
 
 # Short windows so one real paragraph (Super Bowl 50, 775 characters) spans several overlapping ones.
 MAX_LENGTH, STRIDE = 128, 32
@@ -103,18 +107,120 @@ def test_postprocessing_recovers_gold_answers_and_respects_max_answer_length(par
     assert prediction and len(tokenizer(prediction, add_special_tokens=False)["input_ids"]) <= 30
 
 
-def test_span_run_trains_and_scores_exact_match_and_f1(tmp_path: Path, squad_dev: Dataset, monkeypatch: pytest.MonkeyPatch) -> None:
-    # The local mirror has only SQuAD dev: disjoint dev questions stand in for a training split.
-    shuffled = squad_dev.shuffle(seed=1)
-    stand_in = DatasetDict(train=shuffled.select(range(32)), validation=shuffled.select(range(32, 48)))
-    monkeypatch.setattr(run_data, "load_task_data", lambda task, data_dir=None, splits=None: stand_in)
-    config = TrainConfig(task="squad", method={"name": "adapters", "size": 16}, lr=1e-3, epochs=1, batch_size=16, max_length=160, doc_stride=48)
-    record = train_and_evaluate(config, out_dir=tmp_path, progress=False)
+# ------------------------------------------------------------------ the local stand-in and the hub fallback
+@pytest.fixture
+def fresh_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No datasets cached in this process: every load reads (and announces) again."""
+    monkeypatch.setattr(data, "_LOADED", {})
+
+
+def test_standin_split_is_deterministic_disjoint_by_article_and_covers_all_dev_questions(
+    shared_data_dir: Path, squad_dev: Dataset, fresh_loads: None
+) -> None:
+    standin = load_task_splits("squad", shared_data_dir, data_split=SQUAD_STANDIN)
+    assert standin.data_split == SQUAD_STANDIN and "NOT the paper's split" in standin.split_note
+    train, validation = standin.splits["train"], standin.splits["validation"]
+    # Whole articles on one side: no title, no context, no question id on both.
+    assert not set(train["title"]) & set(validation["title"])
+    assert not set(train["context"]) & set(validation["context"])
+    assert not set(train["id"]) & set(validation["id"])
+    # Together they are exactly the 10,570 dev questions, each once.
+    assert len(train) + len(validation) == len(squad_dev) == 10570
+    assert sorted([*train["id"], *validation["id"]]) == sorted(squad_dev["id"])
+    assert (len(set(train["title"])), len(set(validation["title"]))) == (38, 10)  # 80% of the 48 dev articles train
+    # Deterministic: the assignment depends only on the titles (sha256), not on their order or on a
+    # process; these sizes are pinned so that a change to the split shows here.
+    assert (len(train), len(validation)) == (8877, 1693)
+    titles = list(squad_dev["title"])
+    assert squad_standin_titles(titles) == squad_standin_titles(tuple(titles))
+    shuffled = squad_standin_titles(list(reversed(titles)))
+    assert set(shuffled["train"]) == set(train["title"]) and set(shuffled["validation"]) == set(validation["title"])
+    data._LOADED.clear()
+    again = load_task_splits("squad", shared_data_dir, data_split=SQUAD_STANDIN).splits
+    assert list(again["train"]["id"]) == list(train["id"]) and list(again["validation"]["id"]) == list(validation["id"])
+
+
+def test_without_train_file_or_hub_a_run_gets_the_named_standin_and_one_line_says_so(
+    shared_data_dir: Path, fresh_loads: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # conftest sets HF_HUB_OFFLINE / HF_DATASETS_OFFLINE, and the mirror has only dev-v1.1.json.
+    loaded = load_task_splits("squad", shared_data_dir)
+    assert loaded.data_split == SQUAD_STANDIN and set(loaded.splits) == {"train", "validation"}
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "stand-in" in lines[0] and "NOT the paper's split" in lines[0] and "train-v1.1.json" in lines[0]
+    load_task_splits("squad", shared_data_dir)
+    assert capsys.readouterr().err == ""  # said once per process, not per load
+    # Evaluation alone reads the official dev set; the standard split is refused, naming the file and the hub.
+    dev = load_task_splits("squad", shared_data_dir, splits=["validation"])
+    assert dev.data_split == STANDARD_SPLIT and dev.split_note is None and len(dev.splits["validation"]) == 10570
+    with pytest.raises(DataNotFoundError, match="train-v1.1.json.*hub cannot be used.*squad_dev_standin"):
+        load_task_splits("squad", shared_data_dir, data_split=STANDARD_SPLIT)
+    with pytest.raises(ValueError, match="SQuAD's local stand-in"):
+        load_task_splits("rte", shared_data_dir, data_split=SQUAD_STANDIN)
+
+
+def test_where_the_hub_is_usable_train_comes_from_the_hub_and_dev_from_the_mirror(
+    shared_data_dir: Path, squad_dev: Dataset, fresh_loads: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The hub is unreachable here: its train split is stood in for by 5 dev questions, and who asked for what is recorded.
+    asked = []
+
+    def hub(task, split, instead_of=None):
+        asked.append((split, instead_of))
+        return squad_dev.select(range(5))
+
+    monkeypatch.setattr(data, "_hub_usable", lambda: True)
+    monkeypatch.setattr(data, "_squad_hub", hub)
+    loaded = load_task_splits("squad", shared_data_dir)
+    assert loaded.data_split == STANDARD_SPLIT and loaded.split_note is None
+    assert asked == [("train", shared_data_dir / "squad" / "train-v1.1.json")]
+    assert len(loaded.splits["train"]) == 5 and len(loaded.splits["validation"]) == 10570  # dev: the mirror's file
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "train split comes from the hub (rajpurkar/squad train)" in lines[0]
+
+
+def test_squad_run_on_the_standin_from_the_command_line_writes_official_predictions(
+    shared_data_dir: Path, backbone_path: str, tmp_path: Path, fresh_loads: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`python -m adaptune train --task squad` with its defaults (384-token windows, stride 128,
+    adapters:64) on the dev-only mirror, kept tiny: 32 training questions, 24 scored, one epoch."""
+    out = tmp_path / "run"
+    argv = ["train", "--task", "squad", "--backbone", backbone_path, "--data-dir", str(shared_data_dir), "--epochs", "1",
+            "--max-train-examples", "32", "--max-eval-examples", "24", "--out", str(out), "--cache-dir", str(tmp_path / "cache"),
+            "--no-progress"]
+    assert main(argv) == 0
+    stderr = capsys.readouterr().err
+    assert sum("stand-in" in line for line in stderr.splitlines()) == 1
+
+    record = json.loads((out / "record.json").read_text())
     assert record["status"] == "ok", record["reason"]
-    assert record["primary_metric"] == "f1"
-    assert set(record["val_metrics"]) == {"exact_match", "f1"}
+    assert (record["config"]["max_length"], record["config"]["doc_stride"]) == (384, 128)
+    assert record["data_split"] == SQUAD_STANDIN and "NOT the paper's split" in record["split_note"]
+    checkpoint = json.loads((out / "checkpoint" / "task.json").read_text())
+    assert checkpoint["metadata"]["data_split"] == SQUAD_STANDIN  # an ablation scores the same held-out articles
+
+    # The official evaluate-v1.1.py reads the file with json.load(open(path)) and looks up
+    # predictions[qa["id"]] as a string: a flat JSON object of str -> str, plain ASCII.
+    raw = (out / PREDICTIONS_FILE).read_bytes()
+    assert raw.isascii()
+    with open(out / PREDICTIONS_FILE) as prediction_file:
+        predictions = json.load(prediction_file)
+    assert isinstance(predictions, dict)
+    assert all(isinstance(k, str) and isinstance(v, str) for k, v in predictions.items())
+
+    # Exactly the scored questions: the run's seeded 24 of the stand-in's validation articles.
+    validation = load_task_data("squad", shared_data_dir, data_split=SQUAD_STANDIN)["validation"]
+    scored = subsample(validation, 24)
+    assert list(predictions) == list(scored["id"])
+    standin_train_titles = set(load_task_data("squad", shared_data_dir, data_split=SQUAD_STANDIN)["train"]["title"])
+    assert not set(scored["title"]) & standin_train_titles
+
+    # The project's metric on the file gives the record's validation scores.
+    answers = {question_id: answer["text"] for question_id, answer in zip(scored["id"], scored["answers"], strict=True)}
+    assert squad_scores(predictions, answers) == pytest.approx(record["val_metrics"], abs=1e-12)
+    assert set(record["val_metrics"]) == {"exact_match", "f1"} and record["primary_metric"] == "f1"
     assert 0.0 <= record["val_metrics"]["exact_match"] <= record["val_metrics"]["f1"] <= 1.0
-    assert record["curve"][0]["train_loss"] > 0 and (tmp_path / "checkpoint" / "task.json").is_file()
+    assert record["curve"][0]["train_loss"] > 0
 
 
 class _GoldSpanModel(torch.nn.Module):
