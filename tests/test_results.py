@@ -150,6 +150,27 @@ def test_metrics_table_spreads_the_json_metrics(real_records, tmp_path):
     assert (spread.loc[ok, "val_accuracy"] == runs.loc[ok, "val_score"]).all()
 
 
+def test_data_split_is_a_column_and_files_written_before_it_still_read(real_records, tmp_path):
+    import pyarrow.parquet as pq
+
+    assert all(record["data_split"] == "standard" and record["split_note"] is None for record in real_records)
+    standin = copy.deepcopy(real_records[0])
+    standin.update(run_id="standin-run", data_split="squad_dev_standin", split_note="squad_dev_standin: NOT the paper's split")
+    write_runs([*real_records, standin], tmp_path)
+    runs = read_results(tmp_path)["runs"].set_index("run_id")
+    assert runs.loc["standin-run", "data_split"] == "squad_dev_standin"
+    assert "NOT the paper's split" in runs.loc["standin-run", "split_note"]
+    assert (runs.drop(index="standin-run")["data_split"] == "standard").all()
+
+    # A runs.parquet from before the columns existed reads with nulls there, and takes new rows.
+    path = tmp_path / "runs.parquet"
+    pq.write_table(pq.read_table(path).drop_columns(["data_split", "split_note"]), path)
+    older = read_results(tmp_path)["runs"]
+    assert list(older.columns) == RUNS_SCHEMA.names and older["data_split"].isna().all()
+    write_runs([standin], tmp_path)
+    assert read_results(tmp_path)["runs"].set_index("run_id").loc["standin-run", "data_split"] == "squad_dev_standin"
+
+
 def test_schema_document_lists_every_column():
     text = (REPO_ROOT / "analysis" / "SCHEMA.md").read_text()
     documented = set(re.findall(r"^\| `(\w+)` \|", text, flags=re.MULTILINE))
