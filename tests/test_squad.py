@@ -17,7 +17,7 @@ os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
 
 from datasets import Dataset, DatasetDict  # noqa: E402
 
-from adaptune import data  # noqa: E402
+from adaptune import ablation, data, run_data  # noqa: E402
 from adaptune.backbone import load_tokenizer  # noqa: E402
 from adaptune.batching import evaluation_batches, make_collator, subsample  # noqa: E402
 from adaptune.cli import main  # noqa: E402
@@ -180,7 +180,8 @@ def test_where_the_hub_is_usable_train_comes_from_the_hub_and_dev_from_the_mirro
 
 
 def test_squad_run_on_the_standin_from_the_command_line_writes_official_predictions(
-    shared_data_dir: Path, backbone_path: str, tmp_path: Path, fresh_loads: None, capsys: pytest.CaptureFixture[str]
+    shared_data_dir: Path, backbone_path: str, tmp_path: Path, fresh_loads: None, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """`python -m adaptune train --task squad` with its defaults (384-token windows, stride 128,
     adapters:64) on the dev-only mirror, kept tiny: 32 training questions, 24 scored, one epoch."""
@@ -221,6 +222,20 @@ def test_squad_run_on_the_standin_from_the_command_line_writes_official_predicti
     assert set(record["val_metrics"]) == {"exact_match", "f1"} and record["primary_metric"] == "f1"
     assert 0.0 <= record["val_metrics"]["exact_match"] <= record["val_metrics"]["f1"] <= 1.0
     assert record["curve"][0]["train_loss"] > 0
+
+    # The ablation of this checkpoint scores the same questions (the stand-in's, not all of dev): stopped
+    # once its data is prepared, before the 21 layer spans are evaluated.
+    class Prepared(Exception):
+        pass
+
+    def prepared(*args, **kwargs):
+        raise Prepared(run_data.prepare_run_data(*args, **kwargs))
+
+    monkeypatch.setattr(ablation, "prepare_run_data", prepared)
+    with pytest.raises(Prepared) as stopped:
+        ablation.ablate(out / "checkpoint", data_dir=shared_data_dir)
+    ablated = stopped.value.args[0]
+    assert ablated.data_split == SQUAD_STANDIN and list(ablated.eval_splits["validation"].examples["id"]) == list(predictions)
 
 
 class _GoldSpanModel(torch.nn.Module):
