@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-
-os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
 
 from adaptune.ablation import ablate  # noqa: E402
 from adaptune.backbone import load_model, load_tokenizer  # noqa: E402

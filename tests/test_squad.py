@@ -4,7 +4,6 @@ local stand-in split (only dev-v1.1.json is local) and the per-split hub fallbac
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from types import SimpleNamespace
@@ -12,8 +11,6 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-
-os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
 
 from datasets import Dataset, DatasetDict  # noqa: E402
 

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
-
-os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
 
 from adaptune.batching import subsample  # noqa: E402
 from adaptune.config import TrainConfig  # noqa: E402
