@@ -275,3 +275,21 @@ def test_figure6_heatmaps_read_accuracy_where_the_ablation_has_it(real_ablation)
     mcc = rows.assign(metric="matthews_correlation")
     assert ablation_metric(pd.concat([mcc, rows])) == "accuracy"  # CoLA: MCC rows first, accuracy chosen
     assert ablation_metric(mcc) == "matthews_correlation"  # no accuracy recorded: the metric there is
+
+
+def test_squad_figure_says_when_its_runs_used_the_local_standin_split(tmp_path: Path) -> None:
+    from adaptune.config import TrainConfig
+    from adaptune.records import run_record
+    from adaptune.report.figures import figure5_squad
+    from adaptune.report.reference import load_reference
+    from adaptune.results import read_results, write_runs
+
+    record = run_record(TrainConfig(task="squad", method={"name": "adapters", "size": 64}, backbone="bert-base-uncased"), "f1")
+    record.update(val_metrics={"f1": 0.31, "exact_match": 0.2}, trained_params=10, total_params=100,
+                  data_split="squad_dev_standin", split_note="squad_dev_standin: NOT the paper's split")
+    write_runs([record], tmp_path)
+    figure = figure5_squad(read_results(tmp_path)["runs"], load_reference(), tmp_path / "figures")
+    assert figure.skipped is None and "squad_dev_standin, NOT the paper's split" in figure.title
+    standard = dict(record, data_split="standard", split_note=None)
+    write_runs([standard], tmp_path / "standard")
+    assert "NOT the paper's" not in figure5_squad(read_results(tmp_path / "standard")["runs"], load_reference(), tmp_path / "f2").title

@@ -124,6 +124,9 @@ def figure5_squad(runs: pd.DataFrame, reference: dict[str, Any], out_dir: Path) 
     squad, backbone = runs_for_backbone(usable[usable["task"].str.startswith("squad")], BERT_BASE)
     if squad.empty:
         return FigureOutput(name, title, skipped="no usable SQuAD runs in this results set")
+    other_splits = sorted(set(squad.get("data_split", pd.Series(dtype=str)).dropna()) - {"standard"})
+    if other_splits:  # e.g. the local stand-in (dev articles split 80/20): never to be read as the paper's numbers
+        title += f" -- on {', '.join(other_splits)}, NOT the paper's split (runs.parquet split_note)"
     fig, axes = _panel_grid(1)
     _method_points(axes[0], squad)
     paper = reference["figures"]["figure5_squad_f1"]["points"]
