@@ -25,9 +25,12 @@ test: venv
 demo: venv
 	$(PY) -m pipelines run smoke --out $(OUT)/smoke
 
+# RUNNER=docker: the components run in the project's images (kfp.local's DockerRunner); the CPU image
+# is built first (Docker's layer cache: seconds when its inputs are unchanged). See containers/README.md.
 run: venv
+	$(if $(filter docker,$(RUNNER)),$(MAKE) -C containers build-cpu)
 	$(PY) -m pipelines run $(PIPELINE) --out $(OUT)/$(basename $(notdir $(PIPELINE))) \
-		$(if $(RUNS_ROOT),--runs-root $(RUNS_ROOT)) $(if $(RETRY_FAILED),--retry-failed)
+		$(if $(RUNS_ROOT),--runs-root $(RUNS_ROOT)) $(if $(RETRY_FAILED),--retry-failed) $(if $(RUNNER),--runner $(RUNNER))
 
 plan: venv
 	$(PY) -m pipelines plan $(PIPELINE)

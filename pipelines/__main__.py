@@ -11,7 +11,8 @@ def _run(args: argparse.Namespace) -> int:
     from pipelines.local import describe_outputs, run_local
 
     started = time.perf_counter()
-    paths = run_local(args.name, args.out, data_dir=args.data_dir, runs_root=args.runs_root, retry_failed=args.retry_failed)
+    paths = run_local(args.name, args.out, data_dir=args.data_dir, runs_root=args.runs_root, retry_failed=args.retry_failed,
+                      runner=args.runner)
     print(f"{args.name} finished in {time.perf_counter() - started:.0f} s. {describe_outputs(paths)}")
     return 0
 
@@ -48,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--data-dir", default=None, help="local data mirror (default: shared/data found next to the tree, else the hub)")
     run.add_argument("--runs-root", default=None, help="the run store (default: OUT/store); finished runs there are reused")
     run.add_argument("--retry-failed", action="store_true", help="train again the runs whose record says failed")
+    run.add_argument("--runner", choices=("subprocess", "docker"), default="subprocess",
+                     help="subprocess: components in this environment; docker: in the project's images (image_for), "
+                          "through kfp.local's DockerRunner (build them first: make -C containers build-cpu)")
     run.set_defaults(handler=_run)
     plan = commands.add_parser("plan", help="the grid, a line 'N runs' and an accelerator-hour estimate; runs nothing")
     plan.add_argument("name", help="a named experiment or a sweep file (.yaml/.json)")
@@ -66,12 +70,13 @@ def main(argv: list[str] | None = None) -> int:
     from adaptune.experiments import SpecError, UnknownExperimentError
     from adaptune.plan import PlanError
     from adaptune.store import StoreError
+    from pipelines.container_runner import EngineError
     from pipelines.submit import SettingsError
 
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
-    except (UnknownExperimentError, SpecError, PlanError, SettingsError, StoreError) as error:
+    except (UnknownExperimentError, SpecError, PlanError, SettingsError, StoreError, EngineError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
 

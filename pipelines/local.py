@@ -15,10 +15,12 @@ from pathlib import Path
 from adaptune.experiments import get_experiment
 from adaptune.plan import check_local_data, plan
 from adaptune.store import RunStore
+from pipelines.images import image_for
 from pipelines.reproduction import build_pipeline
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULT_FILES = ("runs.parquet", "curves.parquet", "ablation.parquet")
+RUNNERS = ("subprocess", "docker")
 
 
 def run_local(
@@ -27,12 +29,17 @@ def run_local(
     data_dir: str | Path | None = None,
     runs_root: str | None = None,
     retry_failed: bool = False,
+    runner: str = "subprocess",
 ) -> dict[str, Path]:
     """Plan (validate), run the DAG with kfp.local, and copy the outputs into out_dir; returns their paths.
 
     `name` is a named experiment or a sweep file. The run store defaults to <out_dir>/store: run
-    the same command again and finished runs are reused, interrupted ones resume.
+    the same command again and finished runs are reused, interrupted ones resume. `runner`:
+    "subprocess" (this environment) or "docker" (the images `image_for` names, through kfp.local's
+    DockerRunner: see pipelines/container_runner.py).
     """
+    if runner not in RUNNERS:
+        raise ValueError(f"unknown runner {runner!r}; expected one of {RUNNERS}")
     from kfp import local
 
     from adaptune.data import resolve_data_dir
@@ -54,7 +61,14 @@ def run_local(
     # Several shards share the CPU at once (the experiment's parallelism): one thread each, no oversubscription.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     pipeline_root = out_dir / "kfp_root"
-    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root))
+    if runner == "docker":
+        from pipelines.container_runner import docker_runner
+
+        task_runner = docker_runner(spec, pipeline_root, store, root)
+        print(f"runner: docker, images {', '.join(sorted({image_for('cpu'), image_for(spec.accelerator.family)}))}", flush=True)
+    else:
+        task_runner = local.SubprocessRunner(use_venv=False)
+    local.init(runner=task_runner, pipeline_root=str(pipeline_root))
     run = build_pipeline(spec)(runs_root=store.root, data_dir=str(root) if root else "", retry_failed=retry_failed)
     return collect_outputs(Path(run.outputs["results"].path), Path(run.outputs["report"].path), out_dir)
 
