@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any, Iterator
 
 import pytest
 import torch
@@ -500,3 +501,268 @@ def test_checked_in_compiled_pipelines_use_the_image_of_each_tasks_accelerator(m
         pytest.skip("no compiled pipeline is checked in yet (make compile writes pipeline.yaml)")
     for name, path in present.items():
         assert_images_follow_accelerators(path, EXPERIMENTS[name].accelerator.family)
+
+
+# --- build arguments from the environment (no engine needed) ---------------------------------------
+
+DOCKER_REFERENCE = re.compile(r"^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-]+[a-z0-9]+)*)+:[\w][\w.-]{0,127}$")
+
+
+def test_default_image_references_are_valid_docker_references(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An upper-case letter anywhere before the tag makes `docker build -t` refuse the reference."""
+    monkeypatch.delenv("ADAPTUNE_REGISTRY", raising=False)
+    monkeypatch.delenv("ADAPTUNE_IMAGE_TAG", raising=False)
+    for accelerator in ACCELERATORS:
+        assert DOCKER_REFERENCE.match(image_for(accelerator)), image_for(accelerator)
+
+
+def build_line(accelerator: str, env: dict[str, str], *args: str) -> str:
+    base = {name: value for name, value in os.environ.items() if not name.startswith("ADAPTUNE_") and name != "DOCKER_BUILD_FLAGS"}
+    (line,) = [line for line in make_lines("-n", f"build-{accelerator}", *args, env={**base, **env}) if " build " in line]
+    return line
+
+
+def test_build_takes_the_torch_index_and_flags_from_the_environment() -> None:
+    loopback = {"ADAPTUNE_TORCH_INDEX_URL": "http://127.0.0.1:8765/simple"}
+    for accelerator in ("cpu", "tpu"):  # the images that install a CPU torch wheel
+        line = build_line(accelerator, loopback)
+        assert "--build-arg TORCH_INDEX_URL=http://127.0.0.1:8765/simple --network host" in line, line
+    assert "TORCH_INDEX_URL" not in build_line("gpu", loopback), "the GPU image keeps its CUDA wheel index"
+    mirror = build_line("cpu", {"ADAPTUNE_TORCH_INDEX_URL": "https://mirror.example/whl/cpu", "ADAPTUNE_DOCKER_BUILD_FLAGS": "--no-cache"})
+    assert "--build-arg TORCH_INDEX_URL=https://mirror.example/whl/cpu --no-cache -f cpu/Dockerfile" in mirror, mirror
+    assert "--network" not in mirror, "only an index on the loopback needs the host's network"
+    plain = build_line("cpu", {})
+    assert plain == f"docker build --platform linux/amd64 -f cpu/Dockerfile -t {image_for('cpu')} ..", plain
+
+
+def test_make_run_with_the_docker_runner_builds_the_cpu_image_first() -> None:
+    env = {name: value for name, value in os.environ.items() if name not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")}
+    process = subprocess.run(["make", "--no-print-directory", "-n", "-o", ".venv/.installed", "-C", str(REPO_ROOT),
+                              "run", "PIPELINE=smoke", "RUNNER=docker"], capture_output=True, text=True, env=env, timeout=60)
+    assert process.returncode == 0, process.stderr
+    lines = process.stdout.splitlines()
+    build = next(i for i, line in enumerate(lines) if line.startswith("docker build") and "-f cpu/Dockerfile" in line)
+    run = next(i for i, line in enumerate(lines) if "-m pipelines run smoke" in line)
+    assert build < run and "--runner docker" in " ".join(lines[run:]), lines
+
+
+def test_docker_runner_without_an_engine_is_one_line_naming_the_setup(tmp_path: Path) -> None:
+    env = {**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock", "PYTHONPATH": str(REPO_ROOT)}
+    process = subprocess.run([sys.executable, "-m", "pipelines", "run", "smoke", "--out", str(tmp_path / "out"), "--runner", "docker"],
+                             capture_output=True, text=True, env=env, timeout=300, cwd=REPO_ROOT)
+    assert process.returncode == 2, process.stderr
+    (line,) = process.stderr.strip().splitlines()
+    assert line.startswith("error: no container engine answers at unix://") and "container-engine.sh" in line, line
+    assert not (tmp_path / "out" / "store" / "runs").exists(), "nothing may run without an engine"
+
+
+def test_make_writable_hands_a_tree_to_the_images_user(tmp_path: Path) -> None:
+    from pipelines.container_runner import make_writable
+
+    tree = tmp_path / "store"
+    (tree / "runs" / "r1").mkdir(parents=True)
+    (tree / "runs" / "r1" / "record.json").write_text("{}")
+    make_writable(tree, (4321, 4321))
+    for path in (tree, tree / "runs" / "r1", tree / "runs" / "r1" / "record.json"):
+        stat = path.stat()
+        if os.geteuid() == 0:
+            assert (stat.st_uid, stat.st_gid) == (4321, 4321), path
+        else:  # another user's files cannot be given away: they are opened to all instead
+            assert stat.st_mode & (0o777 if path.is_dir() else 0o666) == (0o777 if path.is_dir() else 0o666), path
+
+
+# --- the CPU image, built and run in a container engine --------------------------------------------
+#
+# These build containers/cpu/Dockerfile (Docker's layer cache reuses every layer whose inputs are
+# unchanged: seconds) and run the smoke DAG in it with kfp.local's DockerRunner. They need a
+# container engine; where none answers they set one up only on a machine like CI (root, apt-get and
+# ../shared/tools/container-engine.sh present: about 2 minutes, then about 7 for the first build),
+# else they are skipped with the reason. ADAPTUNE_CONTAINER_TESTS=0 skips them anyway.
+
+ENGINE_SCRIPT = REPO_ROOT.parent / "shared" / "tools" / "container-engine.sh"
+CONTAINER_TESTS_ENV = "ADAPTUNE_CONTAINER_TESTS"
+BUILD_TIMEOUT_S = 45 * 60
+
+
+def engine_answers() -> str | None:
+    """None when a container engine answers at $DOCKER_HOST (or the default socket), else why not."""
+    try:
+        import docker
+
+        client = docker.from_env()
+        try:
+            client.ping()
+        finally:
+            client.close()
+    except Exception as error:  # no SDK, no socket, refused, ...
+        return f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}"
+    return None
+
+
+def set_up_engine(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """An answering engine's variables (DOCKER_HOST, ADAPTUNE_TORCH_INDEX_URL), setting one up where allowed; else skip."""
+    if os.environ.get(CONTAINER_TESTS_ENV) == "0":
+        pytest.skip(f"{CONTAINER_TESTS_ENV}=0: container image tests disabled")
+    problem = engine_answers()
+    if problem is None:
+        return {name: os.environ[name] for name in ("DOCKER_HOST", "ADAPTUNE_TORCH_INDEX_URL") if name in os.environ}
+    where = os.environ.get("DOCKER_HOST", "the default Docker socket")
+    can_set_up = ENGINE_SCRIPT.is_file() and os.geteuid() == 0 and shutil.which("apt-get")
+    if not can_set_up:
+        pytest.skip(
+            f"no container engine answers at {where} ({problem}), and this is not a machine where the test sets one up "
+            f"(root, apt-get and {ENGINE_SCRIPT}). Start Docker (or podman's socket, DOCKER_HOST) and run: "
+            "pytest tests/test_containers.py -m container"
+        )
+    setup = subprocess.run(["bash", str(ENGINE_SCRIPT)], capture_output=True, text=True, timeout=20 * 60)
+    exports = subprocess.run(["bash", str(ENGINE_SCRIPT), "--env"], capture_output=True, text=True, timeout=60)
+    variables = dict(re.findall(r"^export (\w+)=(\S+)$", exports.stdout, flags=re.MULTILINE))
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    problem = engine_answers()
+    if setup.returncode != 0 or problem is not None:
+        tail = (setup.stderr.strip().splitlines() or ["no output"])[-1]
+        pytest.skip(f"setting up the container engine with {ENGINE_SCRIPT} failed (exit {setup.returncode}: {tail}; {problem})")
+    return variables
+
+
+@pytest.fixture(scope="module")
+def cpu_image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The CPU image, built from the working tree with the build arguments of the environment; its reference."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        engine = set_up_engine(monkeypatch)
+        log = tmp_path_factory.mktemp("image") / "build-cpu.log"
+        env = {name: value for name, value in os.environ.items() if name not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")}
+        with log.open("w") as handle:
+            build = subprocess.run(["make", "--no-print-directory", "-C", str(CONTAINERS), "build-cpu"], stdout=handle,
+                                   stderr=subprocess.STDOUT, env={**env, **engine}, timeout=BUILD_TIMEOUT_S)
+        tail = "\n".join(log.read_text().splitlines()[-30:])
+        assert build.returncode == 0, f"make -C containers build-cpu failed:\n{tail}"
+        yield image_for("cpu")
+
+
+def in_image(image: str, *command: str, **run_args: Any) -> tuple[int, str]:
+    """Run a command in the image as its own user; exit status and output (stdout and stderr)."""
+    import docker
+
+    client = docker.from_env()
+    try:
+        container = client.containers.run(image, list(command), detach=True, **run_args)
+        try:
+            status = container.wait(timeout=300)["StatusCode"]
+            return status, container.logs(stdout=True, stderr=True).decode()
+        finally:
+            container.remove(force=True)
+    finally:
+        client.close()
+
+
+@pytest.mark.container
+@pytest.mark.xdist_group("containers")
+def test_cpu_image_is_healthy_as_its_non_root_user_with_exactly_the_lock(cpu_image: str) -> None:
+    import docker
+
+    status, out = in_image(cpu_image)  # the image's CMD: the health check
+    assert status == 0 and out.startswith("healthy: adaptune") and f"torch {lock_version('torch')}+cpu" in out, out
+    status, out = in_image(cpu_image, "python", "-m", "adaptune.healthcheck", "--json", "--smoke")
+    report = json.loads(out.splitlines()[0])
+    assert status == 0 and report["healthy"] is True and report["kind"] == "cpu", out
+    client = docker.from_env()
+    try:
+        config = client.images.get(cpu_image).attrs["Config"]
+    finally:
+        client.close()
+    assert config["User"] == "1000:1000" and config["Cmd"] == ["python", "-m", "adaptune.healthcheck"]
+    if config.get("Healthcheck"):  # Docker reports it; podman's compatible API leaves it out (podman inspect shows it)
+        assert config["Healthcheck"]["Test"] == ["CMD", "python", "-m", "adaptune.healthcheck"]
+    # The user, what it may write, and where the report finds the paper's numbers.
+    script = (
+        'id -u; id -g; echo "$HOME"; test -w "$HOME" && echo home-writable; '
+        'test -w /opt/adaptune || echo source-read-only; '
+        'test -w "$(python -c "import adaptune, os; print(os.path.dirname(adaptune.__file__))")" || echo package-read-only; '
+        'test -r "$ADAPTUNE_PAPER_REFERENCE" && echo reference-readable'
+    )
+    status, out = in_image(cpu_image, "sh", "-c", script)
+    assert status == 0 and out.split() == ["1000", "1000", "/home/adaptune", "home-writable", "source-read-only",
+                                           "package-read-only", "reference-readable"], out
+    # Exactly requirements.lock (torch as its CPU build) plus adaptune itself.
+    status, out = in_image(cpu_image, "pip", "freeze")
+    frozen = sorted(line.replace("+cpu", "") for line in out.splitlines() if not line.startswith("adaptune "))
+    assert status == 0 and frozen == sorted(lock_lines()), set(frozen) ^ set(lock_lines())
+    assert "adaptune @ file:///opt/adaptune" in out.splitlines()
+
+
+@pytest.mark.container
+@pytest.mark.xdist_group("containers")
+def test_docker_runner_mounts_the_data_read_only_and_the_store_and_pipeline_root_writable(
+    cpu_image: str, tmp_path: Path, shared_data_dir: Path
+) -> None:
+    from adaptune.experiments import get_experiment
+    from adaptune.store import RunStore
+    from pipelines.container_runner import docker_runner
+
+    pipeline_root, store = tmp_path / "kfp_root", RunStore(tmp_path / "store")
+    runner = docker_runner(get_experiment("smoke"), pipeline_root, store, shared_data_dir)
+    args = dict(runner.container_run_args)
+    assert args["environment"]["ADAPTUNE_DATA_DIR"] == str(shared_data_dir)
+    script = (
+        f'id -u; test -r {shared_data_dir}/glue/MRPC/train.tsv && echo data-readable; '
+        f'touch {shared_data_dir}/written 2>/dev/null || echo data-read-only; '
+        f'echo x > {store.root}/written && echo store-writable; echo x > {pipeline_root}/written && echo root-writable; '
+        'echo "$ADAPTUNE_DATA_DIR"'
+    )
+    # The pipeline root as DockerRunner mounts it (same path, read-write), plus the runner's own mounts.
+    status, out = in_image(cpu_image, "sh", "-c", script, mounts=args["mounts"], environment=args["environment"],
+                           volumes={str(pipeline_root): {"bind": str(pipeline_root), "mode": "rw"}})
+    assert status == 0 and out.split() == ["1000", "data-readable", "data-read-only", "store-writable", "root-writable",
+                                           str(shared_data_dir)], out
+    assert not (shared_data_dir / "written").exists()
+    assert (Path(store.root) / "written").stat().st_uid == 1000
+
+
+@pytest.mark.container
+@pytest.mark.xdist_group("containers")
+def test_a_missing_image_is_named_with_the_command_that_builds_it(cpu_image: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from adaptune.experiments import get_experiment
+    from adaptune.store import RunStore
+    from pipelines.container_runner import EngineError, docker_runner
+
+    monkeypatch.setenv("ADAPTUNE_IMAGE_TAG", "never-built")
+    with pytest.raises(EngineError, match=r"adaptune-cpu:never-built is not in the container engine: build it with `make -C containers build-cpu`"):
+        docker_runner(get_experiment("smoke"), tmp_path / "kfp_root", RunStore(tmp_path / "store"), None)
+
+
+PATH_LINES = re.compile(r"^(Results|Paper values): `[^`]*`")
+
+
+@pytest.mark.slow
+@pytest.mark.container
+@pytest.mark.xdist_group("containers")
+def test_smoke_dag_in_the_cpu_image_equals_the_subprocess_runner(cpu_image: str, tmp_path: Path, shared_data_dir: Path) -> None:
+    import pandas as pd
+
+    from pipelines.local import run_local
+
+    in_docker = run_local("smoke", tmp_path / "docker", data_dir=shared_data_dir, runner="docker")
+    here = run_local("smoke", tmp_path / "subprocess", data_dir=shared_data_dir)
+
+    # Every run was trained in the image, by its user, into the mounted store.
+    records = sorted((tmp_path / "docker" / "store" / "runs").glob("*/record.json"))
+    assert len(records) == 6 and {path.stat().st_uid for path in records} == {1000}
+    # Same runs, same numbers, bit for bit: the image installs the same lock and torch build.
+    runs = {name: pd.read_parquet(paths["runs.parquet"]).sort_values("run_id").reset_index(drop=True)
+            for name, paths in (("docker", in_docker), ("subprocess", here))}
+    result_columns = ["run_id", "task", "method_label", "seed", "status", "reason", "best_epoch", "val_score", "test_score",
+                      "val_metrics", "test_metrics", "trained_params", "total_params", "device"]
+    pd.testing.assert_frame_equal(runs["docker"][result_columns], runs["subprocess"][result_columns], check_exact=True)
+    assert (runs["docker"]["status"] == "ok").all(), runs["docker"][["run_id", "status", "reason"]]
+    for name, keys in (("curves.parquet", ["run_id", "epoch", "metric"]), ("ablation.parquet", ["run_id", "first_layer", "last_layer", "metric"])):
+        frames = [pd.read_parquet(paths[name]).sort_values(keys).reset_index(drop=True) for paths in (in_docker, here)]
+        pd.testing.assert_frame_equal(*frames, check_exact=True)
+    # The same tables (to the byte), figures and report (but for the two lines that name local paths).
+    for folder in ("tables", "figures"):
+        assert sorted(p.name for p in in_docker[folder].iterdir()) == sorted(p.name for p in here[folder].iterdir())
+    for table in sorted(here["tables"].glob("*.md")):
+        assert (in_docker["tables"] / table.name).read_text() == table.read_text(), table.name
+    reports = [[line for line in paths["report.md"].read_text().splitlines() if not PATH_LINES.match(line)] for paths in (in_docker, here)]
+    assert reports[0] == reports[1]
