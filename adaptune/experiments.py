@@ -132,11 +132,13 @@ class ExperimentSpec:
     sweeps: tuple[Sweep, ...]
     backbone: str = DEFAULT_BACKBONE
     accelerator: Accelerator = CPU
-    # The DAG trains shards of runs (one task, backbone and length each; shard_size runs at most),
+    # The DAG trains shards of runs (one task, backbone and length each; shard_size runs and about
+    # shard_hours estimated hours at most),
     # `parallelism` shards at once, each holding one accelerator set. plan() refuses a plan whose
     # peak exceeds max_accelerators (None: unchecked), so a sweep cannot ask for more than the quota.
     parallelism: int = 32
     shard_size: int = 16
+    shard_hours: float = 4.0  # estimated hours per shard (plan.THROUGHPUT); a longer run is a shard alone
     max_accelerators: int | None = 64
     retries: int = 3  # preemption and other transient errors; a deterministic failure is a "failed" record
     max_train_examples: int | None = None  # subsampling for CPU-sized experiments

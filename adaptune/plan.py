@@ -100,20 +100,25 @@ class Plan:
 
     @functools.cached_property
     def shards(self) -> list[Shard]:
-        """The runs packed per (task, backbone, length) into shards of at most spec.shard_size runs,
-        each group split into near-equal parts, in plan order."""
+        """The runs packed per (task, backbone, length), in plan order, into shards of at most
+        spec.shard_size runs and about spec.shard_hours estimated hours: many small-task runs share
+        a shard, while a long run (MNLI on BERT-large) gets one to itself, so no shard holds up the
+        sweep for days."""
         groups: dict[tuple, list[TrainConfig]] = {}
         for run in self.runs:
             groups.setdefault((run.task, run.backbone, run.max_length, run.doc_stride), []).append(run)
         shards: list[Shard] = []
         for runs in groups.values():
-            parts = -(-len(runs) // self.spec.shard_size)
-            size, extra = divmod(len(runs), parts)
-            start = 0
-            for part in range(parts):
-                end = start + size + (part < extra)
-                shards.append(Shard(id=f"{len(shards):04d}-{runs[0].task}", runs=tuple(runs[start:end])))
-                start = end
+            current: list[TrainConfig] = []
+            hours = 0.0
+            for run in runs:
+                run_hours = self.run_hours[run.run_id]
+                if current and (len(current) >= self.spec.shard_size or hours + run_hours > self.spec.shard_hours):
+                    shards.append(Shard(id=f"{len(shards):04d}-{current[0].task}", runs=tuple(current)))
+                    current, hours = [], 0.0
+                current.append(run)
+                hours += run_hours
+            shards.append(Shard(id=f"{len(shards):04d}-{current[0].task}", runs=tuple(current)))
         return shards
 
     def shard(self, shard_id: str) -> Shard:
@@ -143,7 +148,7 @@ class Plan:
         lines = [
             f"experiment {spec.name}: {spec.description}",
             f"accelerator {accel.label}" + (f" x{accel.count}" if accel.count else "")
-            + f", {len(self.shards)} shards of at most {spec.shard_size} runs, {spec.parallelism} at a time"
+            + f", {len(self.shards)} shards of at most {spec.shard_size} runs or ~{spec.shard_hours:g} h, {spec.parallelism} at a time"
             + f", retries {spec.retries}",
         ]
         header = ("task", "runs", "backbone", "methods", "learning rates", "epochs", "seeds")
@@ -223,6 +228,8 @@ def _check_spec_values(spec: ExperimentSpec, problems: list[str]) -> None:
         problems.append(f"parallelism must be >= 1 (shards trained at once), got {spec.parallelism}")
     if spec.shard_size < 1:
         problems.append(f"shard_size must be >= 1 (runs per shard), got {spec.shard_size}")
+    if not spec.shard_hours > 0:
+        problems.append(f"shard_hours must be > 0 (estimated hours per shard), got {spec.shard_hours}")
     if spec.max_accelerators is not None and spec.max_accelerators < 1:
         problems.append(f"max_accelerators must be >= 1 or None (unchecked), got {spec.max_accelerators}")
     if spec.retries < 0:
