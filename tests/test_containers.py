@@ -503,6 +503,32 @@ def test_checked_in_compiled_pipelines_use_the_image_of_each_tasks_accelerator(m
         assert_images_follow_accelerators(path, EXPERIMENTS[name].accelerator.family)
 
 
+# --- the GPU and TPU images follow the CPU one (the only image built and run here) ----------------
+
+
+@pytest.mark.parametrize("accelerator", ("gpu", "tpu"))
+def test_gpu_and_tpu_images_are_built_like_the_cpu_image(accelerator: str) -> None:
+    """Same base, user, environment, source layers, project install, USER and health check options as
+    the CPU image; they differ only in the torch step and the health check's --require."""
+    cpu, other = dockerfile("cpu"), dockerfile(accelerator)
+
+    def first(instructions: list[Instruction], keyword: str) -> Instruction:
+        return next(ins for ins in instructions if ins.keyword == keyword)
+
+    def after_dependencies(instructions: list[Instruction]) -> list[Instruction]:
+        start = next(i for i, ins in enumerate(instructions) if ins.keyword == "COPY" and ins.args.startswith("pyproject.toml"))
+        return [ins for ins in instructions[start:] if ins.keyword not in ("HEALTHCHECK", "CMD")]
+
+    assert first(other, "FROM") == first(cpu, "FROM")
+    assert first(other, "RUN") == first(cpu, "RUN"), "the same user creation"
+    assert env_values(cpu).items() <= env_values(other).items()
+    assert after_dependencies(other) == after_dependencies(cpu)
+    cpu_check, other_check = (first(ins, "HEALTHCHECK").args.split("CMD", 1) for ins in (cpu, other))
+    assert other_check[0] == cpu_check[0], "the same health check timing"
+    assert json.loads(other_check[1]) == [*json.loads(cpu_check[1]), "--require", accelerator]
+    assert json.loads(first(other, "CMD").args) == [*json.loads(first(cpu, "CMD").args), "--require", accelerator]
+
+
 # --- build arguments from the environment (no engine needed) ---------------------------------------
 
 DOCKER_REFERENCE = re.compile(r"^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-]+[a-z0-9]+)*)+:[\w][\w.-]{0,127}$")
