@@ -79,11 +79,13 @@ def aggregate(spec_json: str, runs_root: str, results: Output[Dataset]) -> None:
     print(summary)
 
 
-def report(results: Input[Dataset], report_dir: Output[Artifact], report_md: Output[Markdown]) -> None:
-    """The paper's tables and figures beside its numbers: report.md, tables/, figures/."""
+def report(results: Input[Dataset], data_dir: str, report_dir: Output[Artifact], report_md: Output[Markdown]) -> None:
+    """The paper's tables and figures beside its numbers: report.md, tables/, figures/.
+
+    `data_dir` is for the majority-class baselines (the training labels of each task)."""
     import shutil
 
     from adaptune.report import build_report
 
-    report_path = build_report(results.path, report_dir.path)
+    report_path = build_report(results.path, report_dir.path, data_dir=data_dir or None)
     shutil.copyfile(report_path, report_md.path)

@@ -85,7 +85,7 @@ def build_pipeline(spec: ExperimentSpec, target: str = "vertex") -> Callable[...
             last = ablate_task
         aggregate_task = steps.aggregate(spec_json=spec_json, runs_root=runs_root).after(last)
         aggregate_task.set_caching_options(False)
-        report_task = steps.report(results=aggregate_task.outputs["results"])
+        report_task = steps.report(results=aggregate_task.outputs["results"], data_dir=data_dir)
         return outputs(results=aggregate_task.outputs["results"], report=report_task.outputs["report_dir"])
 
     return reproduction

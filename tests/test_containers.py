@@ -764,13 +764,15 @@ PATH_LINES = re.compile(r"^(Results|Paper values): `[^`]*`")
 @pytest.mark.slow
 @pytest.mark.container
 @pytest.mark.xdist_group("containers")
-def test_smoke_dag_in_the_cpu_image_equals_the_subprocess_runner(cpu_image: str, tmp_path: Path, shared_data_dir: Path) -> None:
+def test_smoke_dag_in_the_cpu_image_equals_the_subprocess_runner(
+    cpu_image: str, tmp_path: Path, shared_data_dir: Path, smoke_run: dict[str, Path]
+) -> None:
     import pandas as pd
 
     from pipelines.local import run_local
 
     in_docker = run_local("smoke", tmp_path / "docker", data_dir=shared_data_dir, runner="docker")
-    here = run_local("smoke", tmp_path / "subprocess", data_dir=shared_data_dir)
+    here = smoke_run  # the subprocess runner's smoke run, shared with test_pipeline
 
     # Every run was trained in the image, by its user, into the mounted store.
     records = sorted((tmp_path / "docker" / "store" / "runs").glob("*/record.json"))

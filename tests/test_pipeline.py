@@ -97,12 +97,10 @@ def test_experiment_without_ablation_has_no_ablate_task(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("pipeline")
-def test_smoke_runs_end_to_end_on_real_data(tmp_path: Path, shared_data_dir: Path) -> None:
-    from pipelines.local import run_local
-
+@pytest.mark.xdist_group("containers")  # shares the smoke_run fixture with the container comparison
+def test_smoke_runs_end_to_end_on_real_data(smoke_run: dict[str, Path]) -> None:
     planned = plan(get_experiment("smoke"))
-    paths = run_local("smoke", tmp_path / "smoke", data_dir=shared_data_dir)
+    paths = smoke_run
 
     runs = pd.read_parquet(paths["runs.parquet"])
     assert sorted(runs["run_id"]) == sorted(run.run_id for run in planned.runs)  # one row per planned run
@@ -117,4 +115,4 @@ def test_smoke_runs_end_to_end_on_real_data(tmp_path: Path, shared_data_dir: Pat
     ablation = pd.read_parquet(paths["ablation.parquet"])
     assert ablation["run_id"].nunique() == 1 and ablation["task"].iloc[0] == "sms_spam"
     assert len(ablation[["first_layer", "last_layer"]].drop_duplicates()) == 6 * 7 // 2
-    assert (tmp_path / "smoke" / "report.md").is_file() and (tmp_path / "smoke" / "figures").is_dir()
+    assert paths["report.md"].is_file() and paths["figures"].is_dir()

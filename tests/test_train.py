@@ -97,7 +97,8 @@ def test_interrupted_run_resumes_to_the_same_result(sst2_run: tuple[dict, Path],
 
 
 def test_nan_inducing_learning_rate_gives_failed_record(tmp_path: Path, shared_data_dir: Path, cache_dir: Path) -> None:
-    config = TrainConfig(task="sst2", method={"name": "full"}, lr=float("inf"), epochs=1, max_length=32, max_train_examples=64, max_eval_examples=32)
+    # A finite but absurd rate (an infinite one is refused before training): the second step's loss is NaN.
+    config = TrainConfig(task="sst2", method={"name": "full"}, lr=1e30, epochs=1, max_length=32, max_train_examples=64, max_eval_examples=32)
     record = train_and_evaluate(config, data_dir=shared_data_dir, out_dir=tmp_path, cache_dir=cache_dir, progress=False)
     assert record["status"] == "failed"
     assert "non-finite" in record["reason"] and "learning rate" in record["reason"]
