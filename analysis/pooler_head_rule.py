@@ -4,13 +4,34 @@ all-MiniLM-L6-v2 was trained with mean pooling; its BERT pooler was never traine
 LayerNorm-only keep a pre-trained pooler frozen (the paper, the official code). This script trains
 short real runs with the same engine (`adaptune.train.train_and_evaluate`) under three heads:
 
-  frozen   the pooler frozen, as before the rule (the classifier reads a random projection)
-  trained  the rule: an untrained pooler is trained as part of the head (what methods.py now does)
-  mean     the pooler replaced by masked mean pooling over the tokens, as the backbone was trained
+  frozen   the checkpoint's pooler, frozen (the project before the rule: the classifier reads a
+           random projection)
+  trained  the checkpoint's pooler, trained with the head (the first version of the rule)
+  mean     masked mean pooling over the tokens, as the backbone was trained (the rule as adopted:
+           adaptune.backbone.load_model does this for a pooler that was never trained)
 
-and prints one line per run (task, method, head, seed, validation metrics at the final epoch).
+and prints one JSON line per run (task, method, head, seed, validation metric at each epoch; the run's
+result is the final epoch's).
 
     .venv/bin/python analysis/pooler_head_rule.py --tasks sms_spam cola mrpc rte --out /tmp/pooler_runs
+    .venv/bin/python analysis/pooler_head_rule.py --tasks sst2 --seeds 0 1 --train-examples 2000 --epochs 2 --out /tmp/pooler_sst2
+
+Measured (one CPU thread each, final epoch, validation; adapters m=64 lr 1e-3, LayerNorm-only lr 3e-3,
+max length 64, batch 32, 500 validation examples):
+
+  task (examples x epochs)   method      frozen   trained   mean
+  SST-2 (2000 x 2), seed 0   adapters     79.4     80.0     80.8
+  SST-2 (2000 x 2), seed 1   adapters     81.6     81.4     81.8
+  SST-2 (2000 x 2), seed 0   layernorm    76.6     79.8     81.4
+  SST-2 (2000 x 2), seed 1   layernorm    77.4     76.4     81.8
+  RTE (1000 x 3)             adapters     57.4     55.2     58.5
+  RTE (1000 x 3)             layernorm    49.8     53.1     54.5
+  MRPC F1 (1000 x 3)         adapters     81.6     79.0     82.1   (majority class: 81.2)
+  MRPC F1 (1000 x 3)         layernorm    81.8     78.3     81.2
+  CoLA MCC (1000 x 3)        adapters      0.0 (degenerate)  0.2   0.0
+  CoLA MCC (1000 x 3)        layernorm     0.0 (degenerate)  7.9   0.0
+  SMS spam (1000 x 3)        adapters     98.6     98.6     98.8
+  SMS spam (1000 x 3)        layernorm    98.6     98.2     98.6
 """
 
 from __future__ import annotations
@@ -23,46 +44,24 @@ import torch
 from torch import nn
 
 import adaptune.train as train_module
-from adaptune import methods
+from adaptune import backbone, methods
 from adaptune.config import TrainConfig
 
 HEADS = ("frozen", "trained", "mean")
 
 
-class MeanPooler(nn.Module):
-    """Masked mean of the last hidden states; the mask comes from the base model's forward call."""
+def patched_load(head: str):
+    def load(name, task_kind, num_labels=2):
+        return backbone.load_model(name, task_kind, num_labels, mean_pool_untrained=head == "mean")
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.mask: torch.Tensor | None = None
-
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        mask = self.mask if self.mask is not None else torch.ones(hidden_states.shape[:2], device=hidden_states.device)
-        mask = mask.to(hidden_states.dtype).unsqueeze(-1)
-        return (hidden_states * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-
-
-def _use_mean_pooling(model: nn.Module) -> None:
-    base = model.base_model
-    pooler = MeanPooler()
-    base.pooler = pooler
-
-    def keep_mask(module: nn.Module, args: tuple, kwargs: dict) -> None:
-        pooler.mask = kwargs.get("attention_mask")
-
-    base.register_forward_pre_hook(keep_mask, with_kwargs=True)
+    return load
 
 
 def patched_apply(head: str):
-    original = methods.apply_method
-
     def apply(model: nn.Module, cfg):
-        original(model, cfg)
-        pooler = methods.pooler_module(model)
-        if head == "frozen":
-            pooler.requires_grad_(False)
-        elif head == "mean":
-            _use_mean_pooling(model)
+        methods.apply_method(model, cfg)
+        if head == "trained":
+            methods.pooler_module(model).requires_grad_(True)
         return model
 
     return apply
@@ -91,7 +90,7 @@ def main() -> None:
                         task=task, method=method_dict, lr=lr, seed=seed, epochs=args.epochs, max_length=args.max_length,
                         max_train_examples=args.train_examples, max_eval_examples=args.eval_examples, experiment="pooler_head_rule",
                     )
-                    train_module.apply_method = patched_apply(head)
+                    train_module.load_model, train_module.apply_method = patched_load(head), patched_apply(head)
                     record = train_module.train_and_evaluate(
                         config, out_dir=args.out / head / config.run_id, cache_dir=args.out / "cache", progress=False
                     )

@@ -62,7 +62,7 @@ def test_only_trained_parameters_are_saved(classifier, tmp_path, backbone_path) 
     save_task_checkpoint(model, AdaptersConfig(size=64), backbone_path, tmp_path)
     tensors = load_file(str(tmp_path / "task.safetensors"))
     assert set(tensors) == {name for name, p in model.named_parameters() if p.requires_grad}
-    assert sum(t.numel() for t in tensors.values()) == 605_954 + 384 * 384 + 384  # DESIGN's count + MiniLM's untrained pooler
+    assert sum(t.numel() for t in tensors.values()) == 605_954
     info = json.loads((tmp_path / "task.json").read_text())
     assert info["method"] == {"name": "adapters", "size": 64, "init_std": 0.01, "nonlinearity": "gelu"}
     assert info["backbone"] == "all-MiniLM-L6-v2"  # the embedded path is stored by name, portable across machines
@@ -73,7 +73,7 @@ def test_adapter_checkpoint_is_a_small_fraction_of_a_full_one(classifier, tmp_pa
     adapters_dir = save_task_checkpoint(trained_model(classifier, AdaptersConfig(size=64)), AdaptersConfig(size=64), "all-MiniLM-L6-v2", tmp_path / "a")
     full_dir = save_task_checkpoint(apply_method(copy.deepcopy(classifier), FullConfig()), FullConfig(), "all-MiniLM-L6-v2", tmp_path / "f")
     ratio = (adapters_dir / "task.safetensors").stat().st_size / (full_dir / "task.safetensors").stat().st_size
-    assert 0.03 < ratio < 0.04  # 3.3% on the embedded backbone (2.67% before its untrained pooler joined the head)
+    assert 0.02 < ratio < 0.03  # measured 2.69% on the embedded backbone (mean pooling: no pooler weights)
 
 
 @pytest.mark.parametrize("task_kind", ["regression", "span"])

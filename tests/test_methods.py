@@ -9,9 +9,17 @@ import dataclasses
 import pandas as pd
 import pytest
 import torch
-from transformers import BertConfig, BertForSequenceClassification, RobertaConfig, RobertaForSequenceClassification
+from transformers import (
+    AutoModelForSequenceClassification,
+    BertConfig,
+    BertForSequenceClassification,
+    BertModel,
+    RobertaConfig,
+    RobertaForSequenceClassification,
+)
+from transformers.models.bert.modeling_bert import BertPooler
 
-from adaptune.backbone import load_model, load_tokenizer
+from adaptune.backbone import MeanPooler, load_model, load_tokenizer, pooler_is_untrained
 from adaptune.config import TrainConfig, method_label
 from adaptune.methods import (
     METHODS,
@@ -22,7 +30,6 @@ from adaptune.methods import (
     apply_method,
     method_from_dict,
     parse_method,
-    pooler_is_untrained,
     register_method,
 )
 
@@ -57,62 +64,82 @@ def test_full_trains_everything(classifier) -> None:
     assert trainable_names(model) == {name for name, _ in model.named_parameters()}
 
 
-def test_adapters_train_adapters_layernorms_head_and_the_untrained_pooler(classifier) -> None:
-    """MiniLM's pooler was never trained (it was trained with mean pooling), so the head rule trains it."""
-    assert pooler_is_untrained(classifier)
+def test_adapters_train_adapters_layernorms_and_head_not_pooler(classifier) -> None:
     model = applied(classifier, AdaptersConfig(size=64))
-    expected = {
-        name for name, _ in model.named_parameters()
-        if ".adapter." in name or "LayerNorm" in name or name.startswith(("classifier.", "bert.pooler."))
-    }
+    expected = {name for name, _ in model.named_parameters() if ".adapter." in name or "LayerNorm" in name or name.startswith("classifier.")}
     assert trainable_names(model) == expected
-    assert {"bert.embeddings.LayerNorm.weight", "bert.pooler.dense.weight", "bert.pooler.dense.bias"} <= expected
-    # DESIGN.md's fact, 605,954 with the pooler frozen (12 adapters x (2*64*384 + 384 + 64) + 13 LayerNorms
-    # x 768 + 384*2 + 2), plus the untrained pooler's 384*384 + 384.
-    assert sum(p.numel() for p in model.parameters() if p.requires_grad) == 605_954 + 384 * 384 + 384
+    assert "bert.embeddings.LayerNorm.weight" in expected
+    assert not any(name.startswith("bert.pooler.") for name in trainable_names(model))
+    # DESIGN.md's fact: 12 adapters x (2*64*384 + 384 + 64) + 13 LayerNorms x 768 + 384*2 + 2.
+    assert sum(p.numel() for p in model.parameters() if p.requires_grad) == 605_954
 
 
-def _bert_with_pretrained_looking_pooler() -> BertForSequenceClassification:
-    """A small BERT initialised as BERT is (std 0.02), its pooler bias made nonzero as training leaves it."""
+def _bert_checkpoint(directory, pooler_bias: float) -> str:
+    """A small BERT initialised as BERT is (std 0.02), saved as a checkpoint; a nonzero pooler bias
+    stands for a pooler that was trained (any optimizer step moves a bias)."""
     torch.manual_seed(0)
     config = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, max_position_embeddings=64)
-    model = BertForSequenceClassification(config)
+    model = BertModel(config)
     with torch.no_grad():
-        model.bert.pooler.dense.bias.normal_(0.0, 0.02)
-    return model
+        model.pooler.dense.bias.fill_(pooler_bias)
+    model.save_pretrained(directory)
+    return str(directory)
 
 
 @pytest.mark.parametrize("cfg", [AdaptersConfig(size=8), LayerNormConfig()], ids=["adapters", "layernorm"])
-def test_a_pretrained_pooler_stays_frozen(cfg) -> None:
-    """BERT as the paper has it: the pre-trained pooler is not part of what adapters / LayerNorm-only train."""
-    model = _bert_with_pretrained_looking_pooler()
+def test_a_pretrained_pooler_is_kept_and_stays_frozen(tmp_path, cfg) -> None:
+    """BERT as the paper has it: a checkpoint whose pooler was trained keeps it, and adapters /
+    LayerNorm-only leave it frozen (the paper's and the official code's trained set)."""
+    model = load_model(_bert_checkpoint(tmp_path, pooler_bias=0.01), "classification", num_labels=2)
+    assert isinstance(model.bert.pooler, BertPooler) and not pooler_is_untrained(model)
     assert model.bert.pooler.dense.weight.std().item() == pytest.approx(0.02, rel=0.1)
-    assert not pooler_is_untrained(model)
     trained = trainable_names(apply_method(model, cfg))
     assert not any(name.startswith("bert.pooler.") for name in trained)
     assert {"classifier.weight", "classifier.bias"} <= trained
 
 
-def test_the_head_rule_reads_the_weights_not_the_name(classifier) -> None:
-    # The embedded backbone: bias exactly zero, weight std ~0.009 (under 1.5 x initializer_range 0.02).
-    pooler = classifier.bert.pooler.dense
+def test_an_untrained_pooler_is_replaced_by_mean_pooling(tmp_path, backbone_path, classifier) -> None:
+    """The rule reads the weights: the embedded MiniLM's pooler (bias exactly 0, weight std ~0.009) and a
+    fresh BERT pooler (bias 0, std 0.02) were never trained; load_model pools as MiniLM was trained."""
+    raw = AutoModelForSequenceClassification.from_pretrained(backbone_path, num_labels=2)
+    pooler = raw.bert.pooler.dense
     assert torch.count_nonzero(pooler.bias) == 0 and pooler.weight.std().item() < 0.015
-    assert pooler_is_untrained(classifier)
-    # The same model with a pooler bias that moved: pre-trained, whatever its name.
-    moved = copy.deepcopy(classifier)
+    assert pooler_is_untrained(raw)
+    assert isinstance(classifier.bert.pooler, MeanPooler) and not list(classifier.bert.pooler.parameters())
+    assert sum(p.numel() for p in classifier.parameters()) == sum(p.numel() for p in raw.parameters()) - (384 * 384 + 384)
+    fresh = load_model(_bert_checkpoint(tmp_path, pooler_bias=0.0), "classification", num_labels=2)
+    assert isinstance(fresh.bert.pooler, MeanPooler)
+    # The same MiniLM weights with a pooler bias that moved: pre-trained, whatever the name.
     with torch.no_grad():
-        moved.bert.pooler.dense.bias.fill_(1e-3)
-    assert not pooler_is_untrained(moved)
-    # Zero bias but weights far larger than an initialisation: counted as trained.
-    large = copy.deepcopy(classifier)
+        pooler.bias.fill_(1e-3)
+    assert not pooler_is_untrained(raw)
+    # Zero bias but weights far larger than an initialisation's: counted as trained.
     with torch.no_grad():
-        large.bert.pooler.dense.weight.mul_(10.0)
-    assert not pooler_is_untrained(large)
+        pooler.bias.zero_()
+        pooler.weight.mul_(10.0)
+    assert not pooler_is_untrained(raw)
     # No pooler (RoBERTa's classifier has none) or no weights (meta device): the paper's layout.
     tiny = RobertaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, max_position_embeddings=64, pad_token_id=1)
     assert not pooler_is_untrained(RobertaForSequenceClassification(tiny))
     with torch.device("meta"):
         assert not pooler_is_untrained(BertForSequenceClassification(BertConfig()))
+
+
+def test_mean_pooling_averages_the_unpadded_tokens(classifier, backbone_path) -> None:
+    """The pooled vector is the attention-masked mean of the last hidden states: padding changes
+    nothing, and a deep copy of the model (as the tests and the ablation make) pools its own inputs."""
+    tokenizer = load_tokenizer(backbone_path)
+    texts = ["a good movie", "a much longer sentence about a film that goes on"]
+    batch = tokenizer(texts, padding=True, return_tensors="pt")
+    model = copy.deepcopy(classifier).eval()
+    with torch.inference_mode():
+        outputs = model.bert(**batch)
+        mask = batch["attention_mask"].unsqueeze(-1).float()
+        expected = (outputs.last_hidden_state * mask).sum(1) / mask.sum(1)
+        alone = model.bert(**tokenizer(texts[:1], return_tensors="pt")).pooler_output
+    assert torch.allclose(outputs.pooler_output, expected, atol=1e-6)
+    assert torch.allclose(outputs.pooler_output[0], alone[0], atol=1e-5)
+    assert model.bert.pooler.attention_mask is None  # the mask is not kept between calls
 
 
 @pytest.mark.parametrize("k", [1, 3, 5])
@@ -131,9 +158,9 @@ def test_top_k_with_every_layer_is_exactly_full_fine_tuning(classifier) -> None:
     assert "bert.embeddings.word_embeddings.weight" in trainable_names(top_all)
 
 
-def test_layernorm_trains_layernorms_head_and_the_untrained_pooler(classifier) -> None:
+def test_layernorm_trains_layernorms_and_head(classifier) -> None:
     model = applied(classifier, LayerNormConfig())
-    expected = {name for name, _ in model.named_parameters() if "LayerNorm" in name or name.startswith(("classifier.", "bert.pooler."))}
+    expected = {name for name, _ in model.named_parameters() if "LayerNorm" in name or name.startswith("classifier.")}
     assert trainable_names(model) == expected
     assert len([name for name in expected if "LayerNorm" in name]) == 13 * 2
 
