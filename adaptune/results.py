@@ -47,7 +47,7 @@ RUNS_SCHEMA = pa.schema(
         pa.field("trained_percent", pa.float64()),
         pa.field("primary_metric", pa.string()),
         pa.field("best_epoch", pa.int64()),
-        pa.field("val_score", pa.float64()),  # primary metric at the best epoch, validation split
+        pa.field("val_score", pa.float64()),  # primary metric at the final epoch (the run's result), validation split
         pa.field("test_score", pa.float64()),  # same epoch, test split; null where no labelled test split
         pa.field("val_metrics", pa.string()),  # JSON object {metric name: value}
         pa.field("test_metrics", pa.string()),  # JSON object {metric name: value}
