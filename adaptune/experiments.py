@@ -28,7 +28,7 @@ BERT_LARGE = "bert-large-uncased"
 
 @dataclasses.dataclass(frozen=True)
 class Accelerator:
-    """Where `train_eval` runs: the image family and the resources it asks for.
+    """Where `train_shard` and `ablate_runs` run: the image family and the resources they ask for.
 
     `type` and `count` are Vertex AI's accelerator settings; `node_selector` and `tolerations`
     pin the task to a GKE node pool on a plain KFP cluster (kfp-kubernetes).

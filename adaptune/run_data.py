@@ -55,7 +55,7 @@ def prepare_run_data(
     if task.kind == "span":
         span = _span_data(_subsample_splits(raw, wanted), tokenizer, max_length, doc_stride)
         return dataclasses.replace(span, **labels)
-    # Tokenize whole splits (cached per task, shared by every run and by prepare_data), then
+    # Tokenize whole splits (cached per task, shared by every run of every shard), then
     # subsample: the subset depends only on the split's length, so it picks the same rows as before.
     tokenized = _subsample_splits(tokenize_task(task, raw, tokenizer, max_length, cache_dir), wanted)
     eval_splits = {}

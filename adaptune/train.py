@@ -1,11 +1,13 @@
-"""One run: train a method on a task, evaluate every epoch, keep the best epoch, write record + checkpoint.
+"""One run: train a method on a task, evaluate every epoch, keep the final epoch's result, write record + checkpoint.
 
 The procedure follows the paper's official code: AdamW with weight decay 0.01 (not on biases and
 LayerNorm weights, as BERT does), linear warmup over the first 10% of steps then linear decay to
-zero, gradient clipping at 1.0, batch 32, max length 128, the head on the first token. Batches are
+zero, gradient clipping at 1.0, batch 32, max length 128, the head on the first token (or mean
+pooling where the backbone's pooler was never trained: backbone.py's head rule). Batches are
 dynamically padded and length-grouped. The full training state is saved at epoch ends (and every
 `checkpoint_every_steps`), so a preempted run restarted with the same out dir resumes and ends with
-the same result. Diverging or out-of-memory runs come back as records with status "failed".
+the same result. A diverging run comes back as a record with status "failed"; out of memory is
+raised for the caller (adaptune.shards) to retry, as it is transient on a shared device.
 """
 
 from __future__ import annotations
