@@ -161,7 +161,7 @@ class _Run:
                     p.epoch_loss_sum += loss
                     p.epoch_loss_steps += 1
                     bar.update(1)
-                    bar.set_postfix(epoch=p.epoch + 1, loss=f"{loss:.4f}")
+                    bar.set_postfix(epoch=p.epoch + 1, loss=f"{loss:.4f}", **_last_validation(p.curve, self.task.primary_metric))
                     every = config.checkpoint_every_steps
                     if every and p.global_step % every == 0 and p.step_in_epoch < len(batches):
                         self._save(model, optimizer, scheduler, segment_started)
@@ -265,6 +265,12 @@ def training_step(
     optimizer.zero_grad(set_to_none=True)
     device.mark_step()
     return loss_value
+
+
+def _last_validation(curve: list[dict[str, Any]], metric: str) -> dict[str, str]:
+    """The progress bar's note of the last finished epoch's validation score (none before the first)."""
+    value = (curve[-1].get("val_metrics") or {}).get(metric) if curve else None
+    return {f"val_{metric}": f"{value:.4f}"} if value is not None else {}
 
 
 def _check_config(config: TrainConfig) -> None:

@@ -149,3 +149,12 @@ def test_cli_flags_build_the_run_config() -> None:
     explicit = config_from_args(parser.parse_args(["--task", "squad", "--max-length", "192", "--doc-stride", "64"]))
     assert (explicit.max_length, explicit.doc_stride) == (192, 64)
     assert config_from_args(parser.parse_args(["--task", "rte", "--max-length", "256"])).max_length == 256
+
+
+def test_the_progress_bar_shows_the_last_finished_epochs_validation_score() -> None:
+    from adaptune.train import _last_validation
+
+    assert _last_validation([], "accuracy") == {}  # nothing before the first epoch ends
+    curve = [{"epoch": 1, "val_metrics": {"accuracy": 0.5}}, {"epoch": 2, "val_metrics": {"accuracy": 0.90625, "f1": 0.1}}]
+    assert _last_validation(curve, "accuracy") == {"val_accuracy": "0.9062"}
+    assert _last_validation([{"epoch": 1, "val_metrics": {"matthews_correlation": None}}], "matthews_correlation") == {}
