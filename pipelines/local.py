@@ -16,6 +16,7 @@ from adaptune.experiments import get_experiment
 from adaptune.plan import check_local_data, plan
 from adaptune.store import RunStore
 from pipelines.images import image_for
+from pipelines.log_filter import without_executor_inputs
 from pipelines.reproduction import build_pipeline
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -71,7 +72,8 @@ def run_local(
     else:
         task_runner = local.SubprocessRunner(use_venv=False)
     local.init(runner=task_runner, pipeline_root=str(pipeline_root))
-    run = build_pipeline(spec)(runs_root=store.root, data_dir=str(root) if root else "", retry_failed=retry_failed)
+    with without_executor_inputs():  # kfp prints each task's whole input JSON; the rest of its log stays
+        run = build_pipeline(spec)(runs_root=store.root, data_dir=str(root) if root else "", retry_failed=retry_failed)
     return collect_outputs(Path(run.outputs["results"].path), Path(run.outputs["report"].path), out_dir)
 
 
