@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from collections.abc import Callable
@@ -25,6 +26,12 @@ def atomic_write(target: str | os.PathLike[str], write: Callable[[Path], Any]) -
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def write_json(target: str | os.PathLike[str], data: Any, sort_keys: bool = True) -> None:
+    """`data` as indented JSON (non-JSON values as their str), written atomically."""
+    text = json.dumps(data, indent=2, sort_keys=sort_keys, default=str) + "\n"
+    atomic_write(target, lambda temporary: temporary.write_text(text))
 
 
 def current_umask() -> int:

@@ -23,6 +23,7 @@ from typing import Any
 
 from adaptune.config import TrainConfig
 from adaptune.experiments import ExperimentSpec
+from adaptune.files import write_json
 from adaptune.plan import failed_run_record, plan
 from adaptune.records import one_line_reason, save_traceback
 from adaptune.store import CHECKPOINT_DIR, RECORD_FILE, RUNS_DIR, RunStore
@@ -108,7 +109,7 @@ def run_in_store(
             record = failed_run_record(config, reason)
         if (work.path / CHECKPOINT_DIR).is_dir():
             record["checkpoint_dir"] = store.url(RUNS_DIR, config.run_id, CHECKPOINT_DIR)
-        _write_record(work.path, record)
+        write_json(work.path / RECORD_FILE, record)
         work.sync()
     return record["status"]
 
@@ -123,11 +124,3 @@ def load_trainer() -> Callable[..., dict[str, Any]]:
     module, _, name = target.partition(":")
     return getattr(importlib.import_module(module), name)
 
-
-def _write_record(run_dir: Any, record: dict[str, Any]) -> None:
-    import json
-
-    from adaptune.files import atomic_write
-
-    text = json.dumps(record, indent=2, sort_keys=True, default=str) + "\n"
-    atomic_write(run_dir / RECORD_FILE, lambda temporary: temporary.write_text(text))

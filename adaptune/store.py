@@ -30,7 +30,7 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from adaptune.files import atomic_write
+from adaptune.files import write_json
 from adaptune.records import TRACEBACK_FILE
 
 RUNS_DIR = "runs"
@@ -85,13 +85,12 @@ class RunStore:
 
     def write_json(self, data: Any, *parts: str) -> None:
         """Whole-file writes: atomic rename here, a single object put on a bucket."""
-        text = json.dumps(data, indent=2, sort_keys=True, default=str) + "\n"
         if self.is_local:
             target = Path(self._path(*parts))
             target.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(target, lambda temporary: temporary.write_text(text))
+            write_json(target, data)
         else:
-            self.fs.pipe_file(self._path(*parts), text.encode())
+            self.fs.pipe_file(self._path(*parts), (json.dumps(data, indent=2, sort_keys=True, default=str) + "\n").encode())
 
     def remove(self, *parts: str) -> None:
         with contextlib.suppress(FileNotFoundError):

@@ -12,7 +12,6 @@ raised for the caller (adaptune.shards) to retry, as it is transient on a shared
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -30,17 +29,16 @@ from transformers.trainer_pt_utils import get_parameter_names
 from adaptune.backbone import load_model, load_tokenizer
 from adaptune.batching import epoch_batches, iterate_batches, make_collator
 from adaptune.checkpoint import save_task_checkpoint
-from adaptune.config import DEFAULT_BACKBONE, TrainConfig
+from adaptune.config import TrainConfig
 from adaptune.epoch_log import report_epoch
 from adaptune.devices import Device, is_out_of_memory, pick_device, release_memory
 from adaptune.evaluate import EvalResult, evaluate_split
-from adaptune.files import atomic_write
-from adaptune.methods import apply_method, method_from_dict, parse_method
+from adaptune.files import write_json
+from adaptune.methods import apply_method, method_from_dict
 from adaptune.params import count_parameters
 from adaptune.records import PREDICTIONS_FILE, run_record
 from adaptune.run_data import RunData, prepare_run_data
 from adaptune.store import CHECKPOINT_DIR, RECORD_FILE
-from adaptune.squad import DOC_STRIDE as SPAN_DOC_STRIDE, MAX_LENGTH as SPAN_MAX_LENGTH
 from adaptune.tasks import Task, get_task, scored_companions
 from adaptune.train_state import Progress, load_state, remove_state, save_state
 
@@ -94,7 +92,7 @@ def train_and_evaluate(
         raise
     record["wall_time_s"] = run.progress.elapsed_s + (time.perf_counter() - started)
     record["curve"] = run.progress.curve
-    _write_json(out / RECORD_FILE, record)
+    write_json(out / RECORD_FILE, record)
     if record["status"] != "failed":
         remove_state(out)
     return record
@@ -205,7 +203,7 @@ class _Run:
                 for name, split in self.companion_splits.items()
             }
             if validation.predictions is not None:  # SQuAD: the official evaluate-v1.1.py's prediction file
-                _write_json(self.out / PREDICTIONS_FILE, validation.predictions, sort_keys=False)
+                write_json(self.out / PREDICTIONS_FILE, validation.predictions, sort_keys=False)
             metadata = {"run_id": config.run_id, "task": self.task.name, "epoch": config.epochs, "best_epoch": p.best_epoch,
                         "config": config.to_dict(), "data_split": self.record["data_split"]}
             save_task_checkpoint(model, self.method_cfg, config.backbone, self.out / CHECKPOINT_DIR, metadata=metadata)
@@ -327,11 +325,6 @@ def _finished_record(out: Path, run_id: str) -> dict[str, Any] | None:
     if record.get("run_id") != run_id:
         raise ValueError(f"{path} holds run {record.get('run_id')!r}, not {run_id!r}: give each run its own out dir")
     return record if record.get("status") != "failed" else None
-
-
-def _write_json(path: Path, data: dict[str, Any], sort_keys: bool = True) -> None:
-    text = json.dumps(data, indent=2, sort_keys=sort_keys, default=str) + "\n"
-    atomic_write(path, lambda temporary: temporary.write_text(text))
 
 
 # ---- command line: `python -m adaptune train ...` ----------------------------------------------------
