@@ -7,9 +7,12 @@ canonicalisation (`_canonical_columns`) and, for the additional tasks, the same 
 Canonical columns: idx (the row's position in the source after filtering), text_a, text_b (None for
 single-text tasks), label (ClassLabel index; float32 for STS-B). SQuAD keeps the official fields.
 
-Data splits (`TaskData.data_split`, carried into every run record): "standard" is the task's own split
-(for SQuAD: train-v1.1 / dev-v1.1, each split from the mirror where it holds the file, else from the
-hub). Where the mirror has only SQuAD's dev file and the hub cannot be used, a run trains on the named
+Data splits (`TaskData.data_split`, carried into every run record): "standard" is the project's split
+of the task's own files. GLUE: train = train.tsv less a held-out validation slice (seeded, stratified,
+`holdout_indices`), validation = that slice (every selection uses it), test = dev.tsv (the reported
+score, never seen by selection; GLUE's test labels are private). The additional tasks: 80/10/10 of
+their one file. SQuAD: train-v1.1 / dev-v1.1, each split from the mirror where it holds the file, else
+from the hub. Where the mirror has only SQuAD's dev file and the hub cannot be used, a run trains on the named
 local stand-in "squad_dev_standin" instead: dev-v1.1's articles split 80/20 by a hash of their title
 (`squad_standin_titles`), which is not the paper's split and says so in every record.
 """
@@ -45,6 +48,10 @@ STANDARD_SPLIT = "standard"  # the task's own splits (the paper's)
 SQUAD_STANDIN = "squad_dev_standin"  # SQuAD from dev-v1.1 alone: train / validation = disjoint dev articles
 DATA_SPLITS = (STANDARD_SPLIT, SQUAD_STANDIN)
 STANDIN_TRAIN_FRACTION = 0.8  # of the dev articles (by count) that the stand-in trains on
+# GLUE: the source file ("train" = train.tsv, "dev" = dev.tsv) each canonical split comes from.
+GLUE_SPLIT_SOURCES = {"train": "train", "validation": "train", "test": "dev"}
+HOLDOUT_FRACTION = 0.1  # of a GLUE train file held out as validation ...
+HOLDOUT_MAX_ROWS = 10_000  # ... capped (MNLI, QQP, QNLI): about the size of their dev sets
 
 
 class DataNotFoundError(FileNotFoundError):
@@ -266,6 +273,72 @@ def split_indices(n: int, seed: int = SPLIT_SEED) -> dict[str, list[int]]:
     return {split: sorted(rows) for split, rows in cuts.items()}
 
 
+def holdout_size(n_rows: int) -> int:
+    """Rows of a GLUE train file held out for validation: 10%, at most 10,000, at least 1."""
+    return max(1, min(int(HOLDOUT_FRACTION * n_rows), HOLDOUT_MAX_ROWS))
+
+
+def holdout_indices(labels: Sequence[Any], n_holdout: int, seed: int = SPLIT_SEED) -> dict[str, list[int]]:
+    """A stratified validation slice of n_holdout rows: {"train": rows kept, "validation": rows held out}.
+
+    Each stratum (a class; for a regression score, its integer part, 5.0 with 4) gives its share of
+    n_holdout by largest remainder, so class proportions match the file's. Within a stratum rows are
+    ordered by sha256(f"{seed}:{row}") (hand-written for the same reason as `split_indices`: identical
+    on every machine and library version) and the first ones are held out. Both lists keep source order.
+    """
+    n = len(labels)
+    if not 0 < n_holdout < n:
+        raise ValueError(f"cannot hold out {n_holdout} of {n} rows")
+    strata: dict[Any, list[int]] = {}
+    for row, label in enumerate(labels):
+        key = min(int(label), 4) if isinstance(label, float) else label
+        strata.setdefault(key, []).append(row)
+    exact = {key: n_holdout * len(rows) / n for key, rows in strata.items()}
+    quota = {key: int(value) for key, value in exact.items()}
+    by_remainder = sorted(strata, key=lambda key: (-(exact[key] - quota[key]), str(key)))
+    for key in by_remainder[: n_holdout - sum(quota.values())]:
+        quota[key] += 1
+    held: set[int] = set()
+    for key, rows in strata.items():
+        ordered = sorted(rows, key=lambda i: hashlib.sha256(f"{seed}:{i}".encode()).digest())
+        held.update(ordered[: quota[key]])
+    return {"train": [i for i in range(n) if i not in held], "validation": sorted(held)}
+
+
+def _glue_parts(task: Task, root: Path | None, wanted: tuple[str, ...], origin: str) -> dict[str, datasets.Dataset]:
+    """GLUE's canonical splits: train and validation from train.tsv (`holdout_indices`), test = dev.tsv."""
+    unknown = sorted(set(wanted) - set(GLUE_SPLIT_SOURCES))
+    if unknown:
+        raise ValueError(f"{task.name} has no split(s) {unknown}; its splits are {list(GLUE_SPLIT_SOURCES)} "
+                         "(validation: a held-out slice of train.tsv; test: dev.tsv)")
+    roles = [role for role in task.source.file_map if role in {GLUE_SPLIT_SOURCES[split] for split in wanted}]
+    records = {role: _source_records(task, root, role) for role in roles}
+    labels = _label_names(task, [r for rs in records.values() for r in rs], origin)
+    files = {role: _to_dataset(_canonical_columns(task, rs, labels), _features(task, labels)) for role, rs in records.items()}
+    parts: dict[str, datasets.Dataset] = {}
+    if "train" in files:
+        whole = files["train"]
+        if len(whole) < 2:
+            raise DataError(f"{task.name}: {_split_origin(task, root, 'train')} has {len(whole)} usable row(s); "
+                            "a validation slice needs at least 2")
+        rows = holdout_indices(whole["label"], holdout_size(len(whole)))
+        parts = {"train": whole.select(rows["train"]), "validation": whole.select(rows["validation"])}
+    if "dev" in files:
+        parts["test"] = files["dev"]
+    return {split: parts[split] for split in wanted}
+
+
+def splits_in_files(task: Task | str, roles: Sequence[str]) -> tuple[str, ...]:
+    """The canonical splits that can be built from the given source files (e.g. QNLI's mirror, dev.tsv
+    alone: ("test",))."""
+    task = get_task(task)
+    if task.family == "glue":
+        return tuple(split for split, role in GLUE_SPLIT_SOURCES.items() if role in roles)
+    if "all" in task.source.file_map:
+        return ("train", "validation", "test") if "all" in roles else ()
+    return tuple(role for role in task.source.file_map if role in roles)
+
+
 # ------------------------------------------------------------------------------------------ loading
 _LOADED: dict[tuple, TaskData] = {}  # parsed datasets, keyed by source files and their mtimes
 
@@ -375,11 +448,7 @@ def _load_classification(task: Task, root: Path | None, wanted: tuple[str, ...] 
         pooled = _to_dataset(columns, _features(task, labels))
         parts = {split: pooled.select(rows) for split, rows in split_indices(len(pooled)).items()}
     else:
-        source_splits = list(task.source.file_map)  # GLUE: train, validation (dev)
-        records_by_split = {s: _source_records(task, root, s) for s in source_splits if wanted is None or s in wanted}
-        labels = _label_names(task, [r for rs in records_by_split.values() for r in rs], origin)
-        parts = {s: _to_dataset(_canonical_columns(task, rs, labels), _features(task, labels))
-                 for s, rs in records_by_split.items()}
+        parts = _glue_parts(task, root, wanted or tuple(GLUE_SPLIT_SOURCES), origin)
     if wanted is not None:
         unknown = sorted(set(wanted) - set(parts))
         if unknown:
@@ -393,13 +462,15 @@ def _load_classification(task: Task, root: Path | None, wanted: tuple[str, ...] 
 
 
 def _split_origin(task: Task, root: Path | None, split: str) -> str:
-    """Where a split's rows come from: its own file (GLUE: dev.tsv for validation), the one file it is
-    split from (the additional tasks), or its hub split."""
+    """Where a split's rows come from: its own file, the file it is cut from (GLUE's validation slice of
+    train.tsv; the additional tasks' 80/10/10), or its hub split."""
     source = task.source
+    role = GLUE_SPLIT_SOURCES[split] if task.family == "glue" and split in GLUE_SPLIT_SOURCES else split
+    held_out = " (its held-out validation slice)" if task.family == "glue" and split == "validation" else ""
     if root is None:
-        return f"hub {source.hub_id}/{source.hub_config} split {source.hub_split_map.get(split, split)}"
-    if split in source.file_map:
-        return str(root / source.file_map[split])
+        return f"hub {source.hub_id}/{source.hub_config} split {source.hub_split_map.get(role, role)}{held_out}"
+    if role in source.file_map:
+        return str(root / source.file_map[role]) + held_out
     return f"{root / source.file_map['all']} (its {split} part of the 80/10/10 split)"
 
 
@@ -600,7 +671,7 @@ def prepare(task: Task | str, data_dir: str | Path | None = None, tokenizer_name
         missing = {s: f"{root / rel} not found; {_hub_hint(task, s)}" for s, rel in task.source.files if s not in present}
         if not present:
             raise DataNotFoundError(f"{task.name}: none of its files are in {root}: " + "; ".join(missing.values()))
-        splits = present if missing else None
+        splits = splits_in_files(task, present) if missing else None
     raw = load_task_data(task, root, splits=splits)
     cache_root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     if task.kind == "span":

@@ -364,31 +364,32 @@ smoke = _register(
 # A real small reproduction in about an hour on a laptop CPU (4+ cores; about 2 hours on the
 # shared 2-core machine here, by plan's estimate): four GLUE tasks from the shared data, 1000
 # training examples each, full vs adapters 64 vs LayerNorm-only, 3 seeds, 3 epochs.
-CPU_SMALL_TASKS = ("rte", "mrpc", "cola", "sst2")
+CPU_SMALL_TASKS = ("cola", "sst2", "sms_spam")  # two GLUE tasks and one additional task that fit 2 CPU cores
 cpu_small = _register(
     dataclasses.replace(
         DEFAULTS,
         name="cpu_small",
-        description="about an hour on a laptop CPU: MiniLM, RTE/MRPC/CoLA/SST-2, full vs adapters 64 vs LayerNorm, 3 seeds",
+        description="the small reproduction, about 1.5 h on 2 CPU cores: MiniLM, CoLA/SST-2/SMS spam, full vs "
+        "adapters 64 vs LayerNorm-only, each over its own learning-rate grid, 3 seeds, Figure 6 ablation on CoLA",
         backbone=DEFAULT_BACKBONE,
         accelerator=CPU,
         parallelism=2,
         shard_size=6,
         retries=0,
         max_train_examples=1000,
-        max_eval_examples=500,
+        max_eval_examples=1000,  # validation and test: all of CoLA's and SST-2's dev sets; SMS spam's 558 test rows
         sweeps=(
-            # One learning rate per method from the paper's grids: 1e-4 for full fine-tuning,
-            # 3e-3 for the few parameters of adapters and LayerNorm.
-            Sweep(tasks=CPU_SMALL_TASKS, methods=method_grid(full=True), learning_rates=(1e-4,), seeds=(0, 1, 2)),
-            Sweep(
-                tasks=CPU_SMALL_TASKS,
-                methods=method_grid(adapter_sizes=(64,), layernorm=True),
-                learning_rates=(3e-3,),
-                seeds=(0, 1, 2),
-            ),
+            # Learning rates from the paper's grids (GLUE 3e-5..3e-3, Figure 7's 2e-5..1e-3), per method:
+            # full fine-tuning and adapters share 1e-4 and 3e-4 (Figure 7 compares them at equal rates);
+            # adapters also run at 1e-3, where they collapse on CoLA with this backbone; LayerNorm-only,
+            # with 0.1% of the parameters, needs the top of the paper's grid.
+            Sweep(tasks=CPU_SMALL_TASKS, methods=method_grid(full=True), learning_rates=(1e-4, 3e-4), seeds=(0, 1, 2)),
+            Sweep(tasks=CPU_SMALL_TASKS, methods=method_grid(adapter_sizes=(64,)), learning_rates=(1e-4, 3e-4, 1e-3),
+                  seeds=(0, 1, 2)),
+            Sweep(tasks=CPU_SMALL_TASKS, methods=method_grid(layernorm=True), learning_rates=(1e-3, 3e-3), seeds=(0, 1, 2)),
         ),
-        ablation=Ablation(tasks=("mrpc",), method={"name": "adapters", "size": 64, "init_std": 1e-2}),
+        # The paper's Figure 6 ablates CoLA (and MNLI, too large here).
+        ablation=Ablation(tasks=("cola",), method={"name": "adapters", "size": 64, "init_std": 1e-2}),
     )
 )
 

@@ -54,8 +54,10 @@ def run_record(config: TrainConfig, primary_metric: str, device: str | None = No
         # and that it is not the paper's split (None for "standard").
         "data_split": STANDARD_SPLIT,
         "split_note": None,
-        # Tasks scored by this run on their own validation split (tasks.scored_companions):
-        # {"mnli_mm": {"val_metrics": {...}, "test_metrics": {...}}} for an MNLI run.
+        # Rows each split was used with, after subsampling: {"train": n, "validation": n, "test": n}.
+        "split_sizes": {},
+        # Tasks scored by this run on their own test split (tasks.scored_companions), beside this run's
+        # validation scores: {"mnli_mm": {"val_metrics": {...}, "test_metrics": {...}, "split_sizes": {...}}}.
         "companions": {},
     }
 
@@ -66,7 +68,8 @@ def with_companions(record: dict[str, Any]) -> list[dict[str, Any]]:
     rows = [record]
     for task, scores in (record.get("companions") or {}).items():
         rows.append({**record, "run_id": f"{record['run_id']}@{task}", "task": task, "curve": [], "companions": {},
-                     "val_metrics": scores.get("val_metrics") or {}, "test_metrics": scores.get("test_metrics") or {}})
+                     "val_metrics": scores.get("val_metrics") or {}, "test_metrics": scores.get("test_metrics") or {},
+                     "split_sizes": scores.get("split_sizes") or {}})
     return rows
 
 

@@ -59,6 +59,9 @@ RUNS_SCHEMA = pa.schema(
         pa.field("checkpoint_dir", pa.string()),
         pa.field("data_split", pa.string()),  # "standard", or a named stand-in (e.g. squad_dev_standin): not the paper's split
         pa.field("split_note", pa.string()),  # what a stand-in split is (null for "standard")
+        pa.field("train_rows", pa.int64()),  # examples each split was used with (after subsampling)
+        pa.field("val_rows", pa.int64()),
+        pa.field("test_rows", pa.int64()),
         pa.field("method_json", pa.string(), nullable=False),
         pa.field("config_json", pa.string(), nullable=False),
         pa.field("written_at", pa.timestamp("us", tz="UTC"), nullable=False),
@@ -90,7 +93,7 @@ ABLATION_SCHEMA = pa.schema(
 )
 
 # Columns added after runs.parquet files were first written: an older file lacking them reads with nulls.
-ADDED_RUN_COLUMNS = ("data_split", "split_note")
+ADDED_RUN_COLUMNS = ("data_split", "split_note", "train_rows", "val_rows", "test_rows")
 
 # Keys a run record must carry even when the run failed (ARCHITECTURE.md, "The run record").
 REQUIRED_RECORD_KEYS = ("run_id", "task", "method", "lr", "epochs", "seed", "backbone", "config", "status")
@@ -126,6 +129,7 @@ def run_row(record: dict[str, Any], written_at: dt.datetime | None = None) -> di
     test_metrics = record.get("test_metrics") or {}
     primary = record.get("primary_metric")
     trained, total = record.get("trained_params"), record.get("total_params")
+    sizes = record.get("split_sizes") or {}
     return {
         "run_id": record["run_id"],
         "experiment": record.get("experiment"),
@@ -156,6 +160,9 @@ def run_row(record: dict[str, Any], written_at: dt.datetime | None = None) -> di
         "checkpoint_dir": None if record.get("checkpoint_dir") is None else str(record["checkpoint_dir"]),
         "data_split": record.get("data_split"),
         "split_note": record.get("split_note"),
+        "train_rows": sizes.get("train"),
+        "val_rows": sizes.get("validation"),
+        "test_rows": sizes.get("test"),
         "method_json": json.dumps(method, sort_keys=True),
         "config_json": json.dumps(record["config"], sort_keys=True, default=str),
         "written_at": written_at or dt.datetime.now(dt.timezone.utc),

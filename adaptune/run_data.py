@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from datasets import Dataset, DatasetDict
@@ -23,6 +24,7 @@ class RunData:
     eval_splits: dict[str, EvalSplit]  # "validation", and "test" where the task has a labelled test split
     data_split: str = STANDARD_SPLIT  # the split scheme (adaptune.data.TaskData), named in the run record
     split_note: str | None = None  # where it is not the paper's split: what it is instead
+    split_sizes: dict[str, int] = dataclasses.field(default_factory=dict)  # rows each split was used with
 
 
 @quiet_datasets()  # no progress bars from map/save/load: a run prints its own per-epoch lines
@@ -37,24 +39,28 @@ def prepare_run_data(
     cache_dir: str | os.PathLike[str] | None = None,
     with_train: bool = True,
     data_split: str | None = None,
+    eval_only: Sequence[str] = ("validation",),
 ) -> RunData:
-    """Everything a run (or an ablation, `with_train=False`) feeds its model, from the real splits.
+    """Everything a run (or, `with_train=False`, an evaluation of the `eval_only` splits) feeds its
+    model, from the real splits.
 
     `data_split` None: the task's standard splits, or SQuAD's local stand-in where a run needs a train
     split that neither the mirror nor the hub has (adaptune.data.load_task_splits). An ablation passes
     the split its run was trained on, so that it scores the same validation questions.
     """
-    # Evaluation alone (ablation) needs only validation: the local SQuAD/QNLI mirrors lack a train file.
-    loaded = load_task_splits(task, data_dir, splits=None if with_train else ("validation",), data_split=data_split)
+    # Evaluation alone loads only the splits it scores: the local SQuAD mirror lacks a train file, and
+    # scoring MNLI-mm's dev set needs no parse of MNLI's train file.
+    loaded = load_task_splits(task, data_dir, splits=None if with_train else tuple(eval_only), data_split=data_split)
     raw, labels = loaded.splits, {"data_split": loaded.data_split, "split_note": loaded.split_note}
-    if "validation" not in raw:
-        raise ValueError(f"task {task.name!r} has no validation split (splits: {list(raw)}); the run selects its best epoch on it")
+    if with_train and "validation" not in raw:
+        raise ValueError(f"task {task.name!r} has no validation split (splits: {list(raw)}); the run is selected on it")
     wanted = {"validation": max_eval_examples, "test": max_eval_examples}
     if with_train:
         wanted["train"] = max_train_examples
     if task.kind == "span":
-        span = _span_data(_subsample_splits(raw, wanted), tokenizer, max_length, doc_stride)
-        return dataclasses.replace(span, **labels)
+        subsets = _subsample_splits(raw, wanted)
+        span = _span_data(subsets, tokenizer, max_length, doc_stride)
+        return dataclasses.replace(span, split_sizes={name: len(split) for name, split in subsets.items()}, **labels)
     # Tokenize whole splits (cached per task, shared by every run of every shard), then
     # subsample: the subset depends only on the split's length, so it picks the same rows as before.
     tokenized = _subsample_splits(tokenize_task(task, raw, tokenizer, max_length, cache_dir), wanted)
@@ -62,7 +68,9 @@ def prepare_run_data(
     for name in EVAL_SPLITS:
         if name in tokenized and _has_labels(tokenized[name]):
             eval_splits[name] = EvalSplit(name, model_rows(tokenized[name]), references=list(tokenized[name]["labels"]))
-    return RunData(train_rows=model_rows(tokenized["train"]) if with_train else [], eval_splits=eval_splits, **labels)
+    sizes = {name: len(split) for name, split in tokenized.items()}
+    return RunData(train_rows=model_rows(tokenized["train"]) if with_train else [], eval_splits=eval_splits,
+                   split_sizes=sizes, **labels)
 
 
 def _subsample_splits(splits: DatasetDict, wanted: dict[str, int | None]) -> DatasetDict:

@@ -3,8 +3,9 @@
 Like seqio's GLUE tables, tasks are rows of a table turned into `Task` records in one loop; nothing
 registers itself on import elsewhere. Look tasks up with `get_task(name)`.
 
-Splits: GLUE is scored on its dev sets (test labels are not public): train = train.tsv, validation =
-dev.tsv, no test split. The 17 additional tasks are one file each, split 80/10/10 by `data.py`
+Splits: GLUE's test labels are not public, so its dev set is the reported (held-out) score: the
+source files are "train" (train.tsv) and "dev" (dev.tsv); `data.py` makes train = train.tsv less a
+seeded, stratified validation slice that every selection uses, and test = dev.tsv. The 17 additional tasks are one file each, split 80/10/10 by `data.py`
 (sizes equal the paper's Table 3 when the raw rows match). SQuAD v1.1: train / validation = dev.
 
 Hub revisions: `hub_revision` is None everywhere because the hub could not be reached when this
@@ -29,8 +30,9 @@ class UnknownTaskError(ValueError):
 class Source:
     """Where a task's rows come from: a local mirror in the publisher's layout, else the hub.
 
-    `files` maps split -> path relative to the data dir. The extras have one file under the
-    split name "all", split 80/10/10 after loading.
+    `files` maps a source file's role -> path relative to the data dir: GLUE "train" and "dev"
+    (adaptune.data.GLUE_SPLIT_SOURCES says which canonical split comes from which), SQuAD "train" and
+    "validation", the extras one file "all", split 80/10/10 after loading.
     """
 
     files: tuple[tuple[str, str], ...]
@@ -40,7 +42,7 @@ class Source:
     hub_id: str | None = None
     hub_config: str | None = None
     hub_revision: str | None = None
-    hub_splits: tuple[tuple[str, str], ...] = ()  # our split -> hub split
+    hub_splits: tuple[tuple[str, str], ...] = ()  # source file role -> hub split
     hub_text_columns: tuple[str, ...] = ()
     hub_label_column: str | None = None
     url: str | None = None  # the publisher's download page, where there is no hub copy
@@ -150,13 +152,13 @@ def _glue_task(name: str, row: dict) -> Task:
     labels = row["labels"]
     dev = row.get("dev", "dev.tsv")
     source = Source(
-        files=(("train", f"glue/{row['dir']}/train.tsv"), ("validation", f"glue/{row['dir']}/{dev}")),
+        files=(("train", f"glue/{row['dir']}/train.tsv"), ("dev", f"glue/{row['dir']}/{dev}")),
         reader=row["reader"],
         text_columns=row["text"],
         label_column=row.get("label_column", "label"),
         hub_id=GLUE_HUB_ID,
         hub_config=row["config"],
-        hub_splits=(("train", "train"), ("validation", row.get("hub_dev", "validation"))),
+        hub_splits=(("train", "train"), ("dev", row.get("hub_dev", "validation"))),
         hub_text_columns=row["hub_text"],
         hub_label_column="label",
     )

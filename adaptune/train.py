@@ -116,11 +116,13 @@ class _Run:
         )
         if not data.train_rows:
             raise ValueError(f"task {task.name!r} has no training rows; check the data dir")
-        self.record.update(data_split=data.data_split, split_note=data.split_note)
-        # Tasks this run also scores (MNLI-mm for an MNLI run): their data is checked before training.
+        self.record.update(data_split=data.data_split, split_note=data.split_note, split_sizes=data.split_sizes)
+        # Tasks this run also scores (MNLI-mm for an MNLI run) on their own test split (MNLI-mm: the
+        # mismatched dev set); their validation slice is this run's (the same train file, held out alike).
+        # Their data is checked before training.
         self.companion_splits = {
-            name: prepare_run_data(get_task(name), tokenizer, config.max_length, config.doc_stride, None,
-                                   config.max_eval_examples, data_dir, cache_dir, with_train=False).eval_splits["validation"]
+            name: prepare_run_data(get_task(name), tokenizer, config.max_length, config.doc_stride, None, config.max_eval_examples,
+                                   data_dir, cache_dir, with_train=False, eval_only=("test",)).eval_splits["test"]
             for name in scored_companions(task.name)
         }
         model = load_model(config.backbone, task.kind, task.num_labels)
@@ -198,8 +200,9 @@ class _Run:
             test = data.eval_splits.get("test")
             p.final_test_metrics = _finite_or_none(evaluate_split(model, self.task, test, self.device, collator).metrics) if test else {}
             p.final_companions = {
-                name: {"val_metrics": _finite_or_none(evaluate_split(model, get_task(name), split, self.device, collator).metrics),
-                       "test_metrics": {}}
+                name: {"val_metrics": p.final_val_metrics,
+                       "test_metrics": _finite_or_none(evaluate_split(model, get_task(name), split, self.device, collator).metrics),
+                       "split_sizes": {**self.record["split_sizes"], "test": len(split.rows)}}
                 for name, split in self.companion_splits.items()
             }
             if validation.predictions is not None:  # SQuAD: the official evaluate-v1.1.py's prediction file

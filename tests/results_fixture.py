@@ -1,7 +1,7 @@
 """A small *real* result set for the results-store, report and notebook tests.
 
 Tiny real runs of the training engine on the shared data (Crowdflower disasters: an extra task with a
-test split; SST-2: GLUE, validation only), covering every method, two adapter sizes, two seeds, two
+test split; SST-2: GLUE, its validation slice held out of train.tsv and dev.tsv as its test split), covering every method, two adapter sizes, two seeds, two
 learning rates and two init stds, plus one run whose learning rate is absurd on purpose so that the
 set holds a real failure. Records are memoised per process and the engine skips runs already
 finished in the work dir, so the three test modules train once.
@@ -29,8 +29,8 @@ RUN_GRID: tuple[tuple[str, dict[str, Any], float, int], ...] = (
     ("disasters", {"name": "adapters", "size": 8, "init_std": 1e-2}, 3e-3, 0),
     ("disasters", {"name": "layernorm"}, 3e-3, 0),
     ("disasters", {"name": "full"}, 1e6, 0),  # diverges: a real "failed" record
-    ("sst2", {"name": "full"}, 1e-4, 0),
-    ("sst2", {"name": "adapters", "size": 64, "init_std": 1e-2}, 1e-3, 0),
+    ("sst2", {"name": "full"}, 3e-4, 0),  # lower rates collapse to one class on 128 examples in 2 epochs
+    ("sst2", {"name": "adapters", "size": 64, "init_std": 1e-2}, 3e-3, 0),
 )
 
 _MEMO: dict[str, list[dict[str, Any]]] = {}

@@ -60,9 +60,9 @@ def test_method_vs_full_differences_follow_the_runs(claims, frames):
     assert len(adapters) == 2 and extra["measured"] == pytest.approx(adapters.mean() - full.mean())
     assert extra["ci_low"] <= extra["measured"] <= extra["ci_high"]  # seeds resampled: an interval exists
     assert extra["verdict"] == ("holds" if extra["measured"] >= -0.4 else "does not hold")
-    # GLUE: validation (no labelled test split); one seed each, so no interval.
+    # GLUE: the test split (dev.tsv); one seed each, so no interval.
     glue = claims.loc["adapters_glue_within_1pt"]
-    sst2 = _best_config_scores(runs, "sst2", "adapters", "val_score").mean() - _best_config_scores(runs, "sst2", "full", "val_score").mean()
+    sst2 = _best_config_scores(runs, "sst2", "adapters", "test_score").mean() - _best_config_scores(runs, "sst2", "full", "test_score").mean()
     assert glue["measured"] == pytest.approx(sst2) and pd.isna(glue["ci_low"])
     assert "2.69% of the backbone" in glue["detail"]  # 605,954 of 22.6M: "a few percent"
     layernorm = claims.loc["layernorm_clearly_worse"]
@@ -93,14 +93,14 @@ def test_unmeasured_claims_say_what_is_missing(claims):
 
 
 def test_verdict_turns_on_the_threshold(real_records, tmp_path, shared_data_dir):
-    """The same real runs with adapters' SST-2 validation score set 0.5 and then 2 points under full
+    """The same real runs with adapters' SST-2 reported (dev) score set 0.5 and then 2 points under full
     fine-tuning's: within 1 point holds, 2 points under does not."""
     verdicts = {}
     for gap in (0.005, 0.02):
         records = copy.deepcopy(real_records)
         full = next(r for r in records if r["task"] == "sst2" and r["method"]["name"] == "full")
         adapters = next(r for r in records if r["task"] == "sst2" and r["method"]["name"] == "adapters")
-        adapters["val_metrics"] = {"accuracy": full["val_metrics"]["accuracy"] - gap}
+        adapters["test_metrics"] = {"accuracy": full["test_metrics"]["accuracy"] - gap}
         write_results(records, tmp_path / str(gap))
         row = claims_table(read_results(tmp_path / str(gap)), load_reference(), data_dir=shared_data_dir).set_index("claim_id")
         assert row.loc["adapters_glue_within_1pt", "measured"] == pytest.approx(-100 * gap)

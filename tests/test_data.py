@@ -9,17 +9,17 @@ import datasets
 import pytest
 
 from adaptune import data as data_module
-from adaptune.data import (DataError, DataNotFoundError, load_task_data, prepare, resolve_data_dir, split_indices,
-                           tokenize_task)
+from adaptune.data import (DataError, DataNotFoundError, holdout_indices, load_task_data, prepare, resolve_data_dir,
+                           split_indices, tokenize_task)
 from adaptune.readers import MalformedFileError
 from adaptune.tasks import EXTRA_TASKS, TASKS
 
-# Row counts from the shared data README; label counts read off the files.
+# Row counts from the shared data README (train.tsv, dev.tsv); label counts of train.tsv read off the files.
 GLUE_EXPECTED = {
-    "cola": ({"train": 8551, "validation": 1043}, {"acceptable": 6023, "unacceptable": 2528}),
-    "sst2": ({"train": 67349, "validation": 872}, {"positive": 37569, "negative": 29780}),
-    "mrpc": ({"train": 3668, "validation": 408}, {"equivalent": 2474, "not_equivalent": 1194}),
-    "rte": ({"train": 2490, "validation": 277}, {"entailment": 1249, "not_entailment": 1241}),
+    "cola": ((8551, 1043), {"acceptable": 6023, "unacceptable": 2528}),
+    "sst2": ((67349, 872), {"positive": 37569, "negative": 29780}),
+    "mrpc": ((3668, 408), {"equivalent": 2474, "not_equivalent": 1194}),
+    "rte": ((2490, 277), {"entailment": 1249, "not_entailment": 1241}),
 }
 # Extras in the shared copy: label set and (after the README's filters) total rows.
 EXTRA_EXPECTED = {
@@ -40,13 +40,54 @@ def _label_counts(dataset: datasets.Dataset) -> Counter:
 
 @pytest.mark.parametrize("name", sorted(GLUE_EXPECTED))
 def test_glue_loads_with_expected_rows_and_labels(shared_data_dir: Path, name: str) -> None:
-    sizes, train_labels = GLUE_EXPECTED[name]
+    (train_file, dev_file), train_labels = GLUE_EXPECTED[name]
     dsd = load_task_data(name, shared_data_dir)
-    assert {split: len(ds) for split, ds in dsd.items()} == sizes  # no test split: GLUE test labels are private
-    assert _label_counts(dsd["train"]) == train_labels
+    held_out = min(train_file // 10, 10_000)
+    assert {split: len(ds) for split, ds in dsd.items()} == {"train": train_file - held_out, "validation": held_out,
+                                                             "test": dev_file}  # test = dev.tsv
+    assert _label_counts(dsd["train"]) + _label_counts(dsd["validation"]) == train_labels
     assert dsd["train"].features["label"].names == list(TASKS[name].labels)
     row = dsd["validation"][0]
     assert row["text_a"] and (row["text_b"] is not None) == TASKS[name].is_pair
+
+
+@pytest.mark.parametrize("name", sorted(GLUE_EXPECTED))
+def test_glue_validation_is_a_stratified_deterministic_slice_of_train_disjoint_from_dev(
+        shared_data_dir: Path, name: str, monkeypatch) -> None:
+    dsd = load_task_data(name, shared_data_dir)
+    train_ids, validation_ids = set(dsd["train"]["idx"]), set(dsd["validation"]["idx"])
+    assert not train_ids & validation_ids
+    assert train_ids | validation_ids == set(range(GLUE_EXPECTED[name][0][0]))  # all of train.tsv, nothing else
+    # Disjoint from dev: the reported split is dev.tsv, row for row.
+    dev_alone = load_task_data(name, shared_data_dir, splits=["test"])["test"]  # parses dev.tsv only
+    assert dsd["test"]["text_a"] == dev_alone["text_a"] and len(dev_alone) == GLUE_EXPECTED[name][0][1]
+    test_pairs = set(zip(dsd["test"]["text_a"], dsd["test"]["text_b"]))
+    validation_pairs = list(zip(dsd["validation"]["text_a"], dsd["validation"]["text_b"]))
+    assert sum(pair in test_pairs for pair in validation_pairs) <= 0.01 * len(validation_pairs)
+    # Stratified: each class's share of the slice is within one row of its share of train.tsv.
+    whole = _label_counts(dsd["train"]) + _label_counts(dsd["validation"])
+    held = _label_counts(dsd["validation"])
+    n_file, n_held = sum(whole.values()), len(dsd["validation"])
+    assert all(abs(held[label] - n_held * count / n_file) < 1 for label, count in whole.items())
+    # Deterministic: parsed again from scratch, the same rows.
+    monkeypatch.setattr(data_module, "_LOADED", {})
+    again = load_task_data(name, shared_data_dir)
+    assert again["validation"]["idx"] == dsd["validation"]["idx"] and again["train"]["idx"] == dsd["train"]["idx"]
+    # Spread over the file, not a cut of it.
+    assert min(validation_ids) < 0.1 * n_file and max(validation_ids) > 0.9 * n_file
+
+
+def test_holdout_indices_keep_class_shares_and_bin_regression_scores() -> None:
+    labels = [0] * 70 + [1] * 30
+    cut = holdout_indices(labels, 10)
+    assert Counter(labels[i] for i in cut["validation"]) == {0: 7, 1: 3}
+    assert sorted(cut["train"] + cut["validation"]) == list(range(100))
+    assert holdout_indices(labels, 10, seed=1)["validation"] != cut["validation"]  # the seed picks the rows
+    scores = [0.2] * 50 + [4.6] * 25 + [5.0] * 25  # 5.0 shares the top bin with 4.x
+    held = [scores[i] for i in holdout_indices(scores, 20)["validation"]]
+    assert held.count(0.2) == 10 and held.count(4.6) + held.count(5.0) == 10
+    with pytest.raises(ValueError, match="cannot hold out 5 of 5 rows"):
+        holdout_indices([0] * 5, 5)
 
 
 def test_mrpc_reads_quotes_as_text(shared_data_dir: Path) -> None:
@@ -117,7 +158,8 @@ def test_split_missing_locally_names_path_and_hub(shared_data_dir: Path, name: s
         load_task_data(name, shared_data_dir, data_split="standard")
     message = str(error.value)
     assert str(shared_data_dir / path) in message and "hub" in message
-    assert len(load_task_data(name, shared_data_dir, splits=["validation"])["validation"]) > 5000
+    dev = "test" if name == "qnli" else "validation"  # GLUE's dev.tsv is its test split
+    assert len(load_task_data(name, shared_data_dir, splits=[dev])[dev]) > 5000
 
 
 def test_missing_file_names_expected_path_and_alternative(tmp_path: Path) -> None:
@@ -168,7 +210,7 @@ def test_empty_split_is_an_error(shared_data_dir: Path, tmp_path: Path) -> None:
     header = (shared_data_dir / "glue/RTE/dev.tsv").read_text(encoding="utf-8").splitlines(keepends=True)[0]
     _mirror_with(tmp_path, "glue/RTE/dev.tsv", header)
     _mirror_with(tmp_path, "glue/RTE/train.tsv", (shared_data_dir / "glue/RTE/train.tsv").read_text(encoding="utf-8"))
-    with pytest.raises(DataError, match="validation split is empty") as error:
+    with pytest.raises(DataError, match="test split is empty") as error:
         load_task_data("rte", tmp_path)
     # The message names the file that is empty (dev.tsv), not the first file of the task (train.tsv).
     assert str(tmp_path / "glue/RTE/dev.tsv") in str(error.value)
@@ -273,7 +315,7 @@ def test_stsb_labels_are_float_scores(tmp_path: Path) -> None:
     _mirror_with(tmp_path, "glue/STS-B/dev.tsv", STSB_HEADER + _stsb_row(0, "3.800") + _stsb_row(1, "0.500"))
     dsd = load_task_data("stsb", tmp_path)
     assert dsd["train"].features["label"].dtype == "float32"
-    assert dsd["validation"]["label"] == pytest.approx([3.8, 0.5])
+    assert dsd["test"]["label"] == pytest.approx([3.8, 0.5])
     assert dsd["train"][4]["text_b"] == "A man plays a flute."
 
 
@@ -295,9 +337,11 @@ def test_mnli_matched_and_mismatched_share_train_with_their_own_dev(tmp_path: Pa
     _mirror_with(tmp_path, "glue/MNLI/dev_matched.tsv", _mnli_file([("matched p", "matched h", "neutral")]))
     _mirror_with(tmp_path, "glue/MNLI/dev_mismatched.tsv", _mnli_file([("other p", "other h", "contradiction")] * 2))
     matched, mismatched = load_task_data("mnli_m", tmp_path), load_task_data("mnli_mm", tmp_path)
-    assert matched["train"]["text_a"] == mismatched["train"]["text_a"] and matched["train"]["label"] == [0, 1, 2] * 3
-    assert matched["validation"]["text_a"] == ["matched p"] and matched["validation"]["label"] == [1]
-    assert mismatched["validation"]["text_b"] == ["other h"] * 2 and mismatched["validation"]["label"] == [2, 2]
+    assert matched["train"]["text_a"] == mismatched["train"]["text_a"] and len(matched["train"]) == 8
+    assert matched["validation"]["text_a"] == mismatched["validation"]["text_a"]  # one held-out slice of train.tsv
+    assert matched["test"]["text_a"] == ["matched p"] and matched["test"]["label"] == [1]
+    assert mismatched["test"]["text_b"] == ["other h"] * 2 and mismatched["test"]["label"] == [2, 2]
+    assert load_task_data("mnli_mm", tmp_path, splits=["test"])["test"]["label"] == [2, 2]  # dev alone: no train parse
 
 
 def test_tokenizing_shows_no_datasets_progress_bars(shared_data_dir: Path, backbone_path: str, tmp_path: Path, capfd) -> None:

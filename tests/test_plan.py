@@ -168,7 +168,7 @@ def test_a_task_missing_from_the_local_mirror_fails_before_anything_runs(shared_
     from adaptune.plan import check_local_data
 
     planned = plan(_spec(tasks=("rte", "qnli")))  # the mirror holds QNLI's dev set only
-    with pytest.raises(PlanError, match=r"lacks the files of: qnli \(only validation\)"):
+    with pytest.raises(PlanError, match=r"lacks the files of: qnli \(only dev\)"):
         check_local_data(planned, shared_data_dir)
     check_local_data(plan(_spec(tasks=("rte", "sms_spam"))), shared_data_dir)  # both present: no error
 

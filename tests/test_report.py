@@ -101,7 +101,7 @@ def test_table1_is_the_best_validation_run_per_task_and_method(real_results_dir)
                 continue  # not a GLUE task
             best = group.loc[group["val_score"].idxmax()]
             assert cell["run_id"].iloc[0] == best["run_id"]
-            assert cell["measured"].iloc[0] == pytest.approx(100 * best["val_score"])  # GLUE: no test split, so dev
+            assert cell["measured"].iloc[0] == pytest.approx(100 * best["test_score"])  # GLUE's test split: dev.tsv
             checked += 1
     assert checked >= 2
     paper = load_reference()["table1"]["rows"]["full"]
@@ -155,14 +155,15 @@ def test_table1_uses_the_papers_backbone_even_when_another_scores_higher(real_re
     """Table 1 is BERT-large in the paper; paper_full also holds BERT-base GLUE runs (tradeoff, ablation).
 
     The records are real SST-2 full fine-tuning runs (trained on the test backbone) copied twice with only
-    `backbone`, `config.backbone`, `run_id` and the validation score changed, to stand for a BERT-large
-    and a BERT-base run: the BERT-base copy scores higher on validation and must still not be chosen.
+    `backbone`, `config.backbone`, `run_id` and the scores changed, to stand for a BERT-large and a
+    BERT-base run: the BERT-base copy scores higher on validation and must still not be chosen.
     """
     sst2_full = next(r for r in real_records if r["status"] == "ok" and r["task"] == "sst2" and r["method"]["name"] == "full")
     records = []
     for backbone, val in (("bert-large-uncased", 0.7), ("bert-base-uncased", 0.9), ("bert-base-uncased", 0.8)):
         record = copy.deepcopy(sst2_full)
-        record.update(backbone=backbone, run_id=f"{backbone}-{val}", val_metrics={**record["val_metrics"], record["primary_metric"]: val})
+        scores = {**record["val_metrics"], record["primary_metric"]: val}
+        record.update(backbone=backbone, run_id=f"{backbone}-{val}", val_metrics=scores, test_metrics=scores)
         record["config"] = {**record["config"], "backbone": backbone}
         records.append(record)
     write_results(records, tmp_path / "results")
@@ -226,7 +227,7 @@ def test_majority_class_baseline_stands_beside_every_measured_task(real_results_
 
     t1 = table1(runs, load_reference(), data_dir=shared_data_dir)
     sst2 = t1[(t1["row"] == "full") & (t1["task"] == "sst2")].iloc[0]
-    assert sst2["majority"] == pytest.approx(expected("sst2", "validation"))
+    assert sst2["majority"] == pytest.approx(expected("sst2", "test"))  # GLUE reports dev.tsv, its test split
     t2 = table2(runs, load_reference(), data_dir=shared_data_dir)
     disasters = t2[(t2["task"] == "disasters") & (t2["method"] == "adapters")].iloc[0]
     assert disasters["majority"] == pytest.approx(expected("disasters", "test"))
@@ -240,12 +241,12 @@ def test_majority_baseline_of_f1_mcc_and_missing_data(shared_data_dir, tmp_path)
 
     dev = pd.read_csv(shared_data_dir / "glue" / "MRPC" / "dev.tsv", sep="\t", quoting=3)
     positive = dev.iloc[:, 0].mean()  # the Quality column: 1 = paraphrase, the training majority too
-    mrpc = majority_baseline("mrpc", "validation", data_dir=shared_data_dir)
+    mrpc = majority_baseline("mrpc", "test", data_dir=shared_data_dir)  # test: GLUE's dev.tsv
     assert mrpc["f1"] == pytest.approx(2 * positive / (1 + positive)) and round(mrpc["f1"], 2) == 0.81
     assert mrpc["accuracy"] == pytest.approx(positive)
-    cola = majority_baseline("cola", "validation", data_dir=shared_data_dir)
+    cola = majority_baseline("cola", "test", data_dir=shared_data_dir)
     assert cola["matthews_correlation"] == 0.0 and 0.6 < cola["accuracy"] < 0.75
-    assert majority_baseline("cola", "validation", data_dir=tmp_path) is None  # an empty mirror
+    assert majority_baseline("cola", "test", data_dir=tmp_path) is None  # an empty mirror
 
 
 def test_adapter_size_table_reports_accuracy_whatever_the_selection_metric(real_records, tmp_path):

@@ -326,16 +326,21 @@ def test_an_mnli_record_fills_both_columns(tmp_path: Path) -> None:
     from adaptune.results import write_runs
 
     record = run_record(TrainConfig(task="mnli_m", method={"name": "full"}), "accuracy")
-    record.update(val_metrics={"accuracy": 0.84}, companions={"mnli_mm": {"val_metrics": {"accuracy": 0.83}, "test_metrics": {}}})
+    record.update(val_metrics={"accuracy": 0.84}, test_metrics={"accuracy": 0.82},
+                  split_sizes={"train": 382702, "validation": 10000, "test": 9815},
+                  companions={"mnli_mm": {"val_metrics": {"accuracy": 0.84}, "test_metrics": {"accuracy": 0.81},
+                                          "split_sizes": {"train": 382702, "validation": 10000, "test": 9832}}})
     runs = pd.read_parquet(write_runs([record], tmp_path)).set_index("task")
-    assert runs.loc["mnli_m", "val_score"] == 0.84 and runs.loc["mnli_mm", "val_score"] == 0.83
+    assert runs.loc["mnli_m", "test_score"] == 0.82 and runs.loc["mnli_mm", "test_score"] == 0.81
+    assert runs.loc["mnli_m", "test_rows"] == 9815 and runs.loc["mnli_mm", "test_rows"] == 9832
     assert runs.loc["mnli_mm", "run_id"] == f"{record['run_id']}@mnli_mm"
 
 
 @pytest.mark.slow
 def test_a_run_scores_the_tasks_trained_as_it(tmp_path: Path, shared_data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # MNLI is not in the offline mirror: a second RTE entry trained as RTE (the shape of mnli_mm ->
-    # mnli_m) must be scored by the RTE run, on its own validation split, with the final model.
+    # mnli_m) must be scored by the RTE run, on its own test split (MNLI-mm: the mismatched dev set),
+    # with the final model; its validation slice is the run's own (the same train file).
     from adaptune import tasks
     from adaptune.train import train_and_evaluate
 
@@ -344,7 +349,10 @@ def test_a_run_scores_the_tasks_trained_as_it(tmp_path: Path, shared_data_dir: P
                          max_train_examples=32, max_eval_examples=48)
     record = train_and_evaluate(config, data_dir=shared_data_dir, out_dir=tmp_path / "run", cache_dir=tmp_path / "cache", progress=False)
     assert set(record["companions"]) == {"rte_again"}
-    assert record["companions"]["rte_again"]["val_metrics"] == record["val_metrics"]  # same split, same final model
+    companion = record["companions"]["rte_again"]
+    assert companion["val_metrics"] == record["val_metrics"]
+    assert companion["test_metrics"] == record["test_metrics"] and companion["test_metrics"]  # same split, same final model
+    assert companion["split_sizes"] == record["split_sizes"] == {"train": 32, "validation": 48, "test": 48}
 
 
 def test_a_bucket_root_reads_through_the_vertex_mount_or_says_what_is_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -41,7 +41,7 @@ def test_every_task_is_consistent() -> None:
 def test_mnli_matched_and_mismatched_share_train() -> None:
     matched, mismatched = TASKS["mnli_m"].source.file_map, TASKS["mnli_mm"].source.file_map
     assert matched["train"] == mismatched["train"]
-    assert matched["validation"] != mismatched["validation"]
+    assert matched["dev"] != mismatched["dev"]
 
 
 def test_table_3_sizes_and_table_4_epochs() -> None:
@@ -69,6 +69,6 @@ def test_task_table_lists_every_task_and_local_data(shared_data_dir) -> None:
     by_name = {line.split()[0]: line for line in lines[2:]}
     assert set(by_name) == set(TASKS)
     assert " yes " in by_name["cola"] and "nyu-mll/glue" in by_name["cola"]
-    assert "only validation" in by_name["qnli"]
+    assert "only dev" in by_name["qnli"]
     assert "file lacks audience" in by_name["political_audience"]
     assert " no " in by_name["qqp"]

@@ -70,7 +70,10 @@ def test_short_real_run_learns_and_writes_record_and_checkpoint(sst2_run: tuple[
     assert checkpoint_info["metadata"]["epoch"] == 3 and checkpoint_info["metadata"]["best_epoch"] == record["best_epoch"]
     # Adapters (m=64) + every LayerNorm + the head on MiniLM-L6 (DESIGN.md's count).
     assert record["trained_params"] == 605_954 and record["total_params"] > 20_000_000
-    assert record["test_metrics"] == {}  # GLUE has no labelled test split
+    # GLUE's test split is dev.tsv, scored with the final model; the sizes used are recorded.
+    assert set(record["test_metrics"]) == {"accuracy"}
+    assert record["split_sizes"] == {"train": SST2_RUN.max_train_examples, "validation": SST2_RUN.max_eval_examples,
+                                     "test": SST2_RUN.max_eval_examples}
     assert record["primary_metric"] == "accuracy" and record["device"] == "cpu"
     assert record["train_examples_per_s"] > 0 and record["wall_time_s"] > 0
 

@@ -82,6 +82,6 @@ def task_baseline(task_name: str, metric: str, split: str, data_dir: str | Path 
 
 
 def reported_split(task_name: str) -> str:
-    """The split tables report for a task with no run: test where the task has a labelled test split."""
-    task = get_task(task_name)
-    return "test" if task.family == "extra" else "validation"
+    """The split tables report for a task with no run: test (GLUE: dev.tsv) where the task has a labelled
+    test split; SQuAD: validation (dev-v1.1)."""
+    return "validation" if get_task(task_name).kind == "span" else "test"

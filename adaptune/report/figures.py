@@ -71,7 +71,7 @@ def figure3_tradeoff(runs: pd.DataFrame, reference: dict[str, Any], out_dir: Pat
     usable = usable_runs(runs)
     usable = usable.assign(suite=[task_suite(task, reference) for task in usable["task"]])
     panels = []
-    for suite, label in (("glue", "GLUE (validation)"), ("extra", "Additional tasks (test)")):
+    for suite, label in (("glue", "GLUE (dev)"), ("extra", "Additional tasks (test)")):
         in_suite = usable[(usable["suite"] == suite) & usable["method"].isin(["full", "adapters", "top_k"])]
         suite_runs, backbone = runs_for_backbone(in_suite, BERT_BASE)
         points = _relative_points(suite_runs)

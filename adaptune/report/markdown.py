@@ -90,8 +90,10 @@ def _render(
         f"{frames['curves']['run_id'].nunique()} run(s) with learning curves, {len(frames['ablation'])} ablation row(s).",
         "",
         f"Paper values: `{reference}` (Houlsby et al. 2019). Scores are percent. Selection is always on "
-        "validation; a table reports the test score where the task has a labelled test split, else validation "
-        "(GLUE: dev, as the GLUE test labels are not public, so the paper's GLUE *test-server* numbers are only a reference).",
+        "validation, never on the reported split: GLUE's validation is a seeded, stratified slice held out of "
+        "train.tsv (10%, at most 10,000 rows; runs.parquet `val_rows`) and its reported score is the dev set "
+        "(the GLUE test labels are not public, so the paper's GLUE *test-server* numbers are only a reference); "
+        "the additional tasks report their test split; SQuAD reports validation (dev-v1.1).",
         "",
         *[f"**Left out, unreadable:** {' '.join(problem.split())}\n" for problem in unreadable],
         "## Table 1: GLUE",
