@@ -43,9 +43,9 @@ def test_report_links_every_figure_it_drew_and_says_why_others_were_skipped(real
     # The fixture has no SQuAD run: Figure 5 is skipped with its reason, the rest are drawn.
     assert "Figure 5: SQuAD F1 vs trained parameters**: skipped — no usable SQuAD runs" in text
     assert drawn == len(FIGURES) - 1
-    # Each table (3) and each drawn figure says which backbone it shows: the fixture has one.
-    assert text.count("Backbone: `") == drawn + 3
-    for name in ("table1", "table2", "adapter_sizes"):
+    # Each table (4) and each drawn figure says which backbone it shows: the fixture has one.
+    assert text.count("Backbone: `") == drawn + 4
+    for name in ("table1", "table2", "adapter_sizes", "methods"):
         assert (out / "tables" / f"{name}.parquet").stat().st_size > 0
         assert (out / "tables" / f"{name}.md").read_text().startswith("|")
 
@@ -294,3 +294,27 @@ def test_squad_figure_says_when_its_runs_used_the_local_standin_split(tmp_path: 
     standard = dict(record, data_split="standard", split_note=None)
     write_runs([standard], tmp_path / "standard")
     assert "NOT the paper's" not in figure5_squad(read_results(tmp_path / "standard")["runs"], load_reference(), tmp_path / "f2").title
+
+
+def test_methods_table_sets_every_method_side_by_side_on_its_best_configuration(real_results_dir, shared_data_dir):
+    """Per task and method: the configuration best on mean validation, its test mean ± s.e.m. over seeds
+    (disasters adapters: two seeds), the lr selected, and the majority class on the same rows."""
+    from adaptune.report.methods import methods_markdown, methods_table
+    from adaptune.report.selection import best_configuration, scored_runs
+
+    runs = read_results(real_results_dir)["runs"]
+    table = methods_table(runs, data_dir=shared_data_dir).set_index(["task", "method"])
+    assert set(table.index) == {("disasters", "full"), ("disasters", "adapters"), ("disasters", "layernorm"),
+                                ("sst2", "full"), ("sst2", "adapters")}
+    usable = scored_runs(runs)
+    for (task, method), row in table.iterrows():
+        group = usable[(usable["task"] == task) & (usable["method"] == method)]
+        best = best_configuration(group, ["task", "method"]).iloc[0]
+        seeds = runs[runs["run_id"].isin(best["run_ids"].split(","))]
+        assert row["mean"] == pytest.approx(100 * seeds["test_score"].mean()) and row["split"] == "test"
+        assert row["n_seeds"] == len(seeds) and row["rows"] == 64 and f"lr={best['lr']:g}" in row["selected"]
+    adapters = table.loc[("disasters", "adapters")]
+    assert adapters["n_seeds"] == 2 and adapters["sem"] > 0  # the degenerate init-std-0.1 seed is another configuration
+    assert table.loc[("sst2", "full"), "majority"] == table.loc[("sst2", "adapters"), "majority"] is not None
+    text = methods_markdown(methods_table(runs, data_dir=shared_data_dir))
+    assert "| sst2 | accuracy (test, 64) |" in text and "2 seeds" in text and "trained % of the backbone" in text

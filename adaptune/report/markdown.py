@@ -10,6 +10,7 @@ import pandas as pd
 
 from adaptune.report.claims import claims_markdown, claims_table
 from adaptune.report.figures import FigureOutput, all_figures
+from adaptune.report.methods import methods_markdown, methods_table
 from adaptune.report.reference import load_reference, reference_path
 from adaptune.report.selection import problem_runs
 from adaptune.report.tables import (
@@ -44,13 +45,16 @@ def build_report(
 
     t1, t2, sizes = table1(runs, paper, data_dir), table2(runs, paper, data_dir), adapter_size_table(runs, paper)
     claims = claims_table(frames, paper, data_dir)
+    methods = methods_table(runs, data_dir)
     problems = problem_runs(runs)
-    for name, frame in (("table1", t1), ("table2", t2), ("adapter_sizes", sizes), ("claims", claims), ("excluded_runs", problems)):
+    for name, frame in (("table1", t1), ("table2", t2), ("adapter_sizes", sizes), ("claims", claims), ("methods", methods),
+                        ("excluded_runs", problems)):
         frame.to_parquet(tables_dir / f"{name}.parquet", index=False)
     markdown = {
         "table1": table1_markdown(t1),
         "table2": table2_markdown(t2, paper),
         "claims": claims_markdown(claims),
+        "methods": methods_markdown(methods),
         "adapter_sizes": simple_markdown(sizes.drop(columns="backbone")),
         "excluded_runs": simple_markdown(markdown_safe(problems)) if not problems.empty else "(none)",
     }
@@ -60,7 +64,8 @@ def build_report(
 
     report = out_dir / "report.md"
     report.write_text(
-        _render(results_dir, runs, frames, markdown, t1, t2, sizes, figures, problems, out_dir, reference or reference_path(), unreadable),
+        _render(results_dir, runs, frames, markdown, t1, t2, sizes, figures, problems, out_dir, reference or reference_path(), unreadable,
+                methods),
         encoding="utf-8",
     )
     return report
@@ -79,6 +84,7 @@ def _render(
     out_dir: Path,
     reference: Any,
     unreadable: tuple[str, ...] = (),
+    methods: pd.DataFrame | None = None,
 ) -> str:
     counts = runs["status"].value_counts()
     status_line = ", ".join(f"{counts.get(status, 0)} {status}" for status in ("ok", "failed", "degenerate"))
@@ -96,6 +102,18 @@ def _render(
         "the additional tasks report their test split; SQuAD reports validation (dev-v1.1).",
         "",
         *[f"**Left out, unreadable:** {' '.join(problem.split())}\n" for problem in unreadable],
+        "## Methods side by side",
+        "",
+        "Every classification task measured: per method, the configuration with the best mean validation score "
+        "across seeds, and its reported score as mean ± s.e.m. across those seeds (degenerate seeds kept), with the "
+        "learning rate selected and, beside each task, the majority-class baseline on the same split and rows.",
+        "",
+        _backbone_line(methods if methods is not None else pd.DataFrame(), "BERT-base / BERT-large"),
+        "",
+        markdown["methods"],
+        "",
+        "Files: [methods.parquet](tables/methods.parquet), [methods.md](tables/methods.md)",
+        "",
         "## Table 1: GLUE",
         "",
         "Per task and row, the single run best on validation (the paper also picks the best seed), and beneath it "

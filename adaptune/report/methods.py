@@ -1,0 +1,87 @@
+"""Methods side by side on every measured task: what a small reproduction (cpu_small) is read by.
+
+Tables 1 and 2 follow the paper's layout (GLUE's best single run; the additional tasks only). This
+table puts every classification task measured in one place: per task and method, the configuration
+with the best mean validation score across seeds, its reported score (test where labelled: GLUE's
+dev set) as mean ± s.e.m. across those seeds, the learning rate selected, and the majority-class
+baseline on the same split and subsets. Degenerate seeds stay in the mean (as in Table 2).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from adaptune.report.baselines import run_baseline
+from adaptune.report.selection import BERT_BASE, base_params, best_configuration, runs_for_backbone, scored_runs, to_percent
+
+METHOD_NAMES = {"full": "Full fine-tuning", "top_k": "Top-k layers", "adapters": "Adapters", "layernorm": "LayerNorm only"}
+COLUMNS = ("task", "metric", "split", "rows", "majority", "method", "method_name", "mean", "sem", "n_seeds", "n_degenerate",
+           "selected", "trained_percent", "backbone", "run_ids")
+
+
+def methods_table(runs: pd.DataFrame, data_dir: Any = None) -> pd.DataFrame:
+    """One row per (task, method) measured, on one backbone (BERT-base where measured, else the most common)."""
+    candidates = scored_runs(runs)
+    candidates = candidates[candidates["method"].isin(list(METHOD_NAMES)) & ~candidates["task"].str.startswith("squad")]
+    candidates, backbone = runs_for_backbone(candidates, BERT_BASE)
+    if candidates.empty:
+        return pd.DataFrame(columns=list(COLUMNS))
+    chosen = best_configuration(candidates, ["task", "method"])
+    base = base_params(runs).get(backbone)
+    order = {method: index for index, method in enumerate(METHOD_NAMES)}
+    records = []
+    for config in chosen.itertuples():
+        seeds = candidates[candidates["run_id"].isin(config.run_ids.split(","))]
+        first = seeds.iloc[0]
+        rows = first["test_rows"] if config.reported_split == "test" else first["val_rows"]
+        records.append({
+            "task": config.task, "metric": config.primary_metric, "split": config.reported_split,
+            "rows": None if pd.isna(rows) else int(rows),
+            "majority": run_baseline(config.task, first, config.primary_metric, config.reported_split, data_dir),
+            "method": config.method, "method_name": METHOD_NAMES[config.method],
+            "mean": float(to_percent(config.reported_mean)),
+            "sem": None if pd.isna(config.reported_sem) else float(to_percent(config.reported_sem)),
+            "n_seeds": int(config.n_seeds), "n_degenerate": int((seeds["status"] == "degenerate").sum()),
+            "selected": f"{config.method_label} lr={config.lr:g} epochs={int(config.epochs)}",
+            "trained_percent": 100.0 * config.trained_params / base if base else None,
+            "backbone": backbone, "run_ids": config.run_ids,
+        })
+    table = pd.DataFrame.from_records(records, columns=list(COLUMNS))
+    return table.sort_values(["task", "method"], key=lambda column: column.map(order) if column.name == "method" else column,
+                             ignore_index=True)
+
+
+def methods_markdown(table: pd.DataFrame) -> str:
+    """Tasks as rows, methods as columns: 'mean ± s.e.m. (lr)'; the majority class beside each task."""
+    if table.empty:
+        return "(no classification runs with a score)"
+    methods = [m for m in METHOD_NAMES if m in set(table["method"])]
+    header = ["task", "metric (split, rows)", "majority class", *[METHOD_NAMES[m] for m in methods]]
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(["---"] * len(header)) + " |"]
+    for task, rows in table.groupby("task", sort=True):
+        first = rows.iloc[0]
+        size = "" if first["rows"] is None or pd.isna(first["rows"]) else f", {int(first['rows'])}"
+        cells = [task, f"{first['metric']} ({first['split']}{size})", _number(first["majority"])]
+        for method in methods:
+            row = rows[rows["method"] == method]
+            cells.append("—" if row.empty else _cell(row.iloc[0]))
+        lines.append("| " + " | ".join(cells) + " |")
+    percent = table.groupby("method")["trained_percent"].mean()
+    lines.append("| trained % of the backbone | | | " + " | ".join(_number(percent.get(m), digits=2) for m in methods) + " |")
+    return "\n".join(lines)
+
+
+def _cell(row: pd.Series) -> str:
+    text = _number(row["mean"])
+    if row["sem"] is not None and not pd.isna(row["sem"]):
+        text += f" ± {row['sem']:.1f}"
+    lr = row["selected"].split("lr=")[1].split()[0]
+    degenerate = f", {int(row['n_degenerate'])} degenerate" if row["n_degenerate"] else ""
+    seeds = int(row["n_seeds"])
+    return f"{text} (lr {lr}, {seeds} seed{'s' if seeds != 1 else ''}{degenerate})"
+
+
+def _number(value: Any, digits: int = 1) -> str:
+    return "—" if value is None or pd.isna(value) else f"{value:.{digits}f}"
