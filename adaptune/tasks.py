@@ -5,8 +5,9 @@ registers itself on import elsewhere. Look tasks up with `get_task(name)`.
 
 Splits: GLUE's test labels are not public, so its dev set is the reported (held-out) score: the
 source files are "train" (train.tsv) and "dev" (dev.tsv); `data.py` makes train = train.tsv less a
-seeded, stratified validation slice that every selection uses, and test = dev.tsv. The 17 additional tasks are one file each, split 80/10/10 by `data.py`
-(sizes equal the paper's Table 3 when the raw rows match). SQuAD v1.1: train / validation = dev.
+seeded, stratified validation slice that every selection uses, and test = dev.tsv. The 17
+additional tasks are one file each, split 80/10/10 by `data.py` (sizes equal the paper's Table 3 when
+the raw rows match). SQuAD v1.1: train / validation = dev.
 
 Hub revisions: `hub_revision` is None everywhere because the hub could not be reached when this
 table was written; pin a commit hash here when online (load_dataset then uses it).

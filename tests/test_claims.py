@@ -86,6 +86,19 @@ def test_ablation_claims_follow_the_heatmap_rows(claims, real_ablation, frames, 
     assert lower["verdict"] == ("holds" if lower["measured"] > 0 else "does not hold")
 
 
+def test_an_ablated_model_that_learned_nothing_decides_no_ablation_claim(frames, real_ablation, shared_data_dir):
+    """The real heatmap rows with the trained model's score put at the majority class (as a CoLA model that
+    predicts one class): removing its adapters cannot cost anything, so none of the three claims reads it."""
+    run = frames["runs"].set_index("run_id").loc[real_ablation[0]["run_id"]]
+    majority = majority_baseline("disasters", "validation", 128, 64, shared_data_dir)["accuracy"]
+    assert 100 * run["val_score"] - 100 * majority >= 5  # the real run did learn: the claims read it (test above)
+    flat = pd.DataFrame(real_ablation).assign(baseline_value=majority)
+    table = claims_table({**frames, "ablation": flat}, load_reference(), data_dir=shared_data_dir).set_index("claim_id")
+    for claim in ("remove_all_adapters_near_majority", "remove_one_layer_costs_little", "lower_layers_matter_less"):
+        assert table.loc[claim, "verdict"] == "not measured", claim
+        assert "within 5 points of the majority" in table.loc[claim, "detail"]
+
+
 def test_unmeasured_claims_say_what_is_missing(claims):
     assert claims.loc["init_std_robust_to_1e-2", "verdict"] == "not measured"
     assert "measured stds: 0.01, 0.1" in claims.loc["init_std_robust_to_1e-2", "detail"]

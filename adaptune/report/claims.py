@@ -172,11 +172,12 @@ def _ablation_claims(ablation: pd.DataFrame, runs: pd.DataFrame, data_dir: Any) 
     single = _row("remove_one_layer_costs_little", "Removing one layer's adapters costs little", "3.6, Figure 6", "% (relative)",
                   f"<= {SINGLE_LAYER_DROP_PERCENT:g}",
                   "mean over ablated runs of the largest relative drop from switching off a single layer's adapters; holds when "
-                  f"<= {SINGLE_LAYER_DROP_PERCENT:g}% (the paper's largest single-layer drop)")
+                  f"<= {SINGLE_LAYER_DROP_PERCENT:g}% (the paper's largest single-layer drop); runs that learned nothing "
+                  f"(within {LEARNED_POINTS:g} points of the majority class) are left out")
     lower = _row("lower_layers_matter_less", "Adapters in lower layers matter less than in higher layers", "3.6, Figure 6",
                  "% (relative)", "> 0",
                  "mean over ablated runs of (relative drop with the upper half's adapters off - drop with the lower half's off); "
-                 "holds when > 0")
+                 f"holds when > 0; runs that learned nothing (within {LEARNED_POINTS:g} points of the majority class) are left out")
     if ablation.empty:
         why = "no ablation rows in this results set"
         return [{**near, "detail": why}, {**single, "detail": why}, {**lower, "detail": why}]
@@ -189,6 +190,18 @@ def _ablation_claims(ablation: pd.DataFrame, runs: pd.DataFrame, data_dir: Any) 
         metrics.add(metric)
         rows = rows[rows["metric"] == metric].set_index(["first_layer", "last_layer"])
         layers = int(max(rows.index.get_level_values(0).max(), rows.index.get_level_values(1).max())) + 1
+        if (0, layers - 1) in rows.index and run_id in known.index:
+            majority = run_baseline(rows["task"].iloc[0], known.loc[run_id], metric, "validation", data_dir)
+            all_off, trained = rows.loc[(0, layers - 1), "value"], rows.loc[(0, layers - 1), "baseline_value"]
+            if majority is None or pd.isna(all_off) or pd.isna(trained):
+                skipped.append(f"{run_id}: no majority baseline (data not in the local mirror)")
+            elif 100.0 * trained - majority < LEARNED_POINTS:
+                # A model that learned nothing has nothing for its adapters to carry: no claim about them reads it.
+                skipped.append(f"{run_id}: trained model {100 * trained:.1f} is within {LEARNED_POINTS:g} points of the majority {majority:.1f}")
+                continue
+            else:
+                gaps.append((100.0 * all_off - majority, f"{rows['task'].iloc[0]}: all off "
+                             f"{100 * all_off:.1f}, trained {100 * trained:.1f}, majority {majority:.1f}"))
         drop = lambda first, last: -100.0 * rows.loc[(first, last), "relative_change"]  # noqa: E731  (relative %, positive = worse)
         single_drops = [drop(i, i) for i in range(layers) if (i, i) in rows.index and pd.notna(rows.loc[(i, i), "relative_change"])]
         if single_drops:
@@ -196,16 +209,6 @@ def _ablation_claims(ablation: pd.DataFrame, runs: pd.DataFrame, data_dir: Any) 
         half = layers // 2
         if half and (0, half - 1) in rows.index and (half, layers - 1) in rows.index:
             halves.append(drop(half, layers - 1) - drop(0, half - 1))
-        if (0, layers - 1) in rows.index and run_id in known.index:
-            majority = run_baseline(rows["task"].iloc[0], known.loc[run_id], metric, "validation", data_dir)
-            all_off, trained = rows.loc[(0, layers - 1), "value"], rows.loc[(0, layers - 1), "baseline_value"]
-            if majority is None or pd.isna(all_off) or pd.isna(trained):
-                skipped.append(f"{run_id}: no majority baseline (data not in the local mirror)")
-            elif 100.0 * trained - majority < LEARNED_POINTS:
-                skipped.append(f"{run_id}: trained model {100 * trained:.1f} is within {LEARNED_POINTS:g} points of the majority {majority:.1f}")
-            else:
-                gaps.append((100.0 * all_off - majority, f"{rows['task'].iloc[0]}: all off "
-                             f"{100 * all_off:.1f}, trained {100 * trained:.1f}, majority {majority:.1f}"))
     n_runs = ablation["run_id"].nunique()
     n_tasks = ablation["task"].nunique()
     common = {"backbone": backbone, "n_runs": n_runs, "n_tasks": n_tasks}
@@ -222,7 +225,7 @@ def _ablation_claims(ablation: pd.DataFrame, runs: pd.DataFrame, data_dir: Any) 
         results.append({**near, **common, "detail": "; ".join(skipped) or "no span with every layer's adapters off"})
     for row, values, passes in ((single, largest, lambda v: v <= SINGLE_LAYER_DROP_PERCENT), (lower, halves, lambda v: v > 0)):
         if not values:
-            results.append({**row, **common, "detail": "no single-layer or half-depth spans in the ablation"})
+            results.append({**row, **common, "detail": "; ".join(skipped) or "no single-layer or half-depth spans in the ablation"})
             continue
         values = np.array(values, dtype=float)
         low, high = bootstrap_ci([values], lambda m: m[..., 0])
