@@ -257,15 +257,19 @@ def _to_dataset(columns: dict[str, list[Any]], features: datasets.Features) -> d
     return datasets.Dataset(InMemoryTable(table), info=datasets.DatasetInfo(features=features))
 
 
+def seeded_order(items: Sequence[Any], seed: int = SPLIT_SEED) -> list[Any]:
+    """`items` ordered by sha256(f"{seed}:{item}"): the same order on every machine and library version
+    (hand-written instead of a numpy permutation, which does not promise the same stream across versions)."""
+    return sorted(items, key=lambda item: hashlib.sha256(f"{seed}:{item}".encode()).digest())
+
+
 def split_indices(n: int, seed: int = SPLIT_SEED) -> dict[str, list[int]]:
     """The additional tasks' 80/10/10 split of n rows, identical on every machine and library version.
 
     train = floor(0.8 n), validation = floor((n - train) / 2), test = the rest: this reproduces every
-    size in the paper's Table 3. Rows are ordered by sha256(f"{seed}:{row}") (hand-written instead of a
-    numpy permutation because numpy does not promise the same stream across versions); each split keeps
-    source order.
+    size in the paper's Table 3. Rows are taken in `seeded_order`; each split keeps source order.
     """
-    order = sorted(range(n), key=lambda i: hashlib.sha256(f"{seed}:{i}".encode()).digest())
+    order = seeded_order(range(n), seed)
     n_train = 8 * n // 10
     n_validation = (n - n_train) // 2
     cuts = {"train": order[:n_train], "validation": order[n_train:n_train + n_validation],
@@ -282,9 +286,8 @@ def holdout_indices(labels: Sequence[Any], n_holdout: int, seed: int = SPLIT_SEE
     """A stratified validation slice of n_holdout rows: {"train": rows kept, "validation": rows held out}.
 
     Each stratum (a class; for a regression score, its integer part, 5.0 with 4) gives its share of
-    n_holdout by largest remainder, so class proportions match the file's. Within a stratum rows are
-    ordered by sha256(f"{seed}:{row}") (hand-written for the same reason as `split_indices`: identical
-    on every machine and library version) and the first ones are held out. Both lists keep source order.
+    n_holdout by largest remainder, so class proportions match the file's. Within a stratum the first
+    rows in `seeded_order` are held out. Both lists keep source order.
     """
     n = len(labels)
     if not 0 < n_holdout < n:
@@ -300,8 +303,7 @@ def holdout_indices(labels: Sequence[Any], n_holdout: int, seed: int = SPLIT_SEE
         quota[key] += 1
     held: set[int] = set()
     for key, rows in strata.items():
-        ordered = sorted(rows, key=lambda i: hashlib.sha256(f"{seed}:{i}".encode()).digest())
-        held.update(ordered[: quota[key]])
+        held.update(seeded_order(rows, seed)[: quota[key]])
     return {"train": [i for i in range(n) if i not in held], "validation": sorted(held)}
 
 
@@ -534,14 +536,13 @@ def _squad_local(path: Path, split: str) -> datasets.Dataset:
 def squad_standin_titles(titles: Sequence[str], seed: int = SPLIT_SEED) -> dict[str, list[str]]:
     """The stand-in's articles: {"train": titles, "validation": titles}, disjoint, in first-seen order.
 
-    Distinct titles are ordered by sha256(f"{seed}:{title}") (the same on every machine and library
-    version); the first floor(0.8 n) of that order train (at least one, and one left to evaluate on),
+    Distinct titles are taken in `seeded_order`; the first floor(0.8 n) of that order train (at least one, and one left to evaluate on),
     the rest validate. Whole articles go to one side, so no context is both trained and scored on.
     """
     distinct = list(dict.fromkeys(titles))
     if len(distinct) < 2:
         raise DataError(f"the SQuAD stand-in needs at least 2 articles to split, got {len(distinct)}")
-    order = sorted(distinct, key=lambda title: hashlib.sha256(f"{seed}:{title}".encode()).digest())
+    order = seeded_order(distinct, seed)
     n_train = min(max(int(STANDIN_TRAIN_FRACTION * len(distinct)), 1), len(distinct) - 1)
     train = set(order[:n_train])
     return {"train": [t for t in distinct if t in train], "validation": [t for t in distinct if t not in train]}

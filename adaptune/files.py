@@ -28,9 +28,14 @@ def atomic_write(target: str | os.PathLike[str], write: Callable[[Path], Any]) -
         raise
 
 
+def json_text(data: Any, sort_keys: bool = True) -> str:
+    """`data` as the project's JSON files hold it: indented, non-JSON values as their str, a final newline."""
+    return json.dumps(data, indent=2, sort_keys=sort_keys, default=str) + "\n"
+
+
 def write_json(target: str | os.PathLike[str], data: Any, sort_keys: bool = True) -> None:
-    """`data` as indented JSON (non-JSON values as their str), written atomically."""
-    text = json.dumps(data, indent=2, sort_keys=sort_keys, default=str) + "\n"
+    """`json_text(data)`, written atomically."""
+    text = json_text(data, sort_keys)
     atomic_write(target, lambda temporary: temporary.write_text(text))
 
 

@@ -30,7 +30,7 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from adaptune.files import write_json
+from adaptune.files import json_text, write_json
 from adaptune.records import TRACEBACK_FILE
 
 RUNS_DIR = "runs"
@@ -90,7 +90,7 @@ class RunStore:
             target.parent.mkdir(parents=True, exist_ok=True)
             write_json(target, data)
         else:
-            self.fs.pipe_file(self._path(*parts), (json.dumps(data, indent=2, sort_keys=True, default=str) + "\n").encode())
+            self.fs.pipe_file(self._path(*parts), json_text(data).encode())
 
     def remove(self, *parts: str) -> None:
         with contextlib.suppress(FileNotFoundError):

@@ -64,8 +64,8 @@ def build_report(
 
     report = out_dir / "report.md"
     report.write_text(
-        _render(results_dir, runs, frames, markdown, t1, t2, sizes, figures, problems, out_dir, reference or reference_path(), unreadable,
-                methods),
+        _render(results_dir, runs, frames, markdown, t1, t2, sizes, methods, figures, problems, out_dir, reference or reference_path(),
+                unreadable),
         encoding="utf-8",
     )
     return report
@@ -79,12 +79,12 @@ def _render(
     t1: pd.DataFrame,
     t2: pd.DataFrame,
     sizes: pd.DataFrame,
+    methods: pd.DataFrame,
     figures: list[FigureOutput],
     problems: pd.DataFrame,
     out_dir: Path,
     reference: Any,
     unreadable: tuple[str, ...] = (),
-    methods: pd.DataFrame | None = None,
 ) -> str:
     counts = runs["status"].value_counts()
     status_line = ", ".join(f"{counts.get(status, 0)} {status}" for status in ("ok", "failed", "degenerate"))
@@ -108,7 +108,7 @@ def _render(
         "across seeds, and its reported score as mean ± s.e.m. across those seeds (degenerate seeds kept), with the "
         "learning rate selected and, beside each task, the majority-class baseline on the same split and rows.",
         "",
-        _backbone_line(methods if methods is not None else pd.DataFrame(), "BERT-base / BERT-large"),
+        _backbone_line(methods, "BERT-base / BERT-large"),
         "",
         markdown["methods"],
         "",

@@ -18,7 +18,7 @@ from adaptune.report.selection import BERT_BASE, base_params, best_configuration
 
 METHOD_NAMES = {"full": "Full fine-tuning", "top_k": "Top-k layers", "adapters": "Adapters", "layernorm": "LayerNorm only"}
 COLUMNS = ("task", "metric", "split", "rows", "majority", "method", "method_name", "mean", "sem", "n_seeds", "n_degenerate",
-           "selected", "trained_percent", "backbone", "run_ids")
+           "lr", "epochs", "selected", "trained_percent", "backbone", "run_ids")
 
 
 def methods_table(runs: pd.DataFrame, data_dir: Any = None) -> pd.DataFrame:
@@ -44,6 +44,7 @@ def methods_table(runs: pd.DataFrame, data_dir: Any = None) -> pd.DataFrame:
             "mean": float(to_percent(config.reported_mean)),
             "sem": None if pd.isna(config.reported_sem) else float(to_percent(config.reported_sem)),
             "n_seeds": int(config.n_seeds), "n_degenerate": int((seeds["status"] == "degenerate").sum()),
+            "lr": float(config.lr), "epochs": int(config.epochs),
             "selected": f"{config.method_label} lr={config.lr:g} epochs={int(config.epochs)}",
             "trained_percent": 100.0 * config.trained_params / base if base else None,
             "backbone": backbone, "run_ids": config.run_ids,
@@ -77,7 +78,7 @@ def _cell(row: pd.Series) -> str:
     text = _number(row["mean"])
     if row["sem"] is not None and not pd.isna(row["sem"]):
         text += f" ± {row['sem']:.1f}"
-    lr = row["selected"].split("lr=")[1].split()[0]
+    lr = f"{row['lr']:g}"
     degenerate = f", {int(row['n_degenerate'])} degenerate" if row["n_degenerate"] else ""
     seeds = int(row["n_seeds"])
     return f"{text} (lr {lr}, {seeds} seed{'s' if seeds != 1 else ''}{degenerate})"
