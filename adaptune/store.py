@@ -7,13 +7,20 @@ Layout under the root (a local directory, `gs://bucket/prefix`, or any fsspec UR
     runs/<run_id>/train_state.pt     the resumable training state, until the run finishes
     runs/<run_id>/attempts.json      transient failures seen so far (preemption, OOM, network)
     runs/<run_id>/traceback.txt      the full traceback of a failed run
+    runs/<run_id>/lease-<n>.json     who trains the run now, until when (adaptune.lease)
     ablation/<run_id>.json           the Figure 6 rows of an ablated run
-    cache/                           the tokenization cache (only where the root is a filesystem path)
+    models/<backbone>/               staged backbone weights (stage_backbone), STAGED.json written last
+    cache/                           the tokenization cache (only where the root is a local directory)
 
 Run ids depend only on what determines a result (TrainConfig.run_id), so experiments share runs.
 A run trains in a local working directory: the root itself where it is a filesystem path (this
 machine, or Vertex AI's Cloud Storage FUSE mount `/gcs/<bucket>`), else a temporary directory that
 is downloaded before the run and uploaded at every saved state and at the end.
+
+Nothing here renames a directory: Cloud Storage FUSE refuses that in ordinary (flat) buckets unless
+`rename-dir-limit` is set (gcsfuse docs/semantics.md, "Directory operations"). Whatever must appear
+whole (a record, a lease, staged weights) is published by one create-only write of a small file, made
+last: `create_exclusive` (O_EXCL on a filesystem, GCS's `ifGenerationMatch=0` on a bucket).
 """
 
 from __future__ import annotations
@@ -21,7 +28,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -39,6 +48,9 @@ CACHE_DIR = "cache"
 RECORD_FILE = "record.json"
 CHECKPOINT_DIR = "checkpoint"
 ATTEMPTS_FILE = "attempts.json"
+STATE_FILE = "train_state.pt"  # = adaptune.train_state.STATE_FILE (not imported: that module imports torch)
+MODELS_DIR = "models"
+STAGED_MARKER = "STAGED.json"  # written last into models/<backbone>/: the copy is whole
 VERTEX_GCS_MOUNT = Path("/gcs")  # Vertex AI mounts every bucket the job can read here
 READ_THREADS = 32  # object stores answer many small reads at once far faster than one by one
 
@@ -77,11 +89,49 @@ class RunStore:
     # --- small JSON files -------------------------------------------------------------------------
 
     def read_json(self, *parts: str) -> Any | None:
+        """The parsed file, or None where it does not exist. A file caught mid-write (a create-only
+        write on a filesystem is visible before its content) is read again for up to a second."""
+        for attempt in range(5):
+            try:
+                with self.fs.open(self._path(*parts), "r") as handle:
+                    return json.load(handle)
+            except FileNotFoundError:
+                return None
+            except json.JSONDecodeError:
+                if attempt == 4:
+                    raise
+                time.sleep(0.25)
+        return None
+
+    def create_exclusive(self, data: bytes, *parts: str) -> bool:
+        """Write a new file only where none exists; False when one does (another writer was first).
+
+        Filesystems (this machine, the /gcs FUSE mount): O_CREAT|O_EXCL. Buckets through gcsfs: a
+        create-only upload (GCS precondition ifGenerationMatch=0, answered 412 when the object exists:
+        https://cloud.google.com/storage/docs/request-preconditions)."""
+        path = self._path(*parts)
+        if self.is_local:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            try:
+                with open(path, "xb") as handle:
+                    handle.write(data)
+            except FileExistsError:
+                return False
+            return True
         try:
-            with self.fs.open(self._path(*parts), "r") as handle:
-                return json.load(handle)
+            self.fs.pipe_file(path, data, mode="create")
+        except FileExistsError:
+            return False
+        return True
+
+    def names(self, *parts: str) -> list[str]:
+        """File names directly under a directory of the store (fresh, never a cached listing)."""
+        path = self._path(*parts)
+        self.fs.invalidate_cache(path)
+        try:
+            return sorted(entry.rstrip("/").rsplit("/", 1)[-1] for entry in self.fs.ls(path, detail=False))
         except FileNotFoundError:
-            return None
+            return []
 
     def write_json(self, data: Any, *parts: str) -> None:
         """Whole-file writes: atomic rename here, a single object put on a bucket."""
@@ -100,6 +150,11 @@ class RunStore:
 
     def record(self, run_id: str) -> dict[str, Any] | None:
         return self.read_json(RUNS_DIR, run_id, RECORD_FILE)
+
+    def publish_record(self, record: dict[str, Any]) -> bool:
+        """Make a run's record visible, once: False (nothing written) when the run already has one,
+        so a second writer never overwrites the first. Everything else of the run is uploaded first."""
+        return self.create_exclusive(json_text(record).encode(), RUNS_DIR, record["run_id"], RECORD_FILE)
 
     def records(self, run_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
         """The records that exist among run_ids, read concurrently (thousands of small objects)."""
@@ -121,6 +176,10 @@ class RunStore:
         resuming from its saved state where there is one."""
         for name in (RECORD_FILE, ATTEMPTS_FILE, TRACEBACK_FILE):
             self.remove(RUNS_DIR, run_id, name)
+
+    def remove_state(self, run_id: str) -> None:
+        """A finished run's resumable state (the optimizer's moments: up to 3x the model) is not kept."""
+        self.remove(RUNS_DIR, run_id, STATE_FILE)
 
     @contextlib.contextmanager
     def run_dir(self, run_id: str) -> Iterator[RunDir]:
@@ -145,9 +204,51 @@ class RunStore:
             self._download(self._path(*parts), Path(scratch))
             yield Path(scratch)
 
+    @property
+    def is_bucket_mount(self) -> bool:
+        """A root on Vertex AI's Cloud Storage FUSE mount: a filesystem path that is really a bucket."""
+        return self.is_local and Path(self.root).is_relative_to(VERTEX_GCS_MOUNT)
+
     def cache_dir(self) -> Path | None:
-        """The shared tokenization cache, where the root is a filesystem path; None: the local default."""
-        return Path(self._path(CACHE_DIR)) if self.is_local else None
+        """The shared tokenization cache where the root is a local directory; None (the pod's own disk,
+        adaptune.data.default_cache_dir) on a bucket, mounted or not: the cache is memory-mapped Arrow
+        files, read at random, and a task is tokenized once per shard in a minute or less."""
+        return Path(self._path(CACHE_DIR)) if self.is_local and not self.is_bucket_mount else None
+
+    # --- staged backbones -------------------------------------------------------------------------
+
+    def staged_backbone(self, name: str, scratch: Path | None = None) -> Path | None:
+        """A local directory holding the staged copy of backbone `name`, or None where none is staged.
+        On a remote root it is downloaded into `scratch` (a pod's local disk) first."""
+        marker = self.read_json(MODELS_DIR, name, STAGED_MARKER)
+        if marker is None:
+            return None
+        if self.is_local:
+            return Path(self._path(MODELS_DIR, name))
+        target = Path(scratch or tempfile.mkdtemp(prefix="adaptune-models-")) / name
+        if not (target / STAGED_MARKER).is_file():
+            self._download(self._path(MODELS_DIR, name), target)
+        return target
+
+    def stage_backbone(self, name: str, source: Path) -> dict[str, Any]:
+        """Copy a saved model directory (config, weights, tokenizer) to models/<name>/, the marker last;
+        returns the marker: {name, files: {relative path: bytes}, bytes}. Staging again replaces it."""
+        files = {p.relative_to(source).as_posix(): p.stat().st_size for p in sorted(source.rglob("*"))
+                 if p.is_file() and p.name != STAGED_MARKER and not p.relative_to(source).as_posix().startswith(".")}
+        if "config.json" not in files:
+            raise StoreError(f"{source} holds no config.json: stage a directory written by save_pretrained")
+        self.remove(MODELS_DIR, name, STAGED_MARKER)
+        remote = self._path(MODELS_DIR, name)
+        for relative in files:
+            if self.is_local:
+                target = Path(remote) / relative
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(source / relative, target)
+            else:
+                self.fs.put_file(str(source / relative), f"{remote}/{relative}")
+        marker = {"name": name, "files": files, "bytes": sum(files.values()), "staged_at": time.time()}
+        self.write_json(marker, MODELS_DIR, name, STAGED_MARKER)
+        return marker
 
     def _download(self, remote: str, local: Path) -> None:
         for path in self.fs.find(remote):

@@ -302,6 +302,21 @@ GLUE_SCORE_TASKS: tuple[str, ...] = tuple(n for n in GLUE_TASKS if TASKS[n].in_g
 EXTRA_TASKS: tuple[str, ...] = tuple(_EXTRA_TABLE)
 
 
+# The split scheme each family's data follows (adaptune.data). A run record carries its task's scheme,
+# and the run store never reuses a record made under another one (adaptune.shards: "stale"). Bump a
+# family's entry in the commit that changes how its splits are cut.
+DATA_SCHEMES = {
+    "glue": "glue-2",  # validation: 10% of train.tsv held out (stratified, seed 0); test: dev.tsv (glue-1: dev was validation)
+    "extra": "extra-1",  # one file split 80/10/10, seeded
+    "squad": "squad-1",  # train-v1.1 / dev-v1.1, else the named squad_dev_standin articles
+}
+
+
+def data_scheme(task: str | Task) -> str:
+    """The split scheme of the task's family (DATA_SCHEMES), as run records carry it."""
+    return DATA_SCHEMES[get_task(task).family]
+
+
 def get_task(name: str | Task) -> Task:
     """The registered task of this name (case-insensitive, '-' accepted for '_')."""
     if isinstance(name, Task):

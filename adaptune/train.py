@@ -57,8 +57,10 @@ def train_and_evaluate(
     progress: bool = True,
     step_callback: StepCallback | None = None,
     on_state_saved: Callable[[], None] | None = None,
+    write_record: bool = True,
 ) -> dict[str, Any]:
-    """Train and evaluate one run; returns its record (also written to out_dir/record.json).
+    """Train and evaluate one run; returns its record (also written to out_dir/record.json unless
+    `write_record` is False: the run store publishes the record itself, once, with its provenance).
 
     out_dir defaults to runs/<run_id>. A finished record already there for the same run id is
     returned as is; a saved training state there is resumed. `step_callback(global_step)` runs after
@@ -92,7 +94,8 @@ def train_and_evaluate(
         raise
     record["wall_time_s"] = run.progress.elapsed_s + (time.perf_counter() - started)
     record["curve"] = run.progress.curve
-    write_json(out / RECORD_FILE, record)
+    if write_record:
+        write_json(out / RECORD_FILE, record)
     if record["status"] != "failed":
         remove_state(out)
     return record

@@ -28,7 +28,7 @@ def calls(run_id: str) -> int:
     return int(path.read_text()) if path.is_file() else 0
 
 
-def train(config: TrainConfig, out_dir: str | os.PathLike[str], **_: Any) -> dict[str, Any]:
+def train(config: TrainConfig, out_dir: str | os.PathLike[str], write_record: bool = True, **_: Any) -> dict[str, Any]:
     root = control_dir()
     (root / "calls").mkdir(parents=True, exist_ok=True)
     (root / "calls" / config.run_id).write_text(str(calls(config.run_id) + 1))
@@ -49,5 +49,6 @@ def train(config: TrainConfig, out_dir: str | os.PathLike[str], **_: Any) -> dic
                       companions=companions,
                       curve=[{"epoch": config.epochs, "step": 1, "train_loss": 1.0 - score, "val_metrics": metrics}],
                       wall_time_s=0.0)
-    Path(out_dir, "record.json").write_text(json.dumps(record))
+    if write_record:
+        Path(out_dir, "record.json").write_text(json.dumps(record))
     return record

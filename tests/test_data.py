@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from collections import Counter
 from pathlib import Path
 
@@ -286,7 +288,10 @@ def test_tokenize_task_is_unpadded_truncated_and_cached(shared_data_dir: Path, b
     assert again["validation"]["input_ids"] == tokenized["validation"]["input_ids"]
     tokenize_task("rte", small, tokenizer, max_length=32, cache_dir=tmp_path)
     assert tokenizer.calls > first_calls  # another max_length is another cache entry
-    assert len(list((tmp_path / "tokenized").iterdir())) == 2
+    markers = sorted((tmp_path / "tokenized").glob("*.json"))
+    assert len(markers) == 2  # one published entry per max_length: a marker file, written last
+    for marker in markers:
+        assert (tmp_path / "tokenized" / json.loads(marker.read_text())["dir"] / "dataset_dict.json").is_file()
 
 
 def test_prepare_summarises_splits(shared_data_dir: Path, backbone_path: str, tmp_path: Path) -> None:
