@@ -8,7 +8,7 @@ PIPELINE ?= smoke
 OUT ?= outputs
 export PYTHONHASHSEED := 0
 
-.PHONY: venv test demo run plan compile submit bench images lint lock clean
+.PHONY: venv test demo run plan compile submit stage-models bench images lint lock clean
 
 $(VENV)/.installed: pyproject.toml requirements.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,7 +30,8 @@ demo: venv
 run: venv
 	$(if $(filter docker,$(RUNNER)),$(MAKE) -C containers build-cpu)
 	$(PY) -m pipelines run $(PIPELINE) --out $(OUT)/$(basename $(notdir $(PIPELINE))) \
-		$(if $(RUNS_ROOT),--runs-root $(RUNS_ROOT)) $(if $(RETRY_FAILED),--retry-failed) $(if $(RUNNER),--runner $(RUNNER))
+		$(if $(RUNS_ROOT),--runs-root $(RUNS_ROOT)) $(if $(RETRY_FAILED),--retry-failed) $(if $(RETRAIN_STALE),--retrain-stale) \
+		$(if $(RUNNER),--runner $(RUNNER))
 
 plan: venv
 	$(PY) -m pipelines plan $(PIPELINE)
@@ -39,7 +40,11 @@ compile: venv
 	$(PY) -m pipelines compile
 
 submit: venv
-	$(PY) -m pipelines submit $(PIPELINE) $(if $(RETRY_FAILED),--retry-failed)
+	$(PY) -m pipelines submit $(PIPELINE) $(if $(RETRY_FAILED),--retry-failed) $(if $(RETRAIN_STALE),--retrain-stale)
+
+# Copy the experiment's hub backbones into the run store once (FROM="bert-large-uncased=DIR ..." stages local copies).
+stage-models: venv
+	$(PY) -m pipelines stage-models $(PIPELINE) $(if $(RUNS_ROOT),--runs-root $(RUNS_ROOT)) $(foreach f,$(FROM),--from $(f))
 
 bench: venv
 	$(PY) -m adaptune.bench --out bench/results.json

@@ -58,10 +58,14 @@ H100 = Accelerator(
     cpu_limit="12",
     memory_limit="96G",
 )
+# KFP on GKE: a pod asking for a whole node's CPUs or memory stays Pending (the node keeps some for the
+# kubelet and system pods), so each preset asks for what its smallest node leaves allocatable.
+# a3-highgpu-1g (1 H100): 26 vCPU, 234 GB; a2-highgpu-1g (1 A100): 12 vCPU, 85 GB; ct5lp-hightpu-1t: 24 vCPU, 48 GB.
 A100 = dataclasses.replace(
     H100,
     type="NVIDIA_TESLA_A100",
     node_selector=(("cloud.google.com/gke-accelerator", "nvidia-tesla-a100"),),
+    cpu_limit="10",
     memory_limit="64G",
 )
 # One v5e chip (a 1x1 slice): devices.py trains on a single XLA device (no SPMD, no one process per
@@ -75,8 +79,8 @@ TPU_V5E = Accelerator(
         ("cloud.google.com/gke-tpu-topology", "1x1"),
     ),
     tolerations=("google.com/tpu",),
-    cpu_limit="24",
-    memory_limit="48G",
+    cpu_limit="20",
+    memory_limit="40G",
 )
 ACCELERATORS = {"cpu": CPU, "h100": H100, "a100": A100, "tpu_v5e": TPU_V5E}
 

@@ -52,6 +52,14 @@ PARAMETER_EFFICIENT_STEP_COST = 0.65
 EVALUATION_OVERHEAD = 1.1  # per-epoch validation adds roughly a tenth
 REFERENCE_MAX_LENGTH = 128
 MAX_POSITIONS = 512  # BERT's position embeddings
+# A KFP cluster compiles a ParallelFor into one Argo workflow object kept in etcd; fan-outs of about
+# 2,000 items have failed with "etcdserver: request is too large" (kubeflow/pipelines#4175). For the
+# kfp target the shards grow until the fan-out is at most this many iterations.
+KFP_MAX_FANOUT = 300
+# A shard's task ends itself (exit 124) after this many times its estimated hours, plus the slack: a
+# hung or misplaced task stops burning accelerator hours (a Vertex AI custom job's default timeout is 7 days).
+DEADLINE_FACTOR = 3.0
+DEADLINE_SLACK_HOURS = 1.0
 
 # Public GLUE / SQuAD training-set sizes, for tasks whose registry entry has no paper_sizes.
 KNOWN_TRAIN_SIZES = {
@@ -121,6 +129,13 @@ class Plan:
             shards.append(Shard(id=f"{len(shards):04d}-{current[0].task}", runs=tuple(current)))
         return shards
 
+    def shard_hours(self, shard: Shard) -> float:
+        return sum(self.run_hours[run.run_id] for run in shard.runs)
+
+    def deadline_hours(self, shard: Shard) -> float:
+        """How long the shard's task may run before it ends itself (DEADLINE_FACTOR x its estimate + slack)."""
+        return DEADLINE_FACTOR * self.shard_hours(shard) + DEADLINE_SLACK_HOURS
+
     def shard(self, shard_id: str) -> Shard:
         for shard in self.shards:
             if shard.id == shard_id:
@@ -178,6 +193,7 @@ class Plan:
         if self.merged_duplicates:
             lines.append(f"{self.merged_duplicates} runs shared by several blocks are planned once")
         lines.append(f"{len(self.runs)} runs")
+        lines.append(self.fanout_line())
         if accel.count:
             quota = f" (max_accelerators {spec.max_accelerators})" if spec.max_accelerators is not None else ""
             lines.append(f"peak: {self.peak_accelerators} {accel.label} at once{quota}")
@@ -187,6 +203,29 @@ class Plan:
             "-- an estimate from adaptune.plan.THROUGHPUT, not a measurement"
         )
         return "\n".join(lines)
+
+
+    def fanout_line(self) -> str:
+        """The DAG's fan-out (ParallelFor iterations) on Vertex AI and, with its ceiling, on a KFP cluster."""
+        line = f"fan-out: {len(self.shards)} iterations (Vertex AI)"
+        if len(self.shards) <= KFP_MAX_FANOUT:
+            return line + f"; the same on a KFP cluster (ceiling {KFP_MAX_FANOUT})"
+        kfp_spec = within_fanout(self.spec)
+        kfp_plan = plan(kfp_spec)
+        return (line + f"; {len(kfp_plan.shards)} on a KFP cluster (ceiling {KFP_MAX_FANOUT}: shards of at most "
+                f"{kfp_spec.shard_size} runs or ~{kfp_spec.shard_hours:g} h, ~{_hours(kfp_plan.wall_clock_hours())} h wall-clock)")
+
+
+def within_fanout(spec: ExperimentSpec, ceiling: int = KFP_MAX_FANOUT) -> ExperimentSpec:
+    """`spec` with shards grown (shard_size and shard_hours doubled at a time) until at most `ceiling`."""
+    current = spec
+    while len(plan(current).shards) > ceiling:
+        runs = len(plan(current).runs)
+        if current.shard_size >= runs and current.shard_hours >= 1e6:
+            raise PlanError(f"experiment {spec.name!r} needs more than {ceiling} shards even with every run of a task in one: "
+                            "split it into smaller experiments")
+        current = dataclasses.replace(current, shard_size=current.shard_size * 2, shard_hours=current.shard_hours * 2)
+    return current
 
 
 def plan(spec: ExperimentSpec) -> Plan:

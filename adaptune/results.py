@@ -59,6 +59,9 @@ RUNS_SCHEMA = pa.schema(
         pa.field("checkpoint_dir", pa.string()),
         pa.field("data_split", pa.string()),  # "standard", or a named stand-in (e.g. squad_dev_standin): not the paper's split
         pa.field("split_note", pa.string()),  # what a stand-in split is (null for "standard")
+        pa.field("data_scheme", pa.string()),  # how the task's splits were cut (adaptune.tasks.DATA_SCHEMES)
+        pa.field("code_version", pa.string()),  # the code that trained the run (git describe, or the image's)
+        pa.field("provenance_json", pa.string()),  # JSON: packages, device (GPU, driver, CUDA), data files' sha256
         pa.field("train_rows", pa.int64()),  # examples each split was used with (after subsampling)
         pa.field("val_rows", pa.int64()),
         pa.field("test_rows", pa.int64()),
@@ -93,7 +96,8 @@ ABLATION_SCHEMA = pa.schema(
 )
 
 # Columns added after runs.parquet files were first written: an older file lacking them reads with nulls.
-ADDED_RUN_COLUMNS = ("data_split", "split_note", "train_rows", "val_rows", "test_rows")
+ADDED_RUN_COLUMNS = ("data_split", "split_note", "train_rows", "val_rows", "test_rows", "data_scheme", "code_version",
+                     "provenance_json")
 
 # Keys a run record must carry even when the run failed (ARCHITECTURE.md, "The run record").
 REQUIRED_RECORD_KEYS = ("run_id", "task", "method", "lr", "epochs", "seed", "backbone", "config", "status")
@@ -160,6 +164,9 @@ def run_row(record: dict[str, Any], written_at: dt.datetime | None = None) -> di
         "checkpoint_dir": None if record.get("checkpoint_dir") is None else str(record["checkpoint_dir"]),
         "data_split": record.get("data_split"),
         "split_note": record.get("split_note"),
+        "data_scheme": record.get("data_scheme"),
+        "code_version": (record.get("provenance") or {}).get("code_version"),
+        "provenance_json": json.dumps(record.get("provenance") or {}, sort_keys=True),
         "train_rows": sizes.get("train"),
         "val_rows": sizes.get("validation"),
         "test_rows": sizes.get("test"),

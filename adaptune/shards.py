@@ -28,6 +28,8 @@ from __future__ import annotations
 import errno
 import importlib
 import os
+import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -104,10 +106,15 @@ def run_shard(
     retry_failed: bool = False,
     progress: bool = False,
     retrain_stale: bool = False,
+    enforce_deadline: bool = False,
 ) -> Counter[str]:
     """Train every run of the shard that the store has no record of; returns counts by outcome
-    (reused, stale, ok, degenerate, failed, superseded)."""
-    shard = plan(spec).shard(shard_id)
+    (reused, stale, ok, degenerate, failed, superseded). With `enforce_deadline` (pipeline tasks) the
+    process exits with status 124 past the shard's deadline (Plan.deadline_hours)."""
+    planned = plan(spec)
+    shard = planned.shard(shard_id)
+    if enforce_deadline:
+        start_deadline(planned.deadline_hours(shard) * 3600, shard_id)
     prepare_machine(store, {run.backbone for run in shard.runs})
     outcomes: Counter[str] = Counter()
     owner = new_owner()
@@ -130,6 +137,20 @@ def run_shard(
         print(f"{shard_id}: {outcomes['stale']} run(s) hold records from another data scheme; "
               "retrain them with --retrain-stale (make ... RETRAIN_STALE=1)", flush=True)
     return outcomes
+
+
+def start_deadline(seconds: float, shard_id: str) -> threading.Timer:
+    """End this process (exit 124, as `timeout` does) after `seconds`, whatever it is doing: a hung
+    collective or data loader never returns to Python. Saved states and leases let a retry resume."""
+    def expire() -> None:
+        print(f"{shard_id}: past its deadline of {seconds / 3600:.1f} h (DEADLINE_FACTOR x the estimate + slack): "
+              "ending the task; a retry or resubmission resumes from the run store", file=sys.stderr, flush=True)
+        os._exit(124)
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 def prepare_machine(store: RunStore, backbones: Iterable[str]) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 from adaptune.experiments import ExperimentSpec
 from adaptune.plan import plan, select_ablation_runs
 from adaptune.store import ABLATION_DIR, RUNS_DIR, RunStore
+from adaptune.tasks import data_scheme
 
 
 class IncompleteSweepError(RuntimeError):
@@ -21,7 +22,8 @@ class IncompleteSweepError(RuntimeError):
 
 
 def sweep_records(spec: ExperimentSpec, store: RunStore) -> list[dict[str, Any]]:
-    """The record of every planned run, in plan order; raises when any is missing."""
+    """The record of every planned run, in plan order; raises when any is missing or stale (made under
+    another data scheme: its numbers are not comparable with the others')."""
     planned = plan(spec)
     found = store.records(run.run_id for run in planned.runs)
     missing = [run.run_id for run in planned.runs if run.run_id not in found]
@@ -29,6 +31,14 @@ def sweep_records(spec: ExperimentSpec, store: RunStore) -> list[dict[str, Any]]
         raise IncompleteSweepError(
             f"{len(missing)} of {len(planned.runs)} planned runs have no record in {store.root} (e.g. {missing[0]}): "
             "resubmit the experiment; finished runs are reused"
+        )
+    stale = [run.run_id for run in planned.runs if found[run.run_id].get("data_scheme") != data_scheme(run.task)]
+    if stale:
+        example = found[stale[0]]
+        raise IncompleteSweepError(
+            f"{len(stale)} of {len(planned.runs)} planned runs hold records from another data scheme in {store.root} "
+            f"(e.g. {stale[0]}: {example.get('data_scheme') or 'none recorded'}, now {data_scheme(example['task'])}): "
+            "retrain them with --retrain-stale (make run|submit ... RETRAIN_STALE=1)"
         )
     return [found[run.run_id] for run in planned.runs]
 
@@ -38,10 +48,13 @@ def ablate_sweep(spec: ExperimentSpec, store: RunStore, data_dir: str | os.PathL
     if spec.ablation is None:
         return 0
     from adaptune.ablation import ablate
+    from adaptune.shards import use_staged_backbones
     from adaptune.store import CHECKPOINT_DIR
 
     done = 0
-    for record in select_ablation_runs(sweep_records(spec, store), spec.ablation):
+    selected = select_ablation_runs(sweep_records(spec, store), spec.ablation)
+    use_staged_backbones(store, {record["backbone"] for record in selected})
+    for record in selected:
         run_id = record["run_id"]
         if store.read_json(ABLATION_DIR, f"{run_id}.json") is None:
             try:

@@ -36,11 +36,12 @@ def plan_shards(spec_json: str, compiled_shape: str) -> List[str]:
     return [shard.id for shard in planned.shards]
 
 
-def train_shard(spec_json: str, shard_id: str, runs_root: str, data_dir: str, retry_failed: bool) -> str:
+def train_shard(spec_json: str, shard_id: str, runs_root: str, data_dir: str, retry_failed: bool, retrain_stale: bool) -> str:
     """Train the shard's runs that the run store has no record of; returns a one-line summary.
 
-    A transient failure (out of memory, network, storage) fails the task so that its retry resumes
-    from the store; every other failure is a failed record and the shard goes on.
+    Transient failures (out of memory, network, storage) are retried inside, with backoff; every other
+    failure is a failed record and the shard goes on. The task ends itself past its deadline
+    (adaptune.plan.Plan.deadline_hours), so that a hung shard stops holding an accelerator.
     """
     import json
 
@@ -48,8 +49,8 @@ def train_shard(spec_json: str, shard_id: str, runs_root: str, data_dir: str, re
     from adaptune.shards import run_shard
     from adaptune.store import RunStore
 
-    outcomes = run_shard(spec_from_dict(json.loads(spec_json)), shard_id, RunStore(runs_root),
-                         data_dir=data_dir or None, retry_failed=retry_failed)
+    outcomes = run_shard(spec_from_dict(json.loads(spec_json)), shard_id, RunStore(runs_root), data_dir=data_dir or None,
+                         retry_failed=retry_failed, retrain_stale=retrain_stale, enforce_deadline=True)
     summary = ", ".join(f"{count} {outcome}" for outcome, count in sorted(outcomes.items()))
     print(f"shard {shard_id}: {summary}")
     return summary

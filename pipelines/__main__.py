@@ -1,4 +1,4 @@
-"""`python -m pipelines run NAME --out DIR | plan NAME | compile | submit NAME` (what the Makefile calls)."""
+"""`python -m pipelines run NAME --out DIR | plan NAME | compile | submit NAME | stage-models NAME` (what the Makefile calls)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ def _run(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     paths = run_local(args.name, args.out, data_dir=args.data_dir, runs_root=args.runs_root, retry_failed=args.retry_failed,
-                      runner=args.runner)
+                      retrain_stale=args.retrain_stale, runner=args.runner)
     print(f"{args.name} finished in {time.perf_counter() - started:.0f} s. {describe_outputs(paths)}")
     return 0
 
@@ -36,7 +36,31 @@ def _compile(args: argparse.Namespace) -> int:
 def _submit(args: argparse.Namespace) -> int:
     from pipelines.submit import submit
 
-    print(submit(args.name, retry_failed=args.retry_failed))
+    print(submit(args.name, retry_failed=args.retry_failed, retrain_stale=args.retrain_stale))
+    return 0
+
+
+def _stage_models(args: argparse.Namespace) -> int:
+    from adaptune.experiments import get_experiment
+    from adaptune.staging import StagingError, stage_models
+    from adaptune.store import RunStore
+    from pipelines.submit import SettingsError, load_settings
+
+    sources = {}
+    for item in args.sources:
+        name, separator, path = item.partition("=")
+        if not separator or not name or not path:
+            raise SettingsError(f"--from {item!r}: write --from BACKBONE=DIR, e.g. --from bert-large-uncased=/models/bert-large")
+        sources[name] = path
+    root = args.runs_root or load_settings().resolved_runs_root()
+    try:
+        staged = stage_models(get_experiment(args.name), RunStore(root), sources, force=args.force)
+    except StagingError as error:
+        raise SettingsError(str(error)) from None
+    for line in staged:
+        print(f"{line['name']}: {line['action']} -> {line['where']} ({line['bytes'] / 1e9:.2f} GB)")
+    if not staged:
+        print(f"{args.name} uses no hub backbone: nothing to stage")
     return 0
 
 
@@ -49,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--data-dir", default=None, help="local data mirror (default: shared/data found next to the tree, else the hub)")
     run.add_argument("--runs-root", default=None, help="the run store (default: OUT/store); finished runs there are reused")
     run.add_argument("--retry-failed", action="store_true", help="train again the runs whose record says failed")
+    run.add_argument("--retrain-stale", action="store_true", help="train again the runs whose record is from another data scheme")
     run.add_argument("--runner", choices=("subprocess", "docker"), default="subprocess",
                      help="subprocess: components in this environment; docker: in the project's images (image_for), "
                           "through kfp.local's DockerRunner (build them first: make -C containers build-cpu)")
@@ -62,7 +87,15 @@ def build_parser() -> argparse.ArgumentParser:
     submit = commands.add_parser("submit", help="submit to Vertex AI Pipelines, or to $KFP_HOST when set")
     submit.add_argument("name", help="a named experiment or a sweep file (.yaml/.json)")
     submit.add_argument("--retry-failed", action="store_true", help="train again the runs whose record says failed")
+    submit.add_argument("--retrain-stale", action="store_true", help="train again the runs whose record is from another data scheme")
     submit.set_defaults(handler=_submit)
+    stage = commands.add_parser("stage-models", help="copy the experiment's hub backbones into the run store once (pods load them from there)")
+    stage.add_argument("name", help="a named experiment or a sweep file (.yaml/.json)")
+    stage.add_argument("--runs-root", default=None, help="the run store (default: the submission's, $ADAPTUNE_RUNS_ROOT / adaptune.toml)")
+    stage.add_argument("--from", dest="sources", action="append", default=[], metavar="BACKBONE=DIR",
+                       help="a local save_pretrained directory to stage for BACKBONE instead of downloading it (repeatable)")
+    stage.add_argument("--force", action="store_true", help="stage again even where a copy is already staged")
+    stage.set_defaults(handler=_stage_models)
     return parser
 
 

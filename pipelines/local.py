@@ -30,6 +30,7 @@ def run_local(
     data_dir: str | Path | None = None,
     runs_root: str | None = None,
     retry_failed: bool = False,
+    retrain_stale: bool = False,
     runner: str = "subprocess",
     check_data: bool = True,
 ) -> dict[str, Path]:
@@ -73,7 +74,8 @@ def run_local(
         task_runner = local.SubprocessRunner(use_venv=False)
     local.init(runner=task_runner, pipeline_root=str(pipeline_root))
     with without_executor_inputs():  # kfp prints each task's whole input JSON; the rest of its log stays
-        run = build_pipeline(spec)(runs_root=store.root, data_dir=str(root) if root else "", retry_failed=retry_failed)
+        run = build_pipeline(spec)(runs_root=store.root, data_dir=str(root) if root else "", retry_failed=retry_failed,
+                                   retrain_stale=retrain_stale)
     return collect_outputs(Path(run.outputs["results"].path), Path(run.outputs["report"].path), out_dir)
 
 

@@ -12,7 +12,12 @@ only what is missing and retries what failed transiently.
 
 `target` picks how train_shard asks for its accelerator: "vertex" (Vertex AI accelerator type and
 count) or "kfp" (a KFP cluster on GKE: Kubernetes resource limit, node selector and tolerations
-through kfp-kubernetes).
+through kfp-kubernetes, a pod timeout, and shards grown until the fan-out is at most
+adaptune.plan.KFP_MAX_FANOUT iterations).
+
+Every task is compiled with caching off: the run store is the cache, and a submission must not turn it
+back on (pipelines/submit.py passes enable_caching=None). Accelerator tasks get $ADAPTUNE_DEVICE, so
+a node without a working driver fails the task at once instead of training on its CPU.
 """
 
 # No `from __future__ import annotations`: KFP reads the pipeline functions' annotations as types.
@@ -23,11 +28,14 @@ from typing import Any, Callable, NamedTuple
 from kfp import dsl, kubernetes
 
 from adaptune.experiments import Accelerator, ExperimentSpec, spec_to_json
+from adaptune.plan import plan, within_fanout
 from components import make_components
+from pipelines.images import image_for
 
 TARGETS = ("vertex", "kfp")
 # On a KFP cluster the accelerator is a Kubernetes extended resource.
 KUBERNETES_RESOURCES = {"gpu": "nvidia.com/gpu", "tpu": "google.com/tpu"}
+DEVICE_FOR_FAMILY = {"gpu": "cuda", "tpu": "xla"}  # $ADAPTUNE_DEVICE: adaptune.devices.pick_device refuses to fall back
 RETRY_BACKOFF = "60s"
 
 
@@ -35,19 +43,28 @@ def pipeline_name(spec: ExperimentSpec) -> str:
     return f"adaptune-{spec.name.replace('_', '-')}"
 
 
-def configure_accelerator(task: Any, accelerator: Accelerator, retries: int, target: str) -> None:
-    """Resources, placement and retries of a heavy task (train_shard, ablate_runs)."""
+def configure_accelerator(task: Any, accelerator: Accelerator, retries: int, target: str, timeout_s: int) -> None:
+    """Resources, placement, device, timeout and retries of a heavy task (train_shard, ablate_runs)."""
     task.set_cpu_limit(accelerator.cpu_limit).set_memory_limit(accelerator.memory_limit)
+    task.set_env_variable("ADAPTUNE_IMAGE", image_for(accelerator.family))  # provenance of every record
     if accelerator.family != "cpu":
         resource = accelerator.type if target == "vertex" else KUBERNETES_RESOURCES[accelerator.family]
         task.set_accelerator_type(resource).set_accelerator_limit(accelerator.count)
+        task.set_env_variable("ADAPTUNE_DEVICE", DEVICE_FOR_FAMILY[accelerator.family])
     if target == "kfp":
         for key, value in accelerator.node_selector:
             kubernetes.add_node_selector(task, label_key=key, label_value=value)
         for key in accelerator.tolerations:
             kubernetes.add_toleration(task, key=key, operator="Exists", effect="NoSchedule")
-    if retries:  # preempted (spot) nodes and transient errors: the shard resumes from the run store
+        kubernetes.set_timeout(task, timeout_s)  # the pod's activeDeadlineSeconds
+    if retries:  # preempted (spot) nodes: the shard resumes from the run store (transient errors retry inside it)
         task.set_retry(num_retries=retries, backoff_duration=RETRY_BACKOFF)
+
+
+def task_timeout_s(spec: ExperimentSpec) -> int:
+    """The longest shard's deadline (adaptune.plan.Plan.deadline_hours), in seconds: the pod timeout."""
+    planned = plan(spec)
+    return int(max(planned.deadline_hours(shard) for shard in planned.shards) * 3600)
 
 
 def compiled_shape(spec: ExperimentSpec) -> str:
@@ -60,6 +77,9 @@ def build_pipeline(spec: ExperimentSpec, target: str = "vertex") -> Callable[...
     """The pipeline function for `spec` (compile it, or call it under kfp.local)."""
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}; expected one of {TARGETS}")
+    if target == "kfp":
+        spec = within_fanout(spec)  # Argo keeps the whole fan-out in one etcd object
+    timeout_s = task_timeout_s(spec)
     steps = make_components(spec.accelerator.family)
     outputs = NamedTuple("Outputs", [("results", dsl.Dataset), ("report", dsl.Artifact)])
 
@@ -69,23 +89,25 @@ def build_pipeline(spec: ExperimentSpec, target: str = "vertex") -> Callable[...
         spec_json: str = spec_to_json(spec),
         data_dir: str = "",
         retry_failed: bool = False,
+        retrain_stale: bool = False,
     ) -> outputs:
         plan_task = steps.plan_shards(spec_json=spec_json, compiled_shape=compiled_shape(spec))
         plan_task.set_caching_options(False)  # cheap, and must follow the image's adaptune
         with dsl.ParallelFor(plan_task.output, parallelism=spec.parallelism) as shard_id:
             train_task = steps.train_shard(spec_json=spec_json, shard_id=shard_id, runs_root=runs_root,
-                                           data_dir=data_dir, retry_failed=retry_failed)
+                                           data_dir=data_dir, retry_failed=retry_failed, retrain_stale=retrain_stale)
             train_task.set_caching_options(False)  # the run store decides what to reuse
-            configure_accelerator(train_task, spec.accelerator, spec.retries, target)
+            configure_accelerator(train_task, spec.accelerator, spec.retries, target, timeout_s)
         last: Any = train_task
         if spec.ablation is not None:
             ablate_task = steps.ablate_runs(spec_json=spec_json, runs_root=runs_root, data_dir=data_dir).after(train_task)
             ablate_task.set_caching_options(False)
-            configure_accelerator(ablate_task, spec.accelerator, spec.retries, target)
+            configure_accelerator(ablate_task, spec.accelerator, spec.retries, target, timeout_s)
             last = ablate_task
         aggregate_task = steps.aggregate(spec_json=spec_json, runs_root=runs_root).after(last)
         aggregate_task.set_caching_options(False)
         report_task = steps.report(results=aggregate_task.outputs["results"], data_dir=data_dir)
+        report_task.set_caching_options(False)  # its input is always a new artifact; never a stale report
         return outputs(results=aggregate_task.outputs["results"], report=report_task.outputs["report_dir"])
 
     return reproduction

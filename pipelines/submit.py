@@ -110,6 +110,15 @@ def load_settings(env: Mapping[str, str] | None = None, config_path: str | Path 
     return SubmitSettings(**values)
 
 
+def require_registry(settings: SubmitSettings) -> None:
+    """The images must come from where `make images` pushed them, never the placeholder default."""
+    from pipelines.images import DEFAULT_REGISTRY
+
+    if not settings.registry or settings.registry.rstrip("/") == DEFAULT_REGISTRY:
+        raise SettingsError(f"no image registry: set ${ENV_VARS['registry']} (or `registry = ...` under [submit] in {CONFIG_FILE}) "
+                            "to where `make images REGISTRY=...` pushed the images, e.g. us-docker.pkg.dev/PROJECT/adaptune")
+
+
 def require_vertex_settings(settings: SubmitSettings) -> None:
     missing = [key for key in REQUIRED_FOR_VERTEX if not getattr(settings, key)]
     if missing:
@@ -140,13 +149,14 @@ def display_name(name: str, now: dt.datetime | None = None) -> str:
     return f"{pipeline_name(get_experiment(name))}-{now:%Y%m%d-%H%M%S}"
 
 
-def pipeline_arguments(settings: SubmitSettings, retry_failed: bool = False) -> dict[str, Any]:
+def pipeline_arguments(settings: SubmitSettings, retry_failed: bool = False, retrain_stale: bool = False) -> dict[str, Any]:
     """The run-time parameters of a submission (the spec itself is the compiled default)."""
-    return {"data_dir": settings.data_dir, "runs_root": settings.resolved_runs_root(), "retry_failed": retry_failed}
+    return {"data_dir": settings.data_dir, "runs_root": settings.resolved_runs_root(), "retry_failed": retry_failed,
+            "retrain_stale": retrain_stale}
 
 
 def submit_vertex(name: str, settings: SubmitSettings, credentials: Any = None, api_endpoint: str | None = None,
-                  api_transport: str | None = None, retry_failed: bool = False) -> Any:
+                  api_transport: str | None = None, retry_failed: bool = False, retrain_stale: bool = False) -> Any:
     """Compile and submit to Vertex AI Pipelines; returns the submitted PipelineJob.
 
     `credentials`, `api_endpoint` and `api_transport` go to aiplatform.init (tests point them at a
@@ -155,6 +165,7 @@ def submit_vertex(name: str, settings: SubmitSettings, credentials: Any = None, 
     from google.cloud import aiplatform
 
     require_vertex_settings(settings)
+    require_registry(settings)
     init_args: dict[str, Any] = {"project": settings.project, "location": settings.region}
     if credentials is not None:
         init_args["credentials"] = credentials
@@ -169,8 +180,10 @@ def submit_vertex(name: str, settings: SubmitSettings, credentials: Any = None, 
             display_name=display_name(name),
             template_path=str(package),
             pipeline_root=settings.pipeline_root,
-            parameter_values=pipeline_arguments(settings, retry_failed),
-            enable_caching=True,  # plan-independent steps only; the run store decides which runs to train
+            parameter_values=pipeline_arguments(settings, retry_failed, retrain_stale),
+            # None keeps each task's compiled choice (all off); True would override them and reuse a stale
+            # aggregate and report after --retry-failed. The run store decides which runs to train.
+            enable_caching=None,
             project=settings.project,
             location=settings.region,
         )
@@ -178,30 +191,31 @@ def submit_vertex(name: str, settings: SubmitSettings, credentials: Any = None, 
     return job
 
 
-def submit_kfp(name: str, host: str, settings: SubmitSettings, retry_failed: bool = False) -> Any:
-    """Compile for a KFP cluster (node selectors, tolerations) and create a run on `host`."""
+def submit_kfp(name: str, host: str, settings: SubmitSettings, retry_failed: bool = False, retrain_stale: bool = False) -> Any:
+    """Compile for a KFP cluster (node selectors, tolerations, timeouts, bounded fan-out) and create a run on `host`."""
     import kfp
 
+    require_registry(settings)
     with tempfile.TemporaryDirectory() as tmp, image_settings(settings):
         package = compile_experiment(name, Path(tmp) / f"{name}.yaml", target="kfp")
         client = kfp.Client(host=host)
         return client.create_run_from_pipeline_package(
             str(package),
-            arguments=pipeline_arguments(settings, retry_failed),
+            arguments=pipeline_arguments(settings, retry_failed, retrain_stale),
             run_name=display_name(name),
             experiment_name="adaptune",
-            enable_caching=True,
+            enable_caching=None,  # keep the compiled choice: caching off on every task
         )
 
 
-def submit(name: str, env: Mapping[str, str] | None = None, retry_failed: bool = False) -> str:
+def submit(name: str, env: Mapping[str, str] | None = None, retry_failed: bool = False, retrain_stale: bool = False) -> str:
     """`python -m pipelines submit NAME`: to KFP_HOST if set, else Vertex AI; returns a line to print."""
     env = os.environ if env is None else env
     get_experiment(name)  # an unknown experiment is reported before any missing or malformed setting
     settings = load_settings(env)
     host = env.get("KFP_HOST")
     if host:
-        result = submit_kfp(name, host, settings, retry_failed)
+        result = submit_kfp(name, host, settings, retry_failed, retrain_stale)
         return f"submitted {name} to {host}: run {getattr(result, 'run_id', result)}"
-    job = submit_vertex(name, settings, retry_failed=retry_failed)
+    job = submit_vertex(name, settings, retry_failed=retry_failed, retrain_stale=retrain_stale)
     return f"submitted {name} to Vertex AI: {job.resource_name}"

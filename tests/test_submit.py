@@ -98,7 +98,8 @@ def test_vertex_submission_sends_the_compiled_pipeline(fake_vertex: str, monkeyp
     assert body["runtimeConfig"]["gcsOutputDirectory"] == "gs://bucket/root"
     # The run store defaults to a folder beside the pipeline root; the spec is the compiled default.
     assert body["runtimeConfig"]["parameterValues"] == {
-        "data_dir": "/gcs/bucket/data", "runs_root": "gs://bucket/root/adaptune-runs", "retry_failed": False
+        "data_dir": "/gcs/bucket/data", "runs_root": "gs://bucket/root/adaptune-runs", "retry_failed": False,
+        "retrain_stale": False,
     }
     spec = body["pipelineSpec"]
     assert spec["pipelineInfo"]["name"] == "adaptune-smoke"
@@ -138,10 +139,13 @@ def test_kfp_host_submits_a_kfp_target_package(monkeypatch: pytest.MonkeyPatch, 
 
     monkeypatch.setattr(kfp, "Client", RecordingClient)
     monkeypatch.chdir(tmp_path)  # no adaptune.toml here: settings come from the environment alone
-    line = submit("glue_full", env={"KFP_HOST": "http://127.0.0.1:1", "ADAPTUNE_RUNS_ROOT": "gs://b/runs"})
+    env = {"KFP_HOST": "http://127.0.0.1:1", "ADAPTUNE_RUNS_ROOT": "gs://b/runs"}
+    with pytest.raises(SettingsError, match="ADAPTUNE_REGISTRY"):  # the placeholder registry is never submitted
+        submit("glue_full", env=env)
+    line = submit("glue_full", env={**env, "ADAPTUNE_REGISTRY": "us-docker.pkg.dev/p/r"})
     assert line == "submitted glue_full to http://127.0.0.1:1: run run-1"
-    assert calls["host"] == "http://127.0.0.1:1" and calls["enable_caching"] is True
-    assert calls["arguments"] == {"data_dir": "", "runs_root": "gs://b/runs", "retry_failed": False}
+    assert calls["host"] == "http://127.0.0.1:1" and calls["enable_caching"] is None
+    assert calls["arguments"] == {"data_dir": "", "runs_root": "gs://b/runs", "retry_failed": False, "retrain_stale": False}
     assert calls["run_name"].startswith("adaptune-glue-full-")
     assert "nodeSelector" in calls["package"] and "nvidia.com/gpu" in calls["package"]
 
