@@ -20,6 +20,7 @@ from adaptune.shards import BACKOFF_ENV, TRAINER_ENV, run_shard
 from adaptune.store import RunStore
 from tests import stub_trainer
 from tests.fuse_semantics import fuse_semantics
+from tests.gcs_emulator import gcs  # noqa: F401  (the fixture)
 
 # What must agree between two runs of the same grid (times, paths and provenance may differ).
 RESULT_COLUMNS = ["task", "method_label", "status", "val_score", "test_score", "trained_params", "total_params",
@@ -203,3 +204,71 @@ def _anonymous() -> Any:
     from google.auth.credentials import AnonymousCredentials
 
     return AnonymousCredentials()
+
+
+# --- a bucket, served by a real GCS API emulator on loopback ---------------------------------------------
+
+
+def test_leases_and_records_are_create_only_on_the_emulated_bucket(gcs: Any) -> None:
+    """GCS's ifGenerationMatch=0 precondition (gcsfs pipe_file(mode="create")): of 16 racing attempts
+    exactly one takes the lease, and a record is written once."""
+    import threading
+
+    from adaptune.lease import Lease, try_acquire
+
+    store = RunStore(gcs.url("store"))
+    barrier = threading.Barrier(16)
+    results: list[Any] = []
+
+    def attempt(index: int) -> None:
+        barrier.wait()
+        results.append(try_acquire(store, "run-a", owner=f"attempt-{index}", seconds=60))
+
+    threads = [threading.Thread(target=attempt, args=(i,)) for i in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sum(isinstance(result, Lease) for result in results) == 1
+    assert store.publish_record({"run_id": "run-a", "writer": 1}) and not store.publish_record({"run_id": "run-a", "writer": 2})
+    assert store.record("run-a")["writer"] == 1
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("containers")  # shares the local smoke run (smoke_run) with test_pipeline
+def test_the_smoke_dag_on_an_emulated_bucket_offline_with_staged_weights_equals_the_local_run(
+    gcs: Any, tmp_path: Path, shared_data_dir: Path, backbone_path: str, smoke_run: dict[str, Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The run store at gs://<bucket>/..., the pods offline (HF_HUB_OFFLINE=1, as conftest sets for every
+    process here), the backbone staged once in the bucket under a hub name (all-MiniLM-L6-v2's files as
+    "bert-base-uncased", so nothing could come from a hub cache): the same numbers as the local run."""
+    import fsspec
+
+    from adaptune.staging import stage_models
+    from pipelines.local import run_local
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    spec = dataclasses.replace(get_experiment("smoke"), name="smoke_bucket", backbone="bert-base-uncased")
+    sweep_file = tmp_path / "smoke_bucket.json"
+    sweep_file.write_text(spec_to_json(spec))
+    root = gcs.url("adaptune-runs")
+    (staged,) = stage_models(spec, RunStore(root), sources={"bert-base-uncased": backbone_path})
+    assert staged["bytes"] > 80e6
+
+    paths = run_local(str(sweep_file), tmp_path / "out", data_dir=shared_data_dir, runs_root=root)
+    bucket_runs = pd.read_parquet(paths["runs.parquet"])
+    local_runs = pd.read_parquet(smoke_run["runs.parquet"])
+    pd.testing.assert_frame_equal(_results(bucket_runs), _results(local_runs))
+    assert (bucket_runs["backbone"] == "bert-base-uncased").all()
+    assert bucket_runs["checkpoint_dir"].str.startswith(f"gs://{gcs.bucket}/adaptune-runs/runs/").all()
+    local_ablation = pd.read_parquet(smoke_run["ablation.parquet"])
+    assert len(pd.read_parquet(paths["ablation.parquet"])) == len(local_ablation) > 0
+    # What the bucket holds: each run's record and checkpoint; no training state, no lease left behind.
+    fs, _ = fsspec.core.url_to_fs(root)
+    names = [path.rsplit("/", 1)[-1] for path in fs.find(f"{gcs.bucket}/adaptune-runs/runs")]
+    assert names.count("record.json") == len(bucket_runs) and "train_state.pt" not in names
+    assert not [name for name in names if name.startswith("lease-")]
+    provenance = json.loads(bucket_runs["provenance_json"].iloc[0])
+    assert provenance["data"]["source"] == "mirror" and provenance["code_version"] != "unknown"
+    assert provenance["image"].endswith("/adaptune-cpu:0.1.0")  # the task's image, set on it at compile time
