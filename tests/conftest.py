@@ -45,3 +45,17 @@ def smoke_run(tmp_path_factory: pytest.TempPathFactory, shared_data_dir: Path) -
 
     return run_local("smoke", tmp_path_factory.mktemp("smoke") / "smoke", data_dir=shared_data_dir)
 
+
+
+@pytest.fixture()
+def stub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Runs train with tests/stub_trainer.py (here and in kfp.local's subprocesses); transient failures
+    are retried at once. Returns the stub's control directory."""
+    from adaptune.shards import BACKOFF_ENV, TRAINER_ENV
+
+    control = tmp_path / "stub"
+    control.mkdir()
+    monkeypatch.setenv("STUB_TRAINER_DIR", str(control))
+    monkeypatch.setenv(TRAINER_ENV, "tests.stub_trainer:train")
+    monkeypatch.setenv(BACKOFF_ENV, "0")
+    return control

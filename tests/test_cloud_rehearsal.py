@@ -16,7 +16,7 @@ import pytest
 
 from adaptune.experiments import Sweep, get_experiment, spec_to_json
 from adaptune.plan import KFP_MAX_FANOUT, plan
-from adaptune.shards import BACKOFF_ENV, TRAINER_ENV, run_shard
+from adaptune.shards import run_shard
 from adaptune.store import RunStore
 from tests import stub_trainer
 from tests.fuse_semantics import fuse_semantics
@@ -77,18 +77,13 @@ def test_a_store_with_fuse_semantics_trains_and_ablates_without_renaming_a_direc
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("pipeline")
-def test_a_resubmission_with_retry_failed_trains_only_that_run_and_refreshes_the_report(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_resubmission_with_retry_failed_trains_only_that_run_and_refreshes_the_report(stub: Path, tmp_path: Path) -> None:
     """kfp.local, stub trainer: one run diverges; resubmitted with retry_failed (and the cause gone), only
     it trains again, and aggregate and report are recomputed (no task is served from a cache)."""
     from pipelines.local import run_local
 
-    control = tmp_path / "stub"
-    (control / "nan").mkdir(parents=True)
-    monkeypatch.setenv("STUB_TRAINER_DIR", str(control))
-    monkeypatch.setenv(TRAINER_ENV, "tests.stub_trainer:train")
-    monkeypatch.setenv(BACKOFF_ENV, "0")
+    control = stub
+    (control / "nan").mkdir()
     spec = dataclasses.replace(
         get_experiment("smoke"), name="resubmit", ablation=None, shard_size=4,
         sweeps=(Sweep(tasks=("mrpc", "sms_spam"), methods=({"name": "full"}, {"name": "layernorm"}), learning_rates=(1e-4,),
@@ -212,23 +207,11 @@ def _anonymous() -> Any:
 def test_leases_and_records_are_create_only_on_the_emulated_bucket(gcs: Any) -> None:
     """GCS's ifGenerationMatch=0 precondition (gcsfs pipe_file(mode="create")): of 16 racing attempts
     exactly one takes the lease, and a record is written once."""
-    import threading
-
-    from adaptune.lease import Lease, try_acquire
+    from adaptune.lease import Lease
+    from tests.test_run_store_safety import race_for_a_lease
 
     store = RunStore(gcs.url("store"))
-    barrier = threading.Barrier(16)
-    results: list[Any] = []
-
-    def attempt(index: int) -> None:
-        barrier.wait()
-        results.append(try_acquire(store, "run-a", owner=f"attempt-{index}", seconds=60))
-
-    threads = [threading.Thread(target=attempt, args=(i,)) for i in range(16)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    results = race_for_a_lease(store)
     assert sum(isinstance(result, Lease) for result in results) == 1
     assert store.publish_record({"run_id": "run-a", "writer": 1}) and not store.publish_record({"run_id": "run-a", "writer": 2})
     assert store.record("run-a")["writer"] == 1

@@ -18,21 +18,11 @@ import pytest
 from adaptune.experiments import Sweep, get_experiment
 from adaptune.lease import Holder, Lease, try_acquire
 from adaptune.plan import KFP_MAX_FANOUT, plan, within_fanout
-from adaptune.shards import BACKOFF_ENV, TRAINER_ENV, ShardEnvironmentError, is_transient, run_in_store, run_shard
+from adaptune.shards import ShardEnvironmentError, is_transient, run_in_store, run_shard
 from adaptune.staging import StagingError, stage_models
 from adaptune.store import RunStore
 from adaptune.sweep import IncompleteSweepError, aggregate_sweep
 from tests import stub_trainer
-
-
-@pytest.fixture()
-def stub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    control = tmp_path / "stub"
-    control.mkdir()
-    monkeypatch.setenv("STUB_TRAINER_DIR", str(control))
-    monkeypatch.setenv(TRAINER_ENV, "tests.stub_trainer:train")
-    monkeypatch.setenv(BACKOFF_ENV, "0")
-    return control
 
 
 def _spec(**changes: object):
@@ -47,20 +37,25 @@ def _spec(**changes: object):
 # --- one owner per run ------------------------------------------------------------------------------
 
 
-def test_of_many_attempts_racing_for_a_run_exactly_one_takes_its_lease(tmp_path: Path) -> None:
-    store = RunStore(tmp_path / "store")
+def race_for_a_lease(store: RunStore, attempts: int = 16) -> list[Lease | Holder]:
+    """`attempts` threads released at once, each trying to take run-a's lease."""
     results: list[Lease | Holder] = []
-    barrier = threading.Barrier(16)
+    barrier = threading.Barrier(attempts)
 
     def attempt(index: int) -> None:
         barrier.wait()
         results.append(try_acquire(store, "run-a", owner=f"attempt-{index}", seconds=60))
 
-    threads = [threading.Thread(target=attempt, args=(i,)) for i in range(16)]
+    threads = [threading.Thread(target=attempt, args=(i,)) for i in range(attempts)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
+    return results
+
+
+def test_of_many_attempts_racing_for_a_run_exactly_one_takes_its_lease(tmp_path: Path) -> None:
+    results = race_for_a_lease(RunStore(tmp_path / "store"))
     winners = [r for r in results if isinstance(r, Lease)]
     assert len(winners) == 1 and len(results) == 16
     assert all(isinstance(r, Holder) and r.owner == winners[0].owner for r in results if r is not winners[0])

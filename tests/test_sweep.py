@@ -25,23 +25,12 @@ from adaptune.experiments import (
     spec_to_json,
 )
 from adaptune.plan import PlanError, plan
-from adaptune.shards import BACKOFF_ENV, TRAINER_ENV, is_transient, run_shard
+from adaptune.shards import is_transient, run_shard
 from adaptune.store import RunStore
 from adaptune.sweep import IncompleteSweepError, aggregate_sweep, sweep_records
 from tests import stub_trainer
 
 MAX_EXECUTOR_INPUT = 16 * 1024
-
-
-@pytest.fixture()
-def stub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Runs train with tests/stub_trainer.py (here and in kfp.local's subprocesses)."""
-    control = tmp_path / "stub"
-    control.mkdir()
-    monkeypatch.setenv("STUB_TRAINER_DIR", str(control))
-    monkeypatch.setenv(TRAINER_ENV, "tests.stub_trainer:train")
-    monkeypatch.setenv(BACKOFF_ENV, "0")  # transient failures are retried at once
-    return control
 
 
 def _small_spec(**changes: object):
