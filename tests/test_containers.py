@@ -529,6 +529,46 @@ def test_gpu_and_tpu_images_are_built_like_the_cpu_image(accelerator: str) -> No
     assert json.loads(first(other, "CMD").args) == [*json.loads(first(cpu, "CMD").args), "--require", accelerator]
 
 
+# --- the GPU image's torch build and the driver it needs --------------------------------------------
+
+
+def test_gpu_image_defaults_to_the_pytorch_indexs_cuda_12_build(tmp_path: Path) -> None:
+    """The default runs on the NVIDIA drivers GKE installs by default (535/550 series): a CUDA 12 build."""
+    args = arg_defaults(dockerfile("gpu"))
+    index = args["TORCH_INDEX_URL"]
+    match = re.fullmatch(r"https://download\.pytorch\.org/whl/(cu12\d)", index)
+    assert match, f"the GPU image's default torch index should be a CUDA 12 index of download.pytorch.org, not {index}"
+    assert args["TORCH_LOCAL_VERSION"] == f"+{match.group(1)}", "the local version must name the index's CUDA build"
+    process, calls = run_dependency_step("gpu", tmp_path)
+    assert process.returncode == 0, process.stderr
+    first = next(call for call in calls if call["tool"] == "pip")
+    assert pip_requirements(first) == [f"torch=={lock_version('torch')}+{match.group(1)}"]
+    # The build stops unless torch is a CUDA build.
+    checks = [call["args"] for call in calls if call["tool"] == "python"]
+    assert any("torch.version.cuda" in " ".join(args) for args in checks), checks
+
+
+def test_gpu_image_builds_the_cuda_13_pypi_wheel_with_the_documented_arguments(tmp_path: Path) -> None:
+    text = (CONTAINERS / "gpu" / "Dockerfile").read_text()
+    documented = re.search(r"--build-arg TORCH_INDEX_URL=(\S+) --build-arg TORCH_LOCAL_VERSION=(\S*)", text)
+    assert documented and documented.group(1) == "https://pypi.org/simple" and documented.group(2) == "", documented
+    process, calls = run_dependency_step("gpu", tmp_path, TORCH_INDEX_URL=documented.group(1), TORCH_LOCAL_VERSION=documented.group(2))
+    assert process.returncode == 0, process.stderr
+    first = next(call for call in calls if call["tool"] == "pip")
+    assert first["args"][first["args"].index("--index-url") + 1] == "https://pypi.org/simple"
+    assert pip_requirements(first) == [f"torch=={lock_version('torch')}"]
+
+
+def test_gpu_driver_requirements_are_documented_where_builders_and_operators_read() -> None:
+    dockerfile_text = (CONTAINERS / "gpu" / "Dockerfile").read_text()
+    readme = (CONTAINERS / "README.md").read_text()
+    for text, where in ((dockerfile_text, "gpu/Dockerfile"), (readme, "containers/README.md")):
+        # Minimum drivers of the default (CUDA 12 minor version compatibility) and the CUDA 13 build,
+        # and how to see a node's driver and choose it on GKE.
+        for needed in ("525.60.13", "580", "nvidia-smi", "gpu-driver-version=latest", "cu126"):
+            assert needed in text, f"{where} does not mention {needed}"
+
+
 # --- build arguments from the environment (no engine needed) ---------------------------------------
 
 DOCKER_REFERENCE = re.compile(r"^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-]+[a-z0-9]+)*)+:[\w][\w.-]{0,127}$")
@@ -557,8 +597,52 @@ def test_build_takes_the_torch_index_and_flags_from_the_environment() -> None:
     mirror = build_line("cpu", {"ADAPTUNE_TORCH_INDEX_URL": "https://mirror.example/whl/cpu", "ADAPTUNE_DOCKER_BUILD_FLAGS": "--no-cache"})
     assert "--build-arg TORCH_INDEX_URL=https://mirror.example/whl/cpu --no-cache -f cpu/Dockerfile" in mirror, mirror
     assert "--network" not in mirror, "only an index on the loopback needs the host's network"
-    plain = build_line("cpu", {})
-    assert plain == f"docker build --platform linux/amd64 -f cpu/Dockerfile -t {image_for('cpu')} ..", plain
+    plain = build_line("cpu", {"ADAPTUNE_CODE_VERSION": "v0.1.0-3-gabc1234"})
+    assert plain == (f"docker build --platform linux/amd64 --build-arg ADAPTUNE_CODE_VERSION=v0.1.0-3-gabc1234 "
+                     f"-f cpu/Dockerfile -t {image_for('cpu')} .."), plain
+
+
+def git_code_version() -> str:
+    """What containers/Makefile passes as ADAPTUNE_CODE_VERSION by default: `git describe --always --dirty`, else unknown."""
+    try:
+        process = subprocess.run(["git", "-C", str(REPO_ROOT), "describe", "--always", "--dirty"], capture_output=True, text=True, timeout=60)
+    except OSError:
+        return "unknown"
+    return process.stdout.strip() if process.returncode == 0 and process.stdout.strip() else "unknown"
+
+
+def is_code_version_of_this_repository(version: str) -> bool:
+    """Whether a code version is what the Makefile passes here: `unknown` where git describe fails, else a
+    `git describe --always --dirty` naming one of this repository's commits (HEAD may have moved since
+    the image was built: other work commits to the same tree)."""
+    if git_code_version() == "unknown":
+        return version == "unknown"
+    process = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "--verify", "--quiet", f"{version.removesuffix('-dirty')}^{{commit}}"],
+                             capture_output=True, text=True, timeout=60)
+    return process.returncode == 0
+
+
+CODE_VERSION_ARG = re.compile(r"--build-arg ADAPTUNE_CODE_VERSION=(\S+) ")
+
+
+@pytest.mark.parametrize("accelerator", ACCELERATORS)
+def test_every_image_carries_the_code_version_it_was_built_from(accelerator: str, tmp_path: Path) -> None:
+    instructions = dockerfile(accelerator)
+    # The Dockerfile: a build argument (default "unknown") exported to the final image, declared after
+    # the last RUN so that a new version rebuilds no layer.
+    assert arg_defaults(instructions).get("ADAPTUNE_CODE_VERSION") == "unknown"
+    assert env_values(instructions).get("ADAPTUNE_CODE_VERSION") == "${ADAPTUNE_CODE_VERSION}"
+    arg_at = next(i for i, ins in enumerate(instructions) if ins.keyword == "ARG" and ins.args.startswith("ADAPTUNE_CODE_VERSION"))
+    last_run = max(i for i, ins in enumerate(instructions) if ins.keyword == "RUN")
+    assert arg_at > last_run, "declare ADAPTUNE_CODE_VERSION after the last RUN (layer cache)"
+    # The Makefile: git describe of the repository by default, the environment's value when set, and
+    # "unknown" where there is no repository.
+    before = git_code_version()
+    (default,) = CODE_VERSION_ARG.findall(build_line(accelerator, {}))
+    assert default.removesuffix("-dirty") in {v.removesuffix("-dirty") for v in (before, git_code_version())}, (default, before)
+    assert is_code_version_of_this_repository(default), default
+    assert CODE_VERSION_ARG.findall(build_line(accelerator, {"ADAPTUNE_CODE_VERSION": "v9.9.9"})) == ["v9.9.9"]
+    assert CODE_VERSION_ARG.findall(build_line(accelerator, {"GIT_DIR": str(tmp_path / "no-repository")})) == ["unknown"]
 
 
 def test_make_run_with_the_docker_runner_builds_the_cpu_image_first() -> None:
@@ -699,6 +783,12 @@ def test_cpu_image_is_healthy_as_its_non_root_user_with_exactly_the_lock(cpu_ima
     finally:
         client.close()
     assert config["User"] == "1000:1000" and config["Cmd"] == ["python", "-m", "adaptune.healthcheck"]
+    # The code version make passed: the environment's, else git describe of this repository.
+    code_version = dict(item.split("=", 1) for item in config.get("Env") or []).get("ADAPTUNE_CODE_VERSION", "")
+    if os.environ.get("ADAPTUNE_CODE_VERSION"):
+        assert code_version == os.environ["ADAPTUNE_CODE_VERSION"], code_version
+    else:
+        assert is_code_version_of_this_repository(code_version), code_version
     if config.get("Healthcheck"):  # Docker reports it; podman's compatible API leaves it out (podman inspect shows it)
         assert config["Healthcheck"]["Test"] == ["CMD", "python", "-m", "adaptune.healthcheck"]
     # The user, what it may write, and where the report finds the paper's numbers.
