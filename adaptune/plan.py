@@ -60,6 +60,7 @@ KFP_MAX_FANOUT = 300
 # hung or misplaced task stops burning accelerator hours (a Vertex AI custom job's default timeout is 7 days).
 DEADLINE_FACTOR = 3.0
 DEADLINE_SLACK_HOURS = 1.0
+DEADLINE_MAX_HOURS = 7 * 24.0  # never longer than a Vertex AI custom job's own default timeout
 
 # Public GLUE / SQuAD training-set sizes, for tasks whose registry entry has no paper_sizes.
 KNOWN_TRAIN_SIZES = {
@@ -133,8 +134,9 @@ class Plan:
         return sum(self.run_hours[run.run_id] for run in shard.runs)
 
     def deadline_hours(self, shard: Shard) -> float:
-        """How long the shard's task may run before it ends itself (DEADLINE_FACTOR x its estimate + slack)."""
-        return DEADLINE_FACTOR * self.shard_hours(shard) + DEADLINE_SLACK_HOURS
+        """How long the shard's task may run before it ends itself: DEADLINE_FACTOR x its estimate + slack,
+        at most DEADLINE_MAX_HOURS."""
+        return min(DEADLINE_FACTOR * self.shard_hours(shard) + DEADLINE_SLACK_HOURS, DEADLINE_MAX_HOURS)
 
     def shard(self, shard_id: str) -> Shard:
         for shard in self.shards:

@@ -99,7 +99,7 @@ def data_fingerprint(task: str, data_dir: str | None) -> dict[str, Any]:
     spec = get_task(task)
     root = resolve_data_dir(data_dir)
     if root is None:
-        return {"source": "hub", "dataset": spec.source.hub_id}
+        return {"source": "hub", "dataset": spec.source.hub_id, "config": spec.source.hub_config}
     files = {}
     for _, relative in spec.source.files:
         path = root / relative

@@ -166,6 +166,8 @@ def prepare_machine(store: RunStore, backbones: Iterable[str]) -> None:
     print(f"device: {device.name}", flush=True)
     for name in sorted(set(backbones)):
         staged = use_staged_backbones(store, [name])
+        if os.environ.get(TRAINER_ENV):
+            continue  # a stand-in trainer (a dry run of the DAG's shape) loads no weights
         try:
             check_backbone(name)
         except BackboneError as error:
@@ -226,6 +228,8 @@ def run_in_store(
                 return reused
             if existing is not None:
                 store.forget(config.run_id)
+                if existing.get("data_scheme") != data_scheme(config.task):
+                    store.remove_state(config.run_id)  # a state saved under the old scheme trained on other rows
             record = _train_with_retries(config, store, data_dir, max_transient_failures, progress, sleep)
             record["provenance"] = provenance(config.task, data_dir)
             if not lease.still_held():
