@@ -8,6 +8,7 @@ the output directory.
 
 from __future__ import annotations
 
+import builtins
 import os
 import shutil
 from pathlib import Path
@@ -73,9 +74,15 @@ def run_local(
     else:
         task_runner = local.SubprocessRunner(use_venv=False)
     local.init(runner=task_runner, pipeline_root=str(pipeline_root))
-    with without_executor_inputs():  # kfp prints each task's whole input JSON; the rest of its log stays
-        run = build_pipeline(spec)(runs_root=store.root, data_dir=str(root) if root else "", retry_failed=retry_failed,
-                                   retrain_stale=retrain_stale)
+    # kfp.local indents a task's log by swapping builtins.print (logging_utils.indented_print); two
+    # ParallelFor tasks at once can leave the swapped one in place: put the real print back afterwards.
+    real_print = builtins.print
+    try:
+        with without_executor_inputs():  # kfp prints each task's whole input JSON; the rest of its log stays
+            run = build_pipeline(spec)(runs_root=store.root, data_dir=str(root) if root else "", retry_failed=retry_failed,
+                                       retrain_stale=retrain_stale)
+    finally:
+        builtins.print = real_print
     return collect_outputs(Path(run.outputs["results"].path), Path(run.outputs["report"].path), out_dir)
 
 

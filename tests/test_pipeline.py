@@ -116,3 +116,25 @@ def test_smoke_runs_end_to_end_on_real_data(smoke_run: dict[str, Path]) -> None:
     assert ablation["run_id"].nunique() == 1 and ablation["task"].iloc[0] == "sms_spam"
     assert len(ablation[["first_layer", "last_layer"]].drop_duplicates()) == 6 * 7 // 2
     assert paths["report.md"].is_file() and paths["figures"].is_dir()
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("pipeline")
+def test_a_local_run_leaves_print_as_it_found_it(stub: Path, tmp_path: Path) -> None:
+    """kfp.local swaps builtins.print to indent task logs; with two ParallelFor tasks at once the swap can
+    stick (every later print in the process indented). run_local puts the real one back."""
+    import builtins
+
+    from adaptune.experiments import Sweep, spec_to_json
+    from pipelines.local import run_local
+
+    spec = dataclasses.replace(
+        get_experiment("smoke"), name="print_check", ablation=None, shard_size=1,
+        sweeps=(Sweep(tasks=("mrpc", "sms_spam"), methods=({"name": "full"},), learning_rates=(1e-4,), epochs=(1,),
+                      seeds=(0, 1), max_length=32),),
+    )
+    sweep_file = tmp_path / "print_check.json"
+    sweep_file.write_text(spec_to_json(spec))
+    before = builtins.print
+    run_local(str(sweep_file), tmp_path / "out", check_data=False)
+    assert builtins.print is before
