@@ -92,9 +92,10 @@ class Lease:
     def release(self) -> None:
         """Drop our lease file and the expired ones before it, never a successor's."""
         self._stop.set()
+        ours = self.still_held()
         for name in self.store.names(RUNS_DIR, self.run_id):
             match = _LEASE_FILE.match(name)
-            if match and int(match.group(1)) <= self.number and (int(match.group(1)) < self.number or self.still_held()):
+            if match and (int(match.group(1)) < self.number or (int(match.group(1)) == self.number and ours)):
                 self.store.remove(RUNS_DIR, self.run_id, name)
 
     @contextlib.contextmanager

@@ -212,21 +212,26 @@ class Plan:
         line = f"fan-out: {len(self.shards)} iterations (Vertex AI)"
         if len(self.shards) <= KFP_MAX_FANOUT:
             return line + f"; the same on a KFP cluster (ceiling {KFP_MAX_FANOUT})"
-        kfp_spec = within_fanout(self.spec)
-        kfp_plan = plan(kfp_spec)
+        kfp_plan = fit_fanout(self)
+        kfp_spec = kfp_plan.spec
         return (line + f"; {len(kfp_plan.shards)} on a KFP cluster (ceiling {KFP_MAX_FANOUT}: shards of at most "
                 f"{kfp_spec.shard_size} runs or ~{kfp_spec.shard_hours:g} h, ~{_hours(kfp_plan.wall_clock_hours())} h wall-clock)")
 
 
 def within_fanout(spec: ExperimentSpec, ceiling: int = KFP_MAX_FANOUT) -> ExperimentSpec:
     """`spec` with shards grown (shard_size and shard_hours doubled at a time) until at most `ceiling`."""
-    current = spec
-    while len(plan(current).shards) > ceiling:
-        runs = len(plan(current).runs)
-        if current.shard_size >= runs and current.shard_hours >= 1e6:
+    return fit_fanout(plan(spec), ceiling).spec
+
+
+def fit_fanout(planned: Plan, ceiling: int = KFP_MAX_FANOUT) -> Plan:
+    """The plan of `planned.spec` with shards grown until there are at most `ceiling` (within_fanout)."""
+    current = planned
+    while len(current.shards) > ceiling:
+        spec = current.spec
+        if spec.shard_size >= len(current.runs) and spec.shard_hours >= 1e6:
             raise PlanError(f"experiment {spec.name!r} needs more than {ceiling} shards even with every run of a task in one: "
                             "split it into smaller experiments")
-        current = dataclasses.replace(current, shard_size=current.shard_size * 2, shard_hours=current.shard_hours * 2)
+        current = plan(dataclasses.replace(spec, shard_size=spec.shard_size * 2, shard_hours=spec.shard_hours * 2))
     return current
 
 

@@ -104,13 +104,6 @@ def data_fingerprint(task: str, data_dir: str | None) -> dict[str, Any]:
     for _, relative in spec.source.files:
         path = root / relative
         if path.is_file():
-            files[relative] = _sha256(path)
+            with open(path, "rb") as handle:
+                files[relative] = hashlib.file_digest(handle, "sha256").hexdigest()
     return {"source": "mirror", "files": files}
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()

@@ -68,6 +68,11 @@ def run_record(config: TrainConfig, primary_metric: str, device: str | None = No
     }
 
 
+def is_stale(record: dict[str, Any]) -> bool:
+    """A record made under another data scheme than its task's now (tasks.DATA_SCHEMES), or under none."""
+    return record.get("data_scheme") != data_scheme(record["task"])
+
+
 def with_companions(record: dict[str, Any]) -> list[dict[str, Any]]:
     """The record, then one row-shaped record per companion task (run id "<run_id>@<task>"), so an
     MNLI run fills both the MNLI-m and the MNLI-mm columns, trained once."""

@@ -40,9 +40,8 @@ from adaptune.experiments import ExperimentSpec
 from adaptune.lease import Holder, Lease, lease_seconds, new_owner, try_acquire
 from adaptune.plan import failed_run_record, plan
 from adaptune.provenance import provenance
-from adaptune.records import one_line_reason, save_traceback
+from adaptune.records import is_stale, one_line_reason, save_traceback
 from adaptune.store import CHECKPOINT_DIR, RUNS_DIR, RunStore
-from adaptune.tasks import data_scheme
 
 TRAINER_ENV = "ADAPTUNE_TRAINER"  # "module:function" with train_and_evaluate's signature (dry runs of a DAG's shape)
 BACKOFF_ENV = "ADAPTUNE_RETRY_BACKOFF_S"
@@ -62,10 +61,6 @@ TRANSIENT_NAMES = frozenset({
 TRANSIENT_ERRNOS = frozenset({errno.EIO, errno.ESTALE, errno.ETIMEDOUT, errno.ECONNRESET, errno.ECONNABORTED,
                               errno.ECONNREFUSED, errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EAGAIN})
 TRANSIENT_HTTP_CODES = frozenset({408, 429, 500, 502, 503, 504})  # gcsfs HttpError.code, hub responses
-
-
-class TransientRunError(RuntimeError):
-    """A run failed for a reason that may pass (see TRANSIENT_NAMES)."""
 
 
 class ShardEnvironmentError(RuntimeError):
@@ -193,7 +188,7 @@ def _reuse(record: dict[str, Any] | None, retry_failed: bool, retrain_stale: boo
     """'reused' or 'stale' where the store's record stands, None where the run must train."""
     if record is None:
         return None
-    if record.get("data_scheme") != data_scheme(record["task"]):
+    if is_stale(record):
         return None if retrain_stale else "stale"
     if record.get("status") == "failed" and retry_failed:
         return None
@@ -228,7 +223,7 @@ def run_in_store(
                 return reused
             if existing is not None:
                 store.forget(config.run_id)
-                if existing.get("data_scheme") != data_scheme(config.task):
+                if is_stale(existing):
                     store.remove_state(config.run_id)  # a state saved under the old scheme trained on other rows
             record = _train_with_retries(config, store, data_dir, max_transient_failures, progress, sleep)
             record["provenance"] = provenance(config.task, data_dir)

@@ -13,6 +13,7 @@ from typing import Any
 
 from adaptune.experiments import ExperimentSpec
 from adaptune.plan import plan, select_ablation_runs
+from adaptune.records import is_stale
 from adaptune.store import ABLATION_DIR, RUNS_DIR, RunStore
 from adaptune.tasks import data_scheme
 
@@ -32,7 +33,7 @@ def sweep_records(spec: ExperimentSpec, store: RunStore) -> list[dict[str, Any]]
             f"{len(missing)} of {len(planned.runs)} planned runs have no record in {store.root} (e.g. {missing[0]}): "
             "resubmit the experiment; finished runs are reused"
         )
-    stale = [run.run_id for run in planned.runs if found[run.run_id].get("data_scheme") != data_scheme(run.task)]
+    stale = [run.run_id for run in planned.runs if is_stale(found[run.run_id])]
     if stale:
         example = found[stale[0]]
         raise IncompleteSweepError(
