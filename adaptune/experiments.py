@@ -41,6 +41,7 @@ class Accelerator:
     tolerations: tuple[str, ...] = ()  # taint keys tolerated with operator Exists, effect NoSchedule
     cpu_limit: str = "4"
     memory_limit: str = "16G"
+    runs_per_device: int = 1  # runs trained side by side on the one device (adaptune.shards; measured in bench/gpu.json)
 
     @property
     def label(self) -> str:

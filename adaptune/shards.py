@@ -1,4 +1,5 @@
-"""Train one shard of a plan: its runs one after another, each in the run store, each at most once.
+"""Train one shard of a plan: its runs one after another (or several side by side on one GPU), each in
+the run store, each at most once.
 
 Before any run, the shard checks what every run needs from the machine: the accelerator it was
 compiled for ($ADAPTUNE_DEVICE, set on GPU/TPU tasks: no silent fallback to the CPU) and a loadable
@@ -25,14 +26,17 @@ the run.
 
 from __future__ import annotations
 
+import concurrent.futures
 import errno
 import importlib
+import multiprocessing
 import os
 import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from queue import Empty
 from typing import Any
 
 from adaptune.config import TrainConfig
@@ -45,6 +49,7 @@ from adaptune.store import CHECKPOINT_DIR, RUNS_DIR, RunStore
 
 TRAINER_ENV = "ADAPTUNE_TRAINER"  # "module:function" with train_and_evaluate's signature (dry runs of a DAG's shape)
 BACKOFF_ENV = "ADAPTUNE_RETRY_BACKOFF_S"
+RUNS_PER_DEVICE_ENV = "ADAPTUNE_RUNS_PER_DEVICE"
 DEFAULT_BACKOFF_S = 30.0  # first wait after a transient failure; doubled each time, at most MAX_BACKOFF_S
 MAX_BACKOFF_S = 600.0
 # Exception class names (anywhere in the MRO or the cause chain) that mean "try again later": the
@@ -102,36 +107,96 @@ def run_shard(
     progress: bool = False,
     retrain_stale: bool = False,
     enforce_deadline: bool = False,
+    runs_at_once: int | None = None,
 ) -> Counter[str]:
     """Train every run of the shard that the store has no record of; returns counts by outcome
     (reused, stale, ok, degenerate, failed, superseded). With `enforce_deadline` (pipeline tasks) the
-    process exits with status 124 past the shard's deadline (Plan.deadline_hours)."""
+    process exits with status 124 past the shard's deadline (Plan.deadline_hours).
+
+    `runs_at_once` (default: the accelerator's `runs_per_device`, or $ADAPTUNE_RUNS_PER_DEVICE) trains
+    that many runs side by side on this machine's one device, one process each: a small model leaves a
+    GPU idle between its kernel launches, which another run's launches fill. The runs' leases share them
+    out, so each is trained once, exactly as it would be alone."""
     planned = plan(spec)
     shard = planned.shard(shard_id)
     if enforce_deadline:
         start_deadline(planned.deadline_hours(shard) * 3600, shard_id)
-    prepare_machine(store, {run.backbone for run in shard.runs})
-    outcomes: Counter[str] = Counter()
-    owner = new_owner()
+    backbones = {run.backbone for run in shard.runs}
+    prepare_machine(store, backbones)
     options = dict(data_dir=data_dir, retry_failed=retry_failed, retrain_stale=retrain_stale,
-                   max_transient_failures=spec.retries, progress=progress, owner=owner)
-    deferred = []
-    for config in shard.runs:
-        outcome = run_in_store(config, store, wait=False, **options)
-        if outcome == "leased":  # another attempt trains it now: train the rest first
-            print(f"{shard_id}: {config.run_id} is being trained by another attempt; back to it at the end", flush=True)
-            deferred.append(config)
-            continue
-        outcomes[outcome] += 1
-        print(f"{shard_id}: {config.run_id} {outcome}", flush=True)
-    for config in deferred:
-        outcome = run_in_store(config, store, wait=True, **options)
-        outcomes[outcome] += 1
-        print(f"{shard_id}: {config.run_id} {outcome}", flush=True)
+                   max_transient_failures=spec.retries, progress=progress)
+    workers = min(runs_at_once or runs_per_device(spec.accelerator), len(shard.runs))
+    if workers > 1:
+        print(f"{shard_id}: {workers} runs at a time on this device", flush=True)
+        by_run = _train_side_by_side(list(shard.runs), shard_id, store, backbones, options, workers)
+    else:
+        by_run = train_runs(list(shard.runs), shard_id, store, options)
+    outcomes = Counter(by_run.values())
     if outcomes["stale"]:
         print(f"{shard_id}: {outcomes['stale']} run(s) hold records from another data scheme; "
               "retrain them with --retrain-stale (make ... RETRAIN_STALE=1)", flush=True)
     return outcomes
+
+
+def runs_per_device(accelerator: Any) -> int:
+    value = os.environ.get(RUNS_PER_DEVICE_ENV) or getattr(accelerator, "runs_per_device", 1)
+    try:
+        count = int(value)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise ValueError(f"{RUNS_PER_DEVICE_ENV} / runs_per_device must be a whole number >= 1, got {value!r}")
+    return count
+
+
+def train_runs(configs: Iterable[TrainConfig], shard_id: str, store: RunStore, options: dict[str, Any]) -> dict[str, str]:
+    """Each run in turn, as one attempt (one owner); a run another attempt holds is left to the end,
+    then waited for. Returns each run's outcome."""
+    owner = new_owner()
+    by_run: dict[str, str] = {}
+    deferred = []
+    for config in configs:
+        outcome = run_in_store(config, store, wait=False, owner=owner, **options)
+        if outcome == "leased":  # another attempt trains it now: train the rest first
+            print(f"{shard_id}: {config.run_id} is being trained by another attempt; back to it at the end", flush=True)
+            deferred.append(config)
+            continue
+        by_run[config.run_id] = outcome
+        print(f"{shard_id}: {config.run_id} {outcome}", flush=True)
+    for config in deferred:
+        by_run[config.run_id] = run_in_store(config, store, wait=True, owner=owner, **options)
+        print(f"{shard_id}: {config.run_id} {by_run[config.run_id]}", flush=True)
+    return by_run
+
+
+def _train_side_by_side(configs: list[TrainConfig], shard_id: str, store: RunStore, backbones: set[str],
+                        options: dict[str, Any], workers: int) -> dict[str, str]:
+    """`workers` processes taking the shard's runs from one queue, so a worker that finishes early
+    takes the next run (runs differ in length)."""
+    context = multiprocessing.get_context("spawn")  # CUDA cannot be forked once initialised
+    with context.Manager() as manager, concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+        queue = manager.Queue()
+        for config in configs:
+            queue.put(config)
+        futures = [pool.submit(_worker, queue, shard_id, store.root, sorted(backbones), options) for _ in range(workers)]
+        merged: dict[str, str] = {}
+        for future in futures:
+            merged.update(future.result())
+    return merged
+
+
+def _worker(queue: Any, shard_id: str, root: str, backbones: list[str], options: dict[str, Any]) -> dict[str, str]:
+    store = RunStore(root)
+    use_staged_backbones(store, backbones)  # a fresh process: the parent's staged paths are not inherited
+    return train_runs(_drain(queue), shard_id, store, options)
+
+
+def _drain(queue: Any) -> Iterator[TrainConfig]:
+    while True:
+        try:
+            yield queue.get_nowait()
+        except Empty:
+            return
 
 
 def start_deadline(seconds: float, shard_id: str) -> threading.Timer:

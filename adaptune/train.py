@@ -43,6 +43,8 @@ from adaptune.tasks import Task, get_task, scored_companions
 from adaptune.train_state import Progress, load_state, remove_state, save_state
 
 StepCallback = Callable[[int], None]
+# On a GPU or TPU, read the steps' losses back this often: a read waits for every queued kernel.
+SYNC_EVERY_STEPS = 50
 
 
 class RunFailed(Exception):
@@ -131,6 +133,8 @@ class _Run:
         model = load_model(config.backbone, task.kind, task.num_labels)
         apply_method(model, self.method_cfg)
         model.to(device.torch_device)
+        if device.autocast_dtype is not None:
+            keep_frozen_matmuls_in(model, device.autocast_dtype)
         counts = count_parameters(model)
         self.record.update(trained_params=counts.trained, total_params=counts.total)
 
@@ -145,6 +149,7 @@ class _Run:
         lengths = [len(row["input_ids"]) for row in data.train_rows]
         segment_started = time.perf_counter()
         trainable = [p for p in model.parameters() if p.requires_grad]
+        guard = FiniteGuard(device)
 
         bar = tqdm(total=total_steps, initial=self.progress.global_step, desc=config.run_id, disable=not show_progress, leave=False)
         try:
@@ -156,17 +161,18 @@ class _Run:
                     batches[p.step_in_epoch :], iterate_batches(data.train_rows, batches[p.step_in_epoch :], collator, device.torch_device)
                 ):
                     step_started = time.perf_counter()
-                    loss = self._step(model, batch, optimizer, scheduler, trainable)
-                    p.train_time_s += time.perf_counter() - step_started
+                    guard.add(self._step(model, batch, optimizer, scheduler, trainable))
                     p.examples_trained += len(batch_rows)
                     p.global_step += 1
                     p.step_in_epoch += 1
-                    p.epoch_loss_sum += loss
-                    p.epoch_loss_steps += 1
-                    bar.update(1)
-                    bar.set_postfix(epoch=p.epoch + 1, loss=f"{loss:.4f}", **_last_validation(p.curve, self.task.primary_metric))
                     every = config.checkpoint_every_steps
-                    if every and p.global_step % every == 0 and p.step_in_epoch < len(batches):
+                    saving = bool(every and p.global_step % every == 0 and p.step_in_epoch < len(batches))
+                    if saving or p.step_in_epoch == len(batches) or guard.due():
+                        self._check(guard, p)  # waits for the device: inside the timed step, so train time stays honest
+                        bar.set_postfix(epoch=p.epoch + 1, loss=f"{guard.last_loss:.4f}", **_last_validation(p.curve, self.task.primary_metric))
+                    p.train_time_s += time.perf_counter() - step_started
+                    bar.update(1)
+                    if saving:
                         self._save(model, optimizer, scheduler, segment_started)
                     if step_callback is not None:
                         step_callback(p.global_step)
@@ -176,12 +182,18 @@ class _Run:
             bar.close()
         self._finish()
 
-    def _step(self, model: nn.Module, batch: dict[str, torch.Tensor], optimizer: Any, scheduler: Any, trainable: list[nn.Parameter]) -> float:
+    def _step(self, model: nn.Module, batch: dict[str, torch.Tensor], optimizer: Any, scheduler: Any,
+              trainable: list[nn.Parameter]) -> StepResult:
+        return training_step(model, batch, optimizer, scheduler, trainable, self.device, self.config.max_grad_norm)
+
+    def _check(self, guard: FiniteGuard, p: Progress) -> None:
+        """Fold the steps since the last check into the epoch's loss; a non-finite one fails the run."""
         try:
-            return training_step(model, batch, optimizer, scheduler, trainable, self.device, self.config.max_grad_norm)
+            total, steps = guard.collect(first_step=p.global_step - guard.pending + 1)
         except RunFailed as failure:
-            where = f"at step {self.progress.global_step + 1} (epoch {self.progress.epoch + 1}, lr {self.config.lr:g})"
-            raise RunFailed(f"{failure} {where}: the learning rate is likely too high") from None
+            raise RunFailed(f"{failure} (epoch {p.epoch + 1}, lr {self.config.lr:g}): the learning rate is likely too high") from None
+        p.epoch_loss_sum += total
+        p.epoch_loss_steps += steps
 
     def _end_epoch(self, model: nn.Module, data: RunData, collator: Any) -> None:
         p, config = self.progress, self.config
@@ -246,29 +258,65 @@ class _Run:
             )
 
 
+StepResult = tuple[torch.Tensor, torch.Tensor]  # (loss, gradient norm), still on the device
+
+
 def training_step(
     model: nn.Module, batch: dict[str, torch.Tensor], optimizer: Any, scheduler: Any, trainable: list[nn.Parameter],
     device: Device, max_grad_norm: float,
-) -> float:
-    """One optimizer step (forward, backward, clip, AdamW, schedule); returns the loss.
-
-    A non-finite loss or gradient norm raises RunFailed before the weights change. The benchmark
-    times this same function.
+) -> StepResult:
+    """One optimizer step (forward, backward, clip, AdamW, schedule); returns (loss, gradient norm) as
+    device tensors, so that a GPU step never waits for the host. `FiniteGuard` checks them: on the CPU
+    at once, before the weights change; on a GPU or TPU within SYNC_EVERY_STEPS steps, and always
+    before a state is saved or the model evaluated, so a diverged run is recorded as failed either way.
+    The benchmark times this same function.
     """
     with device.autocast():
         loss = model(**batch).loss
-    loss_value = float(loss.detach())
-    if not math.isfinite(loss_value):
-        raise RunFailed(f"non-finite training loss ({loss_value})")
     loss.backward()
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(trainable, max_grad_norm))
-    if not math.isfinite(grad_norm):
-        raise RunFailed(f"non-finite gradient norm ({grad_norm})")
+    grad_norm = torch.nn.utils.clip_grad_norm_(trainable, max_grad_norm)
+    if device.kind == "cpu" and not (math.isfinite(float(loss.detach())) and math.isfinite(float(grad_norm))):
+        optimizer.zero_grad(set_to_none=True)  # the CPU has no queue to keep full: stop before the update
+        return loss.detach(), grad_norm
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     device.mark_step()
-    return loss_value
+    return loss.detach(), grad_norm
+
+
+class FiniteGuard:
+    """Loss and gradient-norm checks without a host sync per step: results stay on the device and are
+    read every `every` steps (every step on the CPU, where reading costs nothing)."""
+
+    def __init__(self, device: Device, every: int | None = None) -> None:
+        self.every = every or (1 if device.kind == "cpu" else SYNC_EVERY_STEPS)
+        self.results: list[StepResult] = []
+        self.last_loss = math.nan
+
+    @property
+    def pending(self) -> int:
+        return len(self.results)
+
+    def add(self, result: StepResult) -> None:
+        self.results.append(result)
+
+    def due(self) -> bool:
+        return len(self.results) >= self.every
+
+    def collect(self, first_step: int) -> tuple[float, int]:
+        """(sum of the losses, number of steps) since the last call; RunFailed names the first bad step."""
+        if not self.results:
+            return 0.0, 0
+        values = torch.stack([torch.stack([loss.float(), norm.float()]) for loss, norm in self.results]).cpu()
+        self.results = []
+        for offset, (loss, norm) in enumerate(values.tolist()):
+            if not math.isfinite(loss):
+                raise RunFailed(f"non-finite training loss ({loss}) at step {first_step + offset}")
+            if not math.isfinite(norm):
+                raise RunFailed(f"non-finite gradient norm ({norm}) at step {first_step + offset}")
+        self.last_loss = float(values[-1, 0])
+        return float(values[:, 0].sum()), len(values)
 
 
 def _last_validation(curve: list[dict[str, Any]], metric: str) -> dict[str, str]:
@@ -308,7 +356,16 @@ def _adamw(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.Adam
     for name, parameter in model.named_parameters():
         if parameter.requires_grad:
             groups[0 if name in decayed and not name.endswith("bias") else 1]["params"].append(parameter)
-    return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, weight_decay=weight_decay)
+    fused = all(p.is_cuda for g in groups for p in g["params"])  # one kernel for every parameter's update
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, weight_decay=weight_decay, fused=fused or None)
+
+
+def keep_frozen_matmuls_in(model: nn.Module, dtype: torch.dtype) -> None:
+    """Store frozen Linear layers in the autocast dtype: autocast caches the casts of trainable weights
+    only, so a frozen float32 weight would be cast again on every forward. Half the memory too."""
+    for module in model.modules():
+        if isinstance(module, nn.Linear) and not any(p.requires_grad for p in module.parameters(recurse=False)):
+            module.to(dtype)
 
 
 def _selection_value(result: EvalResult, metric: str) -> float:
