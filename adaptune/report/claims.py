@@ -383,7 +383,8 @@ def _ablation_claims(ablation: pd.DataFrame, runs: pd.DataFrame, data_dir: Any) 
             continue
         values = np.array(values, dtype=float)
         low, high = bootstrap_ci([values], lambda m: m[..., 0])
-        judged = _verdict_row(row, float(values.mean()), low, high, len(values), n_tasks=common["n_tasks"], n_runs=len(values))
+        judged = _verdict_row(row, float(values.mean()), low, high, len(values), unit="ablated run", n_tasks=common["n_tasks"],
+                              n_runs=len(values))
         per_run = notes if notes else ["per run: " + ", ".join(f"{v:+.2f}" for v in values)]
         results.append({**judged, "backbone": backbone, "detail": "; ".join([metric_note, *per_run, *skipped]) + judged["detail"]})
     return results
@@ -475,16 +476,18 @@ def _row(claim_id: str, claim: str, section: str, unit: str, side: str, threshol
             "n_seeds": None, "seeds_to_settle": None, "backbone": None, "detail": ""}
 
 
-def _verdict_row(row: dict, estimate: float, low: float | None, high: float | None, n_seeds: int, **counts: int) -> dict:
-    """The row with its measurement and the shared verdict; `detail` ends with why an inconclusive row is one."""
+def _verdict_row(row: dict, estimate: float, low: float | None, high: float | None, n_seeds: int, unit: str = "seed per task and method",
+                 **counts: int) -> dict:
+    """The row with its measurement and the shared verdict; `detail` ends with why an inconclusive row is one
+    (`unit`: what the bootstrap resamples, for that sentence)."""
     side, threshold = row["threshold"].split()
     threshold = float(threshold)
     verdict = judge(low, high, side, threshold)
     settle = seeds_to_settle(estimate, low, high, threshold, n_seeds) if verdict == INCONCLUSIVE else None
     why = ""
     if verdict == INCONCLUSIVE:
-        why = (f"; one seed per task and method: no interval, so no verdict (run 2 or more)" if low is None
-               else f"; the interval straddles {threshold:+g}" + (f": about {settle} seeds would settle it" if settle else
+        why = (f"; one {unit}: no interval, so no verdict (2 or more needed)" if low is None
+               else f"; the interval straddles {threshold:+g}" + (f": about {settle} would settle it (now {n_seeds})" if settle else
                                                                   ": the estimate sits on the threshold"))
     return {**row, **counts, "verdict": verdict, "measured": estimate, "ci_low": low, "ci_high": high, "n_seeds": n_seeds,
             "seeds_to_settle": settle, "detail": why}
