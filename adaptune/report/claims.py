@@ -180,11 +180,13 @@ def _versus_full(row: dict, runs: pd.DataFrame, candidates: pd.DataFrame, backbo
     trained = pd.concat([cell.chosen() for cell, _ in pairs])["trained_params"]  # as the table's trained % reads them
     percent = 100.0 * float(trained.mean()) / base if base and trained.notna().any() else None
     share = f"adapters train {percent:.2f}% of the backbone" if percent is not None else "adapters' trained share unknown"
-    if percent is None and result["verdict"] == HOLDS:
-        result["verdict"] = INCONCLUSIVE
-    elif percent is not None and percent > FEW_PERCENT:
-        result["verdict"], result["seeds_to_settle"] = FAILS, None  # more seeds cannot shrink the adapters
-    return {**result, "backbone": backbone, "detail": f"{_per_task(pairs, 'adapters', 'full')}; {share}{result['detail']}"}
+    why = result["detail"]
+    if percent is not None and percent > FEW_PERCENT:  # the other half of the claim: no number of seeds changes it
+        result.update(verdict=FAILS, seeds_to_settle=None)
+        why = f"; more than {FEW_PERCENT:g}% is not a few percent, whatever the scores"
+    elif percent is None and result["verdict"] == HOLDS:
+        result["verdict"], why = INCONCLUSIVE, "; without the adapters' trained share there is no verdict"
+    return {**result, "backbone": backbone, "detail": f"{_per_task(pairs, 'adapters', 'full')}; {share}{why}"}
 
 
 def _layernorm_worse(runs: pd.DataFrame, other: str, claim_id: str, claim: str) -> dict:
