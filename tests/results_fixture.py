@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 
 # Set to a fixed directory to keep the trained runs between pytest sessions (the engine skips runs
@@ -34,6 +35,30 @@ RUN_GRID: tuple[tuple[str, dict[str, Any], float, int], ...] = (
 )
 
 _MEMO: dict[str, list[dict[str, Any]]] = {}
+
+
+def constructed_runs(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """A runs frame (runs.parquet's columns, through results.run_row) of records never trained, for rules
+    that must be tested on chosen numbers. Each row: task, method (dict), lr, seed, val (fraction);
+    optional test (None: no labelled test split), epochs (3), status ("ok"), backbone (bert-base-uncased).
+    Trained parameters: 100% for full fine-tuning, 2% for adapters (of 1,000,000), 0.1% for LayerNorm."""
+    from adaptune.config import TrainConfig
+    from adaptune.records import run_record
+    from adaptune.results import run_row
+
+    base = 1_000_000
+    trained = {"full": base, "adapters": base // 50, "layernorm": base // 1000}
+    frame = []
+    for row in rows:
+        config = TrainConfig(task=row["task"], method=row["method"], lr=row["lr"], seed=row["seed"], epochs=row.get("epochs", 3),
+                             backbone=row.get("backbone", "bert-base-uncased"), experiment="constructed")
+        record = run_record(config, "accuracy")
+        name = row["method"]["name"]
+        record.update(status=row.get("status", "ok"), val_metrics={"accuracy": row["val"]},
+                      test_metrics={} if row.get("test") is None else {"accuracy": row["test"]},
+                      trained_params=trained[name], total_params=base + (trained[name] if name == "adapters" else 0))
+        frame.append(run_row(record))
+    return pd.DataFrame(frame)
 
 
 def build_real_records(work_dir: Path, data_dir: Path, backbone: str) -> list[dict[str, Any]]:

@@ -1,27 +1,37 @@
-"""The paper's claims judged on a small real result set: each verdict follows from the runs, with the
-measured difference, a bootstrap interval across seeds and the backbone; unmeasured claims say why."""
+"""The paper's claims: judged on a small real result set (each value follows from the runs, with its
+bootstrap interval and backbone; unmeasured claims say why), and on constructed results for the rules
+themselves (the three verdicts, the paper's estimators shared with Tables 1 and 2, the robustness claims'
+protocol)."""
 
 from __future__ import annotations
 
-import copy
+import math
+import re
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
-from results_fixture import real_ablation, real_records, real_results_dir  # noqa: F401  (session fixtures)
+from results_fixture import constructed_runs, real_ablation, real_records, real_results_dir  # noqa: F401  (session fixtures)
 
 from adaptune.report import build_report
 from adaptune.report.baselines import majority_baseline
-from adaptune.report.claims import COLUMNS, bootstrap_ci, claims_table
+from adaptune.report.claims import COLUMNS, bootstrap_ci, claims_markdown, claims_table, judge
 from adaptune.report.reference import load_reference
-from adaptune.results import read_results, write_results
+from adaptune.report.tables import table1, table2
+from adaptune.results import read_results
 
 pytestmark = pytest.mark.xdist_group("results_report")
 
 CLAIMS = (
-    "adapters_glue_within_1pt", "adapters_extra_within_0.4pt", "layernorm_clearly_worse", "remove_all_adapters_near_majority",
-    "remove_one_layer_costs_little", "lower_layers_matter_less", "init_std_robust_to_1e-2", "adapters_robust_to_lr",
+    "adapters_glue_within_0.4pt", "adapters_extra_within_0.4pt", "layernorm_clearly_worse", "layernorm_worse_than_adapters",
+    "remove_all_adapters_near_majority", "remove_one_layer_costs_little", "lower_layers_matter_less", "init_std_robust_to_1e-2",
+    "adapters_robust_to_lr",
 )
+VERDICTS = {"holds", "does not hold", "inconclusive", "not measured"}
+REPO_ROOT = Path(__file__).resolve().parents[1]
+FULL, LAYERNORM = {"name": "full"}, {"name": "layernorm"}
+ADAPTERS64 = {"name": "adapters", "size": 64, "init_std": 1e-2}
 
 
 @pytest.fixture(scope="module")
@@ -44,11 +54,11 @@ def _best_config_scores(runs: pd.DataFrame, task: str, method: str, column: str)
 
 def test_every_claim_has_a_verdict_a_rule_and_a_backbone(claims, backbone_path):
     assert list(claims.index) == list(CLAIMS) and set(COLUMNS) - {"claim_id"} <= set(claims.columns)
-    assert set(claims["verdict"]) <= {"holds", "does not hold", "not measured"}
+    assert set(claims["verdict"]) <= VERDICTS
     measured = claims[claims["verdict"] != "not measured"]
-    assert len(measured) == 6  # the fixture varies neither init std below 1e-2 nor a learning rate for both methods
+    assert len(measured) == 7  # the fixture varies neither init std below 1e-2 nor a learning rate for both methods
     assert (measured["backbone"] == backbone_path).all() and measured["measured"].notna().all()
-    assert claims["rule"].str.len().gt(40).all()
+    assert claims["rule"].str.contains('"').all()  # every rule quotes the paper's sentence
 
 
 def test_method_vs_full_differences_follow_the_runs(claims, frames):
@@ -58,17 +68,21 @@ def test_method_vs_full_differences_follow_the_runs(claims, frames):
     full = _best_config_scores(runs, "disasters", "full", "test_score")
     extra = claims.loc["adapters_extra_within_0.4pt"]
     assert len(adapters) == 2 and extra["measured"] == pytest.approx(adapters.mean() - full.mean())
-    assert extra["ci_low"] <= extra["measured"] <= extra["ci_high"]  # seeds resampled: an interval exists
-    assert extra["verdict"] == ("holds" if extra["measured"] >= -0.4 else "does not hold")
-    # GLUE: the test split (dev.tsv); one seed each, so no interval.
-    glue = claims.loc["adapters_glue_within_1pt"]
+    assert extra["ci_low"] <= extra["measured"] <= extra["ci_high"]  # adapters' seeds resampled: an interval exists
+    assert extra["verdict"] == judge(extra["ci_low"], extra["ci_high"], ">=", -0.4)
+    # GLUE: the test split (dev.tsv); one seed each, so no interval and no verdict.
+    glue = claims.loc["adapters_glue_within_0.4pt"]
     sst2 = _best_config_scores(runs, "sst2", "adapters", "test_score").mean() - _best_config_scores(runs, "sst2", "full", "test_score").mean()
     assert glue["measured"] == pytest.approx(sst2) and pd.isna(glue["ci_low"])
+    assert glue["verdict"] == "inconclusive" and pd.isna(glue["seeds_to_settle"]) and "one seed" in glue["detail"]
     assert "2.69% of the backbone" in glue["detail"]  # 605,954 of 22.6M: "a few percent"
     layernorm = claims.loc["layernorm_clearly_worse"]
     expected = _best_config_scores(runs, "disasters", "layernorm", "val_score").mean() - _best_config_scores(runs, "disasters", "full", "val_score").mean()
     assert layernorm["measured"] == pytest.approx(expected)
-    assert layernorm["verdict"] == ("holds" if expected < -1 else "does not hold")
+    versus_adapters = claims.loc["layernorm_worse_than_adapters"]
+    expected = (_best_config_scores(runs, "disasters", "layernorm", "val_score").mean()
+                - _best_config_scores(runs, "disasters", "adapters", "val_score").mean())
+    assert versus_adapters["measured"] == pytest.approx(expected)
 
 
 def test_ablation_claims_follow_the_heatmap_rows(claims, real_ablation, frames, shared_data_dir):
@@ -77,13 +91,14 @@ def test_ablation_claims_follow_the_heatmap_rows(claims, real_ablation, frames, 
     majority = 100 * majority_baseline("disasters", "validation", 128, 64, shared_data_dir)["accuracy"]
     near = claims.loc["remove_all_adapters_near_majority"]
     assert near["measured"] == pytest.approx(100 * rows.loc[(0, 5), "value"] - majority)
-    assert near["verdict"] == ("holds" if near["measured"] <= 5 else "does not hold")
+    # One ablated run: nothing to resample, so no interval and, under the shared rule, no verdict.
+    assert near["verdict"] == "inconclusive" and pd.isna(near["ci_low"]) and "one ablated run" in near["detail"]
     assert 100 * run["val_score"] == pytest.approx(100 * rows.loc[(0, 5), "baseline_value"])  # the checkpoint is the final epoch's
     single = claims.loc["remove_one_layer_costs_little"]
     assert single["measured"] == pytest.approx(max(-100 * rows.loc[(i, i), "relative_change"] for i in range(6)))
     lower = claims.loc["lower_layers_matter_less"]
     assert lower["measured"] == pytest.approx(-100 * rows.loc[(3, 5), "relative_change"] + 100 * rows.loc[(0, 2), "relative_change"])
-    assert lower["verdict"] == ("holds" if lower["measured"] > 0 else "does not hold")
+    assert lower["verdict"] == "inconclusive"
 
 
 def test_an_ablated_model_that_learned_nothing_decides_no_ablation_claim(frames, real_ablation, shared_data_dir):
@@ -105,22 +120,6 @@ def test_unmeasured_claims_say_what_is_missing(claims):
     assert claims.loc["adapters_robust_to_lr", "verdict"] == "not measured"
 
 
-def test_verdict_turns_on_the_threshold(real_records, tmp_path, shared_data_dir):
-    """The same real runs with adapters' SST-2 reported (dev) score set 0.5 and then 2 points under full
-    fine-tuning's: within 1 point holds, 2 points under does not."""
-    verdicts = {}
-    for gap in (0.005, 0.02):
-        records = copy.deepcopy(real_records)
-        full = next(r for r in records if r["task"] == "sst2" and r["method"]["name"] == "full")
-        adapters = next(r for r in records if r["task"] == "sst2" and r["method"]["name"] == "adapters")
-        adapters["test_metrics"] = {"accuracy": full["test_metrics"]["accuracy"] - gap}
-        write_results(records, tmp_path / str(gap))
-        row = claims_table(read_results(tmp_path / str(gap)), load_reference(), data_dir=shared_data_dir).set_index("claim_id")
-        assert row.loc["adapters_glue_within_1pt", "measured"] == pytest.approx(-100 * gap)
-        verdicts[gap] = row.loc["adapters_glue_within_1pt", "verdict"]
-    assert verdicts == {0.005: "holds", 0.02: "does not hold"}
-
-
 def test_bootstrap_interval_across_seeds() -> None:
     seeds = np.array([1.0, 2.0, 3.0, 4.0])
     low, high = bootstrap_ci([seeds], lambda means: means[..., 0])
@@ -136,3 +135,126 @@ def test_report_writes_claims_parquet_and_section(real_results_dir, tmp_path):
     section = text.split("## The paper's claims")[1].split("## Figures")[0]
     for claim in table.itertuples():
         assert claim.claim in section and f"**{claim.verdict}**" in section
+
+
+# ---- the rules, on constructed results ----------------------------------------------------------------
+
+
+def _claims(rows: list[dict], data_dir=None) -> pd.DataFrame:
+    return claims_table({"runs": constructed_runs(rows)}, load_reference(), data_dir=data_dir).set_index("claim_id")
+
+
+def _glue_seeds(adapters_test: list[float], tasks=("sst2", "rte")) -> list[dict]:
+    """Full fine-tuning and adapters on GLUE tasks, one configuration each, seed 0 best on validation; every
+    full fine-tuning seed scores 80 on dev, adapters' seeds score `adapters_test`."""
+    rows = []
+    for task in tasks:
+        for seed, test in enumerate(adapters_test):
+            val = 0.80 - 0.01 * seed
+            rows += [{"task": task, "method": FULL, "lr": 3e-5, "seed": seed, "val": val, "test": 0.80},
+                     {"task": task, "method": ADAPTERS64, "lr": 3e-4, "seed": seed, "val": val, "test": test}]
+    return rows
+
+
+def test_each_verdict_follows_where_the_interval_lies():
+    holds = _claims(_glue_seeds([0.80, 0.80, 0.80])).loc["adapters_glue_within_0.4pt"]
+    assert holds["verdict"] == "holds" and holds["ci_low"] == holds["ci_high"] == pytest.approx(0.0)
+    fails = _claims(_glue_seeds([0.75, 0.75, 0.75])).loc["adapters_glue_within_0.4pt"]
+    assert fails["verdict"] == "does not hold" and fails["ci_high"] == pytest.approx(-5.0) and pd.isna(fails["seeds_to_settle"])
+    # The best-on-validation seed scores as full fine-tuning does, but resamples that miss it read seed 1 (-1)
+    # or seed 2 (+1): the interval straddles -0.4.
+    table = _claims(_glue_seeds([0.80, 0.79, 0.81]))
+    straddles = table.loc["adapters_glue_within_0.4pt"]
+    assert straddles["verdict"] == "inconclusive" and straddles["measured"] == pytest.approx(0.0)
+    assert straddles["ci_low"] < -0.4 < straddles["ci_high"] and straddles["n_seeds"] == 3
+    half_width = (straddles["ci_high"] - straddles["ci_low"]) / 2
+    assert straddles["seeds_to_settle"] == max(4, math.ceil(3 * (half_width / 0.4) ** 2)) > 3
+    assert f"| {straddles['seeds_to_settle']} (now 3) |" in claims_markdown(table.reset_index())
+    single = _claims(_glue_seeds([0.80])).loc["adapters_glue_within_0.4pt"]  # one seed: no interval, no verdict
+    assert single["verdict"] == "inconclusive" and pd.isna(single["ci_low"]) and pd.isna(single["seeds_to_settle"])
+    assert _claims(_glue_seeds([0.80], tasks=("disasters",))).loc["adapters_glue_within_0.4pt", "verdict"] == "not measured"
+
+
+@pytest.mark.parametrize(("side", "threshold", "expected"), [
+    (">=", -0.4, ["holds", "inconclusive", "does not hold"]),
+    ("<", -1.0, ["does not hold", "inconclusive", "holds"]),
+    ("<=", 5.0, ["does not hold", "inconclusive", "holds"]),
+    (">", 0.0, ["holds", "inconclusive", "does not hold"]),
+])
+def test_the_verdict_rule_reads_both_ends_of_the_interval(side, threshold, expected):
+    intervals = [(threshold + 1, threshold + 2), (threshold - 1, threshold + 1), (threshold - 2, threshold - 1)]
+    assert [judge(low, high, side, threshold) for low, high in intervals] == expected
+    assert judge(None, None, side, threshold) == "inconclusive"
+
+
+def _grid(task: str, methods: dict, rng: np.random.Generator, test: bool = True) -> list[dict]:
+    """Two configurations x three seeds per method, random scores (no ties)."""
+    return [{"task": task, "method": method, "lr": lr, "seed": seed, "val": rng.uniform(0.6, 0.9),
+             "test": rng.uniform(0.6, 0.9) if test else None}
+            for method in methods.values() for lr in (3e-5, 3e-4) for seed in range(3)]
+
+
+def test_glue_claim_reads_table_1s_cells_the_single_best_run_on_validation(shared_data_dir):
+    rng = np.random.default_rng(7)
+    rows = [row for task in ("sst2", "rte") for row in _grid(task, {"full": FULL, "a8": {**ADAPTERS64, "size": 8}, "a64": ADAPTERS64}, rng)]
+    runs = constructed_runs(rows)
+    glue = _claims(rows, shared_data_dir).loc["adapters_glue_within_0.4pt"]
+    cells = table1(runs, load_reference(), shared_data_dir).set_index(["row", "task"])["measured"]
+    per_task = {task: cells[("adapters_best", task)] - cells[("full", task)] for task in ("sst2", "rte")}
+    assert glue["measured"] == pytest.approx(np.mean(list(per_task.values())))
+    for task, difference in per_task.items():
+        assert f"{task} {difference:+.2f}" in glue["detail"]
+    # Not the configuration with the best mean over seeds (the old estimator): these scores tell them apart.
+    best_mean = {task: _best_config_scores(runs, task, "adapters", "test_score").mean() - _best_config_scores(runs, task, "full", "test_score").mean()
+                 for task in per_task}
+    assert abs(np.mean(list(best_mean.values())) - glue["measured"]) > 0.1
+
+
+def test_additional_tasks_claim_reads_table_2s_cells(shared_data_dir):
+    rng = np.random.default_rng(3)
+    rows = [row for task in ("disasters", "sms_spam") for row in _grid(task, {"full": FULL, "a64": ADAPTERS64}, rng)]
+    extra = _claims(rows).loc["adapters_extra_within_0.4pt"]
+    cells = table2(constructed_runs(rows), load_reference(), shared_data_dir).set_index(["method", "task"])["measured_mean"]
+    expected = np.mean([cells[("adapters", task)] - cells[("full", task)] for task in ("disasters", "sms_spam")])
+    assert extra["measured"] == pytest.approx(expected) and extra["n_seeds"] == 3
+
+
+def test_layernorm_equal_to_adapters_shows_as_a_claim_that_does_not_hold():
+    rows = [{"task": "cola", "method": method, "lr": lr, "seed": seed, "val": val + 0.002 * seed}
+            for method, lr, val in ((FULL, 3e-5, 0.85), (ADAPTERS64, 3e-4, 0.80), (LAYERNORM, 3e-3, 0.80)) for seed in range(3)]
+    table = _claims(rows)
+    assert table.loc["layernorm_clearly_worse", "verdict"] == "holds"
+    assert table.loc["layernorm_clearly_worse", "measured"] == pytest.approx(-5.0)
+    versus_adapters = table.loc["layernorm_worse_than_adapters"]
+    assert versus_adapters["verdict"] == "does not hold" and versus_adapters["measured"] == pytest.approx(0.0)
+
+
+def test_lr_robustness_reads_bert_base_runs_in_the_papers_range_only():
+    """Within [2e-5, 1e-3], adapters lose 1 point between rates and full fine-tuning 2: +1. At 3e-3 (extra_full's
+    top rate, outside Figure 7) full fine-tuning diverges; BERT-large runs (Table 1's), where full fine-tuning
+    scores 90 at every rate, are another backbone: neither counts."""
+    scores = {(FULL["name"], 1e-4): 0.80, (FULL["name"], 3e-4): 0.78, (FULL["name"], 3e-3): 0.50,
+              ("adapters", 1e-4): 0.80, ("adapters", 3e-4): 0.79, ("adapters", 3e-3): 0.60}
+    rows = [{"task": "cola", "method": FULL if name == "full" else ADAPTERS64, "lr": lr, "seed": seed, "val": val}
+            for (name, lr), val in scores.items() for seed in range(2)]
+    rows += [{**row, "backbone": "bert-large-uncased", "val": 0.9 if row["method"] == FULL else 0.6} for row in rows]
+    robust = _claims(rows).loc["adapters_robust_to_lr"]
+    assert robust["measured"] == pytest.approx(1.0) and robust["verdict"] == "holds"
+    assert robust["backbone"] == "bert-base-uncased" and "lrs 0.0001, 0.0003" in robust["detail"] and "0.003" not in robust["detail"]
+
+
+def test_init_std_robustness_compares_size_64_adapters_at_their_best_learning_rate():
+    """Size 64 scores 80 at std 1e-3 and 1e-2 (each at its best rate): robust. A size-8 run at 1e-2 scoring 90
+    would make 1e-3 look 10 points worse if it were read; std 0.1 is above the paper's limit."""
+    rows = [{"task": "cola", "method": {**ADAPTERS64, "init_std": std}, "lr": lr, "seed": seed, "val": val}
+            for std, lr, val in ((1e-3, 3e-4, 0.80), (1e-3, 3e-3, 0.70), (1e-2, 3e-4, 0.80), (1e-1, 3e-4, 0.40)) for seed in range(2)]
+    rows += [{"task": "cola", "method": {**ADAPTERS64, "size": 8}, "lr": 3e-4, "seed": seed, "val": 0.90} for seed in range(2)]
+    robust = _claims(rows).loc["init_std_robust_to_1e-2"]
+    assert robust["measured"] == pytest.approx(0.0) and robust["verdict"] == "holds"
+    assert "std 0.001 80.00, std 0.01 80.00" in robust["detail"]
+
+
+def test_claims_parquet_columns_are_documented():
+    text = (REPO_ROOT / "analysis" / "SCHEMA.md").read_text()
+    section = text.split("## claims.parquet")[1].split("\n## ")[0]
+    assert set(COLUMNS) == set(re.findall(r"^\| `(\w+)` \|", section, flags=re.MULTILINE))

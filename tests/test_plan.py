@@ -31,15 +31,15 @@ def test_every_named_experiment_plans_with_unique_deterministic_run_ids() -> Non
 
 
 def test_grid_sizes_follow_the_paper() -> None:
-    # Table 1: 9 GLUE scores from 8 trainings (an MNLI run scores MNLI-m and -mm) x (full + 3 adapter
-    # sizes) x 3 lr x 2 epochs x 5 seeds.
-    assert len(plan(get_experiment("glue_full")).runs) == 8 * 4 * 3 * 2 * 5
+    # Table 1: 9 GLUE scores from 8 trainings (an MNLI run scores MNLI-m and -mm) x 5 seeds x (full
+    # fine-tuning over Devlin et al.'s 4 lr x 3 epochs + 3 adapter sizes x the paper's 3 lr x 2 epochs).
+    assert len(plan(get_experiment("glue_full")).runs) == 8 * 5 * (4 * 1 + 3 * 3 * 2)
     # Table 2: 17 tasks x (full + 8 top-k + 6 adapter sizes) x 4 lr x 3 seeds, epochs fixed by Table 4.
     assert len(plan(get_experiment("extra_full")).runs) == 17 * 15 * 4 * 3
     # Figure 4: (10 adapter sizes + 12 top-k + LayerNorm) x 3 lr x 2 epochs x 3 seeds on 9 GLUE scores (8 trainings).
     assert len(plan(get_experiment("tradeoff")).runs) == 8 * 23 * 3 * 2 * 3
-    # §3.5: 12 top-k x 3 lr x 3 epochs + 10 adapter sizes x 4 lr x 3 epochs, 3 seeds.
-    assert len(plan(get_experiment("squad")).runs) == (12 * 3 * 3 + 10 * 4 * 3) * 3
+    # §3.5 on BERT-large: 24 top-k x 3 lr x 3 epochs + 10 adapter sizes x 4 lr x 3 epochs, 3 seeds.
+    assert len(plan(get_experiment("squad")).runs) == (24 * 3 * 3 + 10 * 4 * 3) * 3
     assert len(plan(get_experiment("smoke")).runs) == 2 * 3
 
 
@@ -52,11 +52,19 @@ def test_extra_full_uses_table_4_epochs_per_method() -> None:
 
 def test_glue_full_is_bert_large_and_paper_full_keeps_each_blocks_backbone() -> None:
     assert {run.backbone for run in plan(get_experiment("glue_full")).runs} == {"bert-large-uncased"}
+    assert {run.backbone for run in plan(get_experiment("squad")).runs} == {"bert-large-uncased"}  # F1 90.7: Devlin's BERT-large
     full = plan(get_experiment("paper_full"))
     assert {run.backbone for run in full.runs} == {"bert-large-uncased", "bert-base-uncased"}
     parts = sum(len(plan(get_experiment(n)).runs) for n in ("glue_full", "extra_full", "tradeoff", "squad", "ablation", "lr_robustness"))
     # tradeoff and ablation share the size-64, init 1e-2 runs of MNLI-m and CoLA: planned once.
     assert len(full.runs) == parts - full.merged_duplicates and full.merged_duplicates > 0
+
+
+def test_glue_full_gives_full_fine_tuning_devlins_grid_and_adapters_the_papers() -> None:
+    runs = plan(get_experiment("glue_full")).runs
+    grid = lambda name: {(run.lr, run.epochs, run.batch_size) for run in runs if run.method["name"] == name}  # noqa: E731
+    assert grid("full") == {(lr, 3, 32) for lr in (2e-5, 3e-5, 4e-5, 5e-5)}  # Devlin et al. §4.1
+    assert {(lr, epochs) for lr, epochs, _ in grid("adapters")} == {(lr, e) for lr in (3e-5, 3e-4, 3e-3) for e in (3, 20)}  # §3.2
 
 
 def test_ablation_experiment_sweeps_init_std_over_1e7_to_1() -> None:

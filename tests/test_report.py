@@ -42,6 +42,8 @@ def test_report_links_every_figure_it_drew_and_says_why_others_were_skipped(real
             assert re.search(r"skipped — .+", text)
     # The fixture has no SQuAD run: Figure 5 is skipped with its reason, the rest are drawn.
     assert "Figure 5: SQuAD F1 vs trained parameters**: skipped — no usable SQuAD runs" in text
+    # §3.5 names no backbone: the report says which one Figure 5 takes, why, and the alternative.
+    assert "The paper's backbone for it: BERT-large, inferred" in text and "not BERT-base (88.5)" in text
     assert drawn == len(FIGURES) - 1
     # Each table (4) and each drawn figure says which backbone it shows: the fixture has one.
     assert text.count("Backbone: `") == drawn + 4
@@ -318,3 +320,20 @@ def test_methods_table_sets_every_method_side_by_side_on_its_best_configuration(
     assert table.loc[("sst2", "full"), "majority"] == table.loc[("sst2", "adapters"), "majority"] is not None
     text = methods_markdown(methods_table(runs, data_dir=shared_data_dir))
     assert "| sst2 | accuracy (test, 64) |" in text and "2 seeds" in text and "trained % of the backbone" in text
+
+
+def test_squad_figure_shows_bert_large_the_backbone_its_f1_points_to(tmp_path: Path) -> None:
+    from adaptune.config import TrainConfig
+    from adaptune.records import run_record
+    from adaptune.report.figures import figure5_squad
+    from adaptune.report.reference import load_reference
+    from adaptune.results import read_results, write_runs
+
+    records = []
+    for backbone in ("bert-base-uncased", "bert-base-uncased", "bert-large-uncased"):  # BERT-base the most common
+        record = run_record(TrainConfig(task="squad", method={"name": "adapters", "size": 64}, backbone=backbone, seed=len(records)), "f1")
+        record.update(val_metrics={"f1": 0.9}, trained_params=10, total_params=100)
+        records.append(record)
+    write_runs(records, tmp_path)
+    figure = figure5_squad(read_results(tmp_path)["runs"], load_reference(), tmp_path / "figures")
+    assert figure.backbone == "bert-large-uncased" == load_reference()["figures"]["figure5_squad_f1"]["backbone"]

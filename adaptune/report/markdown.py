@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 
 from adaptune.report.claims import claims_markdown, claims_table
-from adaptune.report.figures import FigureOutput, all_figures
+from adaptune.report.figures import SQUAD_BACKBONE_NOTE, FigureOutput, all_figures
 from adaptune.report.methods import methods_markdown, methods_table
 from adaptune.report.reference import load_reference, reference_path
 from adaptune.report.selection import problem_runs
@@ -160,10 +160,14 @@ def _render(
         "",
         "## The paper's claims",
         "",
-        "Each claim's verdict from this results set (holds / does not hold / not measured): the measured difference "
-        "the verdict reads, a 95% bootstrap interval across seeds (none where each configuration has one seed), the "
-        "threshold, and the backbone it was measured on. The rules are in [claims.parquet](tables/claims.parquet) "
-        "(`rule`) and `adaptune/report/claims.py`.",
+        "Each claim's verdict from this results set, by one rule: **holds** when the 95% interval lies wholly on the "
+        "claim's side of the threshold, **does not hold** when it lies wholly on the other side, **inconclusive** when "
+        "it straddles the threshold or one seed gives no interval, **not measured** without runs. The value is the "
+        "paper's own estimator, as its table reports it (Table 1's single best run on validation; Table 2's and the "
+        "figures' best configuration, mean over seeds); the interval is a percentile bootstrap of that same estimator, "
+        "seeds resampled per task and method and the selection redone in each resample. 'Seeds to settle': for an "
+        "inconclusive row, ceil(n × (half-width / |measured − threshold|)²) seeds per task and method. Each rule quotes "
+        "the paper's sentence: [claims.parquet](tables/claims.parquet) (`rule`) and `adaptune/report/claims.py`.",
         "",
         markdown["claims"],
         "",
@@ -171,11 +175,13 @@ def _render(
         "",
     ]
     for figure in figures:
+        paper_backbone = SQUAD_BACKBONE_NOTE if figure.name == "figure5_squad" else "BERT-base"
         if figure.skipped:
-            lines += [f"- **{figure.title}**: skipped — {figure.skipped}.", ""]
+            lines += [f"- **{figure.title}**: skipped — {figure.skipped}."
+                      + (f" The paper's backbone for it: {paper_backbone}." if figure.name == "figure5_squad" else ""), ""]
         else:
             png, pdf = (path.relative_to(out_dir).as_posix() for path in figure.paths)
-            lines += [f"### {figure.title}", "", f"Backbone: `{figure.backbone or 'unknown'}` (the paper's: BERT-base).", ""]
+            lines += [f"### {figure.title}", "", f"Backbone: `{figure.backbone or 'unknown'}` (the paper's: {paper_backbone}).", ""]
             lines += [f"![{figure.name}]({png})", "", f"[PDF]({pdf})", ""]
     lines += [
         "## Excluded runs (failed, degenerate, or without a validation score)",

@@ -51,10 +51,8 @@ def table1(runs: pd.DataFrame, reference: dict[str, Any], data_dir: Any = None) 
 
     One backbone for the whole table (column `backbone`): BERT-large, the paper's, where measured.
     `data_dir`: the local data mirror the baselines read (default: found as data.resolve_data_dir does)."""
-    usable = usable_runs(runs)
+    usable, backbone = table1_candidates(runs, reference)
     tasks = glue_tasks(reference)
-    in_table = usable["task"].isin(tasks) & usable["method"].isin(["full", "adapters"])
-    usable, backbone = runs_for_backbone(usable[in_table], BERT_LARGE)
     score_tasks = reference["table1"]["tasks"]  # the paper's nine columns (WNLI omitted, its footnote 2)
     base = base_params(runs)
     records = []
@@ -91,6 +89,22 @@ def table1(runs: pd.DataFrame, reference: dict[str, Any], data_dir: Any = None) 
     return frame
 
 
+def table1_candidates(runs: pd.DataFrame, reference: dict[str, Any]) -> tuple[pd.DataFrame, str | None]:
+    """The runs Table 1 (and the GLUE claim) selects from: usable GLUE runs of full fine-tuning and
+    adapters, of one backbone (BERT-large, the paper's, where measured); and that backbone."""
+    usable = usable_runs(runs)
+    in_table = usable["task"].isin(glue_tasks(reference)) & usable["method"].isin(["full", "adapters"])
+    return runs_for_backbone(usable[in_table], BERT_LARGE)
+
+
+def table2_candidates(runs: pd.DataFrame, reference: dict[str, Any]) -> tuple[pd.DataFrame, str | None]:
+    """The runs Table 2 (and the additional-tasks claim) selects from: scored runs (degenerate seeds
+    kept) of the additional tasks and Table 2's methods, of one backbone (BERT-base where measured)."""
+    usable = scored_runs(runs)
+    in_table = usable["task"].isin(extra_tasks(reference)) & usable["method"].isin(list(TABLE2_METHODS))
+    return runs_for_backbone(usable[in_table], BERT_BASE)
+
+
 def table2(runs: pd.DataFrame, reference: dict[str, Any], data_dir: Any = None) -> pd.DataFrame:
     """Per additional task and method, mean and s.e.m. across seeds of the configuration best on
     validation, with the task's majority-class baseline.
@@ -99,11 +113,9 @@ def table2(runs: pd.DataFrame, reference: dict[str, Any], data_dir: Any = None) 
     seeds evidently did (its SMS spam adapters, 95.1 ± 2.2, sit below the 98.5 of its no-BERT baseline);
     `n_degenerate` says how many. Failed runs have no score and are left out.
     One backbone for the whole table (column `backbone`): BERT-base, the paper's, where measured."""
-    usable = scored_runs(runs)
     paper_tasks = reference["table2"]["tasks"]
     tasks = extra_tasks(reference)
-    candidates = usable[usable["task"].isin(tasks) & usable["method"].isin(list(TABLE2_METHODS))]
-    candidates, backbone = runs_for_backbone(candidates, BERT_BASE)
+    candidates, backbone = table2_candidates(runs, reference)
     chosen = best_configuration(candidates, ["task", "method"]).set_index(["task", "method"])
     base = base_params(runs)
     records = []
