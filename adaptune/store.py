@@ -156,6 +156,30 @@ class RunStore:
         so a second writer never overwrites the first. Everything else of the run is uploaded first."""
         return self.create_exclusive(json_text(record).encode(), RUNS_DIR, record["run_id"], RECORD_FILE)
 
+    def run_files(self) -> dict[str, set[str]]:
+        """{run_id: names of the files directly in runs/<run_id>/} for every run in the store, from one
+        recursive listing (a few paginated calls on a bucket, not one per run)."""
+        base = self._path(RUNS_DIR)
+        self.fs.invalidate_cache(base)
+        try:
+            paths = self.fs.find(base)
+        except FileNotFoundError:
+            return {}
+        runs: dict[str, set[str]] = {}
+        prefix = base.rstrip("/") + "/"
+        for path in paths:
+            parts = path.removeprefix(prefix).split("/")
+            if len(parts) >= 2 and path.startswith(prefix):
+                runs.setdefault(parts[0], set()).add(parts[1])  # a subdirectory (checkpoint/) shows as its name
+        return runs
+
+    def read_json_many(self, paths: Iterable[tuple[str, ...]]) -> dict[tuple[str, ...], Any]:
+        """The JSON files that exist among `paths` (each a tuple of parts), read concurrently."""
+        paths = list(paths)
+        with ThreadPoolExecutor(READ_THREADS) as pool:
+            found = pool.map(lambda parts: self.read_json(*parts), paths)
+        return {parts: data for parts, data in zip(paths, found) if data is not None}
+
     def records(self, run_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
         """The records that exist among run_ids, read concurrently (thousands of small objects)."""
         run_ids = list(run_ids)
