@@ -45,7 +45,7 @@ def _status(args: argparse.Namespace) -> int:
 
     spec = get_experiment(args.name)
     started = time.perf_counter()
-    status = sweep_status(spec, _store_for(args.name, args.runs_root))
+    status = sweep_status(spec, _store_for(args.name, args.runs_root, Path("outputs") / _stem(args.name)))
     print(format_status(status))
     print(f"\n(read in {time.perf_counter() - started:.1f} s)")
     return 0
@@ -57,7 +57,7 @@ def _report(args: argparse.Namespace) -> int:
     from adaptune.sweep import aggregate_sweep
 
     out = Path(args.out or Path("outputs") / _stem(args.name))
-    summary = aggregate_sweep(get_experiment(args.name), _store_for(args.name, args.runs_root), out, partial=True)
+    summary = aggregate_sweep(get_experiment(args.name), _store_for(args.name, args.runs_root, out), out, partial=True)
     report = build_report(out, out, data_dir=args.data_dir)
     share = "all" if summary["runs"] == summary["planned"] else "partial:"
     print(f"{share} {summary['runs']:,} of {summary['planned']:,} runs ({summary['ok']} ok, {summary['degenerate']} degenerate, "
@@ -70,9 +70,9 @@ def _stem(name: str) -> str:
     return Path(name).stem if name.endswith((".yaml", ".yml", ".json")) else name
 
 
-def _store_for(name: str, runs_root: str | None) -> Any:
+def _store_for(name: str, runs_root: str | None, local_out: Path) -> Any:
     """The run store to read: --runs-root; else the submission's ($ADAPTUNE_RUNS_ROOT, adaptune.toml); else
-    the local one `make run` wrote (outputs/<name>/store)."""
+    the local one `make run` wrote (<local_out>/store, local_out being outputs/<name>)."""
     from adaptune.store import RunStore, StoreError
     from pipelines.submit import SettingsError, load_settings
 
@@ -84,7 +84,7 @@ def _store_for(name: str, runs_root: str | None) -> Any:
     settings = load_settings()
     if settings.runs_root or settings.pipeline_root:
         return RunStore(settings.resolved_runs_root())
-    local = Path("outputs") / _stem(name) / "store"
+    local = local_out / "store"
     if local.is_dir():
         return RunStore(local)
     raise SettingsError(f"no run store for {name!r}: pass --runs-root DIR or gs://bucket/prefix (make ... RUNS_ROOT=...), "
