@@ -2,8 +2,8 @@
 it has cost, and when it should end (`python -m pipelines status`, `make status`).
 
 One recursive listing of `runs/` tells which runs have a record, a lease or a saved state; then only
-the records and the current leases that exist are read, concurrently (RunStore.read_json_many), so a
-status of paper_full (8,556 runs) takes seconds, not one round trip per run.
+the current leases and the records not seen by an earlier status on this machine (record_summaries)
+are read, concurrently, so a status of paper_full (8,556 runs) takes seconds, not a round trip per run.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from adaptune.config import method_label
 from adaptune.experiments import ExperimentSpec
 from adaptune.lease import lease_number
 from adaptune.plan import Plan, plan
+from adaptune.record_summaries import record_summaries
 from adaptune.records import is_stale
 from adaptune.store import RECORD_FILE, RUNS_DIR, STATE_FILE, RunStore
 from adaptune.throughput import measure_throughput
@@ -80,8 +81,8 @@ def sweep_status(spec: ExperimentSpec, store: RunStore, now: float | None = None
     now = time.time() if now is None else now
     planned = plan(spec)
     files = store.run_files()
-    with_record = [run.run_id for run in planned.runs if RECORD_FILE in files.get(run.run_id, ())]
-    records = {parts[1]: record for parts, record in store.read_json_many((RUNS_DIR, run_id, RECORD_FILE) for run_id in with_record).items()}
+    records = record_summaries(store, {run.run_id: files[run.run_id][RECORD_FILE] for run in planned.runs
+                                       if RECORD_FILE in files.get(run.run_id, {})})
     lease_files = {run.run_id: number for run in planned.runs if run.run_id not in records
                    and (number := lease_number(files.get(run.run_id, ()))) is not None}
     leases = {parts[1]: lease for parts, lease in

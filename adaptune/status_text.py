@@ -26,13 +26,13 @@ def format_status(status: SweepStatus) -> str:
         f"the plan estimated {_hours(status.estimated_hours)} for the whole sweep",
         f"remaining: ~{_hours(status.remaining_hours)} accelerator-hours, ETA ~{_duration(status.eta_hours * 3600)} "
         f"with {status.parallelism} shards at once",
-        f"  ({status.estimate_basis})",
+        f"  basis: {status.estimate_basis}",
         "",
         "by task:",
-        _indented(status.by("task").to_string()),
+        _indented(status.by("task").reset_index().to_string(index=False)),
         "",
         "by method:",
-        _indented(status.by("method").to_string()),
+        _indented(status.by("method").reset_index().to_string(index=False)),
     ]
     if status.running:
         lines += ["", f"in progress ({len(status.running):,}), longest held first:"]

@@ -156,21 +156,23 @@ class RunStore:
         so a second writer never overwrites the first. Everything else of the run is uploaded first."""
         return self.create_exclusive(json_text(record).encode(), RUNS_DIR, record["run_id"], RECORD_FILE)
 
-    def run_files(self) -> dict[str, set[str]]:
-        """{run_id: names of the files directly in runs/<run_id>/} for every run in the store, from one
-        recursive listing (a few paginated calls on a bucket, not one per run)."""
+    def run_files(self) -> dict[str, dict[str, str]]:
+        """{run_id: {file name: version}} for every run in the store, from one recursive listing (a few
+        paginated calls on a bucket, not one per run). The version (GCS generation, else mtime and size)
+        changes whenever the file is written again; a subdirectory (checkpoint/) shows as its name."""
         base = self._path(RUNS_DIR)
         self.fs.invalidate_cache(base)
         try:
-            paths = self.fs.find(base)
+            listing = self.fs.find(base, detail=True)
         except FileNotFoundError:
             return {}
-        runs: dict[str, set[str]] = {}
+        runs: dict[str, dict[str, str]] = {}
         prefix = base.rstrip("/") + "/"
-        for path in paths:
+        for path, info in listing.items():
             parts = path.removeprefix(prefix).split("/")
             if len(parts) >= 2 and path.startswith(prefix):
-                runs.setdefault(parts[0], set()).add(parts[1])  # a subdirectory (checkpoint/) shows as its name
+                version = "" if len(parts) > 2 else str(info.get("generation") or f"{info.get('mtime')}:{info.get('size')}")
+                runs.setdefault(parts[0], {})[parts[1]] = version
         return runs
 
     def read_json_many(self, paths: Iterable[tuple[str, ...]]) -> dict[tuple[str, ...], Any]:

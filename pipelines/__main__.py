@@ -28,10 +28,9 @@ def _plan(args: argparse.Namespace) -> int:
     spec = get_experiment(args.name)
     measured = None
     if args.runs_root:  # the store's own records calibrate the estimate (every record there, not only this grid's)
-        from adaptune.store import RunStore
+        from adaptune.record_summaries import store_summaries
 
-        store = RunStore(args.runs_root)
-        measured = measure_throughput(store.records(store.run_files()).values(), spec.accelerator.label)
+        measured = measure_throughput(store_summaries(_store_for(args.name, args.runs_root, Path())).values(), spec.accelerator.label)
     print(plan(spec, measured).summary())
     if not args.runs_root:
         print("(pass --runs-root, or RUNS_ROOT= to make, to estimate from the throughput a run store's records measured)")

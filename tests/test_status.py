@@ -55,6 +55,12 @@ def fill_store(store: RunStore) -> list[TrainConfig]:
     return runs  # runs[11]: nothing at all
 
 
+@pytest.fixture(autouse=True)
+def summary_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("ADAPTUNE_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
 @pytest.fixture(params=["directory", "bucket"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> RunStore:
     if request.param == "directory":
@@ -104,3 +110,18 @@ def test_the_status_command_reads_a_sweep_file_and_refuses_a_missing_store(tmp_p
 
     assert main(["status", str(sweep), "--runs-root", str(tmp_path / "nowhere")]) == 2
     assert "nowhere does not exist" in capsys.readouterr().err
+
+
+def test_a_second_status_reads_only_the_records_written_since(store: RunStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    runs = fill_store(store)
+    spec = spec_from_dict(SWEEP)
+    sweep_status(spec, store)
+    reads: list[tuple[str, ...]] = []
+    read_json = store.read_json
+    monkeypatch.setattr(store, "read_json", lambda *parts: reads.append(parts) or read_json(*parts))
+    store.forget(runs[4].run_id)  # retried: a new record, a new version in the store
+    store.publish_record(finished(runs[4]))
+    store.publish_record(finished(runs[11]))
+    status = sweep_status(spec, store)
+    assert sorted(parts[1] for parts in reads if parts[-1] == "record.json") == sorted([runs[4].run_id, runs[11].run_id])
+    assert (status.count("ok"), status.count("failed"), status.count("not started")) == (5, 2, 2)
