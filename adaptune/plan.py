@@ -183,7 +183,7 @@ class Plan:
         used = {key: self.measured[key] for key in sorted(keys) if key in self.measured}
         if not used:
             return f"throughput from {table}"
-        measured = "; ".join(f"{backbone} {method} on {label}: {m.examples_per_s:,.1f} examples/s from {m.runs} run(s)"
+        measured = "; ".join(f"{backbone} {method} on {label}: {m.examples_per_s:,.1f} examples/s from {m.runs:,} run(s)"
                              for (backbone, label, method), m in used.items())
         rest = len(keys) - len(used)
         return (f"throughput measured by the run store's records ({measured})"

@@ -2,10 +2,10 @@
 
     .venv/bin/python -m tests.status_timing [--out bench/status.json] [--repeats 3]
 
-Fills gs://<bucket>/adaptune-runs on fake-gcs-server (tests/gcs_emulator.py, loopback) as a paper_full
-sweep under way would: every planned run with a stub record (a few failed, a few degenerate, a few
-stale) and a two-file checkpoint beside it, except the last 64 runs (in progress: a live lease each)
-and the 600 before them (not started). Then times the status command end to end in a fresh process
+Fills gs://<bucket>/adaptune-runs on fake-gcs-server (tests/gcs_emulator.py, loopback) as a finished
+paper_full sweep would: every planned run with a stub record (a few failed, a few degenerate, a few
+stale) and a two-file checkpoint beside it; with --under-way, the last 64 runs are in progress (a
+live lease each) and the 600 before them not started. Then times the status command end to end in a fresh process
 (imports, planning, listing, reads, printing): first cold (no record summaries cached on this machine:
 every record is read), then `repeats` times warm (only the listing and the leases are read), and the
 same with a local directory store holding the same files. Prints JSON (and writes it to --out). Not a
@@ -24,11 +24,11 @@ import tempfile
 import time
 from pathlib import Path
 
-RUNNING, NOT_STARTED = 64, 600  # paper_full's parallelism: 64 shards at once
+UNDER_WAY = (64, 600)  # --under-way: runs in progress (paper_full's parallelism) and not started
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-def store_files(now: float) -> dict[str, bytes]:
+def store_files(now: float, running: int = 0, not_started: int = 0) -> dict[str, bytes]:
     """{path under the store root: content} of a paper_full sweep under way."""
     from adaptune.experiments import get_experiment
     from adaptune.files import json_text
@@ -38,10 +38,10 @@ def store_files(now: float) -> dict[str, bytes]:
 
     runs = plan(get_experiment("paper_full")).runs
     files: dict[str, bytes] = {}
-    done = len(runs) - RUNNING - NOT_STARTED
+    done = len(runs) - running - not_started
     for index, config in enumerate(runs):
         folder = f"runs/{config.run_id}"
-        if index >= done + NOT_STARTED:
+        if index >= done + not_started:
             lease = {"owner": f"pod-{index}", "acquired_at": now - 600, "taken_at": now - 60, "expires_at": now + 840}
             files[f"{folder}/lease-1.json"] = json_text(lease).encode()
             continue
@@ -83,9 +83,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None, help="also write the JSON here")
     parser.add_argument("--repeats", type=int, default=2, help="warm runs after the cold one")
+    parser.add_argument("--under-way", action="store_true", help=f"{UNDER_WAY[0]} runs in progress, {UNDER_WAY[1]} not started")
     args = parser.parse_args()
 
-    files = store_files(time.time())
+    files = store_files(time.time(), *(UNDER_WAY if args.under_way else (0, 0)))
     records = sum(name.endswith("/record.json") for name in files)
     result: dict[str, object] = {"records": records, "objects": len(files), "cpu_cores": os.cpu_count()}
     with tempfile.TemporaryDirectory(prefix="adaptune-status-") as scratch:
