@@ -8,7 +8,7 @@ PIPELINE ?= smoke
 OUT ?= outputs
 export PYTHONHASHSEED := 0
 
-.PHONY: venv test demo run plan compile submit stage-models bench images lint lock clean
+.PHONY: venv test demo run plan status report compile submit stage-models bench bench-status images lint lock clean
 
 $(VENV)/.installed: pyproject.toml requirements.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,7 +34,15 @@ run: venv
 		$(if $(RUNNER),--runner $(RUNNER))
 
 plan: venv
-	$(PY) -m pipelines plan $(PIPELINE)
+	$(PY) -m pipelines plan $(PIPELINE) $(if $(RUNS_ROOT),--runs-root $(RUNS_ROOT))
+
+# Where a sweep stands (finished, failed, in progress, cost, ETA), read from its run store; runs nothing.
+status: venv
+	$(PY) -m pipelines status $(PIPELINE) $(if $(RUNS_ROOT),--runs-root $(RUNS_ROOT))
+
+# The report of whatever the run store holds now (partial while the sweep runs) into $(OUT)/<name>/.
+report: venv
+	$(PY) -m pipelines report $(PIPELINE) --out $(OUT)/$(basename $(notdir $(PIPELINE))) $(if $(RUNS_ROOT),--runs-root $(RUNS_ROOT))
 
 compile: venv
 	$(PY) -m pipelines compile
@@ -48,6 +56,10 @@ stage-models: venv
 
 bench: venv
 	$(PY) -m adaptune.bench --out bench/results.json
+
+# `make status` against paper_full's 8,556 stub records in the emulated GCS bucket (JSON out; a few minutes).
+bench-status: venv
+	$(PY) -m tests.status_timing --out bench/status.json
 
 images:
 	$(MAKE) -C containers images

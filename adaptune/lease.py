@@ -24,7 +24,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from adaptune.files import json_text
@@ -32,7 +32,7 @@ from adaptune.store import RUNS_DIR, RunStore
 
 LEASE_SECONDS_ENV = "ADAPTUNE_LEASE_SECONDS"
 DEFAULT_LEASE_SECONDS = 900.0  # a stalled holder delays a run by at most this; renewed every 5 minutes
-_LEASE_FILE = re.compile(r"^lease-(\d+)\.json$")
+LEASE_FILE = re.compile(r"^lease-(\d+)\.json$")
 
 
 def lease_seconds() -> float:
@@ -56,12 +56,17 @@ class Holder:
         return f"held by {self.owner}, expires in {left:.0f} s"
 
 
+def lease_number(names: Iterable[str]) -> int | None:
+    """The number of the current (highest-numbered) lease file among a run directory's file names."""
+    numbers = [int(match.group(1)) for name in names if (match := LEASE_FILE.match(name))]
+    return max(numbers) if numbers else None
+
+
 def current_lease(store: RunStore, run_id: str) -> tuple[int, dict[str, Any] | None] | None:
     """(n, content) of the highest-numbered lease file, content None while it is being written."""
-    numbers = [int(match.group(1)) for name in store.names(RUNS_DIR, run_id) if (match := _LEASE_FILE.match(name))]
-    if not numbers:
+    number = lease_number(store.names(RUNS_DIR, run_id))
+    if number is None:
         return None
-    number = max(numbers)
     return number, store.read_json(RUNS_DIR, run_id, f"lease-{number}.json")
 
 
@@ -70,6 +75,7 @@ class Lease:
 
     def __init__(self, store: RunStore, run_id: str, number: int, owner: str, seconds: float) -> None:
         self.store, self.run_id, self.number, self.owner, self.seconds = store, run_id, number, owner, seconds
+        self.acquired_at = time.time()  # kept through renewals: how long this attempt has held the run (status)
         self._stop = threading.Event()
 
     @property
@@ -78,7 +84,7 @@ class Lease:
 
     def content(self) -> dict[str, Any]:
         now = time.time()
-        return {"owner": self.owner, "taken_at": now, "expires_at": now + self.seconds}
+        return {"owner": self.owner, "acquired_at": self.acquired_at, "taken_at": now, "expires_at": now + self.seconds}
 
     def renew(self) -> None:
         if self.still_held():
@@ -94,7 +100,7 @@ class Lease:
         self._stop.set()
         ours = self.still_held()
         for name in self.store.names(RUNS_DIR, self.run_id):
-            match = _LEASE_FILE.match(name)
+            match = LEASE_FILE.match(name)
             if match and (int(match.group(1)) < self.number or (int(match.group(1)) == self.number and ours)):
                 self.store.remove(RUNS_DIR, self.run_id, name)
 

@@ -19,6 +19,7 @@ from adaptune.config import TrainConfig, method_label
 from adaptune.experiments import PAPER_EPOCHS, Ablation, ExperimentSpec, Sweep
 from adaptune.records import run_record
 from adaptune.tasks import Task, UnknownTaskError, get_task
+from adaptune.throughput import REFERENCE_MAX_LENGTH, Measured, ThroughputKey, backbone_key, throughput_key
 
 
 class PlanError(ValueError):
@@ -31,7 +32,8 @@ class PlanError(ValueError):
 # ESTIMATES for planning, not measurements of this table's rows: the MiniLM CPU row comes from the
 # smoke runs here (full fine-tuning 12-17 examples/s at max_length 64, one thread per run, two runs
 # on a busy 2-core machine, halved for max_length 128); the other rows are rough scalings of
-# published BERT training throughputs. `make bench` measures real numbers.
+# published BERT training throughputs. `make bench` measures real numbers, and a plan given a run
+# store's measurements (adaptune.throughput) uses those instead where it has them.
 THROUGHPUT: dict[tuple[str, str], float] = {
     ("all-MiniLM-L6-v2", "cpu"): 7.0,
     ("bert-base-uncased", "cpu"): 1.5,
@@ -50,7 +52,6 @@ THROUGHPUT: dict[tuple[str, str], float] = {
 # Frozen weights need no weight gradients: a parameter-efficient step costs about 2/3 of a full one.
 PARAMETER_EFFICIENT_STEP_COST = 0.65
 EVALUATION_OVERHEAD = 1.1  # per-epoch validation adds roughly a tenth
-REFERENCE_MAX_LENGTH = 128
 MAX_POSITIONS = 512  # BERT's position embeddings
 # A KFP cluster compiles a ParallelFor into one Argo workflow object kept in etcd; fan-outs of about
 # 2,000 items have failed with "etcdserver: request is too large" (kubeflow/pipelines#4175). For the
@@ -97,6 +98,11 @@ class Plan:
     runs: list[TrainConfig]
     run_hours: dict[str, float]  # run_id -> estimated wall-clock hours on one accelerator set
     merged_duplicates: int  # runs reached by more than one block, kept once
+    # Shards are always packed by the published table's hours: every component re-plans the spec
+    # without the store, and must find the same shards. None: the same as run_hours.
+    packing_hours: dict[str, float] | None = None
+    # The store's measured throughputs that run_hours used, by (backbone, accelerator, method name).
+    measured: dict[ThroughputKey, Measured] = dataclasses.field(default_factory=dict)
 
     @property
     def accelerator_hours(self) -> float:
@@ -117,11 +123,12 @@ class Plan:
         for run in self.runs:
             groups.setdefault((run.task, run.backbone, run.max_length, run.doc_stride), []).append(run)
         shards: list[Shard] = []
+        packing_hours = self.packing_hours or self.run_hours
         for runs in groups.values():
             current: list[TrainConfig] = []
             hours = 0.0
             for run in runs:
-                run_hours = self.run_hours[run.run_id]
+                run_hours = packing_hours[run.run_id]
                 if current and (len(current) >= self.spec.shard_size or hours + run_hours > self.spec.shard_hours):
                     shards.append(Shard(id=f"{len(shards):04d}-{current[0].task}", runs=tuple(current)))
                     current, hours = [], 0.0
@@ -150,14 +157,37 @@ class Plan:
         """Accelerators the DAG may hold at once: shards in flight x accelerators per shard."""
         return min(len(self.shards), self.spec.parallelism) * self.spec.accelerator.count
 
-    def wall_clock_hours(self) -> float:
-        """Estimated hours until the last shard ends: shards start in plan order on `parallelism` slots."""
+    def wall_clock_hours(self, run_ids: set[str] | None = None) -> float:
+        """Estimated hours until the last shard ends: shards start in plan order on `parallelism` slots.
+        With `run_ids`, only those runs are counted (what is left of a sweep under way)."""
         import heapq
 
-        slots = [0.0] * min(self.spec.parallelism, max(len(self.shards), 1))
-        for shard in self.shards:
-            heapq.heapreplace(slots, slots[0] + sum(self.run_hours[run.run_id] for run in shard.runs))
+        shard_hours = [sum(self.run_hours[run.run_id] for run in shard.runs if run_ids is None or run.run_id in run_ids)
+                       for shard in self.shards]
+        shard_hours = [hours for hours in shard_hours if hours > 0]
+        slots = [0.0] * min(self.spec.parallelism, max(len(shard_hours), 1))
+        for hours in shard_hours:
+            heapq.heapreplace(slots, slots[0] + hours)
         return max(slots)
+
+    def calibrated(self, measured: dict[ThroughputKey, Measured]) -> Plan:
+        """The same plan and shards, its hours estimated from `measured` throughputs where they apply."""
+        run_hours = {run.run_id: estimate_hours(run, self.spec, measured) for run in self.runs}
+        return dataclasses.replace(self, run_hours=run_hours, packing_hours=self.packing_hours or self.run_hours,
+                                   measured=dict(measured))
+
+    def estimate_source(self) -> str:
+        """Which throughputs the estimate used: the store's measurements (with their run counts) or the table."""
+        table = "adaptune.plan.THROUGHPUT (published figures, not a measurement)"
+        keys = {throughput_key(run.backbone, self.spec.accelerator.label, run.method) for run in self.runs}
+        used = {key: self.measured[key] for key in sorted(keys) if key in self.measured}
+        if not used:
+            return f"throughput from {table}"
+        measured = "; ".join(f"{backbone} {method} on {label}: {m.examples_per_s:,.1f} examples/s from {m.runs:,} run(s)"
+                             for (backbone, label, method), m in used.items())
+        rest = len(keys) - len(used)
+        return (f"throughput measured by the run store's records ({measured})"
+                + (f"; {table} for the other {rest} backbone/method pair(s)" if rest else ""))
 
     def summary(self) -> str:
         spec = self.spec
@@ -201,9 +231,9 @@ class Plan:
             lines.append(f"peak: {self.peak_accelerators} {accel.label} at once{quota}")
         lines.append(
             f"estimate: {_hours(self.accelerator_hours)} accelerator-hours ({accel.label} x{max(accel.count, 1)} per run), "
-            f"~{_hours(self.wall_clock_hours())} h wall-clock with {spec.parallelism} shards at once "
-            "-- an estimate from adaptune.plan.THROUGHPUT, not a measurement"
+            f"~{_hours(self.wall_clock_hours())} h wall-clock with {spec.parallelism} shards at once"
         )
+        lines.append(f"estimate basis: {self.estimate_source()}")
         return "\n".join(lines)
 
 
@@ -235,8 +265,10 @@ def fit_fanout(planned: Plan, ceiling: int = KFP_MAX_FANOUT) -> Plan:
     return current
 
 
-def plan(spec: ExperimentSpec) -> Plan:
-    """Expand and validate `spec`; raises PlanError naming every problem found."""
+def plan(spec: ExperimentSpec, measured: dict[ThroughputKey, Measured] | None = None) -> Plan:
+    """Expand and validate `spec`; raises PlanError naming every problem found. `measured`
+    (adaptune.throughput.measure_throughput of a run store's records) replaces the published
+    throughput where it has the run's backbone, accelerator and method; shards stay the same."""
     problems: list[str] = []
     if not spec.sweeps:
         raise PlanError(f"experiment {spec.name!r} has an empty grid: declare at least one Sweep in its sweeps")
@@ -266,7 +298,7 @@ def plan(spec: ExperimentSpec) -> Plan:
             f"({min(len(planned.shards), spec.parallelism)} shards x {spec.accelerator.count}), over max_accelerators "
             f"{spec.max_accelerators}: lower parallelism, or raise max_accelerators to what your quota allows"
         )
-    return planned
+    return planned.calibrated(measured) if measured else planned
 
 
 def _check_spec_values(spec: ExperimentSpec, problems: list[str]) -> None:
@@ -446,13 +478,17 @@ def backbone_layers(backbone: str) -> int:
         ) from None
 
 
-def estimate_hours(run: TrainConfig, spec: ExperimentSpec) -> float:
-    """Estimated training hours of one run: examples x epochs / throughput (see THROUGHPUT)."""
+def estimate_hours(run: TrainConfig, spec: ExperimentSpec, measured: dict[ThroughputKey, Measured] | None = None) -> float:
+    """Estimated training hours of one run: examples x epochs / throughput, the throughput measured
+    by the store's records where `measured` has it (wall time: evaluation included), else THROUGHPUT."""
     task = get_task(run.task)
     train_size = task.paper_sizes[0] if task.paper_sizes else KNOWN_TRAIN_SIZES.get(task.name, 10_000)
     if run.max_train_examples:
         train_size = min(train_size, run.max_train_examples)
-    backbone = run.backbone.split("/")[-1]
+    found = (measured or {}).get(throughput_key(run.backbone, spec.accelerator.label, run.method))
+    if found is not None:
+        return train_size * run.epochs / (found.examples_per_s * REFERENCE_MAX_LENGTH / run.max_length) / 3600
+    backbone = backbone_key(run.backbone)
     per_second = THROUGHPUT.get((backbone, spec.accelerator.label))
     if per_second is None:  # unknown pair: assume BERT-base on this accelerator, else the CPU row
         per_second = THROUGHPUT.get(("bert-base-uncased", spec.accelerator.label), THROUGHPUT[("bert-base-uncased", "cpu")])

@@ -156,6 +156,32 @@ class RunStore:
         so a second writer never overwrites the first. Everything else of the run is uploaded first."""
         return self.create_exclusive(json_text(record).encode(), RUNS_DIR, record["run_id"], RECORD_FILE)
 
+    def run_files(self) -> dict[str, dict[str, str]]:
+        """{run_id: {file name: version}} for every run in the store, from one recursive listing (a few
+        paginated calls on a bucket, not one per run). The version (GCS generation, else mtime and size)
+        changes whenever the file is written again; a subdirectory (checkpoint/) shows as its name."""
+        base = self._path(RUNS_DIR)
+        self.fs.invalidate_cache(base)
+        try:
+            listing = self.fs.find(base, detail=True)
+        except FileNotFoundError:
+            return {}
+        runs: dict[str, dict[str, str]] = {}
+        prefix = base.rstrip("/") + "/"
+        for path, info in listing.items():
+            parts = path.removeprefix(prefix).split("/")
+            if len(parts) >= 2 and path.startswith(prefix):
+                version = "" if len(parts) > 2 else str(info.get("generation") or f"{info.get('mtime')}:{info.get('size')}")
+                runs.setdefault(parts[0], {})[parts[1]] = version
+        return runs
+
+    def read_json_many(self, paths: Iterable[tuple[str, ...]]) -> dict[tuple[str, ...], Any]:
+        """The JSON files that exist among `paths` (each a tuple of parts), read concurrently."""
+        paths = list(paths)
+        with ThreadPoolExecutor(READ_THREADS) as pool:
+            found = pool.map(lambda parts: self.read_json(*parts), paths)
+        return {parts: data for parts, data in zip(paths, found) if data is not None}
+
     def records(self, run_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
         """The records that exist among run_ids, read concurrently (thousands of small objects)."""
         run_ids = list(run_ids)

@@ -1,4 +1,5 @@
-"""Fan in through the run store: the Figure 6 ablation and the Parquet results of a whole sweep.
+"""Fan in through the run store: the Figure 6 ablation and the Parquet results of a whole sweep, or of
+the part of it that has finished (a partial report while it runs).
 
 Both re-plan the spec (deterministic) and read what the shards left in the store, so nothing that
 grows with the number of runs passes between pipeline tasks.
@@ -8,13 +9,15 @@ from __future__ import annotations
 
 import os
 import traceback
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from adaptune.experiments import ExperimentSpec
-from adaptune.plan import plan, select_ablation_runs
+from adaptune.plan import Plan, plan, select_ablation_runs
 from adaptune.records import is_stale
-from adaptune.store import ABLATION_DIR, RUNS_DIR, RunStore
+from adaptune.store import ABLATION_DIR, RECORD_FILE, RUNS_DIR, RunStore
+from adaptune.sweep_metrics import sweep_metrics
 from adaptune.tasks import data_scheme
 
 
@@ -22,10 +25,10 @@ class IncompleteSweepError(RuntimeError):
     """Planned runs have no record in the store: some shard has not finished."""
 
 
-def sweep_records(spec: ExperimentSpec, store: RunStore) -> list[dict[str, Any]]:
+def sweep_records(spec: ExperimentSpec, store: RunStore, planned: Plan | None = None) -> list[dict[str, Any]]:
     """The record of every planned run, in plan order; raises when any is missing or stale (made under
-    another data scheme: its numbers are not comparable with the others')."""
-    planned = plan(spec)
+    another data scheme: its numbers are not comparable with the others'). `planned`: plan(spec), if at hand."""
+    planned = planned or plan(spec)
     found = store.records(run.run_id for run in planned.runs)
     missing = [run.run_id for run in planned.runs if run.run_id not in found]
     if missing:
@@ -42,6 +45,17 @@ def sweep_records(spec: ExperimentSpec, store: RunStore) -> list[dict[str, Any]]
             "retrain them with --retrain-stale (make run|submit ... RETRAIN_STALE=1)"
         )
     return [found[run.run_id] for run in planned.runs]
+
+
+def finished_records(spec: ExperimentSpec, store: RunStore, planned: Plan | None = None) -> list[dict[str, Any]]:
+    """The records of the planned runs that have finished so far, in plan order; stale ones (another
+    data scheme) are left out. One listing of the store, then only the records that exist are read."""
+    planned = planned or plan(spec)
+    files = store.run_files()
+    present = [run.run_id for run in planned.runs if RECORD_FILE in files.get(run.run_id, ())]
+    found = store.read_json_many((RUNS_DIR, run_id, RECORD_FILE) for run_id in present)
+    return [record for record in (found.get((RUNS_DIR, run_id, RECORD_FILE)) for run_id in present)
+            if record is not None and not is_stale(record)]
 
 
 def ablate_sweep(spec: ExperimentSpec, store: RunStore, data_dir: str | os.PathLike[str] | None = None) -> int:
@@ -69,15 +83,24 @@ def ablate_sweep(spec: ExperimentSpec, store: RunStore, data_dir: str | os.PathL
     return done
 
 
-def aggregate_sweep(spec: ExperimentSpec, store: RunStore, out_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """runs / curves / ablation Parquet for the planned runs; returns counts for the pipeline's metadata."""
+def aggregate_sweep(spec: ExperimentSpec, store: RunStore, out_dir: str | os.PathLike[str], partial: bool = False) -> dict[str, Any]:
+    """runs / curves / ablation Parquet and coverage.json for the planned runs; returns counts for the
+    pipeline's metadata. With `partial`, whatever has finished so far (the report says what is missing);
+    without, every planned run must have its record (IncompleteSweepError)."""
+    from adaptune.report.partial import write_coverage
     from adaptune.results import write_results
 
-    records = sweep_records(spec, store)
+    planned = plan(spec)
+    records = (finished_records if partial else sweep_records)(spec, store, planned)
+    if not records:
+        raise IncompleteSweepError(f"no planned run of {spec.name!r} has finished yet in {store.root}: nothing to report")
     ablation: list[dict[str, Any]] = []
     if spec.ablation is not None:
         for record in select_ablation_runs(records, spec.ablation):
             ablation += store.read_json(ABLATION_DIR, f"{record['run_id']}.json") or []
     paths = write_results(records, Path(out_dir), ablation=ablation)
+    write_coverage(out_dir, Counter(run.task for run in planned.runs), Counter(record["task"] for record in records))
     statuses = {status: sum(r["status"] == status for r in records) for status in ("ok", "degenerate", "failed")}
-    return {"runs": len(records), "ablation_rows": len(ablation), **statuses, "files": sorted(p.name for p in paths.values())}
+    return {"planned": len(planned.runs), "runs": len(records), "ablation_rows": len(ablation), **statuses,
+            "files": sorted(p.name for p in paths.values()),
+            "metrics": sweep_metrics(records, len(planned.runs), spec.accelerator.count)}

@@ -11,7 +11,7 @@ find their runs, and fan in by reading the run store.
 
 from typing import List
 
-from kfp.dsl import Artifact, Dataset, Input, Markdown, Output
+from kfp.dsl import Artifact, Dataset, Input, Markdown, Metrics, Output
 
 
 def plan_shards(spec_json: str, compiled_shape: str) -> List[str]:
@@ -36,8 +36,10 @@ def plan_shards(spec_json: str, compiled_shape: str) -> List[str]:
     return [shard.id for shard in planned.shards]
 
 
-def train_shard(spec_json: str, shard_id: str, runs_root: str, data_dir: str, retry_failed: bool, retrain_stale: bool) -> str:
-    """Train the shard's runs that the run store has no record of; returns a one-line summary.
+def train_shard(spec_json: str, shard_id: str, runs_root: str, data_dir: str, retry_failed: bool, retrain_stale: bool,
+                shard_summary: Output[Metrics]) -> str:
+    """Train the shard's runs that the run store has no record of; returns a one-line summary, and logs
+    its counts (reused, ok, degenerate, failed, stale, superseded) as Metrics the console shows per task.
 
     Transient failures (out of memory, network, storage) are retried inside, with backoff; every other
     failure is a failed record and the shard goes on. The task ends itself past its deadline
@@ -53,6 +55,8 @@ def train_shard(spec_json: str, shard_id: str, runs_root: str, data_dir: str, re
                          retry_failed=retry_failed, retrain_stale=retrain_stale, enforce_deadline=True)
     summary = ", ".join(f"{count} {outcome}" for outcome, count in sorted(outcomes.items()))
     print(f"shard {shard_id}: {summary}")
+    for outcome in ("reused", "ok", "degenerate", "failed", "stale", "superseded"):  # every one, so tasks compare
+        shard_summary.log_metric(outcome, outcomes.get(outcome, 0))
     return summary
 
 
@@ -67,8 +71,9 @@ def ablate_runs(spec_json: str, runs_root: str, data_dir: str) -> int:
     return ablate_sweep(spec_from_dict(json.loads(spec_json)), RunStore(runs_root), data_dir=data_dir or None)
 
 
-def aggregate(spec_json: str, runs_root: str, results: Output[Dataset]) -> None:
-    """Every planned run's record and the ablation rows, from the store into runs / curves / ablation Parquet."""
+def aggregate(spec_json: str, runs_root: str, results: Output[Dataset], sweep_summary: Output[Metrics]) -> None:
+    """Every planned run's record and the ablation rows, from the store into runs / curves / ablation Parquet;
+    run counts, accelerator-hours and each method's GLUE mean logged as Metrics (the console shows them)."""
     import json
 
     from adaptune.experiments import spec_from_dict
@@ -77,6 +82,8 @@ def aggregate(spec_json: str, runs_root: str, results: Output[Dataset]) -> None:
 
     summary = aggregate_sweep(spec_from_dict(json.loads(spec_json)), RunStore(runs_root), results.path)
     results.metadata.update(summary)
+    for name, value in summary["metrics"].items():
+        sweep_summary.log_metric(name, value)
     print(summary)
 
 

@@ -1,10 +1,13 @@
-"""`python -m pipelines run NAME --out DIR | plan NAME | compile | submit NAME | stage-models NAME` (what the Makefile calls)."""
+"""`python -m pipelines run NAME --out DIR | plan NAME | status NAME | report NAME | compile | submit NAME | stage-models NAME`
+(what the Makefile calls)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 import time
+from pathlib import Path
+from typing import Any
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -20,9 +23,71 @@ def _run(args: argparse.Namespace) -> int:
 def _plan(args: argparse.Namespace) -> int:
     from adaptune.experiments import get_experiment
     from adaptune.plan import plan
+    from adaptune.throughput import measure_throughput
 
-    print(plan(get_experiment(args.name)).summary())
+    spec = get_experiment(args.name)
+    measured = None
+    if args.runs_root:  # the store's own records calibrate the estimate (every record there, not only this grid's)
+        from adaptune.record_summaries import store_summaries
+
+        measured = measure_throughput(store_summaries(_store_for(args.name, args.runs_root, Path())).values(), spec.accelerator.label)
+    print(plan(spec, measured).summary())
+    if not args.runs_root:
+        print("(pass --runs-root, or RUNS_ROOT= to make, to estimate from the throughput a run store's records measured)")
     return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from adaptune.experiments import get_experiment
+    from adaptune.status import sweep_status
+    from adaptune.status_text import format_status
+
+    spec = get_experiment(args.name)
+    started = time.perf_counter()
+    status = sweep_status(spec, _store_for(args.name, args.runs_root, Path("outputs") / _stem(args.name)))
+    print(format_status(status))
+    print(f"\n(read in {time.perf_counter() - started:.1f} s)")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from adaptune.experiments import get_experiment
+    from adaptune.report import build_report
+    from adaptune.sweep import aggregate_sweep
+
+    out = Path(args.out or Path("outputs") / _stem(args.name))
+    summary = aggregate_sweep(get_experiment(args.name), _store_for(args.name, args.runs_root, out), out, partial=True)
+    report = build_report(out, out, data_dir=args.data_dir)
+    share = "all" if summary["runs"] == summary["planned"] else "partial:"
+    print(f"{share} {summary['runs']:,} of {summary['planned']:,} runs ({summary['ok']} ok, {summary['degenerate']} degenerate, "
+          f"{summary['failed']} failed); Parquet, tables, figures and {report} in {out}")
+    return 0
+
+
+def _stem(name: str) -> str:
+    """The output folder of an experiment: its name, or a sweep file's name without the extension (as the Makefile)."""
+    return Path(name).stem if name.endswith((".yaml", ".yml", ".json")) else name
+
+
+def _store_for(name: str, runs_root: str | None, local_out: Path) -> Any:
+    """The run store to read: --runs-root; else the submission's ($ADAPTUNE_RUNS_ROOT, adaptune.toml); else
+    the local one `make run` wrote (<local_out>/store, local_out being outputs/<name>)."""
+    from adaptune.store import RunStore, StoreError
+    from pipelines.submit import SettingsError, load_settings
+
+    if runs_root:
+        store = RunStore(runs_root)
+        if store.is_local and not Path(store.root).is_dir():
+            raise StoreError(f"run store {store.root} does not exist: check --runs-root (RUNS_ROOT=)")
+        return store
+    settings = load_settings()
+    if settings.runs_root or settings.pipeline_root:
+        return RunStore(settings.resolved_runs_root())
+    local = local_out / "store"
+    if local.is_dir():
+        return RunStore(local)
+    raise SettingsError(f"no run store for {name!r}: pass --runs-root DIR or gs://bucket/prefix (make ... RUNS_ROOT=...), "
+                        f"set $ADAPTUNE_RUNS_ROOT, or run it locally first (make run writes {local})")
 
 
 def _compile(args: argparse.Namespace) -> int:
@@ -64,6 +129,10 @@ def _stage_models(args: argparse.Namespace) -> int:
     return 0
 
 
+RUNS_ROOT_HELP = ("the run store (default: $ADAPTUNE_RUNS_ROOT or adaptune.toml's, as submit uses; else outputs/<name>/store, "
+                  "where make run keeps it)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m pipelines", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -80,7 +149,19 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(handler=_run)
     plan = commands.add_parser("plan", help="the grid, a line 'N runs' and an accelerator-hour estimate; runs nothing")
     plan.add_argument("name", help="a named experiment or a sweep file (.yaml/.json)")
+    plan.add_argument("--runs-root", default=None,
+                      help="a run store whose records' measured throughput replaces the published table where it applies")
     plan.set_defaults(handler=_plan)
+    status = commands.add_parser("status", help="where a sweep stands, from its run store: finished, failed, in progress, cost, ETA")
+    status.add_argument("name", help="a named experiment or a sweep file (.yaml/.json)")
+    status.add_argument("--runs-root", default=None, help=RUNS_ROOT_HELP)
+    status.set_defaults(handler=_status)
+    report = commands.add_parser("report", help="aggregate what the run store holds now and render the report (partial while the sweep runs)")
+    report.add_argument("name", help="a named experiment or a sweep file (.yaml/.json)")
+    report.add_argument("--runs-root", default=None, help=RUNS_ROOT_HELP)
+    report.add_argument("--out", default=None, help="where the Parquet, tables, figures and report.md land (default: outputs/<name>)")
+    report.add_argument("--data-dir", default=None, help="local data mirror, for the majority-class baselines (default: shared/data found next to the tree)")
+    report.set_defaults(handler=_report)
     compile_ = commands.add_parser("compile", help="write pipeline.yaml and pipelines/compiled/<name>.yaml")
     compile_.add_argument("--root", default=None, help="directory to write under (default: the repository root)")
     compile_.set_defaults(handler=_compile)
@@ -103,13 +184,14 @@ def main(argv: list[str] | None = None) -> int:
     from adaptune.experiments import SpecError, UnknownExperimentError
     from adaptune.plan import PlanError
     from adaptune.store import StoreError
+    from adaptune.sweep import IncompleteSweepError
     from pipelines.container_runner import EngineError
     from pipelines.submit import SettingsError
 
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
-    except (UnknownExperimentError, SpecError, PlanError, SettingsError, StoreError, EngineError) as error:
+    except (UnknownExperimentError, SpecError, PlanError, SettingsError, StoreError, EngineError, IncompleteSweepError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
 

@@ -4,6 +4,8 @@ Used through $ADAPTUNE_TRAINER (adaptune.shards.TRAINER_ENV) to run a paper-scal
 kfp.local in seconds, and directly by the run-store tests. Behaviour per run is steered by files in
 $STUB_TRAINER_DIR: `calls/<run_id>` counts the calls; `transient/<run_id>` holds how many more
 calls raise ConnectionError; `nan/<run_id>` makes the run diverge (a failed record).
+$STUB_SECONDS_PER_EXAMPLE gives a finished record a known throughput (wall time = training rows x
+epochs x that, on device $STUB_DEVICE, default "stub"): what the plan's calibration reads.
 """
 
 from __future__ import annotations
@@ -37,10 +39,11 @@ def train(config: TrainConfig, out_dir: str | os.PathLike[str], write_record: bo
         transient.write_text(str(int(transient.read_text()) - 1))
         raise ConnectionError(f"stub: storage unreachable while training {config.run_id}")
     task = get_task(config.task)
-    record = run_record(config, task.primary_metric, device="stub")
+    record = run_record(config, task.primary_metric, device=os.environ.get("STUB_DEVICE", "stub"))
     if (root / "nan" / config.run_id).is_file():
         record.update(status="failed", reason="non-finite training loss (nan) at step 1: the learning rate is likely too high")
     else:
+        rows = config.max_train_examples or 100
         # A deterministic score per run, so tables and figures have something to rank.
         score = int(hashlib.sha1(config.run_id.encode()).hexdigest()[:6], 16) / 0xFFFFFF
         metrics = {name: score for name in task.metrics}
@@ -48,7 +51,8 @@ def train(config: TrainConfig, out_dir: str | os.PathLike[str], write_record: bo
         record.update(best_epoch=config.epochs, val_metrics=metrics, test_metrics=metrics, trained_params=1, total_params=100,
                       companions=companions,
                       curve=[{"epoch": config.epochs, "step": 1, "train_loss": 1.0 - score, "val_metrics": metrics}],
-                      wall_time_s=0.0)
+                      wall_time_s=rows * config.epochs * float(os.environ.get("STUB_SECONDS_PER_EXAMPLE") or 0),
+                      split_sizes={"train": rows, "validation": 10, "test": 10})
     if write_record:
         Path(out_dir, "record.json").write_text(json.dumps(record))
     return record

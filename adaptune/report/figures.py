@@ -10,7 +10,10 @@ the most common one (`runs_for_backbone`); the title and `FigureOutput.backbone`
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +52,18 @@ SQUAD_BACKBONE_NOTE = (
 )
 PREFERRED_TASKS = ("mnli_m", "cola")  # the paper's Figure 4 and 6 tasks come first
 MAX_PANELS = 12
+# Figure name -> a note stamped at its foot ("partial: N of M runs"); set by `notes` while a report draws.
+_NOTES: contextvars.ContextVar[Mapping[str, str]] = contextvars.ContextVar("figure_notes", default={})
+
+
+@contextlib.contextmanager
+def notes(by_figure: Mapping[str, str]) -> Iterator[None]:
+    """Stamp each named figure drawn inside with its note, so a figure copied alone still says it."""
+    token = _NOTES.set(dict(by_figure))
+    try:
+        yield
+    finally:
+        _NOTES.reset(token)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -283,6 +298,9 @@ def _save(fig: Any, out_dir: Path, name: str, title: str, backbone: str | None =
     out_dir.mkdir(parents=True, exist_ok=True)
     fig.suptitle(f"{title} — {backbone}" if backbone else title)
     fig.tight_layout()
+    note = _NOTES.get().get(name)
+    if note:
+        fig.text(0.995, 0.005, note, ha="right", va="bottom", fontsize=8, color="firebrick")
     paths = tuple(out_dir / f"{name}.{extension}" for extension in ("png", "pdf"))
     for path in paths:
         fig.savefig(path, dpi=120)

@@ -9,8 +9,10 @@ from typing import Any
 import pandas as pd
 
 from adaptune.report.claims import claims_markdown, claims_table
+from adaptune.report import figures as figure_module
 from adaptune.report.figures import SQUAD_BACKBONE_NOTE, FigureOutput, all_figures
 from adaptune.report.methods import methods_markdown, methods_table
+from adaptune.report.partial import Coverage, claims_for_markdown, mark_claims, read_coverage, table_scopes
 from adaptune.report.reference import load_reference, reference_path
 from adaptune.report.selection import problem_runs
 from adaptune.report.tables import (
@@ -44,7 +46,8 @@ def build_report(
     tables_dir.mkdir(parents=True, exist_ok=True)
 
     t1, t2, sizes = table1(runs, paper, data_dir), table2(runs, paper, data_dir), adapter_size_table(runs, paper)
-    claims = claims_table(frames, paper, data_dir)
+    coverage = read_coverage(results_dir)  # None: a complete results set
+    claims = mark_claims(claims_table(frames, paper, data_dir), coverage, paper)
     methods = methods_table(runs, data_dir)
     problems = problem_runs(runs)
     for name, frame in (("table1", t1), ("table2", t2), ("adapter_sizes", sizes), ("claims", claims), ("methods", methods),
@@ -53,19 +56,22 @@ def build_report(
     markdown = {
         "table1": table1_markdown(t1),
         "table2": table2_markdown(t2, paper),
-        "claims": claims_markdown(claims),
+        "claims": claims_markdown(claims_for_markdown(claims)),
         "methods": methods_markdown(methods),
         "adapter_sizes": simple_markdown(sizes.drop(columns="backbone")),
         "excluded_runs": simple_markdown(markdown_safe(problems)) if not problems.empty else "(none)",
     }
+    notes = _partial_notes(coverage, paper, runs)
+    markdown = {name: (f"*{notes[name]}*\n\n{text}" if name in notes else text) for name, text in markdown.items()}
     for name, text in markdown.items():
         (tables_dir / f"{name}.md").write_text(text + "\n", encoding="utf-8")
-    figures = all_figures(frames, paper, figures_dir)
+    with figure_module.notes(notes):
+        figures = all_figures(frames, paper, figures_dir)
 
     report = out_dir / "report.md"
     report.write_text(
         _render(results_dir, runs, frames, markdown, t1, t2, sizes, methods, figures, problems, out_dir, reference or reference_path(),
-                unreadable),
+                unreadable, coverage, notes),
         encoding="utf-8",
     )
     return report
@@ -85,6 +91,8 @@ def _render(
     out_dir: Path,
     reference: Any,
     unreadable: tuple[str, ...] = (),
+    coverage: Coverage | None = None,
+    notes: dict[str, str] | None = None,
 ) -> str:
     counts = runs["status"].value_counts()
     status_line = ", ".join(f"{counts.get(status, 0)} {status}" for status in ("ok", "failed", "degenerate"))
@@ -102,6 +110,7 @@ def _render(
         "the additional tasks report their test split; SQuAD reports validation (dev-v1.1).",
         "",
         *[f"**Left out, unreadable:** {' '.join(problem.split())}\n" for problem in unreadable],
+        *_partial_header(coverage),
         "## Methods side by side",
         "",
         "Every classification task measured: per method, the configuration with the best mean validation score "
@@ -181,7 +190,10 @@ def _render(
                       + (f" The paper's backbone for it: {paper_backbone}." if figure.name == "figure5_squad" else ""), ""]
         else:
             png, pdf = (path.relative_to(out_dir).as_posix() for path in figure.paths)
-            lines += [f"### {figure.title}", "", f"Backbone: `{figure.backbone or 'unknown'}` (the paper's: {paper_backbone}).", ""]
+            lines += [f"### {figure.title}", ""]
+            if (notes or {}).get(figure.name):
+                lines += [f"*{notes[figure.name]}*", ""]
+            lines += [f"Backbone: `{figure.backbone or 'unknown'}` (the paper's: {paper_backbone}).", ""]
             lines += [f"![{figure.name}]({png})", "", f"[PDF]({pdf})", ""]
     lines += [
         "## Excluded runs (failed, degenerate, or without a validation score)",
@@ -193,6 +205,24 @@ def _render(
         "",
     ]
     return "\n".join(lines)
+
+
+def _partial_notes(coverage: Coverage | None, reference: dict[str, Any], runs: pd.DataFrame) -> dict[str, str]:
+    """Table or figure name -> "partial: N of M runs", for those whose tasks' runs have not all finished."""
+    if coverage is None:
+        return {}
+    scopes = table_scopes(reference, coverage.planned)
+    names = [*scopes, "claims", "figure6_ablation", "figure6_init_std", "figure7_learning_rate"]
+    return {name: note for name in names if (note := coverage.note(scopes.get(name)))}
+
+
+def _partial_header(coverage: Coverage | None) -> list[str]:
+    if coverage is None or coverage.note() is None:
+        return []
+    finished, planned = coverage.counts()
+    return [f"**Partial report: {finished:,} of {planned:,} planned runs have finished.** Every table and figure "
+            "below that reads unfinished runs says so (\"partial: N of M runs\", counted over the tasks it shows), "
+            "and so does each claim whose runs are incomplete (claims.parquet `coverage`).", ""]
 
 
 def markdown_safe(table: pd.DataFrame) -> pd.DataFrame:

@@ -1,0 +1,81 @@
+"""Estimates that learn: a plan given a run store's records estimates at the throughput they measured."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from adaptune.experiments import spec_from_dict
+from adaptune.plan import estimate_hours, plan
+from adaptune.record_summaries import store_summaries
+from adaptune.shards import run_shard
+from adaptune.store import RunStore
+from adaptune.throughput import Measured, measure_throughput, runs_on
+from pipelines.__main__ import main
+
+SWEEP = {
+    "name": "calibration_check", "backbone": "all-MiniLM-L6-v2", "accelerator": "cpu", "max_train_examples": 200,
+    "sweeps": [{"tasks": ["rte"], "methods": ["full", "adapters:8"], "learning_rates": [1e-4], "epochs": [2], "seeds": [0, 1]}],
+}
+GROWN = {**SWEEP, "sweeps": [{**SWEEP["sweeps"][0], "methods": ["full", "adapters:8", "layernorm"], "seeds": [0, 1, 2]}]}
+
+
+@pytest.fixture()
+def measured_store(stub: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> RunStore:
+    """SWEEP's 4 runs trained by the stub at 0.01 s per example (100 examples/s) on the CPU."""
+    monkeypatch.setenv("STUB_SECONDS_PER_EXAMPLE", "0.01")
+    monkeypatch.setenv("STUB_DEVICE", "cpu")
+    monkeypatch.setenv("ADAPTUNE_CACHE_DIR", str(tmp_path / "cache"))
+    store = RunStore(tmp_path / "store")
+    spec = spec_from_dict(SWEEP)
+    for shard in plan(spec).shards:
+        run_shard(spec, shard.id, store)
+    return store
+
+
+def test_the_measured_throughput_is_the_stub_records_own(measured_store: RunStore) -> None:
+    records = store_summaries(measured_store).values()
+    assert measure_throughput(records, "cpu") == {
+        ("all-MiniLM-L6-v2", "cpu", "full"): Measured(pytest.approx(100.0), 2),
+        ("all-MiniLM-L6-v2", "cpu", "adapters"): Measured(pytest.approx(100.0), 2),
+    }
+    assert measure_throughput(records, "NVIDIA_H100_80GB") == {}  # trained on another device: not this one's speed
+
+
+def test_a_grown_grid_is_estimated_from_the_store_and_the_table_where_it_has_no_measurement(measured_store: RunStore) -> None:
+    grown = spec_from_dict(GROWN)
+    measured = measure_throughput(store_summaries(measured_store).values(), "cpu")
+    calibrated, published = plan(grown, measured), plan(grown)
+    for run in calibrated.runs:
+        if run.method["name"] == "layernorm":  # never measured: the published table
+            assert calibrated.run_hours[run.run_id] == published.run_hours[run.run_id] == estimate_hours(run, grown)
+        else:  # 200 examples x 2 epochs at 100 examples/s
+            assert calibrated.run_hours[run.run_id] == pytest.approx(4.0 / 3600)
+    assert [shard.runs for shard in calibrated.shards] == [shard.runs for shard in published.shards]  # the DAG's shards
+    source = calibrated.estimate_source()
+    assert "all-MiniLM-L6-v2 adapters on cpu: 100.0 examples/s from 2 run(s)" in source
+    assert "all-MiniLM-L6-v2 full on cpu: 100.0 examples/s from 2 run(s)" in source
+    assert "adaptune.plan.THROUGHPUT (published figures, not a measurement) for the other 1" in source
+    assert "not a measurement" in published.estimate_source() and "measured" not in published.estimate_source().split("(")[0]
+
+
+def test_the_plan_command_says_which_throughput_it_used(measured_store: RunStore, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    sweep = tmp_path / "grown.json"
+    sweep.write_text(json.dumps(GROWN))
+    assert main(["plan", str(sweep), "--runs-root", measured_store.root]) == 0
+    assert "estimate basis: throughput measured by the run store's records" in capsys.readouterr().out
+    assert main(["plan", str(sweep)]) == 0
+    out = capsys.readouterr().out
+    assert "estimate basis: throughput from adaptune.plan.THROUGHPUT" in out and "pass --runs-root" in out
+
+
+@pytest.mark.parametrize(("device", "label", "expected"), [
+    ("cuda:NVIDIA H100 80GB HBM3", "NVIDIA_H100_80GB", True), ("cuda:NVIDIA A100-SXM4-40GB", "NVIDIA_TESLA_A100", True),
+    ("cuda:NVIDIA A100-SXM4-40GB", "NVIDIA_H100_80GB", False), ("cpu", "cpu", True), ("xla:TPU", "TPU_V5_LITEPOD", True),
+    ("stub", "cpu", False), (None, "cpu", False),
+])
+def test_a_record_counts_for_the_accelerator_it_ran_on(device: str | None, label: str, expected: bool) -> None:
+    assert runs_on(device, label) is expected
