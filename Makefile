@@ -8,7 +8,7 @@ PIPELINE ?= smoke
 OUT ?= outputs
 export PYTHONHASHSEED := 0
 
-.PHONY: venv test demo run plan status report compile submit stage-models bench bench-status images lint lock clean
+.PHONY: venv test demo run plan status report compile submit stage-models bench bench-gpu bench-status images lint lock clean
 
 $(VENV)/.installed: pyproject.toml requirements.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -56,6 +56,10 @@ stage-models: venv
 
 bench: venv
 	$(PY) -m adaptune.bench --out bench/results.json
+
+# On a CUDA machine: BERT-base/-large training speed and MFU, and runs side by side on one GPU (bench/gpu.json).
+bench-gpu: venv
+	$(PY) -m adaptune.bench_gpu --out bench/gpu.json
 
 # `make status` against paper_full's 8,556 stub records in the emulated GCS bucket (JSON out; a few minutes).
 bench-status: venv

@@ -14,6 +14,8 @@ step-time ratio. Step variants, timed with interleaved repetitions (medians):
   - `now`: adaptune.train's step: frozen matmuls stored in bf16, fused AdamW, no host sync;
   - `compiled`: `now` with the model under torch.compile (dynamic sequence length);
   - `graphs`: `compiled` replayed as CUDA graphs (mode="reduce-overhead": one launch per step).
+Then sweep throughput: one realistic shard trained one run at a time and k runs at a time on the
+one GPU (`shard_throughput`), runs finished per hour and whether every result is identical.
 Not a test: no pass/fail here.
 """
 
@@ -58,6 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--variants", default="before,now", help="comma-separated, of before, now, compiled, graphs")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--batch-sets", default="length_grouped,padded_128")
+    parser.add_argument("--shard", default="1,4", help="runs at a time to compare on one shard (empty: skip)")
     args = parser.parse_args(argv)
     device = pick_device()
     if device.kind != "cuda":
@@ -86,8 +89,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 results["elapsed_s"] = round(time.perf_counter() - started, 1)
                 out.write_text(json.dumps(results, indent=2) + "\n")  # after every measurement: a cut-off run keeps what it measured
                 log(f"{backbone} {method} {batches_name}: " + ", ".join(f"{r['variant']} {r['step_ms']} ms MFU {r['mfu']}" for r in results["runs"][-len(args.variants.split(",")):]))
+    if args.shard:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as work:
+            results["shard"] = shard_throughput(args.data_dir, args.tokenizer or _embedded_tokenizer_dir(),
+                                                [int(k) for k in args.shard.split(",")], Path(work))
+        out.write_text(json.dumps(results, indent=2) + "\n")
     print_table(results["runs"])
-    print(json.dumps(results["summary"], indent=2))
+    print(json.dumps({"summary": results["summary"], "shard": results.get("shard")}, indent=2))
     print(f"bench_gpu: wrote {out}", file=sys.stderr)
     return 0
 
@@ -292,8 +302,11 @@ def shard_throughput(data_dir: str | None, tokenizer_dir: str, runs_at_once: Seq
         outcomes = run_shard(spec, shard.id, store, data_dir=data_dir, runs_at_once=k)
         seconds = time.perf_counter() - started
         records[k] = {run.run_id: store.record(run.run_id) for run in shard.runs}
+        failures = {run_id: record["reason"] for run_id, record in records[k].items() if record["status"] == "failed"}
         results[f"{k}_at_a_time"] = {"seconds": round(seconds, 1), "runs_per_hour": round(len(shard.runs) / seconds * 3600),
-                                     "outcomes": dict(outcomes)}
+                                     "outcomes": dict(outcomes), "failures": failures}
+        for run_id, reason in failures.items():
+            log(f"{run_id} failed: {reason}")
         log(f"shard, {k} at a time: {seconds:.0f} s, {dict(outcomes)}")
     first, *others = runs_at_once
     for k in others:
@@ -302,6 +315,13 @@ def shard_throughput(data_dir: str | None, tokenizer_dir: str, runs_at_once: Seq
             records[k][run_id]["val_metrics"] == records[first][run_id]["val_metrics"]
             and records[k][run_id]["test_metrics"] == records[first][run_id]["test_metrics"] for run_id in records[first])
     return results
+
+
+def _embedded_tokenizer_dir() -> str:
+    from adaptune.backbone import resolve_backbone
+    from adaptune.config import DEFAULT_BACKBONE
+
+    return resolve_backbone(DEFAULT_BACKBONE)
 
 
 def print_table(runs: list[dict]) -> None:

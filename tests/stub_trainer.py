@@ -4,7 +4,8 @@ Used through $ADAPTUNE_TRAINER (adaptune.shards.TRAINER_ENV) to run a paper-scal
 kfp.local in seconds, and directly by the run-store tests. Behaviour per run is steered by files in
 $STUB_TRAINER_DIR: `calls/<run_id>` counts the calls; `transient/<run_id>` holds how many more
 calls raise ConnectionError; `nan/<run_id>` makes the run diverge (a failed record).
-$STUB_SECONDS_PER_EXAMPLE gives a finished record a known throughput (wall time = training rows x
+$STUB_SLEEP_S makes each call take that long, and records the process that trained it (`stub_pid`):
+what a test of runs trained side by side reads. $STUB_SECONDS_PER_EXAMPLE gives a finished record a known throughput (wall time = training rows x
 epochs x that, on device $STUB_DEVICE, default "stub"): what the plan's calibration reads.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,7 @@ def train(config: TrainConfig, out_dir: str | os.PathLike[str], write_record: bo
     if transient.is_file() and int(transient.read_text()) > 0:
         transient.write_text(str(int(transient.read_text()) - 1))
         raise ConnectionError(f"stub: storage unreachable while training {config.run_id}")
+    time.sleep(float(os.environ.get("STUB_SLEEP_S") or 0))
     task = get_task(config.task)
     record = run_record(config, task.primary_metric, device=os.environ.get("STUB_DEVICE", "stub"))
     if (root / "nan" / config.run_id).is_file():
@@ -52,7 +55,7 @@ def train(config: TrainConfig, out_dir: str | os.PathLike[str], write_record: bo
                       companions=companions,
                       curve=[{"epoch": config.epochs, "step": 1, "train_loss": 1.0 - score, "val_metrics": metrics}],
                       wall_time_s=rows * config.epochs * float(os.environ.get("STUB_SECONDS_PER_EXAMPLE") or 0),
-                      split_sizes={"train": rows, "validation": 10, "test": 10})
+                      split_sizes={"train": rows, "validation": 10, "test": 10}, stub_pid=os.getpid())
     if write_record:
         Path(out_dir, "record.json").write_text(json.dumps(record))
     return record

@@ -161,3 +161,54 @@ def test_the_progress_bar_shows_the_last_finished_epochs_validation_score() -> N
     curve = [{"epoch": 1, "val_metrics": {"accuracy": 0.5}}, {"epoch": 2, "val_metrics": {"accuracy": 0.90625, "f1": 0.1}}]
     assert _last_validation(curve, "accuracy") == {"val_accuracy": "0.9062"}
     assert _last_validation([{"epoch": 1, "val_metrics": {"matthews_correlation": None}}], "matthews_correlation") == {}
+
+
+def test_a_device_with_a_queue_reads_losses_every_few_steps_and_still_fails_a_diverged_run_at_its_step(
+    tmp_path: Path, shared_data_dir: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # On a GPU the guard reads the steps' losses every SYNC_EVERY_STEPS steps; here every 4, on the CPU.
+    class EveryFourSteps(train_module.FiniteGuard):
+        def __init__(self, device: object) -> None:
+            super().__init__(device, every=4)
+
+    monkeypatch.setattr(train_module, "FiniteGuard", EveryFourSteps)
+    config = TrainConfig(task="sst2", method={"name": "full"}, lr=1e30, epochs=1, max_length=32, max_train_examples=64, max_eval_examples=32)
+    record = train_and_evaluate(config, data_dir=shared_data_dir, out_dir=tmp_path, cache_dir=cache_dir, progress=False)
+    assert record["status"] == "failed"
+    assert "non-finite training loss (nan) at step 2 " in record["reason"]  # the step it diverged at, not the step it was read
+
+
+def test_the_finite_guard_sums_losses_between_reads_and_reads_every_step_only_on_the_cpu() -> None:
+    from adaptune.devices import Device
+
+    gpu_like = Device("cuda", torch.device("cpu"), "cuda:test", torch.bfloat16)  # only its kind matters to the guard
+    assert train_module.FiniteGuard(gpu_like).every == train_module.SYNC_EVERY_STEPS > 1
+    assert train_module.FiniteGuard(Device("cpu", torch.device("cpu"), "cpu", None)).every == 1
+    guard = train_module.FiniteGuard(gpu_like, every=3)
+    for loss in (1.0, 2.0):
+        guard.add((torch.tensor(loss), torch.tensor(0.5)))
+    assert not guard.due()
+    guard.add((torch.tensor(3.0), torch.tensor(0.5)))
+    assert guard.due() and guard.collect(first_step=1) == (6.0, 3) and guard.last_loss == 3.0
+    guard.add((torch.tensor(1.0), torch.tensor(float("inf"))))
+    with pytest.raises(train_module.RunFailed, match="non-finite gradient norm .* at step 4"):
+        guard.collect(first_step=4)
+
+
+def test_frozen_matmuls_stored_in_bf16_give_the_logits_autocast_gives() -> None:
+    from adaptune.backbone import load_model
+    from adaptune.methods import apply_method, method_from_dict
+
+    torch.manual_seed(0)
+    model = load_model(None, "classification", num_labels=2)
+    apply_method(model, method_from_dict({"name": "adapters", "size": 64}))
+    model.eval()
+    batch = {"input_ids": torch.randint(1000, 5000, (4, 16)), "attention_mask": torch.ones(4, 16, dtype=torch.long)}
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        before = model(**batch).logits
+        train_module.keep_frozen_matmuls_in(model, torch.bfloat16)
+        after = model(**batch).logits
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert {m.weight.dtype for m in linears if not m.weight.requires_grad} == {torch.bfloat16}
+    assert {m.weight.dtype for m in linears if m.weight.requires_grad} == {torch.float32}  # adapters and head still train in fp32
+    assert torch.equal(before, after)  # autocast casts a float32 weight to exactly these bf16 values
