@@ -1,5 +1,5 @@
 """The bottleneck adapter (Houlsby et al. 2019, section 2.1), its two insertion points per layer, and
-the ablation switch.
+the ablation switch. The Pfeiffer placement (Pfeiffer et al. 2021) uses the feed-forward point only.
 
 Insertion: in BERT-family layers, `layer.attention.output` and `layer.output` both compute
 `LayerNorm(dropout(dense(h)) + residual)`. Their `dropout` is replaced by `DropoutThenAdapter`, which
@@ -101,18 +101,24 @@ def _sublayer_outputs_or_none(layer: nn.Module) -> tuple[nn.Module | None, nn.Mo
     return getattr(attention, "output", None), getattr(layer, "output", None)
 
 
-def insertion_points(layer: nn.Module) -> tuple[nn.Module, nn.Module]:
-    """The attention output block and the feed-forward output block of one layer."""
-    return layer.attention.output, layer.output
+PLACEMENTS = ("houlsby", "pfeiffer")  # both points per layer (the paper's) / after the feed-forward block only
 
 
-def add_adapters(model: nn.Module, size: int, nonlinearity: str = "gelu", init_std: float = 1e-2) -> nn.Module:
-    """Insert two adapters into every Transformer layer, in place; returns the model."""
+def insertion_points(layer: nn.Module, placement: str = "houlsby") -> tuple[nn.Module, ...]:
+    """Where a placement puts adapters in one layer: the attention output block and the feed-forward
+    output block (houlsby), or the feed-forward output block alone (pfeiffer)."""
+    if placement not in PLACEMENTS:
+        raise ValueError(f"unknown adapter placement {placement!r}; known: {', '.join(PLACEMENTS)}")
+    return (layer.attention.output, layer.output) if placement == "houlsby" else (layer.output,)
+
+
+def add_adapters(model: nn.Module, size: int, nonlinearity: str = "gelu", init_std: float = 1e-2, placement: str = "houlsby") -> nn.Module:
+    """Insert adapters into every Transformer layer at the placement's points, in place; returns the model."""
     layers = encoder_layers(model)
     if layer_adapters(layers[0]):
         raise ValueError(f"{type(model).__name__} already has adapters; load a fresh backbone to add new ones")
     for layer in layers:
-        for point in insertion_points(layer):
+        for point in insertion_points(layer, placement):
             hidden_size = point.dense.out_features
             adapter = Adapter(hidden_size, size, nonlinearity=nonlinearity, init_std=init_std)
             adapter.to(device=point.dense.weight.device, dtype=point.dense.weight.dtype)

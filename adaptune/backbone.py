@@ -60,6 +60,8 @@ class BackboneInfo:
     model_type: str  # the config's model_type, e.g. "bert"
     num_layers: int  # Transformer layers adapters go into (top_k's k may be 1..num_layers)
     hidden_size: int
+    # Every module of the encoder: dotted name -> class name (what LoRA / (IA)3 targets are checked against).
+    module_types: dict[str, str] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
 
 # Backbone name -> local directory of its staged copy (adaptune.shards.use_staged_backbones): pods load
@@ -134,7 +136,22 @@ def check_backbone(name: str | None) -> BackboneInfo:
                 f"use such an encoder (e.g. bert-base-uncased), {_USE_INSTEAD}"
             ) from error
     return BackboneInfo(name=shown, path=path, model_type=str(config.model_type), num_layers=len(layers),
-                        hidden_size=int(getattr(config, "hidden_size", 0) or 0))
+                        hidden_size=int(getattr(config, "hidden_size", 0) or 0), module_types=module_types(model))
+
+
+def module_types(model: nn.Module) -> dict[str, str]:
+    """Every submodule's dotted name -> its class name (a meta-device model will do)."""
+    return {name: type(module).__name__ for name, module in model.named_modules() if name}
+
+
+@functools.cache
+def bert_module_types(num_layers: int) -> dict[str, str]:
+    """The module names of a BERT encoder of this depth, built from BertConfig on the meta device: the
+    layout of the hub's BERT checkpoints, known without reading their config (offline planning)."""
+    from transformers import BertConfig, BertModel
+
+    with torch.device("meta"):
+        return module_types(BertModel(BertConfig(num_hidden_layers=num_layers)))
 
 
 class _HubUnreachable(OSError):

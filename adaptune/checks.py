@@ -84,6 +84,11 @@ def check_train_config(config: TrainConfig, backbone: bool = True) -> Any:
         raise ConfigError(
             f"top_k k={k} exceeds the {info.num_layers} Transformer layers of backbone {info.name!r}: choose k in 1..{info.num_layers}"
         )
+    from adaptune.methods import BackboneLayout, backbone_problem
+
+    problem = backbone_problem(method, BackboneLayout(name=info.name, num_layers=info.num_layers, module_types=info.module_types))
+    if problem:
+        raise ConfigError(problem)
     return info
 
 

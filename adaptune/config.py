@@ -74,21 +74,19 @@ _FIELDS = dataclasses.fields(TrainConfig)
 
 # The field a method's label needs (methods registered later label by name alone);
 # adaptune.methods.method_from_dict validates the rest.
-_LABEL_FIELDS = {"adapters": "size", "top_k": "k"}
+_LABEL_FIELDS = {"adapters": "size", "top_k": "k", "pfeiffer": "size", "lora": "r"}
 
 
 def method_label(method: dict[str, Any]) -> str:
-    """Short human label of a method dict: full, adapters64, top_k3, layernorm."""
+    """Short human label of a method dict: full, adapters64, top_k3, layernorm, pfeiffer64, lora8, ia3."""
     name = method.get("name")
     if not isinstance(name, str) or _LABEL_FIELDS.get(name, "name") not in method:
         raise ValueError(
             f"malformed method {method!r}: expected a 'name' and its parameters, e.g. {{'name': 'full'}}, "
             "{'name': 'adapters', 'size': 64} or {'name': 'top_k', 'k': 3}"
         )
-    if name == "adapters":
-        return f"adapters{int(method['size'])}"
-    if name == "top_k":
-        return f"top_k{int(method['k'])}"
+    if name in _LABEL_FIELDS:
+        return f"{name}{int(method[_LABEL_FIELDS[name]])}"
     return name
 
 

@@ -381,7 +381,7 @@ def _known_task(name: str, where: str, problems: list[str]) -> Task | None:
 
 def _canonical_method(method: dict[str, Any], backbone: str, where: str, problems: list[str]) -> dict[str, Any] | None:
     """The method dict as methods.py writes it (defaults filled in), so equal methods get equal run ids."""
-    from adaptune.methods import method_from_dict  # imports torch; only needed once a grid is expanded
+    from adaptune.methods import backbone_problem, method_from_dict  # imports torch; only needed once a grid is expanded
 
     try:
         canonical = method_from_dict(dict(method)).to_dict()
@@ -393,7 +393,24 @@ def _canonical_method(method: dict[str, Any], backbone: str, where: str, problem
         if canonical["k"] > layers:
             problems.append(f"{where}: top_k k={canonical['k']} exceeds the {layers} layers of {backbone}")
             return None
+    problem = backbone_problem(method_from_dict(canonical), backbone_layout(backbone))
+    if problem:
+        problems.append(f"{where}: {problem}")
+        return None
     return canonical
+
+
+def backbone_layout(backbone: str) -> Any:
+    """What a method's plan-time check sees of a backbone: the known hub BERTs' layout without the hub,
+    any other backbone's from its config (check_backbone, already run for this block)."""
+    from adaptune.backbone import bert_module_types, check_backbone
+    from adaptune.methods import BackboneLayout
+
+    if backbone in KNOWN_BACKBONE_LAYERS:
+        layers = KNOWN_BACKBONE_LAYERS[backbone]
+        return BackboneLayout(name=backbone, num_layers=layers, module_types=bert_module_types(layers))
+    info = check_backbone(backbone)
+    return BackboneLayout(name=backbone, num_layers=info.num_layers, module_types=info.module_types)
 
 
 def _epochs_for(sweep: Sweep, task: Task, method: dict[str, Any], where: str, problems: list[str]) -> tuple[int, ...]:
