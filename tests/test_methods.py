@@ -216,8 +216,8 @@ def test_whole_floats_from_kfp_are_accepted() -> None:
 
 
 def test_unknown_method_or_field_lists_the_known_ones() -> None:
-    with pytest.raises(ValueError, match=r"unknown method 'lora'; known methods: \['adapters', 'full', 'layernorm', 'top_k'\]"):
-        method_from_dict({"name": "lora", "r": 8})
+    with pytest.raises(ValueError, match=r"unknown method 'bitfit'; known methods: \['adapters', 'full', 'ia3', 'layernorm', 'lora', 'pfeiffer', 'top_k'\]"):
+        method_from_dict({"name": "bitfit"})
     with pytest.raises(ValueError, match=r"unknown field\(s\) \['sise'\] for method 'adapters'; known fields: \['init_std', 'nonlinearity', 'size'\]"):
         method_from_dict({"name": "adapters", "sise": 64})
     with pytest.raises(ValueError, match="has no 'name'"):
@@ -253,7 +253,7 @@ def test_top_k_beyond_the_model_depth_fails_in_apply(classifier) -> None:
 
 
 def test_registry_is_explicit_and_guarded() -> None:
-    assert sorted(METHODS) == ["adapters", "full", "layernorm", "top_k"]
+    assert sorted(METHODS) == ["adapters", "full", "ia3", "layernorm", "lora", "pfeiffer", "top_k"]
     with pytest.raises(ValueError, match="already registered"):
         register_method("full", FullConfig, lambda model, cfg: None)
     with pytest.raises(ValueError, match="name must be 'bitfit'"):

@@ -235,3 +235,21 @@ def test_any_sweep_file_plans_them_beside_the_papers_methods(tmp_path: Path) -> 
     assert len(planned.runs) == 2 * 6 * 3  # two distinct lora8 configurations, each its own run id
     assert len({run.run_id for run in planned.runs}) == len(planned.runs)
     assert planned.runs == plan(load_spec_file(sweep)).runs  # deterministic
+
+
+# --- the trainer, unchanged --------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["lora:8", "ia3"])
+def test_the_trainer_runs_them_unchanged_and_records_the_count(method: str, shared_data_dir: Path, tmp_path: Path) -> None:
+    from adaptune.train import train_and_evaluate
+
+    config = TrainConfig(task="rte", method=parse_method(method).to_dict(), lr=1e-3, epochs=1, max_length=32, batch_size=8,
+                         max_train_examples=32, max_eval_examples=16)
+    record = train_and_evaluate(config, data_dir=shared_data_dir, out_dir=tmp_path, cache_dir=tmp_path / "cache", progress=False)
+    assert record["status"] == "ok", record["reason"]
+    assert record["method_label"] == method_label(config.method)
+    model, cfg, info = load_task_checkpoint(tmp_path / "checkpoint")
+    assert cfg == parse_method(method)
+    assert record["trained_params"] == info["trained_params"] == count_parameters(model).trained

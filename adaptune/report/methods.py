@@ -16,7 +16,8 @@ import pandas as pd
 from adaptune.report.baselines import run_baseline
 from adaptune.report.selection import BERT_BASE, base_params, best_configuration, runs_for_backbone, scored_runs, to_percent
 
-METHOD_NAMES = {"full": "Full fine-tuning", "top_k": "Top-k layers", "adapters": "Adapters", "layernorm": "LayerNorm only"}
+METHOD_NAMES = {"full": "Full fine-tuning", "top_k": "Top-k layers", "adapters": "Adapters", "layernorm": "LayerNorm only",
+                "pfeiffer": "Adapters (Pfeiffer)", "lora": "LoRA", "ia3": "(IA)3"}
 COLUMNS = ("task", "metric", "split", "rows", "majority", "method", "method_name", "mean", "sem", "n_seeds", "n_degenerate",
            "lr", "epochs", "selected", "trained_percent", "backbone", "run_ids")
 
