@@ -1,7 +1,7 @@
 """Stage an experiment's backbone weights in the run store once, so pods never download them.
 
 Without this, every shard downloads its backbone from the Hugging Face hub into the image's empty
-cache: for glue_full, 226 shards x 1.34 GB of BERT-large; and pods without egress cannot train at all.
+cache: for glue_full, 180 shards x 1.34 GB of BERT-large; and pods without egress cannot train at all.
 `make stage-models PIPELINE=glue_full` copies each hub backbone the plan uses (config, safetensors
 weights, tokenizer files: not the PyTorch .bin, TF, Flax or ONNX copies the hub repos also hold) to
 `<run store>/models/<name>/`, where train_shard and ablate_runs load it (adaptune.shards).
