@@ -302,11 +302,12 @@ def shard_throughput(data_dir: str | None, tokenizer_dir: str, runs_at_once: Seq
         outcomes = run_shard(spec, shard.id, store, data_dir=data_dir, runs_at_once=k)
         seconds = time.perf_counter() - started
         records[k] = {run.run_id: store.record(run.run_id) for run in shard.runs}
-        failures = {run_id: record["reason"] for run_id, record in records[k].items() if record["status"] == "failed"}
+        failures = {run_id: {"reason": record["reason"], "traceback": _traceback_text(work / f"store-{k}", run_id)}
+                    for run_id, record in records[k].items() if record["status"] == "failed"}
         results[f"{k}_at_a_time"] = {"seconds": round(seconds, 1), "runs_per_hour": round(len(shard.runs) / seconds * 3600),
                                      "outcomes": dict(outcomes), "failures": failures}
-        for run_id, reason in failures.items():
-            log(f"{run_id} failed: {reason}")
+        for run_id, failure in failures.items():
+            log(f"{run_id} failed: {failure['reason']}\n{failure['traceback'] or ''}")
         log(f"shard, {k} at a time: {seconds:.0f} s, {dict(outcomes)}")
     first, *others = runs_at_once
     for k in others:
@@ -315,6 +316,12 @@ def shard_throughput(data_dir: str | None, tokenizer_dir: str, runs_at_once: Seq
             records[k][run_id]["val_metrics"] == records[first][run_id]["val_metrics"]
             and records[k][run_id]["test_metrics"] == records[first][run_id]["test_metrics"] for run_id in records[first])
     return results
+
+
+def _traceback_text(store_root: Path, run_id: str) -> str | None:
+    """The traceback a failed run left beside its record (adaptune.records.save_traceback), if any."""
+    path = next(iter(store_root.rglob(f"{run_id}/traceback.txt")), None)
+    return path.read_text()[-4000:] if path else None
 
 
 def _embedded_tokenizer_dir() -> str:
