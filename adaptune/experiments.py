@@ -358,7 +358,7 @@ paper_full = _register(
             for sweep in spec.sweeps
         ),
         ablation=ablation.ablation,
-        parallelism=64,  # about 3,200 estimated H100-hours: 64 at once is about two days and a half
+        parallelism=64,  # about 3,900 estimated H100-hours: 64 at once is about two and a half days
     )
 )
 

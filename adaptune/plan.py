@@ -29,18 +29,19 @@ class PlanError(ValueError):
 # --- cost estimate ------------------------------------------------------------------------------
 # Training throughput in examples per second for full fine-tuning at max_length 128, batch 32,
 # per backbone and accelerator (Vertex AI accelerator type, or "cpu"), for one run. These are
-# ESTIMATES for planning, not measurements of this table's rows: the MiniLM CPU row comes from the
+# ESTIMATES for planning, except where a row says it was measured: the MiniLM CPU row comes from the
 # smoke runs here (full fine-tuning 12-17 examples/s at max_length 64, one thread per run, two runs
-# on a busy 2-core machine, halved for max_length 128); the other rows are rough scalings of
-# published BERT training throughputs. `make bench` measures real numbers, and a plan given a run
-# store's measurements (adaptune.throughput) uses those instead where it has them.
+# on a busy 2-core machine, halved for max_length 128); the BERT H100 rows are `make bench-gpu`'s
+# training steps on a lent H100 (bench/gpu.json, 2026-11-23: batch 32 padded to 128, bf16, one run:
+# 46.0 ms and 89.2 ms a step); the other rows are rough scalings of published BERT training
+# throughputs. A plan given a run store's measurements (adaptune.throughput) uses those instead.
 THROUGHPUT: dict[tuple[str, str], float] = {
     ("all-MiniLM-L6-v2", "cpu"): 7.0,
     ("bert-base-uncased", "cpu"): 1.5,
     ("bert-large-uncased", "cpu"): 0.5,
     ("all-MiniLM-L6-v2", "NVIDIA_H100_80GB"): 4000.0,
-    ("bert-base-uncased", "NVIDIA_H100_80GB"): 1000.0,
-    ("bert-large-uncased", "NVIDIA_H100_80GB"): 350.0,
+    ("bert-base-uncased", "NVIDIA_H100_80GB"): 695.0,  # measured: 32 / 0.0460 s
+    ("bert-large-uncased", "NVIDIA_H100_80GB"): 359.0,  # measured: 32 / 0.0892 s
     ("all-MiniLM-L6-v2", "NVIDIA_TESLA_A100"): 2500.0,
     ("bert-base-uncased", "NVIDIA_TESLA_A100"): 600.0,
     ("bert-large-uncased", "NVIDIA_TESLA_A100"): 200.0,
