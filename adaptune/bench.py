@@ -9,9 +9,9 @@ On the embedded backbone and real SST-2 sentences:
   - dynamic padding + length-grouped batches versus every batch padded to 128, in training examples
     per second (`dynamic_padding_speedup`, target >= 2.5);
   - the adapter checkpoint's size over the full fine-tuning checkpoint's.
-On CUDA it also trains a randomly initialised BERT-large in bf16 autocast and reports tokens/s and
-the fraction of the GPU's peak bf16 FLOP/s. Repetitions are interleaved across the variants (so
-drifting machine load hits all alike) and medians are reported. Not a test: no pass/fail here.
+BERT-base/-large on a GPU: `make bench-gpu` (adaptune.bench_gpu). Repetitions are interleaved
+across the variants (so drifting machine load hits all alike) and medians are reported. Not a test:
+no pass/fail here.
 """
 
 from __future__ import annotations
@@ -49,17 +49,6 @@ METHODS = {
     "top_k3": {"name": "top_k", "k": 3},
     "layernorm": {"name": "layernorm"},
 }
-# Dense bf16 tensor-core peaks (FLOP/s) from the vendors' data sheets, matched on the device name.
-PEAK_BF16_FLOPS = (
-    ("H200", 989e12),
-    ("H100 PCIe", 756e12),
-    ("H100", 989e12),
-    ("A100", 312e12),
-    ("L40S", 362e12),
-    ("L4", 121e12),
-    ("A10G", 70e12),
-    ("A10", 125e12),
-)
 Batch = dict[str, torch.Tensor]
 
 
@@ -115,7 +104,6 @@ def run_benchmark(data_dir: str | None, cache_dir: str | None, repeats: int, sam
     results.update(_method_step_times(device, grouped_batches, repeats))
     results.update(_padding_speedup(device, grouped_batches, padded_batches, repeats))
     results.update(_checkpoint_sizes())
-    results["gpu_bert_large"] = _bert_large_throughput(device, repeats) if device.kind == "cuda" else None
     return results
 
 
@@ -158,51 +146,6 @@ def _checkpoint_sizes() -> dict[str, Any]:
             directory = save_task_checkpoint(model, method, DEFAULT_BACKBONE, Path(tmp) / label)
             sizes[label] = (directory / WEIGHTS_FILE).stat().st_size
     return {"checkpoint_bytes": sizes, "adapters_vs_full_checkpoint_size_ratio": round(sizes["adapters64"] / sizes["full"], 4)}
-
-
-def _bert_large_throughput(device: Device, repeats: int, seq_length: int = PAD_LENGTH) -> dict[str, Any]:
-    """A randomly initialised BERT-large (speed does not depend on the weights), full fine-tuning in bf16 autocast."""
-    from transformers import BertConfig, BertForSequenceClassification
-
-    config = BertConfig(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096, num_labels=2)
-    torch.manual_seed(0)
-    model = BertForSequenceClassification(config).to(device.torch_device)
-    generator = torch.Generator().manual_seed(0)
-    batches = [
-        {
-            "input_ids": torch.randint(1000, config.vocab_size, (BATCH_SIZE, seq_length), generator=generator).to(device.torch_device),
-            "attention_mask": torch.ones(BATCH_SIZE, seq_length, dtype=torch.long, device=device.torch_device),
-            "labels": torch.randint(0, 2, (BATCH_SIZE,), generator=generator).to(device.torch_device),
-        }
-        for _ in range(10)
-    ]
-    results: dict[str, Any] = {"config": "bert-large (24 layers, d=1024), random init", "batch_size": BATCH_SIZE, "seq_length": seq_length}
-    trainers = {"full": _trainer(model, device)}
-    adapters_model = BertForSequenceClassification(config)
-    apply_method(adapters_model, method_from_dict(METHODS["adapters64"]))
-    trainers["adapters64"] = _trainer(adapters_model.to(device.torch_device), device)
-    times = _interleaved({label: (lambda t=trainer: _timed_pass(t, batches, device)) for label, trainer in trainers.items()}, repeats)
-    tokens = BATCH_SIZE * seq_length * len(batches)
-    tokens_per_s = {label: tokens / statistics.median(values) for label, values in times.items()}
-    # Training FLOPs per token: 6 x the matmul parameters (forward 2, backward 4) + attention scores and mixing.
-    matmul_params = sum(p.numel() for name, p in model.named_parameters() if p.dim() == 2 and "embeddings" not in name)
-    flops_per_token = 6 * matmul_params + 12 * config.num_hidden_layers * config.hidden_size * seq_length
-    peak = _peak_bf16_flops(torch.cuda.get_device_name(device.torch_device))
-    results.update(
-        tokens_per_s={label: round(value) for label, value in tokens_per_s.items()},
-        flops_per_token_full=flops_per_token,
-        peak_bf16_flops=peak,
-        fraction_of_peak_full=round(flops_per_token * tokens_per_s["full"] / peak, 3) if peak else None,
-        adapters_vs_full_step_ratio=round(tokens_per_s["full"] / tokens_per_s["adapters64"], 3),
-    )
-    return results
-
-
-def _peak_bf16_flops(device_name: str) -> float | None:
-    for fragment, flops in PEAK_BF16_FLOPS:
-        if fragment in device_name:
-            return flops
-    return None
 
 
 def _build(method: dict[str, Any], device: Device) -> nn.Module:

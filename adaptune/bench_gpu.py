@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from adaptune.bench import PEAK_BF16_FLOPS, _interleaved
+from adaptune.bench import _interleaved
 from adaptune.devices import Device, pick_device
 
 BATCH_SIZE = 32
@@ -48,6 +48,17 @@ CONFIGS = {
     "bert-large": {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16, "intermediate_size": 4096},
 }
 METHODS = {"full": {"name": "full"}, "adapters64": {"name": "adapters", "size": 64}}
+# Dense bf16 tensor-core peaks (FLOP/s) from the vendors' data sheets, matched on the device name.
+PEAK_BF16_FLOPS = (
+    ("H200", 989e12),
+    ("H100 PCIe", 756e12),
+    ("H100", 989e12),
+    ("A100", 312e12),
+    ("L40S", 362e12),
+    ("L4", 121e12),
+    ("A10G", 70e12),
+    ("A10", 125e12),
+)
 Batch = dict[str, torch.Tensor]
 
 
@@ -146,7 +157,7 @@ def measure(backbone: str, method: str, batches_name: str, batches: list[Batch],
     times = _interleaved({v: (lambda s=step: timed_pass(s, batches, device)) for v, (step, _, _) in steps.items()}, repeats)
     for variant, (step, model, optimizer) in steps.items():
         seconds = statistics.median(times[variant])
-        flops = sum(training_flops(model, b, method) for b in batches)
+        flops = sum(training_flops(model, b) for b in batches)
         rows.append({
             "backbone": backbone, "method": method, "variant": variant, "batches": batches_name,
             "step_ms": round(1000 * seconds / len(batches), 2),
@@ -219,7 +230,7 @@ def _step_before(model: nn.Module, batch: Batch, optimizer: Any, scheduler: Any,
     optimizer.zero_grad(set_to_none=True)
 
 
-def training_flops(model: nn.Module, batch: Batch, method: str) -> float:
+def training_flops(model: nn.Module, batch: Batch) -> float:
     """Training FLOPs of one step on this batch's computed (padded) shape.
 
     Forward: 2 per matmul weight per token, plus attention's two L x L products (4 B L^2 d per layer).

@@ -22,7 +22,7 @@ from adaptune.plan import Plan, plan
 from adaptune.record_summaries import record_summaries
 from adaptune.records import is_stale
 from adaptune.store import RECORD_FILE, RUNS_DIR, STATE_FILE, RunStore
-from adaptune.throughput import measure_throughput
+from adaptune.throughput import accelerator_hours, measure_throughput
 
 FINISHED = ("ok", "degenerate", "failed")
 RUNNING, NOT_STARTED, STALE = "running", "not started", "stale"
@@ -130,7 +130,7 @@ def _costs(planned: Plan, records: dict[str, dict[str, Any]], states: dict[str, 
     """Spent, estimated and remaining accelerator-hours, and the ETA at the throughput the records show."""
     per_run = max(planned.spec.accelerator.count, 1)
     current = [record for run_id, record in records.items() if states[run_id] != STALE]
-    spent = sum(record.get("wall_time_s") or 0.0 for record in current) / 3600 * per_run
+    spent = accelerator_hours(current, per_run)
     calibrated = planned.calibrated(measure_throughput(current, planned.spec.accelerator.label))
     left = {run_id for run_id, state in states.items() if state in (RUNNING, NOT_STARTED)}
     return {

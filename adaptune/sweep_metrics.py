@@ -10,6 +10,7 @@ import pandas as pd
 
 from adaptune.records import with_companions
 from adaptune.tasks import get_task
+from adaptune.throughput import accelerator_hours
 
 
 def sweep_metrics(records: Sequence[dict[str, Any]], planned: int, accelerators_per_run: int) -> dict[str, float]:
@@ -18,8 +19,7 @@ def sweep_metrics(records: Sequence[dict[str, Any]], planned: int, accelerators_
     metrics: dict[str, float] = {"runs_planned": planned, "runs_finished": len(records)}
     for status in ("ok", "degenerate", "failed"):
         metrics[f"runs_{status}"] = sum(record.get("status") == status for record in records)
-    hours = sum(record.get("wall_time_s") or 0.0 for record in records) / 3600 * max(accelerators_per_run, 1)
-    metrics["accelerator_hours"] = round(hours, 3)
+    metrics["accelerator_hours"] = round(accelerator_hours(records, accelerators_per_run), 3)
     for method, mean in glue_means(records).items():
         metrics[f"glue_mean_{method}"] = round(mean, 2)
     return metrics

@@ -62,6 +62,11 @@ def record_rate(record: dict[str, Any]) -> tuple[float, float] | None:
     return rows * epochs * max_length / REFERENCE_MAX_LENGTH, float(wall)
 
 
+def accelerator_hours(records: Iterable[dict[str, Any]], accelerators_per_run: int) -> float:
+    """Accelerator-hours the records took: their wall time x the accelerators each run holds."""
+    return sum(record.get("wall_time_s") or 0.0 for record in records) / 3600 * max(accelerators_per_run, 1)
+
+
 def measure_throughput(records: Iterable[dict[str, Any]], accelerator_label: str) -> dict[ThroughputKey, Measured]:
     """Per (backbone, accelerator, method name), the throughput of the records trained on that
     accelerator: all their examples over all their seconds (a long run weighs more than a short one)."""
