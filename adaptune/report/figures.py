@@ -43,7 +43,13 @@ METHOD_STYLE = {
     "top_k": ("Fine-tune top k", "tab:blue"),
     "layernorm": ("LayerNorm only", "tab:green"),
     "full": ("Full fine-tuning", "tab:red"),
+    # Beside the paper's methods (issue #21): extra curves on Figures 3 and 4 where a sweep ran them.
+    "pfeiffer": ("Adapters, Pfeiffer placement", "tab:purple"),
+    "lora": ("LoRA", "tab:brown"),
+    "ia3": ("(IA)3", "tab:pink"),
 }
+BEYOND_PAPER_METHODS = ("pfeiffer", "lora", "ia3")
+TRADEOFF_METHODS = ("adapters", "top_k", *BEYOND_PAPER_METHODS)  # Figure 3's curves, each relative to full fine-tuning
 # §3.5 names no backbone for SQuAD: the choice (experiments.SQUAD_BACKBONE, paper_reference.json) and its alternative.
 SQUAD_BACKBONE_NOTE = (
     "BERT-large, inferred: §3.5 names no model, and its fine-tuning F1 of 90.7 matches Devlin et al.'s BERT-large "
@@ -94,13 +100,14 @@ def figure3_tradeoff(runs: pd.DataFrame, reference: dict[str, Any], out_dir: Pat
     usable = usable.assign(suite=[task_suite(task, reference) for task in usable["task"]])
     panels = []
     for suite, label in (("glue", "GLUE (dev)"), ("extra", "Additional tasks (test)")):
-        in_suite = usable[(usable["suite"] == suite) & usable["method"].isin(["full", "adapters", "top_k"])]
+        in_suite = usable[(usable["suite"] == suite) & usable["method"].isin(["full", *TRADEOFF_METHODS])]
         suite_runs, backbone = runs_for_backbone(in_suite, BERT_BASE)
         points = _relative_points(suite_runs)
         if not points.empty:
             panels.append((f"{label}, {backbone}", points, backbone))
     if not panels:
-        return FigureOutput(name, title, skipped="needs, for some task, a full fine-tuning run and an adapters or top-k run")
+        return FigureOutput(name, title, skipped="needs, for some task, a full fine-tuning run and a run of "
+                            "adapters, top-k or a method beside the paper's (pfeiffer, lora, ia3)")
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
     for ax, (label, points, _) in zip(axes[0], panels):
         for method, group in points.groupby("method"):
@@ -122,15 +129,17 @@ def figure3_tradeoff(runs: pd.DataFrame, reference: dict[str, Any], out_dir: Pat
 
 
 def figure4_per_task(runs: pd.DataFrame, out_dir: Path) -> FigureOutput:
-    """Per task: validation score vs trained params for adapters, top-k and LayerNorm-only (± s.e.m.)."""
+    """Per task: validation score vs trained params for adapters, top-k and LayerNorm-only (± s.e.m.), and
+    the methods beside the paper's where a sweep ran them; full fine-tuning is the dashed line."""
     name, title = "figure4_per_task", "Figure 4: validation score vs trained parameters per task"
     usable = usable_runs(runs)
     usable = usable[~usable["task"].str.startswith("squad")]
-    curves = usable[usable["method"].isin(["adapters", "top_k", "layernorm"])]
+    curves = usable[usable["method"].isin(["adapters", "top_k", "layernorm", *BEYOND_PAPER_METHODS])]
     curves, backbone = runs_for_backbone(curves, BERT_BASE)
     tasks = _ordered_tasks(curves["task"].unique())
     if not tasks:
-        return FigureOutput(name, title, skipped="no usable adapters, top-k or LayerNorm-only runs on a classification task")
+        return FigureOutput(name, title, skipped="no usable adapters, top-k, LayerNorm-only, pfeiffer, lora or ia3 runs on a "
+                            "classification task")
     usable = usable[usable["backbone"] == backbone]
     fig, axes = _panel_grid(len(tasks))
     for ax, task in zip(axes, tasks):
@@ -248,7 +257,7 @@ def _relative_points(runs: pd.DataFrame) -> pd.DataFrame:
     runs = runs.copy()
     runs["reported"], _ = reported_score(runs)
     full = best_by_validation(runs[runs["method"] == "full"], ["task"]).set_index("task")["reported"]
-    swept = runs[runs["method"].isin(["adapters", "top_k"]) & runs["task"].isin(full.index)].copy()
+    swept = runs[runs["method"].isin(TRADEOFF_METHODS) & runs["task"].isin(full.index)].copy()
     if swept.empty:
         return pd.DataFrame()
     swept["point"] = swept["method_label"]
