@@ -63,9 +63,16 @@ def create_bundle(out_dir: str | os.PathLike[str], chosen: pd.DataFrame, store: 
     if len(backbones) != 1:
         raise BundleError(f"the chosen runs use {len(backbones)} backbones {backbones}: a bundle shares one")
     _check_servable(chosen)
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
-    manifest = {"format_version": FORMAT_VERSION, "backbone": _copy_backbone(backbones[0], store, out / BACKBONE_DIR), "tasks": {}}
-    return _add_tasks(out, manifest, chosen, store, method, data_dir)
+    try:
+        manifest = {"format_version": FORMAT_VERSION, "backbone": _copy_backbone(backbones[0], store, out / BACKBONE_DIR), "tasks": {}}
+        return _add_tasks(out, manifest, chosen, store, method, data_dir)
+    except BaseException:
+        # No half bundle left behind: it would block the next --out (the directory was absent or empty).
+        for path in [out] if created else list(out.iterdir()):
+            shutil.rmtree(path, ignore_errors=True)
+        raise
 
 
 def add_to_bundle(bundle_dir: str | os.PathLike[str], chosen: pd.DataFrame, store: RunStore, method: str,

@@ -49,11 +49,13 @@ def select_runs(
     method label (adapters64); `tasks` restricts (every named task must be found); `backbone` fixes the
     backbone (adding to a bundle), else Table 1's choice of one backbone (BERT-large where measured)."""
     wanted = [get_task(task).name for task in tasks] if tasks else None
-    usable = usable_runs(runs) if not runs.empty else runs
-    candidates = usable[(usable["method"] == method) | (usable["method_label"] == method)] if not usable.empty else usable
+    if runs.empty:
+        raise SelectionError(_nothing_selected(runs, method, wanted, backbone, where))
+    candidates = usable_runs(runs)
+    candidates = candidates[(candidates["method"] == method) | (candidates["method_label"] == method)]
     if wanted:
         candidates = candidates[candidates["task"].isin(wanted)]
-    if backbone is not None and not candidates.empty:
+    if backbone is not None:
         candidates = candidates[candidates["backbone"] == backbone]
     candidates, _ = runs_for_backbone(candidates, BERT_LARGE)
     if candidates.empty:

@@ -21,7 +21,7 @@ from adaptune.params import total_size_multiple
 from adaptune.predict import predict_logits
 from adaptune.train import train_and_evaluate
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("bundle")]  # one worker trains the store once
 
 # Small enough for seconds each, large enough not to collapse to one class (batch 8: 32 steps).
 SMALL = dict(method={"name": "adapters", "size": 8}, lr=3e-3, epochs=2, max_length=64, max_train_examples=128,
@@ -189,11 +189,16 @@ def test_bad_input_is_one_line_naming_file_and_line(store, tmp_path, capsys, lin
 
 
 def test_unknown_task_empty_selection_and_rewrites_are_refused(store, inputs, tmp_path, capsys) -> None:
-    root, _ = store
+    root, records = store
     target = tmp_path / "b"
     assert bundle("--runs-root", str(root), "--out", str(target), "--tasks", "rte") == 0
     capsys.readouterr()
+    rte_run = next(run_id for run_id, record in records.items() if record["task"] == "rte")
+    no_checkpoint = tmp_path / "no_checkpoint" / "runs" / rte_run  # a record whose checkpoint was lost
+    no_checkpoint.mkdir(parents=True)
+    (no_checkpoint / "record.json").write_bytes((root / "runs" / rte_run / "record.json").read_bytes())
     cases = [
+        (["bundle", "--runs-root", str(tmp_path / "no_checkpoint"), "--out", str(tmp_path / "c")], f"run {rte_run} has no checkpoint"),
         (["predict", "--bundle", str(target), "--task", "sst2", "--input", str(inputs["sst2"])], "task 'sst2' is not in the bundle", "it holds: rte"),
         (["bundle", "--runs-root", str(root), "--out", str(tmp_path / "c"), "--method", "layernorm"], "no usable run", "'layernorm'"),
         (["bundle", "--runs-root", str(root), "--out", str(tmp_path / "c"), "--tasks", "mrpc"], "no usable run", "'adapters' for task(s) ['mrpc']"),
