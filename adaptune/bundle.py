@@ -20,6 +20,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import math
 import os
 import shutil
 from collections.abc import Iterable
@@ -277,12 +278,7 @@ def _tensor_elements(paths: Iterable[Path]) -> int:
     total = 0
     for path in paths:
         with safe_open(str(path), framework="numpy") as weights:
-            for key in weights.keys():
-                shape = weights.get_slice(key).get_shape()
-                count = 1
-                for dim in shape:
-                    count *= dim
-                total += count
+            total += sum(math.prod(weights.get_slice(key).get_shape()) for key in weights.keys())
     return total
 
 
