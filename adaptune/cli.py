@@ -42,6 +42,9 @@ USER_ERRORS = frozenset({
     "adaptune.experiments.UnknownExperimentError",
     "adaptune.checkpoint.CheckpointError",
     "adaptune.store.StoreError",
+    "adaptune.bundle.BundleError",
+    "adaptune.bundle_selection.SelectionError",
+    "adaptune.predict.PredictInputError",
     "builtins.FileNotFoundError",
     "builtins.NotADirectoryError",
     "builtins.IsADirectoryError",
@@ -59,6 +62,13 @@ MODULE_COMMANDS = {
         "ablate_from_args",
     ),
     "health": ("reports the device this environment sees", "adaptune.healthcheck", "add_health_arguments", "health_from_args"),
+    "bundle": (
+        "one model, many tasks: the backbone once plus each task's selected run, in one directory",
+        "adaptune.bundle_cli",
+        "add_bundle_arguments",
+        "bundle_from_args",
+    ),
+    "predict": ("serve a bundled task: JSONL in, predictions out", "adaptune.predict", "add_predict_arguments", "predict_from_args"),
 }
 
 
