@@ -488,16 +488,21 @@ peft_compare = _register(
 
 # Its small version, measured here: glue_local's grid (whose full fine-tuning and adapter runs it
 # shares through the run store: same run ids) plus LoRA r=8 and (IA)3 at 3e-3, the top of the paper's
-# adapter grid (3 epochs are few for methods this small; T-Few trains (IA)3 at 3e-3), seed by seed.
+# adapter grid (3 epochs are few for methods this small; T-Few trains (IA)3 at 3e-3), and LoRA also
+# at 3e-4 (the adapters' two rates; the LoRA paper's GLUE rates are 4e-4 to 5e-4), seed by seed.
 peft_local = _register(
     dataclasses.replace(
         glue_local,
         name="peft_local",
-        description="peft_compare on a CPU: glue_local's runs plus LoRA r=8 and (IA)3 at 3e-3 (MiniLM, CoLA/MRPC/SST-2, 3 seeds)",
+        description="peft_compare on a CPU: glue_local's runs plus LoRA r=8 (3e-4, 3e-3) and (IA)3 (3e-3) (MiniLM, "
+        "CoLA/MRPC/SST-2, 3 seeds)",
         sweeps=tuple(
             Sweep(tasks=GLUE_LOCAL_TASKS, methods=method_grid(lora_ranks=(8,), ia3=True), learning_rates=(3e-3,), seeds=(seed,))
             for seed in (0, 1, 2)
-        ) + glue_local.sweeps,
+        ) + glue_local.sweeps + tuple(
+            Sweep(tasks=GLUE_LOCAL_TASKS, methods=method_grid(lora_ranks=(8,)), learning_rates=(3e-4,), seeds=(seed,))
+            for seed in (0, 1, 2)
+        ),
     )
 )
 
