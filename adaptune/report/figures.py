@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import textwrap
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -124,6 +125,7 @@ def figure3_tradeoff(runs: pd.DataFrame, reference: dict[str, Any], out_dir: Pat
             ax.fill_between(bands["x"], bands["p20"], bands["p80"], color=color, alpha=0.25)
         ax.axhline(0.0, color="grey", linestyle="--", linewidth=1)
         ax.set(xscale="log", xlabel="trained parameters per task", ylabel="score − full fine-tuning (points)", title=label)
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # a span under a decade labels every minor tick, overlapping
         ax.legend(fontsize=8)
     return _save(fig, out_dir, name, title, ", ".join(dict.fromkeys(backbone for _, _, backbone in panels)))
 
@@ -305,7 +307,8 @@ def _panel_grid(n_panels: int, size: tuple[float, float] = (5.0, 3.8)) -> tuple[
 
 def _save(fig: Any, out_dir: Path, name: str, title: str, backbone: str | None = None) -> FigureOutput:
     out_dir.mkdir(parents=True, exist_ok=True)
-    fig.suptitle(f"{title} — {backbone}" if backbone else title)
+    # Wrapped to the figure's width: a one-panel figure would cut a long title off at both ends.
+    fig.suptitle(textwrap.fill(f"{title} — {backbone}" if backbone else title, width=max(40, int(fig.get_figwidth() * 11))))
     fig.tight_layout()
     note = _NOTES.get().get(name)
     if note:
