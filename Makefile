@@ -55,11 +55,11 @@ stage-models: venv
 	$(PY) -m pipelines stage-models $(PIPELINE) $(if $(RUNS_ROOT),--runs-root $(RUNS_ROOT)) $(foreach f,$(FROM),--from $(f))
 
 bench: venv
-	$(PY) -m adaptune.bench --out bench/results.json
+	$(PY) -m adaptune.bench.cpu --out bench/results.json
 
 # On a CUDA machine: BERT-base/-large training speed and MFU, and runs side by side on one GPU (bench/gpu.json).
 bench-gpu: venv
-	$(PY) -m adaptune.bench_gpu --out bench/gpu.json
+	$(PY) -m adaptune.bench.gpu --out bench/gpu.json
 
 # `make status` against paper_full's 8,556 stub records in the emulated GCS bucket (JSON out; a few minutes).
 bench-status: venv

@@ -4,4 +4,4 @@ The library never imports kfp: a run works from a shell, inside a KFP component,
 and transformers are installed.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

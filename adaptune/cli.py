@@ -20,7 +20,7 @@ import traceback
 import warnings
 from pathlib import Path
 
-from adaptune.records import one_line_reason
+from adaptune.train.record import one_line_reason
 
 DEBUG_ENV = "ADAPTUNE_DEBUG"
 EXIT_FAILED, EXIT_USAGE = 1, 2
@@ -28,23 +28,24 @@ MESSAGE_LIMIT = 4000  # characters of an error line (an unknown task's line list
 # Exceptions that mean bad input, not a bug: one line and exit 2. Named, not imported, so that an
 # error costs no import (an unknown task must not wait for torch). Subclasses count too.
 USER_ERRORS = frozenset({
-    "adaptune.checks.ConfigError",
-    "adaptune.backbone.BackboneError",
-    "adaptune.tasks.UnknownTaskError",
-    "adaptune.data.DataNotFoundError",
-    "adaptune.data.DataError",
-    "adaptune.readers.MalformedFileError",
-    "adaptune.adapters.UnsupportedModelError",
-    "adaptune.results.SchemaError",
-    "adaptune.results.ResultsReadError",
-    "adaptune.plan.PlanError",
-    "adaptune.experiments.SpecError",
-    "adaptune.experiments.UnknownExperimentError",
-    "adaptune.checkpoint.CheckpointError",
-    "adaptune.store.StoreError",
-    "adaptune.bundle.BundleError",
-    "adaptune.bundle_selection.SelectionError",
-    "adaptune.predict.PredictInputError",
+    "adaptune.train.checks.ConfigError",
+    "adaptune.core.backbones.BackboneError",
+    "adaptune.train.record.RunDirError",
+    "adaptune.data.tasks.UnknownTaskError",
+    "adaptune.data.loading.DataNotFoundError",
+    "adaptune.data.loading.DataError",
+    "adaptune.data.readers.MalformedFileError",
+    "adaptune.model.adapters.UnsupportedModelError",
+    "adaptune.report.results.SchemaError",
+    "adaptune.report.results.ResultsReadError",
+    "adaptune.sweep.plan.PlanError",
+    "adaptune.sweep.experiments.SpecError",
+    "adaptune.sweep.experiments.UnknownExperimentError",
+    "adaptune.model.checkpoint.CheckpointError",
+    "adaptune.sweep.store.StoreError",
+    "adaptune.serve.bundle.BundleError",
+    "adaptune.serve.selection.SelectionError",
+    "adaptune.serve.predict.PredictInputError",
     "builtins.FileNotFoundError",
     "builtins.NotADirectoryError",
     "builtins.IsADirectoryError",
@@ -54,33 +55,33 @@ USER_ERRORS = frozenset({
 # Commands whose arguments and handler live in the module that does the work:
 # name -> (help, module, function adding the arguments, handler).
 MODULE_COMMANDS = {
-    "train": ("train and evaluate one run", "adaptune.train_cli", "add_train_arguments", "train_from_args"),
+    "train": ("train and evaluate one run", "adaptune.train.cli", "add_train_arguments", "train_from_args"),
     "ablate": (
         "Figure 6: evaluate a trained adapter checkpoint with layer spans switched off",
-        "adaptune.ablation",
+        "adaptune.train.ablation",
         "add_ablate_arguments",
         "ablate_from_args",
     ),
     "health": ("reports the device this environment sees", "adaptune.healthcheck", "add_health_arguments", "health_from_args"),
     "bundle": (
         "one model, many tasks: the backbone once plus each task's selected run, in one directory",
-        "adaptune.bundle_cli",
+        "adaptune.serve.bundle_cli",
         "add_bundle_arguments",
         "bundle_from_args",
     ),
-    "predict": ("serve a bundled task: JSONL in, predictions out", "adaptune.predict", "add_predict_arguments", "predict_from_args"),
+    "predict": ("serve a bundled task: JSONL in, predictions out", "adaptune.serve.predict", "add_predict_arguments", "predict_from_args"),
 }
 
 
 def _tasks(args: argparse.Namespace) -> int:
-    from adaptune.tasks import format_task_table
+    from adaptune.data.task_table import format_task_table
 
     print(format_task_table(data_dir=args.data_dir))
     return 0
 
 
 def _prepare(args: argparse.Namespace) -> int:
-    from adaptune.data import prepare
+    from adaptune.data.loading import prepare
 
     summary = prepare(args.task, data_dir=args.data_dir, tokenizer_name=args.backbone, cache_dir=args.cache_dir)
     print(json.dumps(summary, indent=2, default=str))
@@ -88,8 +89,8 @@ def _prepare(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from adaptune.experiments import get_experiment
-    from adaptune.plan import plan
+    from adaptune.sweep.experiments import get_experiment
+    from adaptune.sweep.plan import plan
 
     print(plan(get_experiment(args.experiment)).summary())
     return 0
@@ -122,7 +123,7 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser; only the chosen `command`'s module is imported to declare its arguments."""
-    from adaptune.config import DEFAULT_BACKBONE
+    from adaptune.core.backbones import DEFAULT_BACKBONE
 
     debug_help = f"on an error, print the full traceback too (also: {DEBUG_ENV}=1)"
     common = argparse.ArgumentParser(add_help=False)

@@ -3,7 +3,7 @@
 The container images run this as their HEALTHCHECK, so the default check is passive: it reads what
 torch (and torch_xla, in the TPU image) can see without claiming the device, because a TPU is
 exclusive to one process and a periodic probe must not fight the training job for it. `--smoke`
-also runs one small matmul on the device through `adaptune.devices.pick_device`, the path training
+also runs one small matmul on the device through `adaptune.core.devices.pick_device`, the path training
 takes; use it once at startup (`docker run ... python -m adaptune.healthcheck --require gpu --smoke`).
 
 Exit status: 0 healthy, 1 unhealthy (the message says what is missing and what to do), 2 bad usage.
@@ -124,7 +124,7 @@ def smoke_test() -> str:
     """Run one small bf16-autocast matmul where training would run; return the device's record name."""
     import torch
 
-    from adaptune.devices import pick_device
+    from adaptune.core.devices import pick_device
 
     device = pick_device()
     a = torch.randn(64, 64, device=device.torch_device)

@@ -2,13 +2,13 @@
 
 all-MiniLM-L6-v2 was trained with mean pooling; its BERT pooler was never trained. Adapters and
 LayerNorm-only keep a pre-trained pooler frozen (the paper, the official code). This script trains
-short real runs with the same engine (`adaptune.train.train_and_evaluate`) under three heads:
+short real runs with the same engine (`adaptune.train.loop.train_and_evaluate`) under three heads:
 
   frozen   the checkpoint's pooler, frozen (the project before the rule: the classifier reads a
            random projection)
   trained  the checkpoint's pooler, trained with the head (the first version of the rule)
   mean     masked mean pooling over the tokens, as the backbone was trained (the rule as adopted:
-           adaptune.backbone.load_model does this for a pooler that was never trained)
+           adaptune.model.backbone.load_model does this for a pooler that was never trained)
 
 and prints one JSON line per run (task, method, head, seed, validation metric at each epoch; the run's
 result is the final epoch's).
@@ -43,9 +43,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-import adaptune.train as train_module
-from adaptune import backbone, methods
-from adaptune.config import TrainConfig
+import adaptune.train.loop as train_module
+from adaptune.model import backbone
+from adaptune.model import methods
+from adaptune.train.config import TrainConfig
 
 HEADS = ("frozen", "trained", "mean")
 

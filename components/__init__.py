@@ -1,6 +1,6 @@
 """KFP lightweight components wrapping adaptune: plan_shards, train_shard, ablate_runs, aggregate, report.
 
-`make_components(family)` builds them with the project's images (`pipelines.images.image_for`):
+`make_components(family)` builds them with the project's images (`components.images.image_for`):
 train_shard and ablate_runs run on the experiment's accelerator image, the light steps on the CPU one.
 The images already hold adaptune and kfp (requirements.lock), so nothing is pip-installed at run time.
 """
@@ -13,7 +13,7 @@ from typing import Any, Callable
 from kfp import dsl
 
 from components import steps
-from pipelines.images import image_for
+from components.images import image_for
 
 
 @dataclasses.dataclass(frozen=True)

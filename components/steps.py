@@ -22,8 +22,8 @@ def plan_shards(spec_json: str, compiled_shape: str) -> List[str]:
     """
     import json
 
-    from adaptune.experiments import spec_from_dict
-    from adaptune.plan import plan
+    from adaptune.sweep.experiments import spec_from_dict
+    from adaptune.sweep.plan import plan
 
     spec = spec_from_dict(json.loads(spec_json))
     shape = json.loads(compiled_shape)
@@ -43,13 +43,13 @@ def train_shard(spec_json: str, shard_id: str, runs_root: str, data_dir: str, re
 
     Transient failures (out of memory, network, storage) are retried inside, with backoff; every other
     failure is a failed record and the shard goes on. The task ends itself past its deadline
-    (adaptune.plan.Plan.deadline_hours), so that a hung shard stops holding an accelerator.
+    (adaptune.sweep.plan.Plan.deadline_hours), so that a hung shard stops holding an accelerator.
     """
     import json
 
-    from adaptune.experiments import spec_from_dict
-    from adaptune.shards import run_shard
-    from adaptune.store import RunStore
+    from adaptune.sweep.experiments import spec_from_dict
+    from adaptune.sweep.shard_runner import run_shard
+    from adaptune.sweep.store import RunStore
 
     outcomes = run_shard(spec_from_dict(json.loads(spec_json)), shard_id, RunStore(runs_root), data_dir=data_dir or None,
                          retry_failed=retry_failed, retrain_stale=retrain_stale, enforce_deadline=True)
@@ -64,9 +64,9 @@ def ablate_runs(spec_json: str, runs_root: str, data_dir: str) -> int:
     """Figure 6: switch off the adapters of every span of layers in the selected runs (rows in the store)."""
     import json
 
-    from adaptune.experiments import spec_from_dict
-    from adaptune.store import RunStore
-    from adaptune.sweep import ablate_sweep
+    from adaptune.sweep.experiments import spec_from_dict
+    from adaptune.sweep.store import RunStore
+    from adaptune.sweep.fan_in import ablate_sweep
 
     return ablate_sweep(spec_from_dict(json.loads(spec_json)), RunStore(runs_root), data_dir=data_dir or None)
 
@@ -76,9 +76,9 @@ def aggregate(spec_json: str, runs_root: str, results: Output[Dataset], sweep_su
     run counts, accelerator-hours and each method's GLUE mean logged as Metrics (the console shows them)."""
     import json
 
-    from adaptune.experiments import spec_from_dict
-    from adaptune.store import RunStore
-    from adaptune.sweep import aggregate_sweep
+    from adaptune.sweep.experiments import spec_from_dict
+    from adaptune.sweep.store import RunStore
+    from adaptune.sweep.fan_in import aggregate_sweep
 
     summary = aggregate_sweep(spec_from_dict(json.loads(spec_json)), RunStore(runs_root), results.path)
     results.metadata.update(summary)

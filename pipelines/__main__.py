@@ -21,14 +21,14 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from adaptune.experiments import get_experiment
-    from adaptune.plan import plan
-    from adaptune.throughput import measure_throughput
+    from adaptune.sweep.experiments import get_experiment
+    from adaptune.sweep.plan import plan
+    from adaptune.sweep.throughput import measure_throughput
 
     spec = get_experiment(args.name)
     measured = None
     if args.runs_root:  # the store's own records calibrate the estimate (every record there, not only this grid's)
-        from adaptune.record_summaries import store_summaries
+        from adaptune.sweep.status_cache import store_summaries
 
         measured = measure_throughput(store_summaries(_store_for(args.name, args.runs_root, Path())).values(), spec.accelerator.label)
     print(plan(spec, measured).summary())
@@ -38,9 +38,9 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from adaptune.experiments import get_experiment
-    from adaptune.status import sweep_status
-    from adaptune.status_text import format_status
+    from adaptune.sweep.experiments import get_experiment
+    from adaptune.sweep.status import sweep_status
+    from adaptune.sweep.status_text import format_status
 
     spec = get_experiment(args.name)
     started = time.perf_counter()
@@ -51,9 +51,9 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from adaptune.experiments import get_experiment
+    from adaptune.sweep.experiments import get_experiment
     from adaptune.report import build_report
-    from adaptune.sweep import aggregate_sweep
+    from adaptune.sweep.fan_in import aggregate_sweep
 
     out = Path(args.out or Path("outputs") / _stem(args.name))
     summary = aggregate_sweep(get_experiment(args.name), _store_for(args.name, args.runs_root, out), out, partial=True)
@@ -72,7 +72,7 @@ def _stem(name: str) -> str:
 def _store_for(name: str, runs_root: str | None, local_out: Path) -> Any:
     """The run store to read: --runs-root; else the submission's ($ADAPTUNE_RUNS_ROOT, adaptune.toml); else
     the local one `make run` wrote (<local_out>/store, local_out being outputs/<name>)."""
-    from adaptune.store import RunStore, StoreError
+    from adaptune.sweep.store import RunStore, StoreError
     from pipelines.submit import SettingsError, load_settings
 
     if runs_root:
@@ -106,9 +106,9 @@ def _submit(args: argparse.Namespace) -> int:
 
 
 def _stage_models(args: argparse.Namespace) -> int:
-    from adaptune.experiments import get_experiment
-    from adaptune.staging import StagingError, stage_models
-    from adaptune.store import RunStore
+    from adaptune.sweep.experiments import get_experiment
+    from adaptune.sweep.staging import StagingError, stage_models
+    from adaptune.sweep.store import RunStore
     from pipelines.submit import SettingsError, load_settings
 
     sources = {}
@@ -181,10 +181,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from adaptune.experiments import SpecError, UnknownExperimentError
-    from adaptune.plan import PlanError
-    from adaptune.store import StoreError
-    from adaptune.sweep import IncompleteSweepError
+    from adaptune.sweep.experiments import SpecError, UnknownExperimentError
+    from adaptune.sweep.plan import PlanError
+    from adaptune.sweep.store import StoreError
+    from adaptune.sweep.fan_in import IncompleteSweepError
     from pipelines.container_runner import EngineError
     from pipelines.submit import SettingsError
 

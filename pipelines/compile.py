@@ -10,8 +10,8 @@ from pathlib import Path
 
 from kfp import compiler
 
-from adaptune.experiments import EXPERIMENTS, get_experiment
-from adaptune.plan import plan
+from adaptune.sweep.experiments import EXPERIMENTS, get_experiment
+from adaptune.sweep.plan import plan
 from pipelines.reproduction import build_pipeline
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -1,5 +1,5 @@
 """kfp.local's DockerRunner with the project's images: the DAG's components run in the images that
-`pipelines.images.image_for` names, as the images' own non-root user.
+`components.images.image_for` names, as the images' own non-root user.
 
 DockerRunner bind-mounts only the pipeline root (at the same path) and refuses extra `volumes`, but
 it passes `mounts` (docker.types.Mount) through to the engine. So the run store and the data are
@@ -19,10 +19,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from adaptune.data import DATA_DIR_ENV, HUB
-from adaptune.experiments import ExperimentSpec
-from adaptune.store import RunStore
-from pipelines.images import image_for
+from adaptune.data.loading import DATA_DIR_ENV, HUB
+from adaptune.sweep.experiments import ExperimentSpec
+from adaptune.sweep.store import RunStore
+from components.images import image_for
 
 # What the components see of this environment: thread counts, hashing, offline switches, debug.
 # No host path (ADAPTUNE_CACHE_DIR): the containers get the store as a parameter, and the data mount as

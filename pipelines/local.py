@@ -13,10 +13,11 @@ import os
 import shutil
 from pathlib import Path
 
-from adaptune.experiments import get_experiment
-from adaptune.plan import check_local_data, plan
-from adaptune.store import RunStore
-from pipelines.images import image_for
+from adaptune.sweep.experiments import get_experiment
+from adaptune.sweep.data_check import check_local_data
+from adaptune.sweep.plan import plan
+from adaptune.sweep.store import RunStore
+from components.images import image_for
 from pipelines.log_filter import without_executor_inputs
 from pipelines.reproduction import build_pipeline
 
@@ -46,7 +47,7 @@ def run_local(
         raise ValueError(f"unknown runner {runner!r}; expected one of {RUNNERS}")
     from kfp import local
 
-    from adaptune.data import resolve_data_dir
+    from adaptune.data.loading import resolve_data_dir
 
     spec = get_experiment(name)
     planned = plan(spec)

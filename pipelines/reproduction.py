@@ -13,7 +13,7 @@ only what is missing and retries what failed transiently.
 `target` picks how train_shard asks for its accelerator: "vertex" (Vertex AI accelerator type and
 count) or "kfp" (a KFP cluster on GKE: Kubernetes resource limit, node selector and tolerations
 through kfp-kubernetes, a pod timeout, and shards grown until the fan-out is at most
-adaptune.plan.KFP_MAX_FANOUT iterations).
+adaptune.sweep.plan.KFP_MAX_FANOUT iterations).
 
 Every task is compiled with caching off: the run store is the cache, and a submission must not turn it
 back on (pipelines/submit.py passes enable_caching=None). Accelerator tasks get $ADAPTUNE_DEVICE, so
@@ -27,15 +27,15 @@ from typing import Any, Callable, NamedTuple
 
 from kfp import dsl, kubernetes
 
-from adaptune.experiments import Accelerator, ExperimentSpec, spec_to_json
-from adaptune.plan import plan, within_fanout
+from adaptune.sweep.experiments import Accelerator, ExperimentSpec, spec_to_json
+from adaptune.sweep.plan import plan, within_fanout
 from components import make_components
-from pipelines.images import image_for
+from components.images import image_for
 
 TARGETS = ("vertex", "kfp")
 # On a KFP cluster the accelerator is a Kubernetes extended resource.
 KUBERNETES_RESOURCES = {"gpu": "nvidia.com/gpu", "tpu": "google.com/tpu"}
-DEVICE_FOR_FAMILY = {"gpu": "cuda", "tpu": "xla"}  # $ADAPTUNE_DEVICE: adaptune.devices.pick_device refuses to fall back
+DEVICE_FOR_FAMILY = {"gpu": "cuda", "tpu": "xla"}  # $ADAPTUNE_DEVICE: adaptune.core.devices.pick_device refuses to fall back
 RETRY_BACKOFF = "60s"
 
 
@@ -62,7 +62,7 @@ def configure_accelerator(task: Any, accelerator: Accelerator, retries: int, tar
 
 
 def task_timeout_s(spec: ExperimentSpec) -> int:
-    """The longest shard's deadline (adaptune.plan.Plan.deadline_hours), in seconds: the pod timeout."""
+    """The longest shard's deadline (adaptune.sweep.plan.Plan.deadline_hours), in seconds: the pod timeout."""
     planned = plan(spec)
     return int(max(planned.deadline_hours(shard) for shard in planned.shards) * 3600)
 

@@ -8,7 +8,7 @@ Settings come from environment variables, else from the [submit] table of a TOML
     ADAPTUNE_REGION            region            Vertex AI region, e.g. us-central1
     ADAPTUNE_PIPELINE_ROOT     pipeline_root     gs:// path for the pipeline's artifacts
     ADAPTUNE_SERVICE_ACCOUNT   service_account   the service account the pipeline runs as
-    ADAPTUNE_REGISTRY          registry          image registry (pipelines/images.py), optional
+    ADAPTUNE_REGISTRY          registry          image registry (components/images.py), optional
     ADAPTUNE_IMAGE_TAG         image_tag         image tag, optional
     ADAPTUNE_DATA_DIR_REMOTE   data_dir          data mirror the components read (e.g. /gcs/bucket/data); empty = hub
     ADAPTUNE_RUNS_ROOT         runs_root         the run store (gs://bucket/prefix); default <pipeline_root>/adaptune-runs
@@ -29,7 +29,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from adaptune.experiments import get_experiment
+from adaptune.sweep.experiments import get_experiment
 from pipelines.compile import compile_experiment
 from pipelines.reproduction import pipeline_name
 
@@ -112,7 +112,7 @@ def load_settings(env: Mapping[str, str] | None = None, config_path: str | Path 
 
 def require_registry(settings: SubmitSettings) -> None:
     """The images must come from where `make images` pushed them, never the placeholder default."""
-    from pipelines.images import DEFAULT_REGISTRY
+    from components.images import DEFAULT_REGISTRY
 
     if not settings.registry or settings.registry.rstrip("/") == DEFAULT_REGISTRY:
         raise SettingsError(f"no image registry: set ${ENV_VARS['registry']} (or `registry = ...` under [submit] in {CONFIG_FILE}) "
@@ -128,7 +128,7 @@ def require_vertex_settings(settings: SubmitSettings) -> None:
 
 @contextlib.contextmanager
 def image_settings(settings: SubmitSettings) -> Iterator[None]:
-    """Make pipelines.images.image_for see the configured registry and tag while compiling."""
+    """Make components.images.image_for see the configured registry and tag while compiling."""
     saved = {var: os.environ.get(var) for var in ("ADAPTUNE_REGISTRY", "ADAPTUNE_IMAGE_TAG")}
     try:
         if settings.registry:

@@ -51,7 +51,7 @@ def smoke_run(tmp_path_factory: pytest.TempPathFactory, shared_data_dir: Path) -
 def stub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Runs train with tests/stub_trainer.py (here and in kfp.local's subprocesses); transient failures
     are retried at once. Returns the stub's control directory."""
-    from adaptune.shards import BACKOFF_ENV, TRAINER_ENV
+    from adaptune.sweep.shard_runner import BACKOFF_ENV, TRAINER_ENV
 
     control = tmp_path / "stub"
     control.mkdir()

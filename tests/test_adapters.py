@@ -17,7 +17,7 @@ from transformers import (
     RobertaForSequenceClassification,
 )
 
-from adaptune.adapters import (
+from adaptune.model.adapters import (
     Adapter,
     UnsupportedModelError,
     add_adapters,
@@ -27,8 +27,8 @@ from adaptune.adapters import (
     layer_adapters,
     set_adapters_enabled,
 )
-from adaptune.backbone import load_model, load_tokenizer
-from adaptune.methods import AdaptersConfig, apply_method
+from adaptune.model.backbone import load_model, load_tokenizer
+from adaptune.model.methods import AdaptersConfig, apply_method
 
 
 def sst2_batch(shared_data_dir, backbone_path, rows: int = 8) -> dict[str, torch.Tensor]:

@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from adaptune.backbone import load_tokenizer
-from adaptune.batching import subsample
-from adaptune.checkpoint import load_task_checkpoint
+from adaptune.model.backbone import load_tokenizer
+from adaptune.data.batching import subsample
+from adaptune.model.checkpoint import load_task_checkpoint
 from adaptune.cli import main
-from adaptune.config import TrainConfig
-from adaptune.data import load_task_data
-from adaptune.params import total_size_multiple
-from adaptune.predict import predict_logits
-from adaptune.train import train_and_evaluate
+from adaptune.train.config import TrainConfig
+from adaptune.data.loading import load_task_data
+from adaptune.model.params import total_size_multiple
+from adaptune.serve.predict import predict_logits
+from adaptune.train.loop import train_and_evaluate
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("bundle")]  # one worker trains the store once
 
@@ -91,7 +91,7 @@ def test_bundled_tasks_are_the_best_runs_and_predict_exactly_as_them(store, inpu
         assert not entry["carries_whole_model"] and entry["labels"] == {"sst2": ["negative", "positive"],
                                                                          "rte": ["entailment", "not_entailment"]}[task]
         served = predictions(tmp_path / "b", task, inputs, tmp_path / f"{task}.jsonl")
-        # The run's own checkpoint, loaded by adaptune.checkpoint, on the same inputs and batches: equal to the bit.
+        # The run's own checkpoint, loaded by adaptune.model.checkpoint, on the same inputs and batches: equal to the bit.
         model, _, _ = load_task_checkpoint(run_checkpoint)
         texts = [[json.loads(line)[field] for field in FIELDS[task]] for line in inputs[task].read_text().splitlines()]
         expected = predict_logits(model, load_tokenizer("all-MiniLM-L6-v2"), texts, entry["max_length"])

@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from adaptune.experiments import spec_from_dict
-from adaptune.plan import estimate_hours, plan
-from adaptune.record_summaries import store_summaries
-from adaptune.shards import run_shard
-from adaptune.store import RunStore
-from adaptune.throughput import Measured, measure_throughput, runs_on
+from adaptune.sweep.experiments import spec_from_dict
+from adaptune.sweep.cost import estimate_hours
+from adaptune.sweep.plan import plan
+from adaptune.sweep.status_cache import store_summaries
+from adaptune.sweep.shard_runner import run_shard
+from adaptune.sweep.store import RunStore
+from adaptune.sweep.throughput import Measured, measure_throughput, runs_on
 from pipelines.__main__ import main
 
 SWEEP = {
@@ -57,7 +58,7 @@ def test_a_grown_grid_is_estimated_from_the_store_and_the_table_where_it_has_no_
     source = calibrated.estimate_source()
     assert "all-MiniLM-L6-v2 adapters on cpu: 100.0 examples/s from 2 run(s)" in source
     assert "all-MiniLM-L6-v2 full on cpu: 100.0 examples/s from 2 run(s)" in source
-    assert "adaptune.plan.THROUGHPUT (published figures, not a measurement) for the other 1" in source
+    assert "adaptune.sweep.cost.THROUGHPUT (published figures, not a measurement) for the other 1" in source
     assert "not a measurement" in published.estimate_source() and "measured" not in published.estimate_source().split("(")[0]
 
 
@@ -69,7 +70,7 @@ def test_the_plan_command_says_which_throughput_it_used(measured_store: RunStore
     assert "estimate basis: throughput measured by the run store's records" in capsys.readouterr().out
     assert main(["plan", str(sweep)]) == 0
     out = capsys.readouterr().out
-    assert "estimate basis: throughput from adaptune.plan.THROUGHPUT" in out and "pass --runs-root" in out
+    assert "estimate basis: throughput from adaptune.sweep.cost.THROUGHPUT" in out and "pass --runs-root" in out
 
 
 @pytest.mark.parametrize(("device", "label", "expected"), [

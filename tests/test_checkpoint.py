@@ -11,9 +11,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from adaptune.backbone import load_model, load_tokenizer
-from adaptune.checkpoint import CheckpointError, load_task_checkpoint, save_task_checkpoint
-from adaptune.methods import AdaptersConfig, FullConfig, LayerNormConfig, TopKConfig, apply_method
+from adaptune.model.backbone import load_model, load_tokenizer
+from adaptune.model.checkpoint import CheckpointError, load_task_checkpoint, save_task_checkpoint
+from adaptune.model.methods import AdaptersConfig, FullConfig, LayerNormConfig, TopKConfig, apply_method
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from adaptune.report.baselines import majority_baseline
 from adaptune.report.claims import COLUMNS, bootstrap_ci, claims_markdown, claims_table, judge
 from adaptune.report.reference import load_reference
 from adaptune.report.tables import table1, table2
-from adaptune.results import read_results
+from adaptune.report.results import read_results
 
 pytestmark = pytest.mark.xdist_group("results_report")
 

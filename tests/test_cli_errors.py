@@ -133,12 +133,12 @@ def test_train_help_shows_the_defaults(capsys: pytest.CaptureFixture[str], monke
 
 
 def test_internal_errors_are_one_line_pointing_at_debug(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    import adaptune.tasks
+    import adaptune.data.task_table
 
     def broken(*args, **kwargs):
         raise RuntimeError("a bug\nover two lines")
 
-    monkeypatch.setattr(adaptune.tasks, "format_task_table", broken)
+    monkeypatch.setattr(adaptune.data.task_table, "format_task_table", broken)
     monkeypatch.delenv("ADAPTUNE_DEBUG", raising=False)
     assert main(["tasks"]) == 1
     err = capsys.readouterr().err
@@ -167,7 +167,7 @@ def test_a_finished_run_exits_0_and_a_failed_run_exits_1(lr: float, code: int, s
 def test_report_goes_on_without_an_unreadable_curves_file(tmp_path: Path) -> None:
     from test_report_errors import _records
 
-    from adaptune.results import CURVES_FILE, write_results
+    from adaptune.report.results import CURVES_FILE, write_results
 
     write_results(_records(), tmp_path / "results")
     (tmp_path / "results" / CURVES_FILE).write_bytes(b"not parquet")

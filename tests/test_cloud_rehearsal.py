@@ -14,10 +14,10 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from adaptune.experiments import Sweep, get_experiment, spec_to_json
-from adaptune.plan import KFP_MAX_FANOUT, plan
-from adaptune.shards import run_shard
-from adaptune.store import RunStore
+from adaptune.sweep.experiments import Sweep, get_experiment, spec_to_json
+from adaptune.sweep.plan import KFP_MAX_FANOUT, plan
+from adaptune.sweep.shard_runner import run_shard
+from adaptune.sweep.store import RunStore
 from tests import stub_trainer
 from tests.fuse_semantics import fuse_semantics
 from tests.gcs_emulator import gcs  # noqa: F401  (the fixture)
@@ -41,8 +41,8 @@ def test_a_store_with_fuse_semantics_trains_and_ablates_without_renaming_a_direc
     """The store (and its tokenization cache) on a filesystem that refuses directory renames and hard
     links, as the /gcs mount does: a real run trains, its record and checkpoint land, and the cache is
     published by its marker file. Before, tokenize_task's rename was refused and every run failed."""
-    from adaptune.sweep import ablate_sweep
-    from adaptune.experiments import Ablation
+    from adaptune.sweep.fan_in import ablate_sweep
+    from adaptune.sweep.experiments import Ablation
 
     adapters = {"name": "adapters", "size": 8, "init_std": 1e-2}
     spec = dataclasses.replace(
@@ -162,7 +162,7 @@ def test_the_kfp_payload_at_paper_full_carries_device_timeout_and_a_bounded_fan_
     import kfp
     import yaml
 
-    from adaptune.experiments import spec_from_dict
+    from adaptune.sweep.experiments import spec_from_dict
     from pipelines.submit import submit
 
     sent: dict[str, Any] = {}
@@ -207,7 +207,7 @@ def _anonymous() -> Any:
 def test_leases_and_records_are_create_only_on_the_emulated_bucket(gcs: Any) -> None:
     """GCS's ifGenerationMatch=0 precondition (gcsfs pipe_file(mode="create")): of 16 racing attempts
     exactly one takes the lease, and a record is written once."""
-    from adaptune.lease import Lease
+    from adaptune.sweep.lease import Lease
     from tests.test_run_store_safety import race_for_a_lease
 
     store = RunStore(gcs.url("store"))
@@ -228,7 +228,7 @@ def test_the_smoke_dag_on_an_emulated_bucket_offline_with_staged_weights_equals_
     "bert-base-uncased", so nothing could come from a hub cache): the same numbers as the local run."""
     import fsspec
 
-    from adaptune.staging import stage_models
+    from adaptune.sweep.staging import stage_models
     from pipelines.local import run_local
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -254,4 +254,4 @@ def test_the_smoke_dag_on_an_emulated_bucket_offline_with_staged_weights_equals_
     assert not [name for name in names if name.startswith("lease-")]
     provenance = json.loads(bucket_runs["provenance_json"].iloc[0])
     assert provenance["data"]["source"] == "mirror" and provenance["code_version"] != "unknown"
-    assert provenance["image"].endswith("/adaptune-cpu:0.1.0")  # the task's image, set on it at compile time
+    assert provenance["image"].endswith("/adaptune-cpu:0.2.0")  # the task's image, set on it at compile time

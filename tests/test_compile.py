@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from adaptune.experiments import EXPERIMENTS
+from adaptune.sweep.experiments import EXPERIMENTS
 from pipelines.compile import COMPILED_DIR, REPO_ROOT, compile_all
 
 
 @pytest.fixture(autouse=True)
 def default_images(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The checked-in specs use the default registry and tag (pipelines/images.py).
+    # The checked-in specs use the default registry and tag (components/images.py).
     monkeypatch.delenv("ADAPTUNE_REGISTRY", raising=False)
     monkeypatch.delenv("ADAPTUNE_IMAGE_TAG", raising=False)
 

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from adaptune import healthcheck
-from pipelines.images import image_for
+from components.images import image_for
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONTAINERS = REPO_ROOT / "containers"
@@ -472,8 +472,8 @@ def test_compiled_pipeline_runs_each_task_in_the_image_of_the_accelerator_it_req
 ) -> None:
     from kfp import compiler
 
-    from adaptune.experiments import ACCELERATORS as EXPERIMENT_ACCELERATORS
-    from adaptune.experiments import get_experiment
+    from adaptune.sweep.experiments import ACCELERATORS as EXPERIMENT_ACCELERATORS
+    from adaptune.sweep.experiments import get_experiment
     from pipelines.compile import MAIN_EXPERIMENT
     from pipelines.reproduction import build_pipeline
 
@@ -488,7 +488,7 @@ def test_compiled_pipeline_runs_each_task_in_the_image_of_the_accelerator_it_req
 
 
 def test_checked_in_compiled_pipelines_use_the_image_of_each_tasks_accelerator(monkeypatch: pytest.MonkeyPatch) -> None:
-    from adaptune.experiments import EXPERIMENTS
+    from adaptune.sweep.experiments import EXPERIMENTS
 
     monkeypatch.delenv("ADAPTUNE_REGISTRY", raising=False)
     monkeypatch.delenv("ADAPTUNE_IMAGE_TAG", raising=False)
@@ -813,8 +813,8 @@ def test_cpu_image_is_healthy_as_its_non_root_user_with_exactly_the_lock(cpu_ima
 def test_docker_runner_mounts_the_data_read_only_and_the_store_and_pipeline_root_writable(
     cpu_image: str, tmp_path: Path, shared_data_dir: Path
 ) -> None:
-    from adaptune.experiments import get_experiment
-    from adaptune.store import RunStore
+    from adaptune.sweep.experiments import get_experiment
+    from adaptune.sweep.store import RunStore
     from pipelines.container_runner import docker_runner
 
     pipeline_root, store = tmp_path / "kfp_root", RunStore(tmp_path / "store")
@@ -839,8 +839,8 @@ def test_docker_runner_mounts_the_data_read_only_and_the_store_and_pipeline_root
 @pytest.mark.container
 @pytest.mark.xdist_group("containers")
 def test_a_missing_image_is_named_with_the_command_that_builds_it(cpu_image: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from adaptune.experiments import get_experiment
-    from adaptune.store import RunStore
+    from adaptune.sweep.experiments import get_experiment
+    from adaptune.sweep.store import RunStore
     from pipelines.container_runner import EngineError, docker_runner
 
     monkeypatch.setenv("ADAPTUNE_IMAGE_TAG", "never-built")

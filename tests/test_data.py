@@ -10,11 +10,11 @@ from pathlib import Path
 import datasets
 import pytest
 
-from adaptune import data as data_module
-from adaptune.data import (DataError, DataNotFoundError, holdout_indices, load_task_data, prepare, resolve_data_dir,
+from adaptune.data import loading as data_module
+from adaptune.data.loading import (DataError, DataNotFoundError, holdout_indices, load_task_data, prepare, resolve_data_dir,
                            split_indices, tokenize_task)
-from adaptune.readers import MalformedFileError
-from adaptune.tasks import EXTRA_TASKS, TASKS
+from adaptune.data.readers import MalformedFileError
+from adaptune.data.tasks import EXTRA_TASKS, TASKS
 
 # Row counts from the shared data README (train.tsv, dev.tsv); label counts of train.tsv read off the files.
 GLUE_EXPECTED = {

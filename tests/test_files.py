@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from adaptune.files import atomic_write, current_umask
+from adaptune.core.files import atomic_write, current_umask
 
 
 @pytest.fixture

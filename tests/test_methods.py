@@ -19,9 +19,9 @@ from transformers import (
 )
 from transformers.models.bert.modeling_bert import BertPooler
 
-from adaptune.backbone import MeanPooler, load_model, load_tokenizer, pooler_is_untrained
-from adaptune.config import TrainConfig, method_label
-from adaptune.methods import (
+from adaptune.model.backbone import MeanPooler, load_model, load_tokenizer, pooler_is_untrained
+from adaptune.train.config import TrainConfig, method_label
+from adaptune.model.methods import (
     METHODS,
     AdaptersConfig,
     FullConfig,

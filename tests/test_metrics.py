@@ -7,7 +7,7 @@ import pytest
 from scipy import stats
 from sklearn import metrics as skm
 
-from adaptune.metrics import compute_metrics, normalize_answer, squad_scores
+from adaptune.train.metrics import compute_metrics, normalize_answer, squad_scores
 
 RNG = np.random.default_rng(7)
 GOLD = RNG.integers(0, 2, size=200)

@@ -11,7 +11,7 @@ import pytest
 from nbclient import NotebookClient
 from results_fixture import real_ablation, real_records, real_results_dir  # noqa: F401  (session fixtures)
 
-from adaptune.results import write_runs
+from adaptune.report.results import write_runs
 
 pytestmark = pytest.mark.xdist_group("results_report")
 

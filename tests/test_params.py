@@ -6,9 +6,9 @@ import pytest
 import torch
 from transformers import BertConfig, BertForSequenceClassification
 
-from adaptune.backbone import load_model
-from adaptune.methods import AdaptersConfig, LayerNormConfig, TopKConfig, apply_method
-from adaptune.params import ParameterCount, count_parameters, total_size_multiple
+from adaptune.model.backbone import load_model
+from adaptune.model.methods import AdaptersConfig, LayerNormConfig, TopKConfig, apply_method
+from adaptune.model.params import ParameterCount, count_parameters, total_size_multiple
 
 
 def bert_base_on_meta() -> torch.nn.Module:

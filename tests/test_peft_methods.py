@@ -18,13 +18,13 @@ import pytest
 import torch
 from peft import IA3Config, LoraConfig, get_peft_model
 
-from adaptune.adapters import DropoutThenAdapter, all_adapters, encoder_layers
-from adaptune.backbone import check_backbone, load_model, load_tokenizer
-from adaptune.checkpoint import load_task_checkpoint, save_task_checkpoint
-from adaptune.checks import ConfigError, check_train_config
-from adaptune.config import TrainConfig, method_label, method_text
-from adaptune.experiments import load_spec_file, spec_from_dict
-from adaptune.methods import (
+from adaptune.model.adapters import DropoutThenAdapter, all_adapters, encoder_layers
+from adaptune.model.backbone import check_backbone, load_model, load_tokenizer
+from adaptune.model.checkpoint import load_task_checkpoint, save_task_checkpoint
+from adaptune.train.checks import ConfigError, check_train_config
+from adaptune.train.config import TrainConfig, method_label, method_text
+from adaptune.sweep.experiments import load_spec_file, spec_from_dict
+from adaptune.model.methods import (
     AdaptersConfig,
     IA3MethodConfig,
     LoraMethodConfig,
@@ -35,8 +35,8 @@ from adaptune.methods import (
     method_from_dict,
     parse_method,
 )
-from adaptune.params import count_parameters
-from adaptune.plan import PlanError, plan
+from adaptune.model.params import count_parameters
+from adaptune.sweep.plan import PlanError, plan
 
 PEFT_METHODS = [LoraMethodConfig(), IA3MethodConfig(), PfeifferConfig(size=64)]
 
@@ -243,7 +243,7 @@ def test_any_sweep_file_plans_them_beside_the_papers_methods(tmp_path: Path) -> 
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["lora:8", "ia3"])
 def test_the_trainer_runs_them_unchanged_and_records_the_count(method: str, shared_data_dir: Path, tmp_path: Path) -> None:
-    from adaptune.train import train_and_evaluate
+    from adaptune.train.loop import train_and_evaluate
 
     config = TrainConfig(task="rte", method=parse_method(method).to_dict(), lr=1e-3, epochs=1, max_length=32, batch_size=8,
                          max_train_examples=32, max_eval_examples=16)

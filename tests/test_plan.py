@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from adaptune.config import TrainConfig
-from adaptune.experiments import (
+from adaptune.train.config import TrainConfig
+from adaptune.sweep.experiments import (
     EXPERIMENTS,
     Ablation,
     Sweep,
@@ -16,8 +16,10 @@ from adaptune.experiments import (
     get_experiment,
     method_grid,
 )
-from adaptune.plan import PlanError, failed_run_record, plan, select_ablation_runs
-from adaptune.results import read_results, write_runs
+from adaptune.sweep.plan import PlanError, plan
+from adaptune.sweep.fan_in import select_ablation_runs
+from adaptune.train.record import failed_run_record
+from adaptune.report.results import read_results, write_runs
 
 
 def test_every_named_experiment_plans_with_unique_deterministic_run_ids() -> None:
@@ -165,6 +167,31 @@ def test_select_ablation_runs_keeps_to_the_ablations_backbone() -> None:
     assert select_ablation_runs(records, dataclasses.replace(spec.ablation, backbone=None)) == [records[0]]
 
 
+def test_the_ablation_reads_table_1s_run_when_seeds_tie_on_validation() -> None:
+    """One best-on-validation rule: of two CoLA adapter seeds tied on validation, the ablation (Figure 6)
+    ablates the run Table 1 reports (report.selection: ties to the smallest run id), not the first in plan order."""
+    import pandas as pd
+
+    from adaptune.report.reference import load_reference
+    from adaptune.report.results import run_row
+    from adaptune.report.selection import best_by_validation
+    from adaptune.report.tables import table1_candidates
+
+    spec = get_experiment("paper_full")
+    method = {"name": "adapters", "size": 64, "init_std": 1e-2, "nonlinearity": "gelu"}
+    records = []
+    for seed, score in ((0, 0.5), (1, 0.6), (2, 0.6)):
+        record = failed_run_record(TrainConfig(task="cola", method=method, lr=3e-4, seed=seed, backbone="bert-base-uncased"), "")
+        record.update(status="ok", reason=None, val_metrics={"matthews_correlation": score})
+        records.append(record)
+    tied = sorted(record["run_id"] for record in records[1:])
+    records.sort(key=lambda record: record["run_id"] != tied[1])  # plan order puts the larger run id of the tie first
+    candidates, _ = table1_candidates(pd.DataFrame.from_records([run_row(record) for record in records]), load_reference())
+    table1_run = best_by_validation(candidates, ["task", "method"])["run_id"].tolist()
+    assert table1_run == [tied[0]]
+    assert [record["run_id"] for record in select_ablation_runs(records, spec.ablation)] == table1_run
+
+
 def test_failed_run_record_is_a_valid_result_row(tmp_path: object) -> None:
     run = plan(get_experiment("smoke")).runs[0]
     write_runs([failed_run_record(run, "Traceback: boom")], tmp_path)
@@ -173,7 +200,7 @@ def test_failed_run_record_is_a_valid_result_row(tmp_path: object) -> None:
 
 
 def test_a_task_missing_from_the_local_mirror_fails_before_anything_runs(shared_data_dir: Path) -> None:
-    from adaptune.plan import check_local_data
+    from adaptune.sweep.data_check import check_local_data
 
     planned = plan(_spec(tasks=("rte", "qnli")))  # the mirror holds QNLI's dev set only
     with pytest.raises(PlanError, match=r"lacks the files of: qnli \(only dev\)"):

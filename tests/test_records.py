@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from adaptune.records import TRACEBACK_FILE, one_line_reason, save_traceback
+from adaptune.train.record import TRACEBACK_FILE, one_line_reason, save_traceback
 
 # A real module on disk, so that Python 3.11+ prints source lines with ^^^^ markers in its traceback.
 FAILING_MODULE = '''
@@ -65,7 +65,7 @@ def test_reason_drops_markers_and_module_paths_and_is_bounded(failing) -> None:
 
 
 def _raise_data_error() -> None:
-    from adaptune.data import DataError
+    from adaptune.data.loading import DataError
 
     raise DataError("dev.tsv: the validation split is empty")
 

@@ -14,7 +14,7 @@ from results_fixture import real_ablation, real_records, real_results_dir  # noq
 from adaptune.report import build_report
 from adaptune.report.reference import load_reference
 from adaptune.report.tables import adapter_size_table, table1, table1_markdown, table2, table2_markdown
-from adaptune.results import read_results, write_results
+from adaptune.report.results import read_results, write_results
 
 pytestmark = pytest.mark.xdist_group("results_report")
 
@@ -215,8 +215,8 @@ def test_majority_class_baseline_stands_beside_every_measured_task(real_results_
     the reported split's subset: computed here from the raw splits, independently of the report."""
     from collections import Counter
 
-    from adaptune.batching import subsample
-    from adaptune.data import load_task_data
+    from adaptune.data.batching import subsample
+    from adaptune.data.loading import load_task_data
 
     runs = read_results(real_results_dir)["runs"]
 
@@ -281,11 +281,11 @@ def test_figure6_heatmaps_read_accuracy_where_the_ablation_has_it(real_ablation)
 
 
 def test_squad_figure_says_when_its_runs_used_the_local_standin_split(tmp_path: Path) -> None:
-    from adaptune.config import TrainConfig
-    from adaptune.records import run_record
+    from adaptune.train.config import TrainConfig
+    from adaptune.train.record import run_record
     from adaptune.report.figures import figure5_squad
     from adaptune.report.reference import load_reference
-    from adaptune.results import read_results, write_runs
+    from adaptune.report.results import read_results, write_runs
 
     record = run_record(TrainConfig(task="squad", method={"name": "adapters", "size": 64}, backbone="bert-base-uncased"), "f1")
     record.update(val_metrics={"f1": 0.31, "exact_match": 0.2}, trained_params=10, total_params=100,
@@ -301,7 +301,7 @@ def test_squad_figure_says_when_its_runs_used_the_local_standin_split(tmp_path: 
 def test_methods_table_sets_every_method_side_by_side_on_its_best_configuration(real_results_dir, shared_data_dir):
     """Per task and method: the configuration best on mean validation, its test mean ± s.e.m. over seeds
     (disasters adapters: two seeds), the lr selected, and the majority class on the same rows."""
-    from adaptune.report.methods import methods_markdown, methods_table
+    from adaptune.report.methods_table import methods_markdown, methods_table
     from adaptune.report.selection import best_configuration, scored_runs
 
     runs = read_results(real_results_dir)["runs"]
@@ -323,11 +323,11 @@ def test_methods_table_sets_every_method_side_by_side_on_its_best_configuration(
 
 
 def test_squad_figure_shows_bert_large_the_backbone_its_f1_points_to(tmp_path: Path) -> None:
-    from adaptune.config import TrainConfig
-    from adaptune.records import run_record
+    from adaptune.train.config import TrainConfig
+    from adaptune.train.record import run_record
     from adaptune.report.figures import figure5_squad
     from adaptune.report.reference import load_reference
-    from adaptune.results import read_results, write_runs
+    from adaptune.report.results import read_results, write_runs
 
     records = []
     for backbone in ("bert-base-uncased", "bert-base-uncased", "bert-large-uncased"):  # BERT-base the most common

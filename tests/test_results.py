@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from results_fixture import real_records  # noqa: F401  (session fixture: tiny real runs)
 
-from adaptune.results import (
+from adaptune.report.results import (
     ABLATION_SCHEMA,
     CURVES_SCHEMA,
     RUNS_SCHEMA,

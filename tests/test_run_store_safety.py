@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from adaptune.experiments import Sweep, get_experiment
-from adaptune.lease import Holder, Lease, try_acquire
-from adaptune.plan import KFP_MAX_FANOUT, plan, within_fanout
-from adaptune.shards import ShardEnvironmentError, is_transient, run_in_store, run_shard
-from adaptune.staging import StagingError, stage_models
-from adaptune.store import RunStore
-from adaptune.sweep import IncompleteSweepError, aggregate_sweep
+from adaptune.sweep.experiments import Sweep, get_experiment
+from adaptune.sweep.lease import Holder, Lease, try_acquire
+from adaptune.sweep.plan import KFP_MAX_FANOUT, plan, within_fanout
+from adaptune.sweep.shard_runner import ShardEnvironmentError, is_transient, run_in_store, run_shard
+from adaptune.sweep.staging import StagingError, stage_models
+from adaptune.sweep.store import RunStore
+from adaptune.sweep.fan_in import IncompleteSweepError, aggregate_sweep
 from tests import stub_trainer
 
 
@@ -183,7 +183,7 @@ def test_an_offline_pod_without_staged_weights_fails_the_task_saying_how_to_stag
 
 
 def test_staged_weights_are_loaded_from_the_store_offline(stub: Path, tmp_path: Path, backbone_path: str) -> None:
-    from adaptune.backbone import resolve_backbone
+    from adaptune.model.backbone import resolve_backbone
 
     spec = _spec(backbone="bert-base-uncased")
     store = RunStore(tmp_path / "store")
@@ -200,7 +200,7 @@ def test_staged_weights_are_loaded_from_the_store_offline(stub: Path, tmp_path: 
 
 
 def test_a_task_past_its_deadline_ends_itself_with_status_124() -> None:
-    code = "from adaptune.shards import start_deadline; import time; start_deadline(0.5, 'shard-x'); time.sleep(30)"
+    code = "from adaptune.sweep.shard_runner import start_deadline; import time; start_deadline(0.5, 'shard-x'); time.sleep(30)"
     started = time.perf_counter()
     finished = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert finished.returncode == 124 and "past its deadline" in finished.stderr

@@ -1,4 +1,4 @@
-"""Several runs of a shard trained side by side on one device (adaptune.shards, `runs_at_once`):
+"""Several runs of a shard trained side by side on one device (adaptune.sweep.shard_runner, `runs_at_once`):
 each run once, with the result it has when trained alone, and the leases still guarding every run."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from adaptune.experiments import Sweep, get_experiment
-from adaptune.plan import plan
-from adaptune.shards import RUNS_PER_DEVICE_ENV, run_shard, runs_per_device
-from adaptune.store import RunStore
+from adaptune.sweep.experiments import Sweep, get_experiment
+from adaptune.sweep.plan import plan
+from adaptune.sweep.shard_runner import RUNS_PER_DEVICE_ENV, run_shard, runs_per_device
+from adaptune.sweep.store import RunStore
 from tests import stub_trainer
 
 

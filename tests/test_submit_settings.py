@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from adaptune.experiments import UnknownExperimentError
+from adaptune.sweep.experiments import UnknownExperimentError
 from pipelines.submit import SettingsError, load_settings, submit
 
 

@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from adaptune.config import TrainConfig
-from adaptune.experiments import (
+from adaptune.train.config import TrainConfig
+from adaptune.sweep.experiments import (
     CPU,
     EXPERIMENTS,
     H100,
@@ -24,10 +24,10 @@ from adaptune.experiments import (
     spec_to_dict,
     spec_to_json,
 )
-from adaptune.plan import PlanError, plan
-from adaptune.shards import is_transient, run_shard
-from adaptune.store import RunStore
-from adaptune.sweep import IncompleteSweepError, aggregate_sweep, sweep_records
+from adaptune.sweep.plan import PlanError, plan
+from adaptune.sweep.shard_runner import is_transient, run_shard
+from adaptune.sweep.store import RunStore
+from adaptune.sweep.fan_in import IncompleteSweepError, aggregate_sweep, sweep_records
 from tests import stub_trainer
 
 MAX_EXECUTOR_INPUT = 16 * 1024
@@ -221,7 +221,7 @@ def test_transient_errors_are_told_from_deterministic_ones() -> None:
 def test_a_run_killed_mid_shard_resumes_in_the_next_attempt(
     tmp_path: Path, shared_data_dir: Path, monkeypatch: pytest.MonkeyPatch, root: str
 ) -> None:
-    import adaptune.train as train_module
+    import adaptune.train.loop as train_module
 
     spec = dataclasses.replace(
         _small_spec(),
@@ -310,8 +310,8 @@ def test_mnli_is_planned_once_for_both_dev_sets() -> None:
 
 
 def test_an_mnli_record_fills_both_columns(tmp_path: Path) -> None:
-    from adaptune.records import run_record
-    from adaptune.results import write_runs
+    from adaptune.train.record import run_record
+    from adaptune.report.results import write_runs
 
     record = run_record(TrainConfig(task="mnli_m", method={"name": "full"}), "accuracy")
     record.update(val_metrics={"accuracy": 0.84}, test_metrics={"accuracy": 0.82},
@@ -329,8 +329,8 @@ def test_a_run_scores_the_tasks_trained_as_it(tmp_path: Path, shared_data_dir: P
     # MNLI is not in the offline mirror: a second RTE entry trained as RTE (the shape of mnli_mm ->
     # mnli_m) must be scored by the RTE run, on its own test split (MNLI-mm: the mismatched dev set),
     # with the final model; its validation slice is the run's own (the same train file).
-    from adaptune import tasks
-    from adaptune.train import train_and_evaluate
+    from adaptune.data import tasks
+    from adaptune.train.loop import train_and_evaluate
 
     monkeypatch.setitem(tasks.TASKS, "rte_again", dataclasses.replace(tasks.TASKS["rte"], name="rte_again", trained_as="rte"))
     config = TrainConfig(task="rte", method={"name": "layernorm"}, lr=1e-3, epochs=1, max_length=32, batch_size=16,
@@ -346,8 +346,8 @@ def test_a_run_scores_the_tasks_trained_as_it(tmp_path: Path, shared_data_dir: P
 def test_a_bucket_root_reads_through_the_vertex_mount_or_says_what_is_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib.util
 
-    from adaptune import store as store_module
-    from adaptune.store import StoreError
+    from adaptune.sweep import store as store_module
+    from adaptune.sweep.store import StoreError
 
     if importlib.util.find_spec("gcsfs") is None:  # this environment's case: no GCS client library
         with pytest.raises(StoreError, match="install gcsfs, or on Vertex AI use the /gcs/<bucket> mount"):

@@ -10,14 +10,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from adaptune.batching import subsample  # noqa: E402
-from adaptune.config import TrainConfig  # noqa: E402
-from adaptune.data import load_task_data  # noqa: E402
-from adaptune import train as train_module  # noqa: E402
-from adaptune.squad import check_window  # noqa: E402
-from adaptune.checks import ConfigError  # noqa: E402
-from adaptune.train import add_train_arguments, config_from_args, train_and_evaluate  # noqa: E402
-from adaptune.train_state import STATE_FILE  # noqa: E402
+from adaptune.data.batching import subsample  # noqa: E402
+from adaptune.train.config import TrainConfig  # noqa: E402
+from adaptune.data.loading import load_task_data  # noqa: E402
+from adaptune.train import loop as train_module  # noqa: E402
+from adaptune.data.squad import check_window  # noqa: E402
+from adaptune.train.checks import ConfigError  # noqa: E402
+from adaptune.train.cli import add_train_arguments, config_from_args  # noqa: E402
+from adaptune.train.loop import train_and_evaluate  # noqa: E402
+from adaptune.train.state import STATE_FILE  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -118,7 +119,7 @@ def test_out_of_memory_is_raised_for_the_shard_runner_to_retry(
 
     monkeypatch.setattr(train_module._Run, "_step", step_out_of_memory)
     config = TrainConfig(task="sst2", method={"name": "full"}, epochs=1, max_length=32, max_train_examples=32, max_eval_examples=32)
-    with pytest.raises(torch.OutOfMemoryError):  # transient on a shared device: adaptune.shards retries it
+    with pytest.raises(torch.OutOfMemoryError):  # transient on a shared device: adaptune.sweep.shard_runner retries it
         train_and_evaluate(config, data_dir=shared_data_dir, out_dir=tmp_path, cache_dir=cache_dir, progress=False)
     assert not (tmp_path / "record.json").exists()  # no record: the next attempt trains the run
 
@@ -155,7 +156,7 @@ def test_cli_flags_build_the_run_config() -> None:
 
 
 def test_the_progress_bar_shows_the_last_finished_epochs_validation_score() -> None:
-    from adaptune.train import _last_validation
+    from adaptune.train.loop import _last_validation
 
     assert _last_validation([], "accuracy") == {}  # nothing before the first epoch ends
     curve = [{"epoch": 1, "val_metrics": {"accuracy": 0.5}}, {"epoch": 2, "val_metrics": {"accuracy": 0.90625, "f1": 0.1}}]
@@ -179,7 +180,7 @@ def test_a_device_with_a_queue_reads_losses_every_few_steps_and_still_fails_a_di
 
 
 def test_the_finite_guard_sums_losses_between_reads_and_reads_every_step_only_on_the_cpu() -> None:
-    from adaptune.devices import Device
+    from adaptune.core.devices import Device
 
     gpu_like = Device("cuda", torch.device("cpu"), "cuda:test", torch.bfloat16)  # only its kind matters to the guard
     assert train_module.FiniteGuard(gpu_like).every == train_module.SYNC_EVERY_STEPS > 1
@@ -196,8 +197,8 @@ def test_the_finite_guard_sums_losses_between_reads_and_reads_every_step_only_on
 
 
 def test_frozen_matmuls_stored_in_bf16_give_the_logits_autocast_gives() -> None:
-    from adaptune.backbone import load_model
-    from adaptune.methods import apply_method, method_from_dict
+    from adaptune.model.backbone import load_model
+    from adaptune.model.methods import apply_method, method_from_dict
 
     torch.manual_seed(0)
     model = load_model(None, "classification", num_labels=2)

@@ -22,10 +22,10 @@ from typing import Any
 
 import pandas as pd
 
-from adaptune.batching import subsample
-from adaptune.data import load_task_data, local_files_status, resolve_data_dir
-from adaptune.metrics import compute_metrics
-from adaptune.tasks import get_task
+from adaptune.data.batching import subsample
+from adaptune.data.loading import load_task_data, local_files_status, resolve_data_dir
+from adaptune.train.metrics import compute_metrics
+from adaptune.data.tasks import get_task
 
 
 def majority_baseline(

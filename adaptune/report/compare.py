@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 
 from adaptune.report.selection import best_configuration, to_percent, usable_runs
-from adaptune.results import read_results
+from adaptune.report.results import read_results
 
 
 def sweep_summary(runs: pd.DataFrame) -> pd.DataFrame:

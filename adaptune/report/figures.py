@@ -23,6 +23,7 @@ import matplotlib
 matplotlib.use("Agg")  # headless: components and CI have no display
 
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import NullFormatter  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
@@ -125,7 +126,7 @@ def figure3_tradeoff(runs: pd.DataFrame, reference: dict[str, Any], out_dir: Pat
             ax.fill_between(bands["x"], bands["p20"], bands["p80"], color=color, alpha=0.25)
         ax.axhline(0.0, color="grey", linestyle="--", linewidth=1)
         ax.set(xscale="log", xlabel="trained parameters per task", ylabel="score − full fine-tuning (points)", title=label)
-        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # a span under a decade labels every minor tick, overlapping
+        ax.xaxis.set_minor_formatter(NullFormatter())  # a span under a decade labels every minor tick, overlapping
         ax.legend(fontsize=8)
     return _save(fig, out_dir, name, title, ", ".join(dict.fromkeys(backbone for _, _, backbone in panels)))
 

@@ -11,7 +11,7 @@ import pandas as pd
 from adaptune.report.claims import claims_markdown, claims_table
 from adaptune.report import figures as figure_module
 from adaptune.report.figures import SQUAD_BACKBONE_NOTE, FigureOutput, all_figures
-from adaptune.report.methods import methods_markdown, methods_table
+from adaptune.report.methods_table import methods_markdown, methods_table
 from adaptune.report.partial import Coverage, claims_for_markdown, mark_claims, read_coverage, table_scopes
 from adaptune.report.reference import load_reference, reference_path
 from adaptune.report.selection import problem_runs
@@ -23,7 +23,7 @@ from adaptune.report.tables import (
     table2,
     table2_markdown,
 )
-from adaptune.results import ResultsWarning, read_results
+from adaptune.report.results import ResultsWarning, read_results
 
 
 def build_report(

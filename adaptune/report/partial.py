@@ -18,7 +18,7 @@ from typing import Any
 import pandas as pd
 
 from adaptune.report.reference import extra_tasks, glue_tasks
-from adaptune.tasks import UnknownTaskError, get_task
+from adaptune.data.tasks import UnknownTaskError, get_task
 
 COVERAGE_FILE = "coverage.json"
 COMPLETE = "complete"

@@ -61,7 +61,7 @@ def task_suite(task: str, reference: dict[str, Any]) -> str:
 def _registry_names(attribute: str) -> list[str]:
     # The task registry is the source of truth when present; the reference file keeps the paper's order.
     try:
-        from adaptune import tasks as registry
+        from adaptune.data import tasks as registry
     except ImportError:
         return []
     names = getattr(registry, attribute, ())

@@ -12,11 +12,11 @@ import json
 import numpy as np
 import pandas as pd
 
+from adaptune.core.backbones import BERT_BASE, BERT_LARGE  # noqa: F401 (the tables' and figures' backbones, named here for them)
+
 SEED_FREE_KEYS = ("seed", "experiment")  # what may differ between seeds of one configuration
 
-# The backbone each of the paper's tables and figures used (the names experiments.py gives them).
-BERT_BASE = "bert-base-uncased"
-BERT_LARGE = "bert-large-uncased"
+# The backbone each of the paper's tables and figures used: BERT_BASE or BERT_LARGE (adaptune.core.backbones).
 
 
 def usable_runs(runs: pd.DataFrame) -> pd.DataFrame:

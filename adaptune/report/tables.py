@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from adaptune.params import total_size_multiple
+from adaptune.model.params import total_size_multiple
 from adaptune.report.baselines import reported_split, run_baseline, task_baseline
 from adaptune.report.reference import extra_tasks, glue_tasks
 from adaptune.report.selection import (

@@ -1,0 +1,192 @@
+"""`make bench`: training speed and checkpoint size, measured side by side in one process; JSON out.
+
+    python -m adaptune.bench.cpu --out bench/results.json
+
+On the embedded backbone and real SST-2 sentences:
+  - the train step time of each method on identical batches; `adapters_vs_full_step_ratio` is
+    adapters (m=64) over full fine-tuning (target <= 0.75; the floor is about 2/3, since frozen
+    weights need no weight gradients);
+  - dynamic padding + length-grouped batches versus every batch padded to 128, in training examples
+    per second (`dynamic_padding_speedup`, target >= 2.5);
+  - the adapter checkpoint's size over the full fine-tuning checkpoint's.
+BERT-base/-large on a GPU: `make bench-gpu` (adaptune.bench.gpu). Repetitions are interleaved
+across the variants (so drifting machine load hits all alike) and medians are reported. Not a test:
+no pass/fail here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from datasets import DatasetDict
+from torch import nn
+from transformers.trainer_pt_utils import get_length_grouped_indices
+
+from adaptune.model.backbone import load_model, load_tokenizer
+from adaptune.data.batching import make_collator, model_rows, subsample
+from adaptune.model.checkpoint import WEIGHTS_FILE, save_task_checkpoint
+from adaptune.core.backbones import DEFAULT_BACKBONE
+from adaptune.data.loading import load_task_data, tokenize_task
+from adaptune.core.devices import Device, pick_device
+from adaptune.model.methods import apply_method, method_from_dict
+from adaptune.data.tasks import get_task
+from adaptune.train.loop import training_step
+
+BATCH_SIZE = 32
+PAD_LENGTH = 128
+METHODS = {
+    "adapters64": {"name": "adapters", "size": 64},
+    "full": {"name": "full"},
+    "top_k3": {"name": "top_k", "k": 3},
+    "layernorm": {"name": "layernorm"},
+}
+Batch = dict[str, torch.Tensor]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m adaptune.bench.cpu", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="bench/results.json")
+    parser.add_argument("--data-dir", default=None, help="local data mirror (default: found automatically)")
+    parser.add_argument("--cache-dir", default=None)
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved repetitions per measurement")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="CPU threads (0: torch's default); 1 by default because on shared cores "
+        "multi-threaded steps stall whenever one thread is descheduled, and timings become noise"
+    )
+    args = parser.parse_args(argv)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    started = time.perf_counter()
+    results = run_benchmark(args.data_dir, args.cache_dir, args.repeats)
+    results["elapsed_s"] = round(time.perf_counter() - started, 1)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps({key: value for key, value in results.items() if not isinstance(value, dict)}, indent=2))
+    print(f"bench: wrote {out}", file=sys.stderr)
+    return 0
+
+
+def run_benchmark(data_dir: str | None, cache_dir: str | None, repeats: int, sample_size: int = 128) -> dict[str, Any]:
+    device = pick_device()
+    tokenizer = load_tokenizer(DEFAULT_BACKBONE)
+    task = get_task("sst2")
+    raw = load_task_data(task, data_dir, splits=("train",))
+    sample = DatasetDict(train=subsample(raw["train"], sample_size))  # a seeded random sample of real sentences
+    rows = model_rows(tokenize_task(task, sample, tokenizer, PAD_LENGTH, cache_dir)["train"])
+    # Length grouping as in training (shuffle, sort within mega-batches); the sample is one mega-batch,
+    # as a large task's 50-batch mega-batches would be, had the sample not been this small.
+    order = get_length_grouped_indices(
+        [len(row["input_ids"]) for row in rows], BATCH_SIZE, mega_batch_mult=len(rows) // BATCH_SIZE, generator=torch.Generator().manual_seed(0)
+    )
+    dynamic = make_collator(tokenizer, pad_to_multiple_of=device.pad_multiple)
+    padded = make_collator(tokenizer, pad_to_length=PAD_LENGTH)
+    grouped_batches = [dynamic([rows[i] for i in order[k : k + BATCH_SIZE]]) for k in range(0, len(rows), BATCH_SIZE)]
+    padded_batches = [padded(rows[k : k + BATCH_SIZE]) for k in range(0, len(rows), BATCH_SIZE)]
+
+    results: dict[str, Any] = {
+        "device": device.name,
+        "torch_threads": torch.get_num_threads(),
+        "backbone": DEFAULT_BACKBONE,
+        "task": f"sst2: {len(rows)} random train sentences",
+        "batch_size": BATCH_SIZE,
+        "repeats": repeats,
+    }
+    results.update(_method_step_times(device, grouped_batches, repeats))
+    results.update(_padding_speedup(device, grouped_batches, padded_batches, repeats))
+    results.update(_checkpoint_sizes())
+    return results
+
+
+def _method_step_times(device: Device, batches: list[Batch], repeats: int) -> dict[str, Any]:
+    """Median step time of each method on the same dynamically padded, length-grouped batches."""
+    trainers = {label: _trainer(_build(method, device), device) for label, method in METHODS.items()}
+    examples = sum(len(batch["input_ids"]) for batch in batches)
+    pass_times = _interleaved({label: (lambda t=trainer: _timed_pass(t, batches, device)) for label, trainer in trainers.items()}, repeats)
+    step_time = {label: statistics.median(times) / len(batches) for label, times in pass_times.items()}
+    return {
+        "step_time_s": {label: round(t, 5) for label, t in step_time.items()},
+        "train_examples_per_s": {label: round(examples / statistics.median(times), 1) for label, times in pass_times.items()},
+        "mean_tokens_per_example": round(sum(int(b["attention_mask"].sum()) for b in batches) / examples, 1),
+        "adapters_vs_full_step_ratio": round(step_time["adapters64"] / step_time["full"], 3),
+    }
+
+
+def _padding_speedup(device: Device, grouped_batches: list[Batch], padded_batches: list[Batch], repeats: int) -> dict[str, Any]:
+    """Adapter training examples/s on the same rows: dynamic padding + length grouping versus padding to 128."""
+    trainer = _trainer(_build(METHODS["adapters64"], device), device)
+    examples = sum(len(batch["input_ids"]) for batch in grouped_batches)
+    times = _interleaved(
+        {"dynamic_grouped": lambda: _timed_pass(trainer, grouped_batches, device), "pad128": lambda: _timed_pass(trainer, padded_batches, device)},
+        repeats,
+    )
+    per_s = {name: examples / statistics.median(values) for name, values in times.items()}
+    return {
+        "padding_examples_per_s": {name: round(value, 1) for name, value in per_s.items()},
+        "dynamic_padding_speedup": round(per_s["dynamic_grouped"] / per_s["pad128"], 2),
+    }
+
+
+def _checkpoint_sizes() -> dict[str, Any]:
+    sizes = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for label in ("adapters64", "full"):
+            model = load_model(DEFAULT_BACKBONE, "classification", num_labels=2)
+            method = method_from_dict(METHODS[label])
+            apply_method(model, method)
+            directory = save_task_checkpoint(model, method, DEFAULT_BACKBONE, Path(tmp) / label)
+            sizes[label] = (directory / WEIGHTS_FILE).stat().st_size
+    return {"checkpoint_bytes": sizes, "adapters_vs_full_checkpoint_size_ratio": round(sizes["adapters64"] / sizes["full"], 4)}
+
+
+def _build(method: dict[str, Any], device: Device) -> nn.Module:
+    torch.manual_seed(0)
+    model = load_model(DEFAULT_BACKBONE, "classification", num_labels=2)
+    apply_method(model, method_from_dict(method))
+    return model.to(device.torch_device)
+
+
+def _trainer(model: nn.Module, device: Device) -> Callable[[Batch], None]:
+    """One training step exactly as a run takes it (adaptune.train.loop.training_step)."""
+    model.train()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=1e-5, weight_decay=0.01)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)  # constant: only the cost matters
+
+    def step(batch: Batch) -> None:
+        training_step(model, batch, optimizer, scheduler, trainable, device, max_grad_norm=1.0)
+
+    return step
+
+
+def _timed_pass(step: Callable[[Batch], None], batches: list[Batch], device: Device) -> float:
+    device.synchronize()
+    started = time.perf_counter()
+    for batch in batches:
+        step({name: tensor.to(device.torch_device) for name, tensor in batch.items()})
+    device.synchronize()
+    return time.perf_counter() - started
+
+
+def _interleaved(variants: dict[str, Callable[[], float]], repeats: int) -> dict[str, list[float]]:
+    """Each variant once untimed (warm-up), then `repeats` rounds of all variants in turn."""
+    for run in variants.values():
+        run()
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(repeats):
+        for name, run in variants.items():
+            times[name].append(run())
+    return times
+
+
+if __name__ == "__main__":
+    sys.exit(main())

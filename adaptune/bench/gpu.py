@@ -1,0 +1,353 @@
+"""`make bench-gpu`: BERT-base and BERT-large training speed on a CUDA GPU, side by side; JSON out.
+
+    python -m adaptune.bench.gpu --out bench/gpu.json [--data-dir DIR] [--tokenizer DIR] [--variants before,now,compiled,graphs]
+
+Randomly initialised BERT-base and BERT-large (speed does not depend on the weights) at the paper's
+batch of 32 and max length 128, on real batches: GLUE training sentences (CoLA, SST-2, MRPC, RTE)
+tokenized with BERT's uncased WordPiece vocabulary (the embedded MiniLM's), length-grouped and
+dynamically padded to a multiple of 8 exactly as training does, plus the same rows padded to 128.
+For full fine-tuning and adapters (m=64): tokens/s, model FLOP utilisation (MFU: the model's
+training FLOPs over time, against the GPU's dense bf16 peak), peak memory, and the adapters/full
+step-time ratio. Step variants, timed with interleaved repetitions (medians):
+  - `before`: the step as it was: float32 frozen weights (autocast re-casts them every step),
+    AdamW's multi-tensor kernels, two host syncs per step;
+  - `now`: adaptune.train.loop's step: frozen matmuls stored in bf16, fused AdamW, no host sync;
+  - `compiled`: `now` with the model under torch.compile (dynamic sequence length);
+  - `graphs`: `compiled` replayed as CUDA graphs (mode="reduce-overhead": one launch per step).
+Then sweep throughput: one realistic shard trained one run at a time and k runs at a time on the
+one GPU (`shard_throughput`), runs finished per hour and whether every result is identical.
+Not a test: no pass/fail here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from adaptune.bench.cpu import _interleaved
+from adaptune.core.devices import Device, pick_device
+
+BATCH_SIZE = 32
+MAX_LENGTH = 128
+TASKS = ("cola", "sst2", "mrpc", "rte")
+BATCHES_PER_TASK = 16
+SAMPLE_ROWS = 8192  # per task: a seeded random sample, many length-grouped mega-batches of 50 batches
+CONFIGS = {
+    "bert-base": {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072},
+    "bert-large": {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16, "intermediate_size": 4096},
+}
+METHODS = {"full": {"name": "full"}, "adapters64": {"name": "adapters", "size": 64}}
+# Dense bf16 tensor-core peaks (FLOP/s) from the vendors' data sheets, matched on the device name.
+PEAK_BF16_FLOPS = (
+    ("H200", 989e12),
+    ("H100 PCIe", 756e12),
+    ("H100", 989e12),
+    ("A100", 312e12),
+    ("L40S", 362e12),
+    ("L4", 121e12),
+    ("A10G", 70e12),
+    ("A10", 125e12),
+)
+Batch = dict[str, torch.Tensor]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m adaptune.bench.gpu", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="bench/gpu.json")
+    parser.add_argument("--data-dir", default=None, help="local data mirror (default: found automatically)")
+    parser.add_argument("--tokenizer", default=None, help="a BERT uncased tokenizer (default: the embedded MiniLM's)")
+    parser.add_argument("--backbones", default=",".join(CONFIGS), help=f"comma-separated, of {', '.join(CONFIGS)}")
+    parser.add_argument("--variants", default="before,now", help="comma-separated, of before, now, compiled, graphs")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--batch-sets", default="length_grouped,padded_128")
+    parser.add_argument("--shard", default="1,4", help="runs at a time to compare on one shard (empty: skip)")
+    args = parser.parse_args(argv)
+    device = pick_device()
+    if device.kind != "cuda":
+        print("bench_gpu: no CUDA device here; `make bench` measures the CPU", file=sys.stderr)
+        return 2
+    started = time.perf_counter()
+    batch_sets = real_batches(args.data_dir, args.tokenizer, device)
+    results: dict[str, Any] = {
+        "device": device.name,
+        "torch": torch.__version__,
+        "peak_bf16_flops": peak_flops(device),
+        "batch_size": BATCH_SIZE,
+        "max_length": MAX_LENGTH,
+        "batches": {name: describe(batches) for name, batches in batch_sets.items()},
+        "repeats": args.repeats,
+        "runs": [],
+    }
+    log(f"batches ready after {time.perf_counter() - started:.0f} s")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for backbone in args.backbones.split(","):
+        for batches_name in args.batch_sets.split(","):
+            for method in METHODS:
+                results["runs"] += measure(backbone, method, batches_name, batch_sets[batches_name], args.variants.split(","), device, args.repeats)
+                results["summary"] = summarize(results["runs"])
+                results["elapsed_s"] = round(time.perf_counter() - started, 1)
+                out.write_text(json.dumps(results, indent=2) + "\n")  # after every measurement: a cut-off run keeps what it measured
+                log(f"{backbone} {method} {batches_name}: " + ", ".join(f"{r['variant']} {r['step_ms']} ms MFU {r['mfu']}" for r in results["runs"][-len(args.variants.split(",")):]))
+    if args.shard:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as work:
+            results["shard"] = shard_throughput(args.data_dir, args.tokenizer or _embedded_tokenizer_dir(),
+                                                [int(k) for k in args.shard.split(",")], Path(work))
+        out.write_text(json.dumps(results, indent=2) + "\n")
+    print_table(results["runs"])
+    print(json.dumps({"summary": results["summary"], "shard": results.get("shard")}, indent=2))
+    print(f"bench_gpu: wrote {out}", file=sys.stderr)
+    return 0
+
+
+def real_batches(data_dir: str | None, tokenizer_name: str | None, device: Device) -> dict[str, list[Batch]]:
+    """Length-grouped, dynamically padded batches of real training rows (as training draws them), and
+    the same rows padded to MAX_LENGTH."""
+    from datasets import DatasetDict
+
+    from adaptune.model.backbone import load_tokenizer
+    from adaptune.data.batching import epoch_batches, make_collator, model_rows, subsample
+    from adaptune.core.backbones import DEFAULT_BACKBONE
+    from adaptune.data.loading import load_task_data, tokenize_task
+    from adaptune.data.tasks import get_task
+
+    tokenizer = load_tokenizer(tokenizer_name or DEFAULT_BACKBONE)
+    dynamic = make_collator(tokenizer, pad_to_multiple_of=device.pad_multiple)
+    padded = make_collator(tokenizer, pad_to_length=MAX_LENGTH)
+    grouped, fixed = [], []
+    generator = torch.Generator().manual_seed(0)
+    for name in TASKS:
+        task = get_task(name)
+        raw = subsample(load_task_data(task, data_dir, splits=("train",))["train"], SAMPLE_ROWS)
+        rows = model_rows(tokenize_task(task, DatasetDict(train=raw), tokenizer, MAX_LENGTH, None)["train"])
+        order = epoch_batches([len(row["input_ids"]) for row in rows], BATCH_SIZE, seed=0, epoch=0)
+        order = [b for b in order if len(b) == BATCH_SIZE]
+        for index in torch.randperm(len(order), generator=generator)[:BATCHES_PER_TASK].tolist():
+            chosen = [rows[i] for i in order[index]]
+            grouped.append(dynamic(chosen))
+            fixed.append(padded(chosen))
+        log(f"{name}: {len(rows)} rows tokenized")
+    move = lambda batches: [{k: v.to(device.torch_device) for k, v in b.items()} for b in batches]  # noqa: E731
+    return {"length_grouped": move(grouped), "padded_128": move(fixed)}
+
+
+def describe(batches: list[Batch]) -> dict[str, Any]:
+    computed = sum(b["input_ids"].numel() for b in batches)
+    real = sum(int(b["attention_mask"].sum()) for b in batches)
+    return {"count": len(batches), "tasks": list(TASKS), "real_tokens": real, "computed_tokens": computed,
+            "mean_padded_length": round(computed / len(batches) / BATCH_SIZE, 1)}
+
+
+def measure(backbone: str, method: str, batches_name: str, batches: list[Batch], variants: list[str], device: Device, repeats: int) -> list[dict]:
+    rows = []
+    steps = {variant: build_step(backbone, method, variant, device) for variant in variants}
+    times = _interleaved({v: (lambda s=step: timed_pass(s, batches, device)) for v, (step, _, _) in steps.items()}, repeats)
+    for variant, (step, model, optimizer) in steps.items():
+        seconds = statistics.median(times[variant])
+        flops = sum(training_flops(model, b) for b in batches)
+        rows.append({
+            "backbone": backbone, "method": method, "variant": variant, "batches": batches_name,
+            "step_ms": round(1000 * seconds / len(batches), 2),
+            "real_tokens_per_s": round(sum(int(b["attention_mask"].sum()) for b in batches) / seconds),
+            "computed_tokens_per_s": round(sum(b["input_ids"].numel() for b in batches) / seconds),
+            "model_tflops_per_s": round(flops / seconds / 1e12, 1),
+            "mfu": round(flops / seconds / peak_flops(device), 3) if peak_flops(device) else None,
+            **memory_gib(step, model, optimizer, batches, device),
+        })
+    del steps
+    gc.collect()
+    torch.cuda.empty_cache()
+    return rows
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def build_step(backbone: str, method: str, variant: str, device: Device) -> tuple[Callable[[Batch], None], nn.Module, Any]:
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from adaptune.model.methods import apply_method, method_from_dict
+    from adaptune.train.loop import _adamw, keep_frozen_matmuls_in, training_step
+
+    torch.manual_seed(0)
+    with device.torch_device:  # initialised on the GPU: seconds, not a minute of CPU per BERT-large
+        model = BertForSequenceClassification(BertConfig(**CONFIGS[backbone], num_labels=2, attn_implementation="sdpa"))
+        apply_method(model, method_from_dict(METHODS[method]))
+    model.to(device.torch_device).train()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if variant == "before":
+        optimizer = torch.optim.AdamW(trainable, lr=1e-5, weight_decay=0.01, foreach=True)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+        return (lambda batch: _step_before(model, batch, optimizer, scheduler, trainable, device)), model, optimizer
+    keep_frozen_matmuls_in(model, torch.bfloat16)
+    optimizer = _adamw(model, 1e-5, 0.01)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    runner = {"compiled": lambda: torch.compile(model, dynamic=True),
+              "graphs": lambda: torch.compile(model, dynamic=True, mode="reduce-overhead")}.get(variant, lambda: model)()
+    return (lambda batch: training_step(runner, batch, optimizer, scheduler, trainable, device, 1.0)), model, optimizer
+
+
+def memory_gib(step: Callable[[Batch], None], model: nn.Module, optimizer: Any, batches: list[Batch], device: Device) -> dict[str, float]:
+    """This variant's own memory, though other variants' models share the GPU: weights and optimizer
+    state by their tensors, plus the peak a pass adds on top (activations, gradients, workspaces)."""
+    tensors = [*model.parameters(), *(t for state in optimizer.state.values() for t in state.values() if torch.is_tensor(t))]
+    static = sum(t.numel() * t.element_size() for t in tensors)
+    device.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    for batch in batches:
+        step(batch)
+    device.synchronize()
+    transient = torch.cuda.max_memory_allocated() - before
+    return {"weights_and_optimizer_gib": round(static / 2**30, 2), "peak_gib": round((static + transient) / 2**30, 2)}
+
+
+def _step_before(model: nn.Module, batch: Batch, optimizer: Any, scheduler: Any, trainable: list[nn.Parameter], device: Device) -> None:
+    """adaptune.train.loop.training_step as it was before the GPU work: two host syncs per step."""
+    with device.autocast():
+        loss = model(**batch).loss
+    if not math.isfinite(float(loss.detach())):
+        raise RuntimeError("non-finite loss")
+    loss.backward()
+    if not math.isfinite(float(torch.nn.utils.clip_grad_norm_(trainable, 1.0))):
+        raise RuntimeError("non-finite gradient norm")
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def training_flops(model: nn.Module, batch: Batch) -> float:
+    """Training FLOPs of one step on this batch's computed (padded) shape.
+
+    Forward: 2 per matmul weight per token, plus attention's two L x L products (4 B L^2 d per layer).
+    Backward: activation gradients cost the forward again through every layer (2x for attention's
+    products); weight gradients 2 per trained matmul weight per token. Full fine-tuning: the usual
+    6 N + 12 L d per token; adapters: 4 N + 2 N_adapters + attention.
+    """
+    config = model.config
+    batch_size, length = batch["input_ids"].shape
+    tokens = batch_size * length
+    matmuls = [p for name, p in model.named_parameters() if p.dim() == 2 and "embeddings" not in name]
+    all_weights = sum(p.numel() for p in matmuls)
+    trained_weights = sum(p.numel() for p in matmuls if p.requires_grad)
+    attention = 4 * batch_size * length**2 * config.hidden_size * config.num_hidden_layers
+    return 4 * tokens * all_weights + 2 * tokens * trained_weights + 3 * attention
+
+
+def timed_pass(step: Callable[[Batch], None], batches: list[Batch], device: Device) -> float:
+    device.synchronize()
+    started = time.perf_counter()
+    for batch in batches:
+        step(batch)
+    device.synchronize()
+    return time.perf_counter() - started
+
+
+def peak_flops(device: Device) -> float | None:
+    name = torch.cuda.get_device_name(device.torch_device)
+    return next((flops for fragment, flops in PEAK_BF16_FLOPS if fragment in name), None)
+
+
+def summarize(runs: list[dict]) -> dict[str, Any]:
+    """The figures the README quotes: best MFU per backbone and method, and adapters/full step ratios."""
+    summary: dict[str, Any] = {}
+    for row in runs:
+        if row["batches"] != "length_grouped":
+            continue
+        key = f"{row['backbone']}/{row['method']}"
+        summary.setdefault(key, {})[row["variant"]] = {"mfu": row["mfu"], "real_tokens_per_s": row["real_tokens_per_s"], "step_ms": row["step_ms"]}
+    for backbone in CONFIGS:
+        for variant in ("before", "now", "compiled", "graphs"):
+            full, adapters = summary.get(f"{backbone}/full", {}).get(variant), summary.get(f"{backbone}/adapters64", {}).get(variant)
+            if full and adapters:
+                summary.setdefault("adapters_vs_full_step_ratio", {})[f"{backbone}/{variant}"] = round(adapters["step_ms"] / full["step_ms"], 3)
+    return summary
+
+
+def shard_throughput(data_dir: str | None, tokenizer_dir: str, runs_at_once: Sequence[int], work: Path, size: str = "bert-base",
+                     max_train_examples: int | None = None) -> dict[str, Any]:
+    """Runs finished per hour on one realistic shard (a shard holds one task: BERT-base adapters m=64 on
+    RTE at the paper's three adapter learning rates x 3 seeds, 3 epochs; randomly initialised, which is
+    all speed needs), trained one at a time and then k at a time (adaptune.sweep.shard_runner), each into its own
+    run store; and whether every run's result is identical."""
+    import dataclasses
+    import shutil
+
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from adaptune.sweep.experiments import DEFAULTS, GLUE_LRS, H100, Sweep
+    from adaptune.sweep.plan import plan
+    from adaptune.sweep.shard_runner import run_shard
+    from adaptune.sweep.store import RunStore
+
+    backbone = work / "bert-base-random"
+    torch.manual_seed(0)
+    BertForSequenceClassification(BertConfig(**CONFIGS[size])).bert.save_pretrained(backbone)
+    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (Path(tokenizer_dir) / name).is_file():
+            shutil.copy(Path(tokenizer_dir) / name, backbone / name)
+    spec = dataclasses.replace(
+        DEFAULTS, name="gpu_shard_bench", backbone=str(backbone), accelerator=H100, shard_size=9, max_train_examples=max_train_examples,
+        sweeps=(Sweep(tasks=("rte",), methods=({"name": "adapters", "size": 64},), learning_rates=GLUE_LRS, epochs=(3,), seeds=(0, 1, 2)),),
+    )
+    (shard,) = plan(spec).shards
+    results: dict[str, Any] = {"shard": f"{len(shard.runs)} runs: {size} (random init) adapters m=64 on RTE, lr {GLUE_LRS}, 3 epochs, 3 seeds"}
+    records = {}
+    for k in runs_at_once:
+        store = RunStore(work / f"store-{k}")
+        started = time.perf_counter()
+        outcomes = run_shard(spec, shard.id, store, data_dir=data_dir, runs_at_once=k)
+        seconds = time.perf_counter() - started
+        records[k] = {run.run_id: store.record(run.run_id) for run in shard.runs}
+        failures = {run_id: {"reason": record["reason"], "traceback": _traceback_text(work / f"store-{k}", run_id)}
+                    for run_id, record in records[k].items() if record["status"] == "failed"}
+        results[f"{k}_at_a_time"] = {"seconds": round(seconds, 1), "runs_per_hour": round(len(shard.runs) / seconds * 3600),
+                                     "outcomes": dict(outcomes), "failures": failures}
+        for run_id, failure in failures.items():
+            log(f"{run_id} failed: {failure['reason']}\n{failure['traceback'] or ''}")
+        log(f"shard, {k} at a time: {seconds:.0f} s, {dict(outcomes)}")
+    first, *others = runs_at_once
+    for k in others:
+        results[f"speedup_{k}_vs_{first}"] = round(results[f"{first}_at_a_time"]["seconds"] / results[f"{k}_at_a_time"]["seconds"], 2)
+        results[f"identical_results_{k}_vs_{first}"] = all(
+            records[k][run_id]["val_metrics"] == records[first][run_id]["val_metrics"]
+            and records[k][run_id]["test_metrics"] == records[first][run_id]["test_metrics"] for run_id in records[first])
+    return results
+
+
+def _traceback_text(store_root: Path, run_id: str) -> str | None:
+    """The traceback a failed run left beside its record (adaptune.train.record.save_traceback), if any."""
+    path = next(iter(store_root.rglob(f"{run_id}/traceback.txt")), None)
+    return path.read_text()[-4000:] if path else None
+
+
+def _embedded_tokenizer_dir() -> str:
+    from adaptune.model.backbone import resolve_backbone
+    from adaptune.core.backbones import DEFAULT_BACKBONE
+
+    return resolve_backbone(DEFAULT_BACKBONE)
+
+
+def print_table(runs: list[dict]) -> None:
+    print(f"{'backbone':11} {'method':10} {'variant':9} {'batches':15} {'step ms':>8} {'real tok/s':>11} {'TFLOP/s':>8} {'MFU':>6} {'peak GiB':>8}")
+    for r in runs:
+        print(f"{r['backbone']:11} {r['method']:10} {r['variant']:9} {r['batches']:15} {r['step_ms']:8.2f} {r['real_tokens_per_s']:11d} "
+              f"{r['model_tflops_per_s']:8.1f} {r['mfu'] or 0:6.3f} {r['peak_gib']:8.2f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

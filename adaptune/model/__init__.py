@@ -1,0 +1,1 @@
+"""The model: backbones, adapters, tuning methods, parameter counts, compact checkpoints (imports core)."""

@@ -1,0 +1,77 @@
+"""Which run of each task goes into a bundle: the report's own choice, read straight from a run store.
+
+The rule is Table 1's (adaptune.report.tables): among usable runs (status ok, a validation score) of
+one backbone, per task the single run best on validation (`best_by_validation`), over every size,
+learning rate, epoch count and seed the store holds for the method. So for GLUE tasks and the
+adapters or full fine-tuning method, a bundle holds exactly the runs the report's Table 1 shows.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+import pandas as pd
+
+from adaptune.report.selection import BERT_LARGE, best_by_validation, runs_for_backbone, usable_runs
+from adaptune.report.results import run_row
+from adaptune.sweep.store import RECORD_FILE, RUNS_DIR, RunStore
+from adaptune.data.tasks import get_task
+
+SELECT_RULES = ("best",)  # the single run best on validation per task (Table 1)
+DEFAULT_METHOD = "adapters"  # the paper's 1.3x is about adapters (best size per task, Table 1)
+
+
+class SelectionError(ValueError):
+    """No run (or not every named task) can be selected; the message says what the store holds."""
+
+
+def store_runs(store: RunStore) -> pd.DataFrame:
+    """Every current run record in the store as runs.parquet rows (stale records, made under another
+    data scheme, left out as the report leaves them). MNLI-mm companion rows are not made: the MNLI
+    run is its model."""
+    from adaptune.sweep.fan_in import current_records
+
+    records = current_records(store)
+    # None current: say "no records" only where there are none at all (a store of stale ones is reported by select_runs).
+    if not records and not any(RECORD_FILE in names for names in store.run_files().values()):
+        raise SelectionError(f"no run records under {store.url(RUNS_DIR)}: pass the run store root (the directory holding "
+                             f"{RUNS_DIR}/<run_id>/{RECORD_FILE}), e.g. the --runs-root a sweep ran with")
+    return pd.DataFrame.from_records([run_row(record) for record in records])
+
+
+def select_runs(
+    runs: pd.DataFrame, method: str = DEFAULT_METHOD, tasks: list[str] | None = None, backbone: str | None = None,
+    where: str | os.PathLike[str] = "the run store",
+) -> pd.DataFrame:
+    """One run per task, Table 1's rule. `method` matches a method name (adapters: any size) or a
+    method label (adapters64); `tasks` restricts (every named task must be found); `backbone` fixes the
+    backbone (adding to a bundle), else Table 1's choice of one backbone (BERT-large where measured)."""
+    wanted = [get_task(task).name for task in tasks] if tasks else None
+    if runs.empty:
+        raise SelectionError(_nothing_selected(runs, method, wanted, backbone, where))
+    candidates = usable_runs(runs)
+    candidates = candidates[(candidates["method"] == method) | (candidates["method_label"] == method)]
+    if wanted:
+        candidates = candidates[candidates["task"].isin(wanted)]
+    if backbone is not None:
+        candidates = candidates[candidates["backbone"] == backbone]
+    candidates, _ = runs_for_backbone(candidates, BERT_LARGE)
+    if candidates.empty:
+        raise SelectionError(_nothing_selected(runs, method, wanted, backbone, where))
+    chosen = best_by_validation(candidates, ["task"])
+    missing = sorted(set(wanted or ()) - set(chosen["task"]))
+    if missing:
+        raise SelectionError(f"no usable {method} run for task(s) {missing} in {where} (found for {sorted(chosen['task'])}); "
+                             "leave them out of --tasks, or train them first")
+    return chosen.reset_index(drop=True)
+
+
+def _nothing_selected(runs: pd.DataFrame, method: str, tasks: list[str] | None, backbone: str | None, where: object) -> str:
+    scope = f"{method!r}" + (f" for task(s) {tasks}" if tasks else "") + (f" on backbone {backbone!r}" if backbone else "")
+    if runs.empty:
+        return f"no usable run of method {scope} in {where}: it holds no current run records"
+    statuses = dict(Counter(runs["status"]))
+    methods = sorted(set(runs["method"]) | set(runs["method_label"].dropna()))
+    return (f"no usable run (status ok, with a validation score) of method {scope} among the {len(runs)} runs in {where} "
+            f"(statuses {statuses}; methods and labels {methods}; tasks {sorted(set(runs['task']))})")

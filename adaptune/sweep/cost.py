@@ -1,0 +1,64 @@
+"""The cost model: how long a planned run takes, from published or measured throughput.
+
+`estimate_hours(run, spec, measured)` prices one run; `plan` sums them into shards, wall clock and
+accelerator-hours. A run store's own measurements (adaptune.sweep.throughput) replace the table.
+"""
+
+from __future__ import annotations
+
+from adaptune.data.tasks import get_task
+from adaptune.sweep.experiments import ExperimentSpec
+from adaptune.sweep.throughput import REFERENCE_MAX_LENGTH, Measured, ThroughputKey, backbone_key, throughput_key
+from adaptune.train.config import TrainConfig
+
+# Training throughput in examples per second for full fine-tuning at max_length 128, batch 32,
+# per backbone and accelerator (Vertex AI accelerator type, or "cpu"), for one run. These are
+# ESTIMATES for planning, except where a row says it was measured: the MiniLM CPU row comes from the
+# smoke runs here (full fine-tuning 12-17 examples/s at max_length 64, one thread per run, two runs
+# on a busy 2-core machine, halved for max_length 128); the BERT H100 rows are `make bench-gpu`'s
+# training steps on a lent H100 (bench/gpu.json, 2026-11-23: batch 32 padded to 128, bf16, one run:
+# 46.0 ms and 89.2 ms a step); the other rows are rough scalings of published BERT training
+# throughputs. A plan given a run store's measurements (adaptune.sweep.throughput) uses those instead.
+THROUGHPUT: dict[tuple[str, str], float] = {
+    ("all-MiniLM-L6-v2", "cpu"): 7.0,
+    ("bert-base-uncased", "cpu"): 1.5,
+    ("bert-large-uncased", "cpu"): 0.5,
+    ("all-MiniLM-L6-v2", "NVIDIA_H100_80GB"): 4000.0,
+    ("bert-base-uncased", "NVIDIA_H100_80GB"): 695.0,  # measured: 32 / 0.0460 s
+    ("bert-large-uncased", "NVIDIA_H100_80GB"): 359.0,  # measured: 32 / 0.0892 s
+    ("all-MiniLM-L6-v2", "NVIDIA_TESLA_A100"): 2500.0,
+    ("bert-base-uncased", "NVIDIA_TESLA_A100"): 600.0,
+    ("bert-large-uncased", "NVIDIA_TESLA_A100"): 200.0,
+    # One v5e chip (the TPU_V5E preset): about a fifth of an H100's dense bf16 FLOP/s.
+    ("all-MiniLM-L6-v2", "TPU_V5_LITEPOD"): 800.0,
+    ("bert-base-uncased", "TPU_V5_LITEPOD"): 200.0,
+    ("bert-large-uncased", "TPU_V5_LITEPOD"): 70.0,
+}
+# Frozen weights need no weight gradients: a parameter-efficient step costs about 2/3 of a full one.
+PARAMETER_EFFICIENT_STEP_COST = 0.65
+EVALUATION_OVERHEAD = 1.1  # per-epoch validation adds roughly a tenth
+# Public GLUE / SQuAD training-set sizes, for tasks whose registry entry has no paper_sizes.
+KNOWN_TRAIN_SIZES = {
+    "cola": 8551, "sst2": 67349, "mrpc": 3668, "stsb": 5749, "qqp": 363846, "mnli_m": 392702,
+    "mnli_mm": 392702, "qnli": 104743, "rte": 2490, "wnli": 635, "squad": 87599,
+}
+
+
+def estimate_hours(run: TrainConfig, spec: ExperimentSpec, measured: dict[ThroughputKey, Measured] | None = None) -> float:
+    """Estimated training hours of one run: examples x epochs / throughput, the throughput measured
+    by the store's records where `measured` has it (wall time: evaluation included), else THROUGHPUT."""
+    task = get_task(run.task)
+    train_size = task.paper_sizes[0] if task.paper_sizes else KNOWN_TRAIN_SIZES.get(task.name, 10_000)
+    if run.max_train_examples:
+        train_size = min(train_size, run.max_train_examples)
+    found = (measured or {}).get(throughput_key(run.backbone, spec.accelerator.label, run.method))
+    if found is not None:
+        return train_size * run.epochs / (found.examples_per_s * REFERENCE_MAX_LENGTH / run.max_length) / 3600
+    backbone = backbone_key(run.backbone)
+    per_second = THROUGHPUT.get((backbone, spec.accelerator.label))
+    if per_second is None:  # unknown pair: assume BERT-base on this accelerator, else the CPU row
+        per_second = THROUGHPUT.get(("bert-base-uncased", spec.accelerator.label), THROUGHPUT[("bert-base-uncased", "cpu")])
+    per_second *= REFERENCE_MAX_LENGTH / run.max_length
+    if run.method["name"] != "full":
+        per_second /= PARAMETER_EFFICIENT_STEP_COST
+    return train_size * run.epochs / per_second * EVALUATION_OVERHEAD / 3600

@@ -1,0 +1,402 @@
+"""Expand an experiment's grid into validated run configs, with a cost estimate; runs nothing.
+
+`plan(spec)` checks everything it can before a single run starts: task and method names against
+the registries (with the closest known names), value ranges (learning rate, epochs, adapter size,
+k against the backbone's depth), empty blocks and repeated values. Runs come out in a fixed
+order (task, then block, method, learning rate, epochs, seed) with `TrainConfig.run_id`s, so the
+same spec always gives the same plan and KFP's cache recognises finished runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections import Counter
+from typing import Any
+
+from adaptune.model.layouts import BackboneError, backbone_layers, backbone_layout, unusable_backbone
+from adaptune.train.config import TrainConfig, method_label
+from adaptune.sweep.experiments import PAPER_EPOCHS, Ablation, ExperimentSpec, Sweep
+from adaptune.data.tasks import Task, UnknownTaskError, get_task
+from adaptune.sweep.cost import estimate_hours
+from adaptune.sweep.throughput import Measured, ThroughputKey, throughput_key
+
+
+class PlanError(ValueError):
+    """An experiment grid that cannot run as declared; the message says what to change."""
+
+
+MAX_POSITIONS = 512  # BERT's position embeddings
+# A KFP cluster compiles a ParallelFor into one Argo workflow object kept in etcd; fan-outs of about
+# 2,000 items have failed with "etcdserver: request is too large" (kubeflow/pipelines#4175). For the
+# kfp target the shards grow until the fan-out is at most this many iterations.
+KFP_MAX_FANOUT = 300
+# A shard's task ends itself (exit 124) after this many times its estimated hours, plus the slack: a
+# hung or misplaced task stops burning accelerator hours (a Vertex AI custom job's default timeout is 7 days).
+DEADLINE_FACTOR = 3.0
+DEADLINE_SLACK_HOURS = 1.0
+DEADLINE_MAX_HOURS = 7 * 24.0  # never longer than a Vertex AI custom job's own default timeout
+
+@dataclasses.dataclass(frozen=True)
+class Shard:
+    """Runs one pipeline task trains one after another, loading the backbone and tokenized data once.
+
+    Every run of a shard has the same task, backbone and token length. Shards are re-derived from
+    the spec by every component (plan is deterministic), so the DAG fans out only their small ids.
+    """
+
+    id: str  # "0007-cola": position in the plan, then the task, readable in the pipeline console
+    runs: tuple[TrainConfig, ...]
+
+    @property
+    def task(self) -> str:
+        return self.runs[0].task
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    spec: ExperimentSpec
+    runs: list[TrainConfig]
+    run_hours: dict[str, float]  # run_id -> estimated wall-clock hours on one accelerator set
+    merged_duplicates: int  # runs reached by more than one block, kept once
+    # Shards are always packed by the published table's hours: every component re-plans the spec
+    # without the store, and must find the same shards. None: the same as run_hours.
+    packing_hours: dict[str, float] | None = None
+    # The store's measured throughputs that run_hours used, by (backbone, accelerator, method name).
+    measured: dict[ThroughputKey, Measured] = dataclasses.field(default_factory=dict)
+
+    @property
+    def accelerator_hours(self) -> float:
+        """Estimated wall-clock hours x accelerators per run (x1 on CPU nodes). An estimate."""
+        return sum(self.run_hours.values()) * max(self.spec.accelerator.count, 1)
+
+    @property
+    def tasks(self) -> list[str]:
+        return list(dict.fromkeys(run.task for run in self.runs))
+
+    @functools.cached_property
+    def shards(self) -> list[Shard]:
+        """The runs packed per (task, backbone, length), in plan order, into shards of at most
+        spec.shard_size runs and about spec.shard_hours estimated hours: many small-task runs share
+        a shard, while a long run (MNLI on BERT-large) gets one to itself, so no shard holds up the
+        sweep for days."""
+        groups: dict[tuple, list[TrainConfig]] = {}
+        for run in self.runs:
+            groups.setdefault((run.task, run.backbone, run.max_length, run.doc_stride), []).append(run)
+        shards: list[Shard] = []
+        packing_hours = self.packing_hours or self.run_hours
+        for runs in groups.values():
+            current: list[TrainConfig] = []
+            hours = 0.0
+            for run in runs:
+                run_hours = packing_hours[run.run_id]
+                if current and (len(current) >= self.spec.shard_size or hours + run_hours > self.spec.shard_hours):
+                    shards.append(Shard(id=f"{len(shards):04d}-{current[0].task}", runs=tuple(current)))
+                    current, hours = [], 0.0
+                current.append(run)
+                hours += run_hours
+            shards.append(Shard(id=f"{len(shards):04d}-{current[0].task}", runs=tuple(current)))
+        return shards
+
+    def shard_hours(self, shard: Shard) -> float:
+        return sum(self.run_hours[run.run_id] for run in shard.runs)
+
+    def deadline_hours(self, shard: Shard) -> float:
+        """How long the shard's task may run before it ends itself: DEADLINE_FACTOR x its estimate + slack,
+        at most DEADLINE_MAX_HOURS."""
+        return min(DEADLINE_FACTOR * self.shard_hours(shard) + DEADLINE_SLACK_HOURS, DEADLINE_MAX_HOURS)
+
+    def shard(self, shard_id: str) -> Shard:
+        for shard in self.shards:
+            if shard.id == shard_id:
+                return shard
+        raise PlanError(f"experiment {self.spec.name!r} has no shard {shard_id!r} ({len(self.shards)} shards); "
+                        "the spec changed since the pipeline planned it")
+
+    @property
+    def peak_accelerators(self) -> int:
+        """Accelerators the DAG may hold at once: shards in flight x accelerators per shard."""
+        return min(len(self.shards), self.spec.parallelism) * self.spec.accelerator.count
+
+    def wall_clock_hours(self, run_ids: set[str] | None = None) -> float:
+        """Estimated hours until the last shard ends: shards start in plan order on `parallelism` slots.
+        With `run_ids`, only those runs are counted (what is left of a sweep under way)."""
+        import heapq
+
+        shard_hours = [sum(self.run_hours[run.run_id] for run in shard.runs if run_ids is None or run.run_id in run_ids)
+                       for shard in self.shards]
+        shard_hours = [hours for hours in shard_hours if hours > 0]
+        slots = [0.0] * min(self.spec.parallelism, max(len(shard_hours), 1))
+        for hours in shard_hours:
+            heapq.heapreplace(slots, slots[0] + hours)
+        return max(slots)
+
+    def calibrated(self, measured: dict[ThroughputKey, Measured]) -> Plan:
+        """The same plan and shards, its hours estimated from `measured` throughputs where they apply."""
+        run_hours = {run.run_id: estimate_hours(run, self.spec, measured) for run in self.runs}
+        return dataclasses.replace(self, run_hours=run_hours, packing_hours=self.packing_hours or self.run_hours,
+                                   measured=dict(measured))
+
+    def estimate_source(self) -> str:
+        """Which throughputs the estimate used: the store's measurements (with their run counts) or the table."""
+        table = "adaptune.sweep.cost.THROUGHPUT (published figures, not a measurement)"
+        keys = {throughput_key(run.backbone, self.spec.accelerator.label, run.method) for run in self.runs}
+        used = {key: self.measured[key] for key in sorted(keys) if key in self.measured}
+        if not used:
+            return f"throughput from {table}"
+        measured = "; ".join(f"{backbone} {method} on {label}: {m.examples_per_s:,.1f} examples/s from {m.runs:,} run(s)"
+                             for (backbone, label, method), m in used.items())
+        rest = len(keys) - len(used)
+        return (f"throughput measured by the run store's records ({measured})"
+                + (f"; {table} for the other {rest} backbone/method pair(s)" if rest else ""))
+
+    def summary(self) -> str:
+        spec = self.spec
+        accel = spec.accelerator
+        lines = [
+            f"experiment {spec.name}: {spec.description}",
+            f"accelerator {accel.label}" + (f" x{accel.count}" if accel.count else "")
+            + f", {len(self.shards)} shards of at most {spec.shard_size} runs or ~{spec.shard_hours:g} h, {spec.parallelism} at a time"
+            + f", retries {spec.retries}",
+        ]
+        header = ("task", "runs", "backbone", "methods", "learning rates", "epochs", "seeds")
+        rows = [header]
+        for task in self.tasks:
+            runs = [run for run in self.runs if run.task == task]
+            rows.append(
+                (
+                    task,
+                    str(len(runs)),
+                    ",".join(dict.fromkeys(run.backbone for run in runs)),
+                    _compact(method_label(run.method) for run in runs),
+                    _compact(f"{run.lr:g}" for run in runs),
+                    _compact(str(run.epochs) for run in runs),
+                    _compact(str(run.seed) for run in runs),
+                )
+            )
+        widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
+        lines += ["  ".join(cell.ljust(w) for cell, w in zip(row[:-1], widths)) + "  " + row[-1] for row in rows]
+        if spec.ablation:
+            lines.append(
+                f"ablation: the best {method_label(spec.ablation.method)} run of {', '.join(spec.ablation.tasks)}"
+                + (f" on {spec.ablation.backbone}" if spec.ablation.backbone else "")
+            )
+        if spec.max_train_examples:
+            lines.append(f"subsampled: at most {spec.max_train_examples} training examples per task")
+        if self.merged_duplicates:
+            lines.append(f"{self.merged_duplicates} runs shared by several blocks are planned once")
+        lines.append(f"{len(self.runs)} runs")
+        lines.append(self.fanout_line())
+        if accel.count:
+            quota = f" (max_accelerators {spec.max_accelerators})" if spec.max_accelerators is not None else ""
+            lines.append(f"peak: {self.peak_accelerators} {accel.label} at once{quota}")
+        lines.append(
+            f"estimate: {_hours(self.accelerator_hours)} accelerator-hours ({accel.label} x{max(accel.count, 1)} per run), "
+            f"~{_hours(self.wall_clock_hours())} h wall-clock with {spec.parallelism} shards at once"
+        )
+        lines.append(f"estimate basis: {self.estimate_source()}")
+        return "\n".join(lines)
+
+
+    def fanout_line(self) -> str:
+        """The DAG's fan-out (ParallelFor iterations) on Vertex AI and, with its ceiling, on a KFP cluster."""
+        line = f"fan-out: {len(self.shards)} iterations (Vertex AI)"
+        if len(self.shards) <= KFP_MAX_FANOUT:
+            return line + f"; the same on a KFP cluster (ceiling {KFP_MAX_FANOUT})"
+        kfp_plan = fit_fanout(self)
+        kfp_spec = kfp_plan.spec
+        return (line + f"; {len(kfp_plan.shards)} on a KFP cluster (ceiling {KFP_MAX_FANOUT}: shards of at most "
+                f"{kfp_spec.shard_size} runs or ~{kfp_spec.shard_hours:g} h, ~{_hours(kfp_plan.wall_clock_hours())} h wall-clock)")
+
+
+def within_fanout(spec: ExperimentSpec, ceiling: int = KFP_MAX_FANOUT) -> ExperimentSpec:
+    """`spec` with shards grown (shard_size and shard_hours doubled at a time) until at most `ceiling`."""
+    return fit_fanout(plan(spec), ceiling).spec
+
+
+def fit_fanout(planned: Plan, ceiling: int = KFP_MAX_FANOUT) -> Plan:
+    """The plan of `planned.spec` with shards grown until there are at most `ceiling` (within_fanout)."""
+    current = planned
+    while len(current.shards) > ceiling:
+        spec = current.spec
+        if spec.shard_size >= len(current.runs) and spec.shard_hours >= 1e6:
+            raise PlanError(f"experiment {spec.name!r} needs more than {ceiling} shards even with every run of a task in one: "
+                            "split it into smaller experiments")
+        current = plan(dataclasses.replace(spec, shard_size=spec.shard_size * 2, shard_hours=spec.shard_hours * 2))
+    return current
+
+
+def plan(spec: ExperimentSpec, measured: dict[ThroughputKey, Measured] | None = None) -> Plan:
+    """Expand and validate `spec`; raises PlanError naming every problem found. `measured`
+    (adaptune.sweep.throughput.measure_throughput of a run store's records) replaces the published
+    throughput where it has the run's backbone, accelerator and method; shards stay the same."""
+    problems: list[str] = []
+    if not spec.sweeps:
+        raise PlanError(f"experiment {spec.name!r} has an empty grid: declare at least one Sweep in its sweeps")
+    _check_spec_values(spec, problems)
+    per_task: dict[str, list[TrainConfig]] = {}
+    for index, sweep in enumerate(spec.sweeps):
+        where = f"experiment {spec.name!r}, sweep {index}"
+        for config in _expand(spec, sweep, where, problems):
+            per_task.setdefault(config.task, []).append(config)
+    if problems:
+        raise PlanError("invalid experiment grid:\n  - " + "\n  - ".join(dict.fromkeys(problems)))
+
+    runs: list[TrainConfig] = []
+    seen: set[str] = set()
+    for task_runs in per_task.values():
+        for config in task_runs:
+            if config.run_id not in seen:
+                seen.add(config.run_id)
+                runs.append(config)
+    if spec.ablation:
+        _check_ablation(spec.ablation, runs)
+    run_hours = {run.run_id: estimate_hours(run, spec) for run in runs}
+    planned = Plan(spec=spec, runs=runs, run_hours=run_hours, merged_duplicates=sum(map(len, per_task.values())) - len(runs))
+    if spec.max_accelerators is not None and planned.peak_accelerators > spec.max_accelerators:
+        raise PlanError(
+            f"experiment {spec.name!r} may hold {planned.peak_accelerators} {spec.accelerator.label} at once "
+            f"({min(len(planned.shards), spec.parallelism)} shards x {spec.accelerator.count}), over max_accelerators "
+            f"{spec.max_accelerators}: lower parallelism, or raise max_accelerators to what your quota allows"
+        )
+    return planned.calibrated(measured) if measured else planned
+
+
+def _check_spec_values(spec: ExperimentSpec, problems: list[str]) -> None:
+    if spec.parallelism < 1:
+        problems.append(f"parallelism must be >= 1 (shards trained at once), got {spec.parallelism}")
+    if spec.shard_size < 1:
+        problems.append(f"shard_size must be >= 1 (runs per shard), got {spec.shard_size}")
+    if not spec.shard_hours > 0:
+        problems.append(f"shard_hours must be > 0 (estimated hours per shard), got {spec.shard_hours}")
+    if spec.max_accelerators is not None and spec.max_accelerators < 1:
+        problems.append(f"max_accelerators must be >= 1 or None (unchecked), got {spec.max_accelerators}")
+    if spec.retries < 0:
+        problems.append(f"retries must be >= 0, got {spec.retries}")
+    for field in ("max_train_examples", "max_eval_examples"):
+        value = getattr(spec, field)
+        if value is not None and value < 1:
+            problems.append(f"{field} must be >= 1 or None (the whole split), got {value}")
+    accel = spec.accelerator
+    if accel.family not in ("cpu", "gpu", "tpu"):
+        problems.append(f"accelerator family must be cpu, gpu or tpu, got {accel.family!r}")
+    elif accel.family != "cpu" and (not accel.type or accel.count < 1):
+        problems.append(f"a {accel.family} accelerator needs a type (e.g. NVIDIA_H100_80GB) and count >= 1")
+
+
+def _expand(spec: ExperimentSpec, sweep: Sweep, where: str, problems: list[str]) -> list[TrainConfig]:
+    for field in ("tasks", "methods", "learning_rates", "epochs", "seeds"):
+        values = getattr(sweep, field)
+        if not values:
+            problems.append(f"{where}: {field} is empty, so the block has no runs")
+        elif values != PAPER_EPOCHS:
+            repeated = [value for value, n in Counter(map(repr, values)).items() if n > 1]
+            if repeated:
+                problems.append(f"{where}: {field} repeats {', '.join(repeated)} (duplicate run ids)")
+    problems += [f"{where}: learning rate must be > 0 and finite, got {lr}" for lr in sweep.learning_rates
+                 if not (isinstance(lr, int | float) and math.isfinite(lr) and lr > 0)]
+    problems += [f"{where}: seeds must be whole numbers >= 0, got {seed!r}" for seed in sweep.seeds
+                 if not (isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0)]
+    if sweep.epochs != PAPER_EPOCHS:
+        problems += [f"{where}: epochs must be an integer >= 1, got {e}" for e in sweep.epochs if not (isinstance(e, int) and e >= 1)]
+    if sweep.max_length is not None and not 8 <= sweep.max_length <= MAX_POSITIONS:
+        problems.append(f"{where}: max_length must be 8..{MAX_POSITIONS} tokens (BERT's positions), got {sweep.max_length}")
+    if sweep.batch_size is not None and sweep.batch_size < 1:
+        problems.append(f"{where}: batch_size must be >= 1, got {sweep.batch_size}")
+
+    backbone = sweep.backbone or spec.backbone
+    backbone_problem = unusable_backbone(backbone)
+    if backbone_problem:
+        problems.append(f"{where}: {backbone_problem}")
+        return []
+    # A task scored by another's runs (mnli_mm by mnli_m's) plans that task's runs, once.
+    known = [task for task in (_known_task(name, where, problems) for name in sweep.tasks) if task]
+    tasks = list({task.name: task for task in (get_task(t.trained_as) if t.trained_as else t for t in known)}.values())
+    methods = [m for m in (_canonical_method(m, backbone, where, problems) for m in sweep.methods) if m]
+    if not tasks or not methods:
+        return []
+    configs = []
+    for task in tasks:
+        for method in methods:
+            for lr in sweep.learning_rates:
+                for epochs in _epochs_for(sweep, task, method, where, problems):
+                    for seed in sweep.seeds:
+                        overrides = {key: getattr(sweep, key) for key in ("max_length", "batch_size") if getattr(sweep, key)}
+                        configs.append(
+                            TrainConfig(
+                                task=task.name, method=method, lr=lr, epochs=epochs, seed=seed, backbone=backbone,
+                                max_train_examples=spec.max_train_examples, max_eval_examples=spec.max_eval_examples,
+                                experiment=spec.name, **overrides,
+                            )
+                        )
+    return configs
+
+
+def _known_task(name: str, where: str, problems: list[str]) -> Task | None:
+    try:
+        return get_task(name)
+    except UnknownTaskError as error:
+        problems.append(f"{where}: {error}")
+        return None
+
+
+def _canonical_method(method: dict[str, Any], backbone: str, where: str, problems: list[str]) -> dict[str, Any] | None:
+    """The method dict as methods.py writes it (defaults filled in), so equal methods get equal run ids."""
+    from adaptune.model.methods import backbone_problem, method_from_dict  # imports torch; only needed once a grid is expanded
+
+    try:
+        canonical = method_from_dict(dict(method)).to_dict()
+    except (TypeError, ValueError) as error:
+        problems.append(f"{where}: method {method!r}: {error}")
+        return None
+    if canonical["name"] == "top_k":
+        try:
+            layers = backbone_layers(backbone)
+        except BackboneError as error:
+            raise PlanError(str(error)) from None
+        if canonical["k"] > layers:
+            problems.append(f"{where}: top_k k={canonical['k']} exceeds the {layers} layers of {backbone}")
+            return None
+    problem = backbone_problem(method_from_dict(canonical), backbone_layout(backbone))
+    if problem:
+        problems.append(f"{where}: {problem}")
+        return None
+    return canonical
+
+
+def _epochs_for(sweep: Sweep, task: Task, method: dict[str, Any], where: str, problems: list[str]) -> tuple[int, ...]:
+    if sweep.epochs != PAPER_EPOCHS:
+        return sweep.epochs
+    if task.paper_epochs is None:
+        problems.append(f"{where}: epochs='paper' but the paper gives no epochs for task {task.name!r} (Table 4 covers the additional tasks); list the epochs")
+        return ()
+    finetune, adapters = task.paper_epochs
+    # Table 4 has fine-tuning and adapters columns: top_k is fine-tuning, LayerNorm-only is parameter-efficient.
+    return (finetune,) if method["name"] in ("full", "top_k") else (adapters,)
+
+
+def _check_ablation(ablation: Ablation, runs: list[TrainConfig]) -> None:
+    from adaptune.model.methods import method_from_dict
+
+    try:
+        method = method_from_dict(dict(ablation.method)).to_dict()
+    except (TypeError, ValueError) as error:
+        raise PlanError(f"ablation method {ablation.method!r}: {error}") from None
+    if method["name"] != "adapters":
+        raise PlanError(f"ablation switches adapters off, so its method must be adapters, got {method['name']!r}")
+    on = f" on {ablation.backbone}" if ablation.backbone else ""
+    for task in ablation.tasks:
+        if not any(
+            run.task == get_task(task).name and run.method == method and (ablation.backbone is None or run.backbone == ablation.backbone)
+            for run in runs
+        ):
+            raise PlanError(f"ablation of {task!r} needs a planned {method_label(method)} run of that task{on}; add one to a sweep")
+
+
+def _hours(hours: float) -> str:
+    return f"{hours:.2f}" if hours < 10 else f"{hours:.0f}"
+
+
+def _compact(values: Any) -> str:
+    return ",".join(dict.fromkeys(values))

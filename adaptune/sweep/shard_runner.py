@@ -1,0 +1,78 @@
+"""Train one shard of a plan: its runs one after another (or several side by side on one GPU), each in
+the run store, each at most once.
+
+Before any run, the shard checks what every run needs from the machine: the accelerator it was
+compiled for ($ADAPTUNE_DEVICE, set on GPU/TPU tasks: no silent fallback to the CPU) and a loadable
+backbone (the copy staged in the store, `make stage-models`; else the hub). A missing one fails the
+task with one line saying what to do, instead of recording every run as failed.
+
+For every run of the shard (adaptune.sweep.plan.Plan.shards):
+- a record in the store is reused (a failed one too, unless `retry_failed`); a record made under
+  another data scheme (tasks.DATA_SCHEMES) is "stale": neither reused nor retrained, unless
+  `retrain_stale`;
+- otherwise the run's lease is taken (adaptune.sweep.lease): a run another attempt is training is left for
+  the end of the shard, then waited for (its record is reused) or taken over once its lease expires;
+- the run trains in its store directory, resuming from a saved state if a previous attempt left one;
+- a transient failure (out of memory on a shared device, network, storage) is retried here, with
+  exponential backoff, resuming from the saved state, up to `spec.retries` times per run over all
+  attempts (counted in the store): on KFP the Argo compiler drops retries of ParallelFor tasks
+  (kubeflow/pipelines#12389), so the orchestrator's retry is left for preemption;
+- a deterministic failure (non-finite loss, bad data, unsupported model, a bug) becomes a failed
+  record, with the full traceback beside it, and the shard goes on;
+- the record, with its provenance, is published last and only once (RunStore.publish_record).
+A preempted pod never reaches Python: its retry finds the saved state and, once the lease expires,
+the run.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+from adaptune.sweep.experiments import ExperimentSpec
+from adaptune.sweep.machine import TRAINER_ENV, ShardEnvironmentError, prepare_machine, start_deadline  # noqa: F401 (the shard's names)
+from adaptune.sweep.plan import plan
+from adaptune.sweep.run_attempt import run_in_store, train_runs  # noqa: F401 (one run in the store)
+from adaptune.sweep.side_by_side import RUNS_PER_DEVICE_ENV, runs_per_device, train_side_by_side  # noqa: F401
+from adaptune.sweep.store import RunStore
+from adaptune.sweep.transient import BACKOFF_ENV, is_transient  # noqa: F401 (the retry rule's names)
+
+
+def run_shard(
+    spec: ExperimentSpec,
+    shard_id: str,
+    store: RunStore,
+    data_dir: str | os.PathLike[str] | None = None,
+    retry_failed: bool = False,
+    progress: bool = False,
+    retrain_stale: bool = False,
+    enforce_deadline: bool = False,
+    runs_at_once: int | None = None,
+) -> Counter[str]:
+    """Train every run of the shard that the store has no record of; returns counts by outcome
+    (reused, stale, ok, degenerate, failed, superseded). With `enforce_deadline` (pipeline tasks) the
+    process exits with status 124 past the shard's deadline (Plan.deadline_hours).
+
+    `runs_at_once` (default: the accelerator's `runs_per_device`, or $ADAPTUNE_RUNS_PER_DEVICE) trains
+    that many runs side by side on this machine's one device, one process each: a small model leaves a
+    GPU idle between its kernel launches, which another run's launches fill. The runs' leases share them
+    out, so each is trained once, exactly as it would be alone."""
+    planned = plan(spec)
+    shard = planned.shard(shard_id)
+    if enforce_deadline:
+        start_deadline(planned.deadline_hours(shard) * 3600, shard_id)
+    backbones = {run.backbone for run in shard.runs}
+    prepare_machine(store, backbones)
+    options = dict(data_dir=data_dir, retry_failed=retry_failed, retrain_stale=retrain_stale,
+                   max_transient_failures=spec.retries, progress=progress)
+    workers = min(runs_at_once or runs_per_device(spec.accelerator), len(shard.runs))
+    if workers > 1:
+        print(f"{shard_id}: {workers} runs at a time on this device", flush=True)
+        by_run = train_side_by_side(list(shard.runs), shard_id, store, backbones, options, workers)
+    else:
+        by_run = train_runs(list(shard.runs), shard_id, store, options)
+    outcomes = Counter(by_run.values())
+    if outcomes["stale"]:
+        print(f"{shard_id}: {outcomes['stale']} run(s) hold records from another data scheme; "
+              "retrain them with --retrain-stale (make ... RETRAIN_STALE=1)", flush=True)
+    return outcomes

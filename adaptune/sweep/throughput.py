@@ -1,0 +1,84 @@
+"""Training throughput measured by a run store's own records, so that a plan's cost estimate learns
+from the sweep itself (a resubmission is estimated at the speed its finished runs actually had).
+
+A record's throughput is its training rows x epochs over its wall time (`wall_time_s`: evaluation,
+checkpoints and resumed attempts included, which is what an accelerator-hour estimate must cover),
+scaled to REFERENCE_MAX_LENGTH tokens. Records are grouped by (backbone, accelerator, method name):
+adapters of every size share a row, as their step costs differ by far less than the estimate's error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterable
+from typing import Any
+
+REFERENCE_MAX_LENGTH = 128  # throughputs are quoted at this many tokens per example
+MEASURED_STATUSES = ("ok", "degenerate")  # a failed run stopped early: its time says nothing of a whole run
+
+ThroughputKey = tuple[str, str, str]  # (backbone, accelerator label, method name)
+
+
+@dataclasses.dataclass(frozen=True)
+class Measured:
+    """Examples per second of one run at REFERENCE_MAX_LENGTH, from `runs` records."""
+
+    examples_per_s: float
+    runs: int
+
+
+def backbone_key(backbone: str) -> str:
+    """The throughput table's name of a backbone: the hub name without its organisation."""
+    return backbone.split("/")[-1]
+
+
+def throughput_key(backbone: str, accelerator_label: str, method: dict[str, Any]) -> ThroughputKey:
+    return backbone_key(backbone), accelerator_label, method["name"]
+
+
+def runs_on(device: str | None, accelerator_label: str) -> bool:
+    """Whether a record's `device` ("cpu", "cuda:NVIDIA H100 80GB HBM3", "xla:TPU", adaptune.core.devices)
+    is the accelerator a spec names (its label: "cpu", "NVIDIA_H100_80GB", "TPU_V5_LITEPOD")."""
+    if not device:
+        return False
+    if accelerator_label == "cpu":
+        return device == "cpu"
+    if accelerator_label.startswith("TPU"):
+        return device.startswith("xla")
+    # The GPU's model (H100, A100, L4) is the label's token that reads letters then digits.
+    models = [token for token in accelerator_label.split("_") if re.fullmatch(r"[A-Z]+\d+", token)]
+    return device.startswith("cuda") and any(re.search(rf"\b{model}\b", device.upper()) for model in models)
+
+
+def record_rate(record: dict[str, Any]) -> tuple[float, float] | None:
+    """(examples at REFERENCE_MAX_LENGTH, wall seconds) of a finished record, or None where it cannot tell."""
+    wall = record.get("wall_time_s")
+    rows = (record.get("split_sizes") or {}).get("train")
+    epochs = record.get("epochs")
+    if record.get("status") not in MEASURED_STATUSES or not wall or wall <= 0 or not rows or not epochs:
+        return None
+    max_length = (record.get("config") or {}).get("max_length") or REFERENCE_MAX_LENGTH
+    return rows * epochs * max_length / REFERENCE_MAX_LENGTH, float(wall)
+
+
+def accelerator_hours(records: Iterable[dict[str, Any]], accelerators_per_run: int) -> float:
+    """Accelerator-hours the records took: their wall time x the accelerators each run holds."""
+    return sum(record.get("wall_time_s") or 0.0 for record in records) / 3600 * max(accelerators_per_run, 1)
+
+
+def measure_throughput(records: Iterable[dict[str, Any]], accelerator_label: str) -> dict[ThroughputKey, Measured]:
+    """Per (backbone, accelerator, method name), the throughput of the records trained on that
+    accelerator: all their examples over all their seconds (a long run weighs more than a short one)."""
+    examples: dict[ThroughputKey, float] = {}
+    seconds: dict[ThroughputKey, float] = {}
+    runs: dict[ThroughputKey, int] = {}
+    for record in records:
+        rate = record_rate(record)
+        if rate is None or not runs_on(record.get("device"), accelerator_label):
+            continue
+        key = throughput_key(record["backbone"], accelerator_label, record["method"])
+        examples[key] = examples.get(key, 0.0) + rate[0]
+        seconds[key] = seconds.get(key, 0.0) + rate[1]
+        runs[key] = runs.get(key, 0) + 1
+    return {key: Measured(examples[key] / seconds[key], runs[key]) for key in runs}

@@ -1,0 +1,88 @@
+"""Evaluate a model on one prepared split: predictions in the data's order, then the task's metrics."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import torch
+from datasets import Dataset
+from torch import nn
+from transformers import DataCollatorWithPadding
+
+from adaptune.data.batching import evaluation_batches, iterate_batches
+from adaptune.core.devices import Device
+from adaptune.train.metrics import compute_metrics, squad_scores
+from adaptune.data.squad import postprocess_predictions
+from adaptune.data.tasks import Task
+
+EVAL_BATCH_SIZE = 32  # batches are sorted by length; larger ones mostly add padding on CPU
+
+
+@dataclasses.dataclass
+class EvalSplit:
+    """One split ready to evaluate: model rows, and what the metric compares them with.
+
+    Classification/regression: `references` are the labels, one per row. Span (SQuAD): rows are
+    sliding-window features; `features` keeps their example ids and offsets and `examples` the
+    raw questions with their gold answers.
+    """
+
+    name: str
+    rows: list[dict[str, Any]]
+    references: list[Any] | None = None
+    examples: Dataset | None = None
+    features: Dataset | None = None
+
+    @property
+    def lengths(self) -> list[int]:
+        return [len(row["input_ids"]) for row in self.rows]
+
+
+@dataclasses.dataclass
+class EvalResult:
+    metrics: dict[str, float]
+    predicted_classes: int | None  # distinct predicted classes (classification only): 1 means collapsed
+    # SQuAD: {question id: answer text} for every question of the split, in its order (the official
+    # evaluate-v1.1.py's prediction file); None for other tasks.
+    predictions: dict[str, str] | None = None
+
+
+@torch.inference_mode()
+def evaluate_split(
+    model: nn.Module, task: Task, split: EvalSplit, device: Device, collator: DataCollatorWithPadding, batch_size: int = EVAL_BATCH_SIZE
+) -> EvalResult:
+    """The task's metrics on this split (model left in eval mode; the caller switches back to train)."""
+    model.eval()
+    batches = evaluation_batches(split.lengths, batch_size)
+    model_inputs = [{k: v for k, v in row.items() if k in ("input_ids", "attention_mask", "token_type_ids")} for row in split.rows]
+    outputs: list[Any] = [None] * len(split.rows)
+    for indices, batch in zip(batches, iterate_batches(model_inputs, batches, collator, device.torch_device), strict=True):
+        with device.autocast():
+            output = model(**batch)
+        if task.kind == "span":
+            starts = output.start_logits.float().cpu().numpy()
+            ends = output.end_logits.float().cpu().numpy()
+            for position, index in enumerate(indices):
+                outputs[index] = (starts[position], ends[position])
+        else:
+            logits = output.logits.float().cpu().numpy()
+            for position, index in enumerate(indices):
+                outputs[index] = logits[position]
+
+    if task.kind == "span":
+        assert split.examples is not None and split.features is not None
+        predictions = postprocess_predictions(
+            split.examples, split.features, [start for start, _ in outputs], [end for _, end in outputs]
+        )
+        answers = {example_id: answer["text"] for example_id, answer in zip(split.examples["id"], split.examples["answers"], strict=True)}
+        return EvalResult(metrics=dict(squad_scores(predictions, answers)), predicted_classes=None, predictions=predictions)
+
+    logits = np.stack(outputs)
+    assert split.references is not None
+    if task.kind == "regression":
+        return EvalResult(metrics=dict(compute_metrics(task, logits[:, 0], np.asarray(split.references))), predicted_classes=None)
+    classes = logits.argmax(axis=-1)
+    metrics = compute_metrics(task, classes, np.asarray(split.references))
+    return EvalResult(metrics=dict(metrics), predicted_classes=int(len(np.unique(classes))))

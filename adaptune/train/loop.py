@@ -1,0 +1,379 @@
+"""One run: train a method on a task, evaluate every epoch, keep the final epoch's result, write record + checkpoint.
+
+The procedure follows the paper's official code: AdamW with weight decay 0.01 (not on biases and
+LayerNorm weights, as BERT does), linear warmup over the first 10% of steps then linear decay to
+zero, gradient clipping at 1.0, batch 32, max length 128, the head on the first token (or mean
+pooling where the backbone's pooler was never trained: backbone.py's head rule). Batches are
+dynamically padded and length-grouped. The full training state is saved at epoch ends (and every
+`checkpoint_every_steps`), so a preempted run restarted with the same out dir resumes and ends with
+the same result. A diverging run comes back as a record with status "failed"; out of memory is
+raised for the caller (adaptune.sweep.shard_runner) to retry, as it is transient on a shared device.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+from transformers import get_linear_schedule_with_warmup, set_seed
+from transformers.trainer_pt_utils import get_parameter_names
+
+from adaptune.model.backbone import load_model, load_tokenizer
+from adaptune.data.batching import epoch_batches, iterate_batches, make_collator
+from adaptune.model.checkpoint import save_task_checkpoint
+from adaptune.train.config import TrainConfig
+from adaptune.train.epoch_log import report_epoch
+from adaptune.core.devices import Device, is_out_of_memory, pick_device, release_memory
+from adaptune.train.evaluate import EvalResult, evaluate_split
+from adaptune.core.files import write_json
+from adaptune.model.methods import apply_method, method_from_dict
+from adaptune.model.params import count_parameters
+from adaptune.train.record import record_in_run_dir, run_record, with_provenance
+from adaptune.train.run_data import RunData, prepare_run_data
+from adaptune.core.run_files import CHECKPOINT_DIR, PREDICTIONS_FILE, RECORD_FILE
+from adaptune.data.tasks import Task, get_task, scored_companions
+from adaptune.train.state import Progress, load_state, remove_state, save_state
+
+StepCallback = Callable[[int], None]
+# On a GPU or TPU, read the steps' losses back this often: a read waits for every queued kernel.
+SYNC_EVERY_STEPS = 50
+
+
+class RunFailed(Exception):
+    """The run cannot go on (non-finite loss or gradients); becomes a "failed" record, not a crash."""
+
+
+def train_and_evaluate(
+    config: TrainConfig,
+    data_dir: str | os.PathLike[str] | None = None,
+    out_dir: str | os.PathLike[str] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    progress: bool = True,
+    step_callback: StepCallback | None = None,
+    on_state_saved: Callable[[], None] | None = None,
+    write_record: bool = True,
+) -> dict[str, Any]:
+    """Train and evaluate one run; returns its record (also written to out_dir/record.json unless
+    `write_record` is False: the run store publishes the record itself, once, with its provenance).
+
+    out_dir defaults to runs/<run_id>. A finished record already there for the same run id is
+    returned as is; a saved training state there is resumed. `step_callback(global_step)` runs after
+    every optimizer step (and after any state save of that step): a hook for progress reporting, and
+    for tests that interrupt a run by raising from it. `on_state_saved()` runs after every saved
+    training state (the run store uploads it there, so a preempted run resumes on another machine).
+
+    Out of memory is raised, not recorded: on a shared device it is transient, and the run store's
+    shard runner (adaptune.sweep.shard_runner) decides whether to retry or record it.
+    """
+    started = time.perf_counter()
+    out = Path(out_dir) if out_dir is not None else Path("runs") / config.run_id
+    out.mkdir(parents=True, exist_ok=True)
+    finished = record_in_run_dir(out, config.run_id)
+    if finished is not None and finished.get("status") != "failed":
+        return finished
+
+    task = get_task(config.task)
+    method_cfg = method_from_dict(config.method)
+    _check_config(config)
+    device = pick_device()
+    record = with_provenance(run_record(config, task.primary_metric, device.name), data_dir)  # filled in as the run goes
+    run = _Run(config, task, method_cfg, device, out, record, on_state_saved)
+    try:
+        run.execute(data_dir, cache_dir, progress, step_callback)
+    except RunFailed as failure:
+        record.update(status="failed", reason=str(failure))
+    except Exception as error:
+        if is_out_of_memory(error):
+            release_memory(device)  # the caller may go on with another run on this device
+        raise
+    record["wall_time_s"] = run.progress.elapsed_s + (time.perf_counter() - started)
+    record["curve"] = run.progress.curve
+    if write_record:
+        write_json(out / RECORD_FILE, record)
+    if record["status"] != "failed":
+        remove_state(out)
+    return record
+
+
+class _Run:
+    """The state of one run while it trains: kept on an object so a failure can still report it."""
+
+    def __init__(self, config: TrainConfig, task: Task, method_cfg: Any, device: Device, out: Path, record: dict[str, Any],
+                 on_state_saved: Callable[[], None] | None = None) -> None:
+        self.config, self.task, self.method_cfg, self.device, self.out, self.record = config, task, method_cfg, device, out, record
+        self.on_state_saved = on_state_saved
+        self.progress = Progress()
+
+    def execute(self, data_dir: Any, cache_dir: Any, show_progress: bool, step_callback: StepCallback | None) -> None:
+        config, task, device = self.config, self.task, self.device
+        _seed_everything(config.seed, device)
+        tokenizer = load_tokenizer(config.backbone)
+        data = prepare_run_data(
+            task, tokenizer, config.max_length, config.doc_stride, config.max_train_examples, config.max_eval_examples, data_dir, cache_dir
+        )
+        if not data.train_rows:
+            raise ValueError(f"task {task.name!r} has no training rows; check the data dir")
+        self.record.update(data_split=data.data_split, split_note=data.split_note, split_sizes=data.split_sizes)
+        # Tasks this run also scores (MNLI-mm for an MNLI run) on their own test split (MNLI-mm: the
+        # mismatched dev set); their validation slice is this run's (the same train file, held out alike).
+        # Their data is checked before training.
+        self.companion_splits = {
+            name: prepare_run_data(get_task(name), tokenizer, config.max_length, config.doc_stride, None, config.max_eval_examples,
+                                   data_dir, cache_dir, with_train=False, eval_only=("test",)).eval_splits["test"]
+            for name in scored_companions(task.name)
+        }
+        model = load_model(config.backbone, task.kind, task.num_labels)
+        apply_method(model, self.method_cfg)
+        model.to(device.torch_device)
+        if device.autocast_dtype is not None:
+            keep_frozen_matmuls_in(model, device.autocast_dtype)
+        counts = count_parameters(model)
+        self.record.update(trained_params=counts.trained, total_params=counts.total)
+
+        steps_per_epoch = math.ceil(len(data.train_rows) / config.batch_size)
+        total_steps = steps_per_epoch * config.epochs
+        optimizer = _adamw(model, config.lr, config.weight_decay)
+        scheduler = get_linear_schedule_with_warmup(optimizer, int(config.warmup_fraction * total_steps), total_steps)
+        resumed = load_state(self.out, config.run_id, model, optimizer, scheduler)
+        if resumed is not None:
+            self.progress = resumed
+        collator = make_collator(tokenizer, pad_to_multiple_of=device.pad_multiple)
+        lengths = [len(row["input_ids"]) for row in data.train_rows]
+        segment_started = time.perf_counter()
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        guard = FiniteGuard(device)
+
+        bar = tqdm(total=total_steps, initial=self.progress.global_step, desc=config.run_id, disable=not show_progress, leave=False)
+        try:
+            while self.progress.epoch < config.epochs:
+                p = self.progress
+                batches = epoch_batches(lengths, config.batch_size, config.seed, p.epoch)
+                model.train()
+                for batch_rows, batch in zip(
+                    batches[p.step_in_epoch :], iterate_batches(data.train_rows, batches[p.step_in_epoch :], collator, device.torch_device)
+                ):
+                    step_started = time.perf_counter()
+                    guard.add(self._step(model, batch, optimizer, scheduler, trainable))
+                    p.examples_trained += len(batch_rows)
+                    p.global_step += 1
+                    p.step_in_epoch += 1
+                    every = config.checkpoint_every_steps
+                    saving = bool(every and p.global_step % every == 0 and p.step_in_epoch < len(batches))
+                    if saving or p.step_in_epoch == len(batches) or guard.due():
+                        self._check(guard, p)  # waits for the device: inside the timed step, so train time stays honest
+                        bar.set_postfix(epoch=p.epoch + 1, loss=f"{guard.last_loss:.4f}", **_last_validation(p.curve, self.task.primary_metric))
+                    p.train_time_s += time.perf_counter() - step_started
+                    bar.update(1)
+                    if saving:
+                        self._save(model, optimizer, scheduler, segment_started)
+                    if step_callback is not None:
+                        step_callback(p.global_step)
+                self._end_epoch(model, data, collator)
+                self._save(model, optimizer, scheduler, segment_started)
+        finally:
+            bar.close()
+        self._finish()
+
+    def _step(self, model: nn.Module, batch: dict[str, torch.Tensor], optimizer: Any, scheduler: Any,
+              trainable: list[nn.Parameter]) -> StepResult:
+        return training_step(model, batch, optimizer, scheduler, trainable, self.device, self.config.max_grad_norm)
+
+    def _check(self, guard: FiniteGuard, p: Progress) -> None:
+        """Fold the steps since the last check into the epoch's loss; a non-finite one fails the run."""
+        try:
+            total, steps = guard.collect(first_step=p.global_step - guard.pending + 1)
+        except RunFailed as failure:
+            raise RunFailed(f"{failure} (epoch {p.epoch + 1}, lr {self.config.lr:g}): the learning rate is likely too high") from None
+        p.epoch_loss_sum += total
+        p.epoch_loss_steps += steps
+
+    def _end_epoch(self, model: nn.Module, data: RunData, collator: Any) -> None:
+        p, config = self.progress, self.config
+        validation = evaluate_split(model, self.task, data.eval_splits["validation"], self.device, collator)
+        p.curve.append(
+            {
+                "epoch": p.epoch + 1,
+                "step": p.global_step,
+                "train_loss": p.epoch_loss_sum / max(p.epoch_loss_steps, 1),
+                "val_metrics": _finite_or_none(validation.metrics),
+            }
+        )
+        value = _selection_value(validation, self.task.primary_metric)
+        if p.best_value is None or value > p.best_value:  # kept for the record; the result is the final epoch's
+            p.best_epoch, p.best_value = p.epoch + 1, value
+        if p.epoch + 1 == config.epochs:  # as the official code: train N epochs, evaluate the final model
+            p.final_val_metrics = _finite_or_none(validation.metrics)
+            p.final_predicted_classes = validation.predicted_classes
+            test = data.eval_splits.get("test")
+            p.final_test_metrics = _finite_or_none(evaluate_split(model, self.task, test, self.device, collator).metrics) if test else {}
+            p.final_companions = {
+                name: {"val_metrics": p.final_val_metrics,
+                       "test_metrics": _finite_or_none(evaluate_split(model, get_task(name), split, self.device, collator).metrics),
+                       "split_sizes": {**self.record["split_sizes"], "test": len(split.rows)}}
+                for name, split in self.companion_splits.items()
+            }
+            if validation.predictions is not None:  # SQuAD: the official evaluate-v1.1.py's prediction file
+                write_json(self.out / PREDICTIONS_FILE, validation.predictions, sort_keys=False)
+            metadata = {"run_id": config.run_id, "task": self.task.name, "epoch": config.epochs, "best_epoch": p.best_epoch,
+                        "config": config.to_dict(), "data_split": self.record["data_split"]}
+            save_task_checkpoint(model, self.method_cfg, config.backbone, self.out / CHECKPOINT_DIR, metadata=metadata)
+        report_epoch(config.run_id, config.epochs, self.task.primary_metric, p.curve[-1], p.best_epoch)
+        p.epoch += 1
+        p.step_in_epoch = 0
+        p.epoch_loss_sum, p.epoch_loss_steps = 0.0, 0
+
+    def _save(self, model: nn.Module, optimizer: Any, scheduler: Any, segment_started: float) -> None:
+        # Saved wall time = earlier attempts + this one so far; resumed, the record adds the rest.
+        elapsed_before = self.progress.elapsed_s
+        self.progress.elapsed_s = elapsed_before + (time.perf_counter() - segment_started)
+        save_state(self.out, self.config.run_id, model, optimizer, scheduler, self.progress)
+        self.progress.elapsed_s = elapsed_before
+        if self.on_state_saved is not None:
+            self.on_state_saved()
+
+    def _finish(self) -> None:
+        p, record = self.progress, self.record
+        record.update(
+            best_epoch=p.best_epoch,
+            val_metrics=p.final_val_metrics,
+            test_metrics=p.final_test_metrics,
+            companions=p.final_companions,
+            train_examples_per_s=p.examples_trained / p.train_time_s if p.train_time_s > 0 else None,
+            checkpoint_dir=str(self.out / CHECKPOINT_DIR),
+        )
+        if p.final_predicted_classes == 1 and self.task.num_labels > 1:
+            final = p.final_val_metrics.get(self.task.primary_metric)
+            record.update(
+                status="degenerate",
+                reason=f"validation predictions at the final epoch ({self.config.epochs}) are all one class "
+                f"({self.task.primary_metric} {final if final is None else f'{final:g}'}); compare other seeds and learning rates",
+            )
+
+
+StepResult = tuple[torch.Tensor, torch.Tensor]  # (loss, gradient norm), still on the device
+
+
+def training_step(
+    model: nn.Module, batch: dict[str, torch.Tensor], optimizer: Any, scheduler: Any, trainable: list[nn.Parameter],
+    device: Device, max_grad_norm: float,
+) -> StepResult:
+    """One optimizer step (forward, backward, clip, AdamW, schedule); returns (loss, gradient norm) as
+    device tensors, so that a GPU step never waits for the host. `FiniteGuard` checks them: on the CPU
+    at once, before the weights change; on a GPU or TPU within SYNC_EVERY_STEPS steps, and always
+    before a state is saved or the model evaluated, so a diverged run is recorded as failed either way.
+    The benchmark times this same function.
+    """
+    with device.autocast():
+        loss = model(**batch).loss
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(trainable, max_grad_norm)
+    if device.kind == "cpu" and not (math.isfinite(float(loss.detach())) and math.isfinite(float(grad_norm))):
+        optimizer.zero_grad(set_to_none=True)  # the CPU has no queue to keep full: stop before the update
+        return loss.detach(), grad_norm
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    device.mark_step()
+    return loss.detach(), grad_norm
+
+
+class FiniteGuard:
+    """Loss and gradient-norm checks without a host sync per step: results stay on the device and are
+    read every `every` steps (every step on the CPU, where reading costs nothing)."""
+
+    def __init__(self, device: Device, every: int | None = None) -> None:
+        self.every = every or (1 if device.kind == "cpu" else SYNC_EVERY_STEPS)
+        self.results: list[StepResult] = []
+        self.last_loss = math.nan
+
+    @property
+    def pending(self) -> int:
+        return len(self.results)
+
+    def add(self, result: StepResult) -> None:
+        self.results.append(result)
+
+    def due(self) -> bool:
+        return len(self.results) >= self.every
+
+    def collect(self, first_step: int) -> tuple[float, int]:
+        """(sum of the losses, number of steps) since the last call; RunFailed names the first bad step."""
+        if not self.results:
+            return 0.0, 0
+        values = torch.stack([torch.stack([loss.float(), norm.float()]) for loss, norm in self.results]).cpu()
+        self.results = []
+        for offset, (loss, norm) in enumerate(values.tolist()):
+            if not math.isfinite(loss):
+                raise RunFailed(f"non-finite training loss ({loss}) at step {first_step + offset}")
+            if not math.isfinite(norm):
+                raise RunFailed(f"non-finite gradient norm ({norm}) at step {first_step + offset}")
+        self.last_loss = float(values[-1, 0])
+        return float(values[:, 0].sum()), len(values)
+
+
+def _last_validation(curve: list[dict[str, Any]], metric: str) -> dict[str, str]:
+    """The progress bar's note of the last finished epoch's validation score (none before the first)."""
+    value = (curve[-1].get("val_metrics") or {}).get(metric) if curve else None
+    return {f"val_{metric}": f"{value:.4f}"} if value is not None else {}
+
+
+def _check_config(config: TrainConfig) -> None:
+    problems = []
+    if config.epochs < 1:
+        problems.append(f"epochs must be >= 1, got {config.epochs}")
+    if config.batch_size < 1:
+        problems.append(f"batch_size must be >= 1, got {config.batch_size}")
+    if not math.isfinite(config.lr) or config.lr <= 0:
+        problems.append(f"lr must be a finite number > 0, got {config.lr}")
+    if not 0 <= config.warmup_fraction < 1:
+        problems.append(f"warmup_fraction must be in [0, 1), got {config.warmup_fraction}")
+    if config.checkpoint_every_steps is not None and config.checkpoint_every_steps < 1:
+        problems.append(f"checkpoint_every_steps must be >= 1 or None, got {config.checkpoint_every_steps}")
+    if problems:
+        raise ValueError(f"invalid TrainConfig for {config.run_id}: " + "; ".join(problems))
+
+
+def _seed_everything(seed: int, device: Device) -> None:
+    if device.kind == "cuda":
+        # cuBLAS needs this before its first call to be deterministic; then only deterministic kernels.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    set_seed(seed)
+
+
+def _adamw(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """AdamW with BERT's exclusions: no weight decay on biases and LayerNorm weights."""
+    decayed = set(get_parameter_names(model, [nn.LayerNorm]))
+    groups: list[dict[str, Any]] = [{"params": [], "weight_decay": weight_decay}, {"params": [], "weight_decay": 0.0}]
+    for name, parameter in model.named_parameters():
+        if parameter.requires_grad:
+            groups[0 if name in decayed and not name.endswith("bias") else 1]["params"].append(parameter)
+    fused = all(p.is_cuda for g in groups for p in g["params"])  # one kernel for every parameter's update
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, weight_decay=weight_decay, fused=fused or None)
+
+
+def keep_frozen_matmuls_in(model: nn.Module, dtype: torch.dtype) -> None:
+    """Store frozen Linear layers in the autocast dtype: autocast caches the casts of trainable weights
+    only, so a frozen float32 weight would be cast again on every forward. Half the memory too."""
+    for module in model.modules():
+        if isinstance(module, nn.Linear) and not any(p.requires_grad for p in module.parameters(recurse=False)):
+            module.to(dtype)
+
+
+def _selection_value(result: EvalResult, metric: str) -> float:
+    if metric not in result.metrics:
+        raise KeyError(f"evaluation gave {sorted(result.metrics)} but the task selects by {metric!r}")
+    value = float(result.metrics[metric])
+    return value if math.isfinite(value) else -math.inf  # e.g. a correlation of constant predictions
+
+
+def _finite_or_none(metrics: dict[str, Any]) -> dict[str, float | None]:
+    """JSON has no NaN: undefined metrics (constant predictions) become null."""
+    return {name: (float(v) if v is not None and math.isfinite(float(v)) else None) for name, v in metrics.items()}

@@ -1,0 +1,107 @@
+"""A run's data: load a task's splits, subsample them (seeded), tokenize, and shape them for the loop."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from datasets import Dataset, DatasetDict
+
+from adaptune.data.batching import model_rows, subsample
+from adaptune.data.loading import STANDARD_SPLIT, load_task_splits, quiet_datasets, tokenize_task
+from adaptune.train.evaluate import EvalSplit
+from adaptune.data.squad import check_window, prepare_features
+from adaptune.data.tasks import Task
+
+EVAL_SPLITS = ("validation", "test")
+
+
+@dataclasses.dataclass
+class RunData:
+    train_rows: list[dict[str, Any]]  # empty when prepared for evaluation only
+    eval_splits: dict[str, EvalSplit]  # "validation", and "test" where the task has a labelled test split
+    data_split: str = STANDARD_SPLIT  # the split scheme (adaptune.data.loading.TaskData), named in the run record
+    split_note: str | None = None  # where it is not the paper's split: what it is instead
+    split_sizes: dict[str, int] = dataclasses.field(default_factory=dict)  # rows each split was used with
+
+
+@quiet_datasets()  # no progress bars from map/save/load: a run prints its own per-epoch lines
+def prepare_run_data(
+    task: Task,
+    tokenizer: Any,
+    max_length: int,
+    doc_stride: int,
+    max_train_examples: int | None,
+    max_eval_examples: int | None,
+    data_dir: str | os.PathLike[str] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    with_train: bool = True,
+    data_split: str | None = None,
+    eval_only: Sequence[str] = ("validation",),
+) -> RunData:
+    """Everything a run (or, `with_train=False`, an evaluation of the `eval_only` splits) feeds its
+    model, from the real splits.
+
+    `data_split` None: the task's standard splits, or SQuAD's local stand-in where a run needs a train
+    split that neither the mirror nor the hub has (adaptune.data.loading.load_task_splits). An ablation passes
+    the split its run was trained on, so that it scores the same validation questions.
+    """
+    # Evaluation alone loads only the splits it scores: the local SQuAD mirror lacks a train file, and
+    # scoring MNLI-mm's dev set needs no parse of MNLI's train file.
+    loaded = load_task_splits(task, data_dir, splits=None if with_train else tuple(eval_only), data_split=data_split)
+    raw, labels = loaded.splits, {"data_split": loaded.data_split, "split_note": loaded.split_note}
+    if with_train and "validation" not in raw:
+        raise ValueError(f"task {task.name!r} has no validation split (splits: {list(raw)}); the run is selected on it")
+    wanted = {"validation": max_eval_examples, "test": max_eval_examples}
+    if with_train:
+        wanted["train"] = max_train_examples
+    if task.kind == "span":
+        subsets = _subsample_splits(raw, wanted)
+        span = _span_data(subsets, tokenizer, max_length, doc_stride)
+        return dataclasses.replace(span, split_sizes={name: len(split) for name, split in subsets.items()}, **labels)
+    # Tokenize whole splits (cached per task, shared by every run of every shard), then
+    # subsample: the subset depends only on the split's length, so it picks the same rows as before.
+    tokenized = _subsample_splits(tokenize_task(task, raw, tokenizer, max_length, cache_dir), wanted)
+    eval_splits = {}
+    for name in EVAL_SPLITS:
+        if name in tokenized and _has_labels(tokenized[name]):
+            eval_splits[name] = EvalSplit(name, model_rows(tokenized[name]), references=list(tokenized[name]["labels"]))
+    sizes = {name: len(split) for name, split in tokenized.items()}
+    return RunData(train_rows=model_rows(tokenized["train"]) if with_train else [], eval_splits=eval_splits,
+                   split_sizes=sizes, **labels)
+
+
+def _subsample_splits(splits: DatasetDict, wanted: dict[str, int | None]) -> DatasetDict:
+    return DatasetDict({name: subsample(splits[name], limit) for name, limit in wanted.items() if name in splits})
+
+
+def _has_labels(split: Dataset) -> bool:
+    """A split is scored only when it carries real labels (GLUE-style hidden test labels are -1 or None)."""
+    if "labels" not in split.column_names or len(split) == 0:
+        return False
+    labels = split["labels"]
+    return all(label is not None and label != -1 for label in labels)
+
+
+def _span_data(splits: DatasetDict, tokenizer: Any, max_length: int, doc_stride: int) -> RunData:
+    check_window(max_length, doc_stride)
+    options = {"tokenizer": tokenizer, "max_length": max_length, "doc_stride": doc_stride}
+    train_rows: list[dict[str, Any]] = []
+    if "train" in splits:
+        train_features = splits["train"].map(
+            prepare_features, batched=True, remove_columns=splits["train"].column_names, fn_kwargs=options
+        )
+        train_rows = model_rows(train_features)
+    eval_splits = {}
+    for name in EVAL_SPLITS:
+        if name not in splits:
+            continue
+        examples = splits[name]
+        features = examples.map(
+            prepare_features, batched=True, remove_columns=examples.column_names, fn_kwargs={**options, "for_evaluation": True}
+        )
+        rows = [{k: v for k, v in row.items() if k not in ("start_positions", "end_positions")} for row in model_rows(features)]
+        eval_splits[name] = EvalSplit(name, rows, examples=examples, features=features.select_columns(["example_id", "offset_mapping"]))
+    return RunData(train_rows=train_rows, eval_splits=eval_splits)

@@ -1,0 +1,86 @@
+"""The full training state a preempted run resumes from: trained weights, optimizer, schedule, RNG, progress.
+
+Written atomically (temp file + rename) at epoch ends and every `checkpoint_every_steps` steps, so a
+kill at any moment leaves either the previous state or the new one, never half of one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from adaptune.core.files import atomic_write
+from adaptune.core.run_files import STATE_FILE
+
+
+
+@dataclasses.dataclass
+class Progress:
+    """Where the loop stands, plus what the record needs from the steps already taken."""
+
+    epoch: int = 0  # epochs completed
+    step_in_epoch: int = 0  # optimizer steps taken in the current (unfinished) epoch
+    global_step: int = 0
+    epoch_loss_sum: float = 0.0
+    epoch_loss_steps: int = 0
+    train_time_s: float = 0.0  # time inside training steps, over every attempt
+    examples_trained: int = 0
+    elapsed_s: float = 0.0  # wall time of earlier attempts, up to their last saved state
+    curve: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    best_epoch: int | None = None  # the epoch best on validation (recorded; not the run's result)
+    best_value: float | None = None
+    # The run's result: the final epoch's metrics (the official code evaluates the final model).
+    final_val_metrics: dict[str, float | None] = dataclasses.field(default_factory=dict)
+    final_test_metrics: dict[str, float | None] = dataclasses.field(default_factory=dict)
+    final_predicted_classes: int | None = None
+    final_companions: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)  # mnli_mm for an MNLI run
+
+
+def save_state(
+    out_dir: Path, run_id: str, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, progress: Progress
+) -> None:
+    state = {
+        "run_id": run_id,
+        "trained": {name: p.detach().cpu().clone() for name, p in model.named_parameters() if p.requires_grad},
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "rng_cpu": torch.get_rng_state(),
+        "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "progress": dataclasses.asdict(progress),
+    }
+    atomic_write(out_dir / STATE_FILE, lambda temporary: torch.save(state, temporary))
+
+
+def load_state(
+    out_dir: Path, run_id: str, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
+) -> Progress | None:
+    """Restore a saved state into model/optimizer/scheduler/RNG; None when there is none to resume."""
+    path = out_dir / STATE_FILE
+    if not path.is_file():
+        return None
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if state["run_id"] != run_id:
+        raise ValueError(
+            f"{path} belongs to run {state['run_id']!r}, not {run_id!r}: give this run its own out dir "
+            "(or delete the file to start over)"
+        )
+    missing = model.load_state_dict(state["trained"], strict=False)
+    trained_names = {name for name, p in model.named_parameters() if p.requires_grad}
+    if set(missing.missing_keys) & trained_names or missing.unexpected_keys:
+        raise ValueError(f"{path} does not fit this model: unexpected {missing.unexpected_keys[:5]}; delete it to start over")
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    torch.set_rng_state(state["rng_cpu"])
+    if state["rng_cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["rng_cuda"])
+    known = {field.name for field in dataclasses.fields(Progress)}
+    return Progress(**{key: value for key, value in state["progress"].items() if key in known})  # older states' extra fields dropped
+
+
+def remove_state(out_dir: Path) -> None:
+    """A finished run needs no resume state (it holds the optimizer's moments: up to 3x the model)."""
+    (out_dir / STATE_FILE).unlink(missing_ok=True)
