@@ -137,3 +137,23 @@ if __name__ == "__main__":  # the report's figures: python tests/test_layers.py
         for target in sorted(targets):
             if layer_of(target) > layer_of(module):
                 print("upward:", module, "->", target)
+
+
+def test_every_project_import_names_something_that_exists() -> None:
+    """Imports inside functions are only run when the function is: a name moved away must fail here."""
+    import importlib
+
+    modules = project_modules()
+    readers = {**modules, **{f"tests/{path.name}": path for path in sorted((REPO / "tests").glob("*.py"))},
+               **{f"analysis/{path.name}": path for path in sorted((REPO / "analysis").glob("*.py"))}}
+    missing = []
+    for module, path in readers.items():
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and node.module.split(".")[0] in PACKAGES:
+                imported = importlib.import_module(node.module)
+                missing += [f"{module}: from {node.module} import {alias.name}" for alias in node.names
+                            if not hasattr(imported, alias.name) and f"{node.module}.{alias.name}" not in modules]
+            elif isinstance(node, ast.Import):
+                missing += [f"{module}: import {alias.name}" for alias in node.names
+                            if alias.name.split(".")[0] in PACKAGES and alias.name not in modules]
+    assert missing == []

@@ -29,7 +29,7 @@ from adaptune.core.devices import Device  # noqa: E402
 from adaptune.train.evaluate import EvalSplit, evaluate_split  # noqa: E402
 from adaptune.train.metrics import squad_scores  # noqa: E402
 from adaptune.data.squad import prepare_features, postprocess_predictions  # noqa: E402
-from adaptune.train.record import PREDICTIONS_FILE  # noqa: E402
+from adaptune.core.run_files import PREDICTIONS_FILE  # noqa: E402
 from adaptune.data.tasks import get_task  # noqa: E402
 
 # Short windows so one real paragraph (Super Bowl 50, 775 characters) spans several overlapping ones.

@@ -90,7 +90,7 @@ def ablate_sweep(spec: ExperimentSpec, store: RunStore, data_dir: str | os.PathL
     if spec.ablation is None:
         return 0
     from adaptune.train.ablation import ablate
-    from adaptune.sweep.shard_runner import use_staged_backbones
+    from adaptune.sweep.machine import use_staged_backbones
     from adaptune.sweep.store import CHECKPOINT_DIR
 
     done = 0
