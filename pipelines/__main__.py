@@ -72,17 +72,14 @@ def _stem(name: str) -> str:
 def _store_for(name: str, runs_root: str | None, local_out: Path) -> Any:
     """The run store to read: --runs-root; else the submission's ($ADAPTUNE_RUNS_ROOT, adaptune.toml); else
     the local one `make run` wrote (<local_out>/store, local_out being outputs/<name>)."""
-    from adaptune.sweep.store import RunStore, StoreError
+    from adaptune.sweep.store import RunStore
     from pipelines.submit import SettingsError, load_settings
 
     if runs_root:
-        store = RunStore(runs_root)
-        if store.is_local and not Path(store.root).is_dir():
-            raise StoreError(f"run store {store.root} does not exist: check --runs-root (RUNS_ROOT=)")
-        return store
+        return RunStore(runs_root).require_existing()
     settings = load_settings()
     if settings.runs_root or settings.pipeline_root:
-        return RunStore(settings.resolved_runs_root())
+        return RunStore(settings.resolved_runs_root()).require_existing()
     local = local_out / "store"
     if local.is_dir():
         return RunStore(local)

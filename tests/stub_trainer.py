@@ -6,7 +6,8 @@ $STUB_TRAINER_DIR: `calls/<run_id>` counts the calls; `transient/<run_id>` holds
 calls raise ConnectionError; `nan/<run_id>` makes the run diverge (a failed record).
 $STUB_SLEEP_S makes each call take that long, and records the process that trained it (`stub_pid`):
 what a test of runs trained side by side reads. $STUB_SECONDS_PER_EXAMPLE gives a finished record a known throughput (wall time = training rows x
-epochs x that, on device $STUB_DEVICE, default "stub"): what the plan's calibration reads.
+epochs x that, on device $STUB_DEVICE, default "stub"): what the plan's calibration reads. $STUB_SYNC_EVERY_S saves a
+stand-in state that often during the sleep and calls `on_state_saved` (the run store's sync), as the loop does.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import hashlib
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +34,8 @@ def calls(run_id: str) -> int:
     return int(path.read_text()) if path.is_file() else 0
 
 
-def train(config: TrainConfig, out_dir: str | os.PathLike[str], write_record: bool = True, **_: Any) -> dict[str, Any]:
+def train(config: TrainConfig, out_dir: str | os.PathLike[str], write_record: bool = True,
+          on_state_saved: Callable[[], None] | None = None, **_: Any) -> dict[str, Any]:
     root = control_dir()
     (root / "calls").mkdir(parents=True, exist_ok=True)
     (root / "calls" / config.run_id).write_text(str(calls(config.run_id) + 1))
@@ -40,7 +43,7 @@ def train(config: TrainConfig, out_dir: str | os.PathLike[str], write_record: bo
     if transient.is_file() and int(transient.read_text()) > 0:
         transient.write_text(str(int(transient.read_text()) - 1))
         raise ConnectionError(f"stub: storage unreachable while training {config.run_id}")
-    time.sleep(float(os.environ.get("STUB_SLEEP_S") or 0))
+    _sleep(float(os.environ.get("STUB_SLEEP_S") or 0), Path(out_dir), on_state_saved)
     task = get_task(config.task)
     record = run_record(config, task.primary_metric, device=os.environ.get("STUB_DEVICE", "stub"))
     if (root / "nan" / config.run_id).is_file():
@@ -59,3 +62,13 @@ def train(config: TrainConfig, out_dir: str | os.PathLike[str], write_record: bo
     if write_record:
         Path(out_dir, "record.json").write_text(json.dumps(record))
     return record
+
+
+def _sleep(seconds: float, out_dir: Path, on_state_saved: Callable[[], None] | None) -> None:
+    every = float(os.environ.get("STUB_SYNC_EVERY_S") or 0)
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        time.sleep(min(left, every) if every else left)
+        if every and on_state_saved is not None:
+            (out_dir / "train_state.pt").write_bytes(str(time.time()).encode())
+            on_state_saved()

@@ -1,6 +1,8 @@
 """The files of one run's directory, named once (the run store keeps each run's under runs/<run_id>/).
 
-Plain names, no imports: the training loop, the run store, the status and the bundle all read them."""
+Plain names: the training loop, the run store, the status and the bundle all read them."""
+
+import re
 
 RECORD_FILE = "record.json"  # the finished (or failed) run record: written last
 CHECKPOINT_DIR = "checkpoint"  # the compact task checkpoint (what the method trained)
@@ -10,3 +12,11 @@ TRACEBACK_FILE = "traceback.txt"  # the full story behind a failed run's one-lin
 # A SQuAD run's {question id: answer text} of the final epoch's validation questions: the prediction
 # file the official evaluate-v1.1.py reads.
 PREDICTIONS_FILE = "predictions.json"
+LEASE_FILE = re.compile(r"^lease-(\d+)\.json$")  # who trains the run now (adaptune.sweep.lease); the highest n is current
+UNREADABLE_SUFFIX = ".unreadable-"  # <file>.unreadable-<unix time>: an unreadable record set aside, never deleted
+
+
+def store_owned(name: str) -> bool:
+    """A file only the run store's own calls write (record, attempts, leases): never copied into a run's
+    scratch directory nor uploaded back from one, so a stale copy can never overwrite the live file."""
+    return name in (RECORD_FILE, ATTEMPTS_FILE) or LEASE_FILE.match(name) is not None or UNREADABLE_SUFFIX in name

@@ -32,7 +32,7 @@ def store_runs(store: RunStore) -> pd.DataFrame:
     run is its model."""
     from adaptune.sweep.fan_in import current_records
 
-    records = current_records(store)
+    records = current_records(store.require_existing())
     # None current: say "no records" only where there are none at all (a store of stale ones is reported by select_runs).
     if not records and not any(RECORD_FILE in names for names in store.run_files().values()):
         raise SelectionError(f"no run records under {store.url(RUNS_DIR)}: pass the run store root (the directory holding "

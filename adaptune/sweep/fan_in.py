@@ -30,7 +30,12 @@ def sweep_records(spec: ExperimentSpec, store: RunStore, planned: Plan | None = 
     """The record of every planned run, in plan order; raises when any is missing or stale (made under
     another data scheme: its numbers are not comparable with the others'). `planned`: plan(spec), if at hand."""
     planned = planned or plan(spec)
-    found = store.records(run.run_id for run in planned.runs)
+    unreadable: dict[str, str] = {}
+    found = store.records([run.run_id for run in planned.runs], unreadable=unreadable)
+    if unreadable:
+        run_id, reason = next(iter(unreadable.items()))
+        raise IncompleteSweepError(f"{len(unreadable)} of {len(planned.runs)} planned runs have a record that cannot be read "
+                                   f"(e.g. {reason}): retrain them with --retry-failed (RETRY_FAILED=1), which keeps the file aside")
     missing = [run.run_id for run in planned.runs if run.run_id not in found]
     if missing:
         raise IncompleteSweepError(
@@ -118,6 +123,7 @@ def aggregate_sweep(spec: ExperimentSpec, store: RunStore, out_dir: str | os.Pat
     from adaptune.report.results import write_results
 
     planned = plan(spec)
+    store.require_existing()
     records = (finished_records if partial else sweep_records)(spec, store, planned)
     if not records:
         raise IncompleteSweepError(f"no planned run of {spec.name!r} has finished yet in {store.root}: nothing to report")

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import re
 import socket
 import threading
 import time
@@ -28,11 +27,11 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from adaptune.core.files import json_text
-from adaptune.sweep.store import RUNS_DIR, RunStore
+from adaptune.core.run_files import LEASE_FILE
+from adaptune.sweep.store import RUNS_DIR, RunStore, UnreadableFileError
 
 LEASE_SECONDS_ENV = "ADAPTUNE_LEASE_SECONDS"
 DEFAULT_LEASE_SECONDS = 900.0  # a stalled holder delays a run by at most this; renewed every 5 minutes
-LEASE_FILE = re.compile(r"^lease-(\d+)\.json$")
 
 
 def lease_seconds() -> float:
@@ -63,11 +62,32 @@ def lease_number(names: Iterable[str]) -> int | None:
 
 
 def current_lease(store: RunStore, run_id: str) -> tuple[int, dict[str, Any] | None] | None:
-    """(n, content) of the highest-numbered lease file, content None while it is being written."""
+    """(n, content) of the highest-numbered lease file, content None where it vanished meanwhile (released);
+    a file that cannot be read gives {"unreadable": reason} (lease_expires_at's rule then applies)."""
     number = lease_number(store.names(RUNS_DIR, run_id))
     if number is None:
         return None
-    return number, store.read_json(RUNS_DIR, run_id, f"lease-{number}.json")
+    try:
+        content = store.read_json(RUNS_DIR, run_id, f"lease-{number}.json")
+    except UnreadableFileError as error:
+        content = {"unreadable": str(error)}
+    return number, content if content is None or isinstance(content, dict) else {"unreadable": f"not an object: {content!r:.80}"}
+
+
+def lease_expires_at(store: RunStore, run_id: str, number: int, content: dict[str, Any]) -> float:
+    """When a lease ends: its `expires_at`. The rule for a lease file that cannot be read or lacks a
+    numeric `expires_at` (a torn write, a bug, a hand edit): it ended once the file is older than the
+    lease length, since a live holder rewrites it every third of that (Lease.kept_alive)."""
+    expires = content.get("expires_at")
+    if isinstance(expires, int | float) and not isinstance(expires, bool):
+        return float(expires)
+    written = store.modified_at(RUNS_DIR, run_id, f"lease-{number}.json")
+    return (written or 0.0) + lease_seconds()
+
+
+def lease_owner(content: dict[str, Any] | None) -> str:
+    owner = (content or {}).get("owner")
+    return owner if isinstance(owner, str) else ("(unreadable lease)" if content and "unreadable" in content else "(being taken)")
 
 
 class Lease:
@@ -132,12 +152,15 @@ def try_acquire(store: RunStore, run_id: str, owner: str | None = None, seconds:
         number, content = current
         if content is None:  # being written right now: someone is taking it
             return Holder(owner="(being taken)", expires_at=time.time() + seconds)
-        if content["expires_at"] > time.time():
-            return Holder(owner=content["owner"], expires_at=content["expires_at"])
+        expires_at = lease_expires_at(store, run_id, number, content)
+        if expires_at > time.time():
+            return Holder(owner=lease_owner(content), expires_at=expires_at)
         number += 1
     lease = Lease(store, run_id, number, owner, seconds)
     if store.create_exclusive(json_text(lease.content()).encode(), RUNS_DIR, run_id, lease.file):
         return lease
     taken = current_lease(store, run_id)
     content = (taken[1] if taken else None) or {}
-    return Holder(owner=content.get("owner", "(another attempt)"), expires_at=content.get("expires_at", time.time() + seconds))
+    expires_at = content.get("expires_at")
+    return Holder(owner=content.get("owner", "(another attempt)") if isinstance(content.get("owner"), str) else "(another attempt)",
+                  expires_at=expires_at if isinstance(expires_at, int | float) else time.time() + seconds)

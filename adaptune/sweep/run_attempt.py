@@ -14,7 +14,7 @@ from typing import Any
 
 from adaptune.sweep.lease import Holder, Lease, lease_seconds, new_owner, try_acquire
 from adaptune.sweep.machine import load_trainer
-from adaptune.sweep.store import CHECKPOINT_DIR, RUNS_DIR, RunStore
+from adaptune.sweep.store import CHECKPOINT_DIR, RECORD_FILE, RUNS_DIR, RunStore, UnreadableFileError
 from adaptune.sweep.transient import backoff_s, is_transient
 from adaptune.train.config import TrainConfig
 from adaptune.train.record import failed_run_record, is_stale, one_line_reason, save_traceback, with_provenance
@@ -40,10 +40,24 @@ def train_runs(configs: Iterable[TrainConfig], shard_id: str, store: RunStore, o
     return by_run
 
 
-def _reuse(record: dict[str, Any] | None, retry_failed: bool, retrain_stale: bool) -> str | None:
-    """'reused' or 'stale' where the store's record stands, None where the run must train."""
+class _Unreadable(str):
+    """A record file that cannot be read (its one-line reason): the run is "unreadable" until retrained
+    with retry_failed, which sets the file aside (RunStore.set_aside) and trains the run again."""
+
+
+def _stored_record(store: RunStore, run_id: str) -> dict[str, Any] | _Unreadable | None:
+    try:
+        return store.record(run_id)
+    except UnreadableFileError as error:
+        return _Unreadable(str(error))
+
+
+def _reuse(record: dict[str, Any] | _Unreadable | None, retry_failed: bool, retrain_stale: bool) -> str | None:
+    """'reused', 'stale' or 'unreadable' where the store's record stands, None where the run must train."""
     if record is None:
         return None
+    if isinstance(record, _Unreadable):
+        return None if retry_failed else "unreadable"
     if is_stale(record):
         return None if retrain_stale else "stale"
     if record.get("status") == "failed" and retry_failed:
@@ -65,19 +79,25 @@ def run_in_store(
 ) -> str:
     """One run, at most once: 'reused' / 'stale' where the store's record stands, 'leased' (wait=False)
     where another attempt holds it, 'superseded' where ours expired and was taken over, else its status."""
-    reused = _reuse(store.record(config.run_id), retry_failed, retrain_stale)
+    found = _stored_record(store, config.run_id)
+    reused = _reuse(found, retry_failed, retrain_stale)
     if reused:
+        if reused == "unreadable":
+            print(f"{config.run_id}: {found}; retrain it with --retry-failed (RETRY_FAILED=1), which keeps the file aside", flush=True)
         return reused
     lease = _take_lease(config.run_id, store, owner, wait, sleep)
     if not isinstance(lease, Lease):
         return lease
     try:
         with lease.kept_alive():
-            existing = store.record(config.run_id)  # read again under the lease: another attempt may have finished
+            existing = _stored_record(store, config.run_id)  # read again under the lease: another attempt may have finished
             reused = _reuse(existing, retry_failed, retrain_stale)
             if reused:
                 return reused
-            if existing is not None:
+            if isinstance(existing, _Unreadable):
+                kept = store.set_aside(RUNS_DIR, config.run_id, RECORD_FILE)
+                print(f"{config.run_id}: {existing}; set aside as {kept}, training the run again", flush=True)
+            elif existing is not None:
                 store.forget(config.run_id)
                 if is_stale(existing):
                     store.remove_state(config.run_id)  # a state saved under the old scheme trained on other rows
@@ -102,13 +122,13 @@ def _take_lease(run_id: str, store: RunStore, owner: str | None, wait: bool, sle
             return taken
         if not wait:
             return "leased"
-        if store.record(run_id) is not None:
-            return "reused"
+        if (found := _stored_record(store, run_id)) is not None:
+            return "unreadable" if isinstance(found, _Unreadable) else "reused"
         assert isinstance(taken, Holder)
         print(f"{run_id}: {taken.describe()}; waiting", flush=True)
         sleep(min(max(taken.expires_at - time.time(), 1.0), lease_seconds() / 10, 60.0))
-        if store.record(run_id) is not None:
-            return "reused"
+        if (found := _stored_record(store, run_id)) is not None:
+            return "unreadable" if isinstance(found, _Unreadable) else "reused"
 
 
 def _train_with_retries(config: TrainConfig, store: RunStore, data_dir: Any, max_transient_failures: int, progress: bool,

@@ -57,6 +57,7 @@ def run_shard(
     that many runs side by side on this machine's one device, one process each: a small model leaves a
     GPU idle between its kernel launches, which another run's launches fill. The runs' leases share them
     out, so each is trained once, exactly as it would be alone."""
+    store.require_writable()
     planned = plan(spec)
     shard = planned.shard(shard_id)
     if enforce_deadline:

@@ -17,7 +17,7 @@ import pandas as pd
 
 from adaptune.train.config import method_label
 from adaptune.sweep.experiments import ExperimentSpec
-from adaptune.sweep.lease import lease_number
+from adaptune.sweep.lease import lease_expires_at, lease_number, lease_owner
 from adaptune.sweep.plan import Plan, plan
 from adaptune.sweep.status_cache import record_summaries
 from adaptune.train.record import is_stale
@@ -25,8 +25,8 @@ from adaptune.sweep.store import RECORD_FILE, RUNS_DIR, STATE_FILE, RunStore
 from adaptune.sweep.throughput import accelerator_hours, measure_throughput
 
 FINISHED = ("ok", "degenerate", "failed")
-RUNNING, NOT_STARTED, STALE = "running", "not started", "stale"
-STATES = (*FINISHED, RUNNING, NOT_STARTED, STALE)
+RUNNING, NOT_STARTED, STALE, UNREADABLE = "running", "not started", "stale", "unreadable"
+STATES = (*FINISHED, RUNNING, NOT_STARTED, STALE, UNREADABLE)
 # Numbers in a failure reason (a step, a size in GiB) vary from run to run; the reason does not.
 _NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?(?![\w.])")
 
@@ -60,6 +60,7 @@ class SweepStatus:
     eta_hours: float  # wall-clock hours left with the spec's parallelism, at the observed throughput
     parallelism: int
     estimate_basis: str  # which throughputs remaining_hours and eta_hours used (Plan.estimate_source)
+    unreadable: dict[str, str] = dataclasses.field(default_factory=dict)  # run_id -> why its record cannot be read
 
     @property
     def planned(self) -> int:
@@ -81,19 +82,26 @@ def sweep_status(spec: ExperimentSpec, store: RunStore, now: float | None = None
     now = time.time() if now is None else now
     planned = plan(spec)
     files = store.run_files()
+    unreadable: dict[str, str] = {}
     records = record_summaries(store, {run.run_id: files[run.run_id][RECORD_FILE] for run in planned.runs
-                                       if RECORD_FILE in files.get(run.run_id, {})})
-    lease_files = {run.run_id: number for run in planned.runs if run.run_id not in records
+                                       if RECORD_FILE in files.get(run.run_id, {})}, unreadable)
+    lease_files = {run.run_id: number for run in planned.runs if run.run_id not in records and run.run_id not in unreadable
                    and (number := lease_number(files.get(run.run_id, ()))) is not None}
-    leases = {parts[1]: lease for parts, lease in
-              store.read_json_many((RUNS_DIR, run_id, f"lease-{number}.json") for run_id, number in lease_files.items()).items()}
+    bad_leases: dict[tuple[str, ...], str] = {}
+    leases = {parts[1]: lease for parts, lease in store.read_json_many(
+        ((RUNS_DIR, run_id, f"lease-{number}.json") for run_id, number in lease_files.items()), bad_leases).items()}
+    leases.update({parts[1]: {"unreadable": reason} for parts, reason in bad_leases.items()})
+    leases = {run_id: lease if isinstance(lease, dict) else {"unreadable": "not an object"} for run_id, lease in leases.items()}
 
     states, running, interrupted = {}, [], 0
     for run in planned.runs:
         record = records.get(run.run_id)
         if record is not None:
             states[run.run_id] = STALE if is_stale(record) else record.get("status", "failed")
-        elif run.run_id in lease_files and (leases.get(run.run_id) or {}).get("expires_at", now + 1) > now:
+        elif run.run_id in unreadable:
+            states[run.run_id] = UNREADABLE
+        elif run.run_id in lease_files and (run.run_id not in leases  # vanished meanwhile: being taken or released
+                                            or lease_expires_at(store, run.run_id, lease_files[run.run_id], leases[run.run_id]) > now):
             states[run.run_id] = RUNNING
             running.append(_running(run.run_id, leases.get(run.run_id), now))
         else:
@@ -106,7 +114,7 @@ def sweep_status(spec: ExperimentSpec, store: RunStore, now: float | None = None
         experiment=spec.name, store=store.root, runs=runs,
         running=sorted(running, key=lambda r: -(r.held_s or 0.0)), interrupted=interrupted,
         failures=failure_groups({run_id: record for run_id, record in records.items() if states[run_id] == "failed"}),
-        parallelism=spec.parallelism, **_costs(planned, records, states),
+        parallelism=spec.parallelism, unreadable=unreadable, **_costs(planned, records, states),
     )
 
 
@@ -122,7 +130,9 @@ def failure_groups(failed: dict[str, dict[str, Any]]) -> list[FailureGroup]:
 def _running(run_id: str, lease: dict[str, Any] | None, now: float) -> RunningRun:
     lease = lease or {}
     acquired, renewed = lease.get("acquired_at"), lease.get("taken_at")
-    return RunningRun(run_id, lease.get("owner", "(being taken)"), None if acquired is None else now - acquired,
+    acquired = acquired if isinstance(acquired, int | float) else None
+    renewed = renewed if isinstance(renewed, int | float) else None
+    return RunningRun(run_id, lease_owner(lease), None if acquired is None else now - acquired,
                       None if renewed is None else now - renewed)
 
 
@@ -132,7 +142,7 @@ def _costs(planned: Plan, records: dict[str, dict[str, Any]], states: dict[str, 
     current = [record for run_id, record in records.items() if states[run_id] != STALE]
     spent = accelerator_hours(current, per_run)
     calibrated = planned.calibrated(measure_throughput(current, planned.spec.accelerator.label))
-    left = {run_id for run_id, state in states.items() if state in (RUNNING, NOT_STARTED)}
+    left = {run_id for run_id, state in states.items() if state in (RUNNING, NOT_STARTED, UNREADABLE)}
     return {
         "spent_hours": spent,
         "estimated_hours": planned.accelerator_hours,

@@ -35,9 +35,10 @@ def cache_path(store: RunStore) -> Path:
     return root / "record-summaries" / f"{hashlib.sha256(store.root.encode()).hexdigest()[:16]}.json"
 
 
-def record_summaries(store: RunStore, versions: dict[str, str]) -> dict[str, dict[str, Any]]:
+def record_summaries(store: RunStore, versions: dict[str, str], unreadable: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
     """{run_id: summary} of the records whose current version `versions` gives ({run_id: version}, from
-    RunStore.run_files); only those not cached at that version are read (concurrently)."""
+    RunStore.run_files); only those not cached at that version are read (concurrently). Records that
+    cannot be read go into `unreadable` ({run_id: reason}) where given."""
     path = cache_path(store)
     try:
         cached = json.loads(path.read_text())
@@ -45,7 +46,7 @@ def record_summaries(store: RunStore, versions: dict[str, str]) -> dict[str, dic
         cached = {}
     known = {run_id: entry["summary"] for run_id, entry in cached.items() if entry.get("version") == versions.get(run_id)}
     missing = [run_id for run_id in versions if run_id not in known]
-    read = store.records(missing, files={run_id: {RECORD_FILE: versions[run_id]} for run_id in missing})
+    read = store.records(missing, files={run_id: {RECORD_FILE: versions[run_id]} for run_id in missing}, unreadable=unreadable)
     known.update({run_id: summarize(record) for run_id, record in read.items()})
     if read:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from adaptune.sweep.status import FINISHED, NOT_STARTED, RUNNING, STALE, SweepStatus
+from adaptune.sweep.status import FINISHED, NOT_STARTED, RUNNING, STALE, UNREADABLE, SweepStatus
 
 SHOWN_RUNNING = 10  # the longest-held runs listed; the rest are counted
 
@@ -20,6 +20,10 @@ def format_status(status: SweepStatus) -> str:
     if status.count(STALE):
         lines.append(f"stale {status.count(STALE):,}: records from another data scheme, counted apart "
                      "(neither reused nor retrained; RETRAIN_STALE=1 / --retrain-stale retrains them)")
+    if status.count(UNREADABLE):
+        lines.append(f"unreadable {status.count(UNREADABLE):,}: records that cannot be read, counted apart "
+                     "(RETRY_FAILED=1 / --retry-failed retrains them, keeping each file aside)")
+        lines += [f"  {reason}" for reason in list(status.unreadable.values())[:SHOWN_RUNNING]]
     lines += [
         "",
         f"accelerator-hours: {_hours(status.spent_hours)} spent (the records' wall time); "

@@ -29,6 +29,7 @@ import contextlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -40,7 +41,9 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from adaptune.core.files import json_text, write_json
-from adaptune.core.run_files import ATTEMPTS_FILE, CHECKPOINT_DIR, RECORD_FILE, STATE_FILE, TRACEBACK_FILE  # noqa: F401 (the layout above)
+from adaptune.core.run_files import (  # noqa: F401 (the layout above)
+    ATTEMPTS_FILE, CHECKPOINT_DIR, RECORD_FILE, STATE_FILE, TRACEBACK_FILE, UNREADABLE_SUFFIX, store_owned,
+)
 
 RUNS_DIR = "runs"
 ABLATION_DIR = "ablation"
@@ -53,6 +56,11 @@ READ_THREADS = 32  # object stores answer many small reads at once far faster th
 
 class StoreError(RuntimeError):
     """The run store cannot be opened; the message says which root and what to do."""
+
+
+class UnreadableFileError(StoreError):
+    """A file of the store that is not the JSON it should be (truncated, garbage, another run's): the
+    message names the file; the sweep goes on without it."""
 
 
 class RunStore:
@@ -75,6 +83,39 @@ class RunStore:
     def __repr__(self) -> str:
         return f"RunStore({self.root!r})"
 
+    def require_existing(self) -> RunStore:
+        """Refuse a root that does not exist (a wrong path, prefix or bucket), for commands that read a
+        store: an empty answer would look like a sweep that has not started."""
+        try:
+            found = self.fs.isdir(self._base)
+        except Exception as error:  # noqa: BLE001 -- a bucket we may not list, a broken mount: one line
+            raise StoreError(f"cannot read run store {self.root}: {type(error).__name__}: {error}; check --runs-root (RUNS_ROOT=)") from None
+        if not found:
+            raise StoreError(f"run store {self.root} does not exist: check --runs-root (RUNS_ROOT=): the root a sweep ran with")
+        return self
+
+    def require_writable(self) -> RunStore:
+        """Refuse a root no run could be written under, before any run trains: a local path under a
+        regular file or a read-only or virtual filesystem (/proc), a bucket that does not exist."""
+        if self.is_local:
+            try:
+                Path(self._base).mkdir(parents=True, exist_ok=True)
+                with tempfile.NamedTemporaryFile(dir=self._base, prefix=".write-check-"):
+                    pass
+            except OSError as error:
+                raise StoreError(f"cannot write runs under {self.root}: {error.strerror or error}; pass a writable "
+                                 "--runs-root (a directory, gs://bucket/prefix, or /gcs/<bucket>/...)") from None
+            return self
+        bucket = self._base.split("/", 1)[0]
+        try:
+            exists = self.fs.exists(bucket)
+        except Exception as error:  # noqa: BLE001 -- credentials, network: one line, nothing trained
+            raise StoreError(f"cannot reach the bucket of run store {self.root}: {type(error).__name__}: {error}") from None
+        if not exists:
+            raise StoreError(f"the bucket of run store {self.root} does not exist: create it (gcloud storage buckets "
+                             "create) or fix --runs-root")
+        return self
+
     def url(self, *parts: str) -> str:
         """Where `parts` live, as a path or URL a user (or another pod) can open."""
         return "/".join([self.root, *parts])
@@ -86,18 +127,40 @@ class RunStore:
 
     def read_json(self, *parts: str) -> Any | None:
         """The parsed file, or None where it does not exist. A file caught mid-write (a create-only
-        write on a filesystem is visible before its content) is read again for up to a second."""
+        write on a filesystem is visible before its content) is read again for up to a second; still
+        unreadable then, it is an UnreadableFileError naming it."""
         for attempt in range(5):
             try:
                 with self.fs.open(self._path(*parts), "r") as handle:
                     return json.load(handle)
             except FileNotFoundError:
                 return None
-            except json.JSONDecodeError:
+            except ValueError as error:  # JSONDecodeError, UnicodeDecodeError
                 if attempt == 4:
-                    raise
+                    raise UnreadableFileError(f"{self.url(*parts)} is not readable JSON ({type(error).__name__}: {error})") from None
                 time.sleep(0.25)
         return None
+
+    def modified_at(self, *parts: str) -> float | None:
+        """When the file was last written (seconds since the epoch), or None where it does not exist."""
+        try:
+            info = self.fs.info(self._path(*parts))
+        except FileNotFoundError:
+            return None
+        stamp = info.get("mtime") or info.get("updated") or info.get("created")
+        if isinstance(stamp, str):  # GCS: RFC 3339
+            import datetime as dt
+
+            stamp = dt.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+        return stamp.timestamp() if hasattr(stamp, "timestamp") else (float(stamp) if stamp is not None else None)
+
+    def set_aside(self, *parts: str) -> str:
+        """Move an unreadable file to <name>.unreadable-<unix time> beside it (kept, never deleted; a file
+        rename, which Cloud Storage FUSE allows); returns the new name."""
+        *where, name = parts
+        kept = f"{name}{UNREADABLE_SUFFIX}{int(time.time())}"
+        self.fs.mv(self._path(*parts), self._path(*where, kept))
+        return kept
 
     def create_exclusive(self, data: bytes, *parts: str) -> bool:
         """Write a new file only where none exists; False when one does (another writer was first).
@@ -145,7 +208,13 @@ class RunStore:
     # --- runs -------------------------------------------------------------------------------------
 
     def record(self, run_id: str) -> dict[str, Any] | None:
-        return self.read_json(RUNS_DIR, run_id, RECORD_FILE)
+        """The run's published record, None where it has none; UnreadableFileError where the file is
+        not a record of this run."""
+        record = self.read_json(RUNS_DIR, run_id, RECORD_FILE)
+        if record is not None and (not isinstance(record, dict) or record.get("run_id") != run_id):
+            raise UnreadableFileError(f"{self.url(RUNS_DIR, run_id, RECORD_FILE)} is not the record of run {run_id} "
+                                      f"(it names {record.get('run_id') if isinstance(record, dict) else type(record).__name__!r})")
+        return record
 
     def publish_record(self, record: dict[str, Any]) -> bool:
         """Make a run's record visible, once: False (nothing written) when the run already has one,
@@ -171,22 +240,49 @@ class RunStore:
                 runs.setdefault(parts[0], {})[parts[1]] = version
         return runs
 
-    def read_json_many(self, paths: Iterable[tuple[str, ...]]) -> dict[tuple[str, ...], Any]:
-        """The JSON files that exist among `paths` (each a tuple of parts), read concurrently."""
+    def read_json_many(self, paths: Iterable[tuple[str, ...]], unreadable: dict[tuple[str, ...], str] | None = None
+                       ) -> dict[tuple[str, ...], Any]:
+        """The JSON files that exist among `paths` (each a tuple of parts), read concurrently. A file that
+        cannot be read is left out and goes into `unreadable` ({parts: one-line reason}), where given."""
         paths = list(paths)
-        with ThreadPoolExecutor(READ_THREADS) as pool:
-            found = pool.map(lambda parts: self.read_json(*parts), paths)
-        return {parts: data for parts, data in zip(paths, found) if data is not None}
 
-    def records(self, run_ids: Iterable[str] | None = None, files: dict[str, dict[str, str]] | None = None) -> dict[str, dict[str, Any]]:
+        def read(parts: tuple[str, ...]) -> Any:
+            try:
+                return self.read_json(*parts)
+            except UnreadableFileError as error:
+                return error
+
+        with ThreadPoolExecutor(READ_THREADS) as pool:
+            found = list(pool.map(read, paths))
+        if unreadable is not None:
+            unreadable.update({parts: str(data) for parts, data in zip(paths, found) if isinstance(data, UnreadableFileError)})
+        return {parts: data for parts, data in zip(paths, found) if data is not None and not isinstance(data, UnreadableFileError)}
+
+    def records(self, run_ids: Iterable[str] | None = None, files: dict[str, dict[str, str]] | None = None,
+                unreadable: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
         """{run_id: record} of the runs among run_ids (None: every run in the store) that have one, in
         that order: one listing of runs/ (or `files`, run_files' answer already at hand), then only the
         records that exist are read, concurrently (thousands of small objects). The one way to read a
-        store's records in bulk: the fan-in, the status, the bundle all come here."""
+        store's records in bulk: the fan-in, the status, the bundle all come here.
+        A record that cannot be read is left out: named in `unreadable` ({run_id: reason}) where given,
+        else in one line on stderr."""
         files = self.run_files() if files is None else files
         present = [run_id for run_id in (files if run_ids is None else run_ids) if RECORD_FILE in files.get(run_id, ())]
-        found = self.read_json_many((RUNS_DIR, run_id, RECORD_FILE) for run_id in present)
-        return {run_id: found[(RUNS_DIR, run_id, RECORD_FILE)] for run_id in present if (RUNS_DIR, run_id, RECORD_FILE) in found}
+        bad: dict[tuple[str, ...], str] = {}
+        found = self.read_json_many(((RUNS_DIR, run_id, RECORD_FILE) for run_id in present), bad)
+        records = {}
+        for run_id in present:
+            record = found.get((RUNS_DIR, run_id, RECORD_FILE))
+            if isinstance(record, dict) and record.get("run_id") == run_id:
+                records[run_id] = record
+            elif record is not None:
+                bad[(RUNS_DIR, run_id, RECORD_FILE)] = f"{self.url(RUNS_DIR, run_id, RECORD_FILE)} is not the record of run {run_id}"
+        for (_, run_id, _), reason in bad.items():
+            if unreadable is not None:
+                unreadable[run_id] = reason
+            else:
+                print(f"skipped run {run_id}: {reason}", file=sys.stderr, flush=True)
+        return records
 
     def note_transient_failure(self, run_id: str, reason: str) -> int:
         """Count one more transient failure of the run; returns the count so far."""
@@ -208,7 +304,10 @@ class RunStore:
 
     @contextlib.contextmanager
     def run_dir(self, run_id: str) -> Iterator[RunDir]:
-        """A local directory for the run; on a remote root, downloaded first and uploaded by `sync()`."""
+        """A local directory for the run; on a remote root, downloaded first and uploaded by `sync()`.
+        The store's own files (record, attempts, leases: core.run_files.store_owned) are neither
+        downloaded nor uploaded: only the store's calls write them, so a sync never puts back a stale
+        attempt count or an old lease over a renewed one."""
         if self.is_local:
             path = Path(self._path(RUNS_DIR, run_id))
             path.mkdir(parents=True, exist_ok=True)
@@ -216,7 +315,7 @@ class RunStore:
             return
         with tempfile.TemporaryDirectory(prefix=f"{run_id}-") as scratch:
             local = Path(scratch)
-            self._download(self._path(RUNS_DIR, run_id), local)
+            self._download(self._path(RUNS_DIR, run_id), local, skip=store_owned)
             yield RunDir(local, sync=lambda: self._upload(local, self._path(RUNS_DIR, run_id)))
 
     @contextlib.contextmanager
@@ -275,15 +374,18 @@ class RunStore:
         self.write_json(marker, MODELS_DIR, name, STAGED_MARKER)
         return marker
 
-    def _download(self, remote: str, local: Path) -> None:
+    def _download(self, remote: str, local: Path, skip: Callable[[str], bool] = lambda name: False) -> None:
         for path in self.fs.find(remote):
+            if skip(path.rsplit("/", 1)[-1]):
+                continue
             target = local / os.path.relpath(path, remote)
             target.parent.mkdir(parents=True, exist_ok=True)
             self.fs.get_file(path, str(target))
 
     def _upload(self, local: Path, remote: str) -> None:
-        """Every file, the record last: a reader that sees record.json sees the whole run."""
-        files = sorted((p for p in local.rglob("*") if p.is_file()), key=lambda p: p.name == RECORD_FILE)
+        """Every file the run wrote (never the store's own: a record is published, leases and attempts
+        are written in place)."""
+        files = sorted(p for p in local.rglob("*") if p.is_file() and not store_owned(p.name))
         for path in files:
             self.fs.put_file(str(path), f"{remote}/{path.relative_to(local).as_posix()}")
 

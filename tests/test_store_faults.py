@@ -1,0 +1,203 @@
+"""The run store under faults, on buckets: `memory://` (fsspec's in-memory filesystem) and the GCS JSON
+API emulator (tests/gcs_emulator.py, fake-gcs-server on the loopback).
+
+What a bucket store must hold to (GCS semantics: whole-object writes, last writer wins,
+https://cloud.google.com/storage/docs/consistency; create-only uploads with ifGenerationMatch=0,
+https://cloud.google.com/storage/docs/request-preconditions):
+- the store's own files (attempts.json, lease-<n>.json, record.json) are only ever written by the store's
+  own calls: a run's scratch copy never uploads them back over fresher ones;
+- a record or lease that cannot be read is one line naming the run and the file: status lists it, the
+  shard goes on, --retry-failed retrains it (the file kept aside); an unreadable lease ends once it is
+  older than the lease length;
+- a root that does not exist, or cannot be written, is refused with one line before anything runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from adaptune.sweep.experiments import Sweep, get_experiment
+from adaptune.sweep.fan_in import IncompleteSweepError, aggregate_sweep
+from adaptune.sweep.lease import LEASE_SECONDS_ENV, Holder, Lease, try_acquire
+from adaptune.sweep.plan import plan
+from adaptune.sweep.shard_runner import run_in_store, run_shard
+from adaptune.sweep.status import sweep_status
+from adaptune.sweep.status_text import format_status
+from adaptune.sweep.store import RunStore, StoreError
+from tests import stub_trainer
+from tests.gcs_emulator import gcs_emulator
+
+
+def _spec(**changes: object):
+    """Four runs of RTE on the embedded backbone, one shard."""
+    spec = dataclasses.replace(
+        get_experiment("smoke"), name="faults", ablation=None, shard_size=8, retries=3,
+        sweeps=(Sweep(tasks=("rte",), methods=({"name": "full"}, {"name": "layernorm"}), learning_rates=(1e-4,), epochs=(1,),
+                      seeds=(0, 1), max_length=32),),
+    )
+    return dataclasses.replace(spec, **changes)
+
+
+@pytest.fixture(params=["memory", "gcs"])
+def bucket(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A bucket store root: memory://, or gs:// on a fresh emulator."""
+    if request.param == "memory":
+        yield f"memory://adaptune-faults/{tmp_path.name}"
+        return
+    with gcs_emulator(log_dir=tmp_path) as emulator:
+        yield emulator.url("store")
+
+
+def _run(spec, store: RunStore, **options: object) -> Counter[str]:
+    (shard,) = plan(spec).shards
+    return run_shard(spec, shard.id, store, **options)
+
+
+# --- the store's own files are written only by the store ---------------------------------------------
+
+
+def test_retries_are_limited_on_a_bucket(stub: Path, bucket: str) -> None:
+    """8 transient failures in a row with retries=3: 4 calls, then a failed record (the local store's
+    documented behaviour); before, a sync uploaded the scratch copy of attempts.json over the count."""
+    spec = _spec(retries=3)
+    flaky = plan(spec).runs[0].run_id
+    (stub / "transient").mkdir()
+    (stub / "transient" / flaky).write_text("8")
+    store = RunStore(bucket)
+    assert _run(spec, store) == Counter(ok=3, failed=1)
+    assert stub_trainer.calls(flaky) == 4
+    assert store.record(flaky)["reason"].startswith("transient failure persisted over 4 attempts: ConnectionError: stub")
+    assert store.read_json("runs", flaky, "attempts.json")["transient_failures"] == 4
+
+
+def test_a_sync_never_puts_back_an_old_lease(bucket: str) -> None:
+    store = RunStore(bucket)
+    lease = try_acquire(store, "run-a", owner="live", seconds=60)
+    assert isinstance(lease, Lease)
+    with store.run_dir("run-a") as work:
+        assert not any(path.name.startswith("lease-") for path in work.path.iterdir())
+        time.sleep(0.01)
+        lease.renew()
+        renewed = store.read_json("runs", "run-a", lease.file)
+        (work.path / "train_state.pt").write_bytes(b"state")
+        work.sync()
+    assert store.read_json("runs", "run-a", lease.file) == renewed
+    assert store.names("runs", "run-a") == [lease.file, "train_state.pt"]
+
+
+def test_a_live_run_longer_than_its_lease_is_not_taken_over(stub: Path, bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 3 s lease (renewed every second) and a 4.5 s run that syncs every 0.5 s; a second attempt
+    comes at 3.6 s. Before, a sync put back the lease as downloaded (expiring at 3 s), the second attempt
+    took the run over and it trained twice, the first ending "superseded"."""
+    monkeypatch.setenv(LEASE_SECONDS_ENV, "3")
+    monkeypatch.setenv("STUB_SLEEP_S", "4.5")
+    monkeypatch.setenv("STUB_SYNC_EVERY_S", "0.5")
+    config = plan(_spec()).runs[0]
+    store = RunStore(bucket)
+    outcomes: dict[str, str] = {}
+    first = threading.Thread(target=lambda: outcomes.update(first=run_in_store(config, store, wait=False, owner="first")))
+    first.start()
+    time.sleep(3.6)
+    outcomes["second"] = run_in_store(config, RunStore(bucket), wait=False, owner="second")
+    first.join()
+    assert outcomes == {"first": "ok", "second": "leased"}
+    assert stub_trainer.calls(config.run_id) == 1
+
+
+# --- unreadable files ----------------------------------------------------------------------------------
+
+
+def test_an_unreadable_record_is_named_the_shard_goes_on_and_retry_failed_retrains_it(
+    stub: Path, bucket: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = _spec()
+    runs = plan(spec).runs
+    store = RunStore(bucket)
+    assert _run(spec, store) == Counter(ok=4)
+    broken = runs[1].run_id
+    store.fs.pipe_file(store._path("runs", broken, "record.json"), b'{"run_id": "' + broken.encode() + b'", "sta')
+
+    status = sweep_status(spec, store)
+    assert status.count("unreadable") == 1 and status.count("ok") == 3
+    text = format_status(status)
+    assert "unreadable 1" in text and f"runs/{broken}/record.json is not readable JSON" in text
+
+    capsys.readouterr()
+    assert _run(spec, store) == Counter(reused=3, unreadable=1)  # the other runs are still checked
+    out = capsys.readouterr().out
+    assert f"{broken}: " in out and "record.json is not readable JSON" in out and "--retry-failed" in out
+
+    with pytest.raises(IncompleteSweepError, match=r"1 of 4 planned runs have a record that cannot be read .*record\.json"):
+        aggregate_sweep(spec, store, tmp_path / "results")
+    summary = aggregate_sweep(spec, store, tmp_path / "partial", partial=True)
+    assert summary["runs"] == 3 and f"skipped run {broken}" in capsys.readouterr().err
+
+    assert _run(spec, store, retry_failed=True) == Counter(reused=3, ok=1)
+    assert stub_trainer.calls(broken) == 2 and store.record(broken)["status"] == "ok"
+    kept = [name for name in store.names("runs", broken) if name.startswith("record.json.unreadable-")]
+    assert len(kept) == 1 and store.fs.cat_file(store._path("runs", broken, kept[0])).endswith(b'"sta')
+    assert sweep_status(spec, store).count("ok") == 4
+
+
+@pytest.mark.parametrize("content", [b"\x00garbage{", b'{"owner": "someone"}', b"[1, 2]"])
+def test_an_unreadable_lease_ends_once_older_than_the_lease_length(
+    stub: Path, bucket: str, monkeypatch: pytest.MonkeyPatch, content: bytes
+) -> None:
+    """The rule: a lease file that cannot be read, or has no numeric expires_at, ended once the file is
+    older than the lease length (a live holder rewrites it every third of that)."""
+    monkeypatch.setenv(LEASE_SECONDS_ENV, "6")  # reading a torn file is retried for a second: room for two reads
+    spec = _spec()
+    held = plan(spec).runs[0].run_id
+    store = RunStore(bucket)
+    store.fs.pipe_file(store._path("runs", held, "lease-1.json"), content)
+
+    status = sweep_status(spec, store)
+    assert status.count("running") == 1 and status.count("not started") == 3
+    taken = try_acquire(store, held, owner="other")
+    assert isinstance(taken, Holder) and taken.expires_at > time.time()
+    # The shard trains the others first, then waits for the lease to end and trains the held run.
+    assert _run(spec, store) == Counter(ok=4)
+    assert store.record(held)["status"] == "ok" and stub_trainer.calls(held) == 1
+
+
+# --- roots that cannot be used ----------------------------------------------------------------------
+
+
+def test_a_missing_bucket_or_prefix_is_refused_by_readers_and_writers(stub: Path, tmp_path: Path) -> None:
+    from pipelines.__main__ import main
+
+    with gcs_emulator(log_dir=tmp_path) as emulator:
+        missing_bucket = "gs://no-such-bucket/store"
+        with pytest.raises(StoreError, match="does not exist"):
+            RunStore(missing_bucket).require_existing()
+        with pytest.raises(StoreError, match="bucket of run store gs://no-such-bucket/store does not exist"):
+            _run(_spec(), RunStore(missing_bucket))
+        with pytest.raises(StoreError, match="does not exist"):
+            RunStore(emulator.url("wrong-prefix")).require_existing()
+        assert main(["status", "smoke", "--runs-root", emulator.url("wrong-prefix")]) == 2
+        with pytest.raises(StoreError, match="does not exist"):
+            aggregate_sweep(_spec(), RunStore(emulator.url("wrong-prefix")), tmp_path / "results", partial=True)
+
+
+@pytest.mark.parametrize("where", ["under a file", "proc"])
+def test_a_root_no_run_can_be_written_under_is_refused_before_training(stub: Path, tmp_path: Path, where: str) -> None:
+    (tmp_path / "a-file").write_text("")
+    root = tmp_path / "a-file" / "store" if where == "under a file" else Path("/proc/adaptune-store")
+    with pytest.raises(StoreError, match=f"cannot write runs under {root}"):
+        _run(_spec(), RunStore(root))
+    assert not (stub / "calls").exists()
+
+
+def test_status_of_a_missing_local_root_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from pipelines.__main__ import main
+
+    assert main(["status", "smoke", "--runs-root", str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "does not exist" in err
