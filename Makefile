@@ -8,7 +8,7 @@ PIPELINE ?= smoke
 OUT ?= outputs
 export PYTHONHASHSEED := 0
 
-.PHONY: venv test demo run plan status report compile submit stage-models bench bench-gpu bench-status images lint lock clean
+.PHONY: venv test demo run plan status report compile submit stage-models bench bench-gpu bench-status bench-soak images lint lock clean
 
 $(VENV)/.installed: pyproject.toml requirements.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -64,6 +64,11 @@ bench-gpu: venv
 # `make status` against paper_full's 8,556 stub records in the emulated GCS bucket (JSON out; a few minutes).
 bench-status: venv
 	$(PY) -m tests.status_timing --out bench/status.json
+
+# The run store's soak at 10,000 stub runs in the emulated GCS bucket: overlapping submissions, SIGKILLed
+# workers, transient and diverging runs (JSON out: runs, kills, calls per run, lost, duplicated, wall; ~15 min).
+bench-soak: venv
+	$(PY) -m tests.soak --runs 10000 --out bench/soak.json
 
 images:
 	$(MAKE) -C containers images

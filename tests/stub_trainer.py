@@ -3,7 +3,8 @@
 Used through $ADAPTUNE_TRAINER (adaptune.sweep.shard_runner.TRAINER_ENV) to run a paper-scale DAG's shape under
 kfp.local in seconds, and directly by the run-store tests. Behaviour per run is steered by files in
 $STUB_TRAINER_DIR: `calls/<run_id>` counts the calls; `transient/<run_id>` holds how many more
-calls raise ConnectionError; `nan/<run_id>` makes the run diverge (a failed record).
+calls raise ConnectionError; `nan/<run_id>` makes the run diverge (a failed record); `sleep/<run_id>` holds its own
+seconds; `kill/inside/<run_id>` SIGKILLs the process halfway through the run, once.
 $STUB_SLEEP_S makes each call take that long, and records the process that trained it (`stub_pid`):
 what a test of runs trained side by side reads. $STUB_SECONDS_PER_EXAMPLE gives a finished record a known throughput (wall time = training rows x
 epochs x that, on device $STUB_DEVICE, default "stub"): what the plan's calibration reads. $STUB_SYNC_EVERY_S saves a
@@ -15,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -43,7 +45,12 @@ def train(config: TrainConfig, out_dir: str | os.PathLike[str], write_record: bo
     if transient.is_file() and int(transient.read_text()) > 0:
         transient.write_text(str(int(transient.read_text()) - 1))
         raise ConnectionError(f"stub: storage unreachable while training {config.run_id}")
-    _sleep(float(os.environ.get("STUB_SLEEP_S") or 0), Path(out_dir), on_state_saved)
+    own_sleep = root / "sleep" / config.run_id
+    seconds = float(own_sleep.read_text()) if own_sleep.is_file() else float(os.environ.get("STUB_SLEEP_S") or 0)
+    if consume(f"kill/inside/{config.run_id}"):  # the node dies halfway through this run (once)
+        _sleep(seconds / 2, Path(out_dir), on_state_saved)
+        os.kill(os.getpid(), signal.SIGKILL)
+    _sleep(seconds, Path(out_dir), on_state_saved)
     task = get_task(config.task)
     record = run_record(config, task.primary_metric, device=os.environ.get("STUB_DEVICE", "stub"))
     if (root / "nan" / config.run_id).is_file():
@@ -72,3 +79,12 @@ def _sleep(seconds: float, out_dir: Path, on_state_saved: Callable[[], None] | N
         if every and on_state_saved is not None:
             (out_dir / "train_state.pt").write_bytes(str(time.time()).encode())
             on_state_saved()
+
+
+def consume(token: str) -> bool:
+    """Take a one-shot token file under the control dir: True for exactly one caller, across processes."""
+    try:
+        os.unlink(control_dir() / token)
+    except FileNotFoundError:
+        return False
+    return True

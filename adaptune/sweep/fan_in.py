@@ -15,6 +15,7 @@ from typing import Any
 
 from adaptune.sweep.experiments import ExperimentSpec
 from adaptune.sweep.experiments import Ablation
+from adaptune.sweep.lease import remove_orphaned_leases
 from adaptune.sweep.plan import Plan, plan
 from adaptune.train.record import is_stale
 from adaptune.sweep.store import ABLATION_DIR, RUNS_DIR, RunStore
@@ -125,6 +126,7 @@ def aggregate_sweep(spec: ExperimentSpec, store: RunStore, out_dir: str | os.Pat
     planned = plan(spec)
     store.require_existing()
     records = (finished_records if partial else sweep_records)(spec, store, planned)
+    remove_orphaned_leases(store, store.run_files(), (record["run_id"] for record in records))
     if not records:
         raise IncompleteSweepError(f"no planned run of {spec.name!r} has finished yet in {store.root}: nothing to report")
     ablation: list[dict[str, Any]] = []

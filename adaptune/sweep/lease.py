@@ -164,3 +164,24 @@ def try_acquire(store: RunStore, run_id: str, owner: str | None = None, seconds:
     expires_at = content.get("expires_at")
     return Holder(owner=content.get("owner", "(another attempt)") if isinstance(content.get("owner"), str) else "(another attempt)",
                   expires_at=expires_at if isinstance(expires_at, int | float) else time.time() + seconds)
+
+
+def remove_orphaned_leases(store: RunStore, files: dict[str, dict[str, str]], finished: Iterable[str]) -> int:
+    """Drop the expired lease files of runs that have a record: what an attempt killed between publishing a
+    record and releasing its lease leaves behind (harmless, as a record always wins, but litter). A live
+    lease (a retry of a failed run now training) is left alone. `files`: RunStore.run_files(). Returns how many."""
+    removed = 0
+    now = time.time()
+    for run_id in finished:
+        for name in files.get(run_id, {}):
+            match = LEASE_FILE.match(name)
+            if not match:
+                continue
+            try:
+                content = store.read_json(RUNS_DIR, run_id, name)
+            except UnreadableFileError as error:
+                content = {"unreadable": str(error)}
+            if content is not None and lease_expires_at(store, run_id, int(match.group(1)), content if isinstance(content, dict) else {}) <= now:
+                store.remove(RUNS_DIR, run_id, name)
+                removed += 1
+    return removed

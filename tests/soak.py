@@ -1,0 +1,244 @@
+"""The run store's soak: a sweep of stub runs in a bucket on the GCS emulator, as a user's worst week.
+
+Two overlapping submissions of the same sweep (shard workers in their own processes, several at once),
+workers SIGKILLed at chosen points and restarted (inside a run; between publishing a record and
+releasing its lease; while waiting for a run another attempt holds), runs that fail transiently and
+runs that diverge; then a third submission, status and aggregate. Checked: every planned run ends with
+exactly one record, the failed records are exactly the diverging runs, no lease is left behind, each run
+trained as often as its faults explain (once; twice if killed inside it; once more per transient
+failure), and status, aggregate and runs.parquet agree.
+
+    python -m tests.soak --runs 10000 --out bench/soak.json      (make bench-soak)
+tests/test_soak.py runs the same driver at a few hundred runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+TASKS = ("cola", "sst2", "mrpc", "rte")
+METHODS = ({"name": "full"}, {"name": "layernorm"}, {"name": "adapters", "size": 8}, {"name": "adapters", "size": 64},
+           {"name": "top_k", "k": 1})
+LEARNING_RATES = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3)
+KILL_POINTS = ("inside", "publish", "catch_up")
+
+
+@dataclasses.dataclass(frozen=True)
+class SoakSettings:
+    runs: int = 300  # rounded to whole seeds of 4 tasks x 5 methods x lr
+    kills: int = 8  # SIGKILLs over the whole soak, spread over the kill points
+    transient: int = 12  # runs that fail transiently 1..retries times, then work
+    diverging: int = 4  # runs whose loss is not finite: a failed record
+    long_runs: int = 20  # runs that last long enough to cross a lease renewal (and sync meanwhile)
+    long_run_s: float = 1.2
+    lease_s: float = 1.5  # renewed every third of it
+    workers: int = 4  # shard processes at once per submission
+    shard_size: int = 25
+    retries: int = 3
+    seed: int = 0
+
+
+def soak_spec(settings: SoakSettings) -> Any:
+    from adaptune.sweep.experiments import Sweep, get_experiment
+
+    per_seed = len(TASKS) * len(METHODS) * len(LEARNING_RATES)
+    seeds = tuple(range(max(1, round(settings.runs / per_seed))))
+    return dataclasses.replace(
+        get_experiment("smoke"), name="soak", ablation=None, shard_size=settings.shard_size, retries=settings.retries,
+        sweeps=(Sweep(tasks=TASKS, methods=METHODS, learning_rates=LEARNING_RATES, epochs=(1,), seeds=seeds, max_length=32),),
+    )
+
+
+def run_soak(settings: SoakSettings, root: str, control: Path, log: Path) -> dict[str, Any]:
+    """Drive the soak against the store at `root` (the emulator's environment already in os.environ)."""
+    from adaptune.sweep.experiments import spec_to_dict
+    from adaptune.sweep.fan_in import aggregate_sweep
+    from adaptune.sweep.plan import plan
+    from adaptune.sweep.status import sweep_status
+    from adaptune.sweep.store import RunStore
+
+    started = time.perf_counter()
+    spec = soak_spec(settings)
+    planned = plan(spec)
+    run_ids = [run.run_id for run in planned.runs]
+    rng = random.Random(settings.seed)
+    faulty = rng.sample(run_ids, settings.transient + settings.diverging + settings.kills + settings.long_runs)
+    transient = dict.fromkeys(faulty[:settings.transient])
+    diverging = set(faulty[settings.transient:settings.transient + settings.diverging])
+    killed_inside = faulty[settings.transient + settings.diverging:][:settings.kills // len(KILL_POINTS) + settings.kills % len(KILL_POINTS)]
+    long_runs = faulty[-settings.long_runs:] if settings.long_runs else []
+    for name in ("transient", "nan", "sleep", "kill/inside", "kill/publish", "kill/catch_up", "calls"):
+        (control / name).mkdir(parents=True, exist_ok=True)
+    for run_id in transient:
+        transient[run_id] = rng.randint(1, settings.retries)
+        (control / "transient" / run_id).write_text(str(transient[run_id]))
+    for run_id in diverging:
+        (control / "nan" / run_id).write_text("")
+    for run_id in long_runs:
+        (control / "sleep" / run_id).write_text(str(settings.long_run_s))
+    for run_id in killed_inside:
+        (control / "kill" / "inside" / run_id).write_text("")
+    planned_kills = Counter(inside=len(killed_inside))
+    for index in range(settings.kills - len(killed_inside)):  # tokens any worker may take at that point
+        point = "publish" if index % 2 == 0 else "catch_up"
+        (control / "kill" / point / str(index)).write_text("")
+        planned_kills[point] += 1
+    spec_path = control / "spec.json"
+    spec_path.write_text(json.dumps(spec_to_dict(spec)))
+
+    env = {**os.environ, "STUB_TRAINER_DIR": str(control), "ADAPTUNE_TRAINER": "tests.stub_trainer:train",
+           "ADAPTUNE_RETRY_BACKOFF_S": "0", "ADAPTUNE_LEASE_SECONDS": str(settings.lease_s), "STUB_SYNC_EVERY_S": "0.3",
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]), "OMP_NUM_THREADS": "1"}
+    shards = [shard.id for shard in planned.shards]
+    first = _Submission("A", shards, root, spec_path, env, log, settings.workers)
+    second = _Submission("B", list(reversed(shards)), root, spec_path, env, log, settings.workers)
+    first.start_some()
+    time.sleep(1.0)  # the second submission overlaps the first
+    while not (first.done() and second.done()):
+        first.step()
+        second.step()
+        time.sleep(0.05)
+    third = _Submission("C", shards, root, spec_path, env, log, settings.workers)
+    while not third.done():
+        third.step()
+        time.sleep(0.05)
+    wall = time.perf_counter() - started
+
+    store = RunStore(root)
+    status = sweep_status(spec, store)
+    out = Path(tempfile.mkdtemp(prefix="soak-results-"))
+    summary = aggregate_sweep(spec, store, out)  # also drops the leases a kill after publishing left behind
+    files = store.run_files()
+    records = store.records(run_ids, files=files)
+    import pandas as pd
+
+    parquet_rows = len(pd.read_parquet(out / "runs.parquet"))
+    calls = {run_id: int(path.read_text()) if (path := control / "calls" / run_id).is_file() else 0 for run_id in run_ids}
+    expected = {run_id: 1 + transient.get(run_id, 0) + (run_id in killed_inside) for run_id in run_ids}
+    failed = {run_id for run_id, record in records.items() if record["status"] == "failed"}
+    leases_left = sum(1 for names in files.values() for name in names if name.startswith("lease-"))
+    kills_made = {point: planned_kills[point] - sum(1 for _ in (control / "kill" / point).iterdir()) for point in KILL_POINTS}
+    return {
+        "runs": len(run_ids), "shards": len(shards), "workers_per_submission": settings.workers, "submissions": 3,
+        "kills": sum(kills_made.values()), "kills_planned": settings.kills, "kills_by_point": kills_made,
+        "worker_exits": Counter(first.exits + second.exits + third.exits),
+        "transient_runs": len(transient), "diverging_runs": len(diverging), "long_runs": len(long_runs),
+        "calls": sum(calls.values()), "calls_per_run": sum(calls.values()) / len(run_ids),
+        "lost": sum(1 for run_id in run_ids if run_id not in records),
+        "duplicated": sum(1 for run_id in run_ids if calls[run_id] > expected[run_id]),
+        "trained_less_than_expected": sum(1 for run_id in run_ids if calls[run_id] < expected[run_id]),
+        "failed_are_the_diverging": failed == diverging,
+        "leases_left": leases_left,
+        "status": {state: status.count(state) for state in ("ok", "failed", "running", "not started", "unreadable")},
+        "aggregate_runs": summary["runs"], "parquet_rows": parquet_rows,
+        "wall_s": round(wall, 1),
+    }
+
+
+class _Submission:
+    """One submission: each shard in its own worker process, `workers` at once; a killed worker is
+    started again (what a KFP retry or a resubmission does), until every shard exits 0."""
+
+    def __init__(self, name: str, shards: list[str], root: str, spec_path: Path, env: dict[str, str], log: Path, workers: int) -> None:
+        self.name, self.pending, self.root, self.spec_path, self.env, self.log, self.workers = name, list(shards), root, spec_path, env, log, workers
+        self.running: dict[str, subprocess.Popen[bytes]] = {}
+        self.exits: list[str] = []
+
+    def start_some(self) -> None:
+        while self.pending and len(self.running) < self.workers:
+            shard = self.pending.pop(0)
+            with open(self.log, "ab") as out:
+                self.running[shard] = subprocess.Popen(
+                    [sys.executable, "-m", "tests.soak", "worker", self.root, str(self.spec_path), shard],
+                    cwd=REPO, env=self.env, stdout=out, stderr=subprocess.STDOUT)
+
+    def step(self) -> None:
+        for shard, process in list(self.running.items()):
+            code = process.poll()
+            if code is None:
+                continue
+            del self.running[shard]
+            self.exits.append("ok" if code == 0 else "killed" if code == -signal.SIGKILL else f"exit {code}")
+            if code == -signal.SIGKILL:
+                self.pending.insert(0, shard)  # restarted, as an orchestrator's retry would
+            elif code != 0:
+                raise RuntimeError(f"submission {self.name}: shard {shard} exited {code}; see {self.log}")
+        self.start_some()
+
+    def done(self) -> bool:
+        return not self.pending and not self.running
+
+
+def _worker(root: str, spec_path: str, shard_id: str) -> int:
+    """One shard, in this process, with kill points on the store's own steps."""
+    from adaptune.sweep import run_attempt
+    from adaptune.sweep.experiments import spec_from_dict
+    from adaptune.sweep.shard_runner import run_shard
+    from adaptune.sweep.store import RunStore
+    from tests.stub_trainer import consume, control_dir
+
+    def take(point: str) -> bool:
+        return any(consume(f"kill/{point}/{token.name}") for token in sorted((control_dir() / "kill" / point).iterdir()))
+
+    publish = RunStore.publish_record
+
+    def publish_then_die(self: RunStore, record: dict[str, Any]) -> bool:
+        published = publish(self, record)
+        if published and take("publish"):  # published, its lease not yet released
+            os.kill(os.getpid(), signal.SIGKILL)
+        return published
+
+    take_lease = run_attempt._take_lease
+
+    def catch_up_then_die(run_id: str, store: RunStore, owner: str | None, wait: bool, sleep: Any) -> Any:
+        if wait and take("catch_up"):  # waiting for a run another attempt holds
+            os.kill(os.getpid(), signal.SIGKILL)
+        return take_lease(run_id, store, owner, wait, sleep)
+
+    RunStore.publish_record = publish_then_die  # type: ignore[method-assign]
+    run_attempt._take_lease = catch_up_then_die
+    spec = spec_from_dict(json.loads(Path(spec_path).read_text()))
+    outcomes = run_shard(spec, shard_id, RunStore(root))
+    print(f"{shard_id}: {dict(outcomes)}", flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "worker":
+        return _worker(*argv[1:4])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=10_000)
+    parser.add_argument("--kills", type=int, default=24)
+    parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument("--shard-size", type=int, default=250)
+    parser.add_argument("--out", default="bench/soak.json")
+    args = parser.parse_args(argv)
+    settings = SoakSettings(runs=args.runs, kills=args.kills, transient=max(12, args.runs // 50), diverging=max(4, args.runs // 1000),
+                            long_runs=max(20, args.runs // 100), workers=args.workers, shard_size=args.shard_size)
+    from tests.gcs_emulator import gcs_emulator
+
+    with tempfile.TemporaryDirectory(prefix="soak-") as scratch, gcs_emulator(log_dir=scratch) as emulator:
+        result = run_soak(settings, emulator.url("soak"), Path(scratch) / "control", Path(scratch) / "workers.log")
+    result = {"measured_on": time.strftime("%Y-%m-%d"), "command": "make bench-soak", "settings": dataclasses.asdict(settings), **result}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2, default=str) + "\n")
+    print(json.dumps(result, indent=2, default=str))
+    return 0 if result["lost"] == 0 and result["duplicated"] == 0 and result["leases_left"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
