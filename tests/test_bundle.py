@@ -197,12 +197,14 @@ def test_unknown_task_empty_selection_and_rewrites_are_refused(store, inputs, tm
     no_checkpoint = tmp_path / "no_checkpoint" / "runs" / rte_run  # a record whose checkpoint was lost
     no_checkpoint.mkdir(parents=True)
     (no_checkpoint / "record.json").write_bytes((root / "runs" / rte_run / "record.json").read_bytes())
+    (tmp_path / "empty").mkdir()
     cases = [
         (["bundle", "--runs-root", str(tmp_path / "no_checkpoint"), "--out", str(tmp_path / "c")], f"run {rte_run} has no checkpoint"),
         (["predict", "--bundle", str(target), "--task", "sst2", "--input", str(inputs["sst2"])], "task 'sst2' is not in the bundle", "it holds: rte"),
         (["bundle", "--runs-root", str(root), "--out", str(tmp_path / "c"), "--method", "layernorm"], "no usable run", "'layernorm'"),
         (["bundle", "--runs-root", str(root), "--out", str(tmp_path / "c"), "--tasks", "mrpc"], "no usable run", "'adapters' for task(s) ['mrpc']"),
         (["bundle", "--runs-root", str(tmp_path / "empty"), "--out", str(tmp_path / "c")], "no run records under", "runs-root"),
+        (["bundle", "--runs-root", str(tmp_path / "missing"), "--out", str(tmp_path / "c")], "does not exist", "runs-root"),
         (["bundle", "--runs-root", str(root), "--out", str(target)], "already holds a bundle", "--into"),
         (["bundle", "--runs-root", str(root), "--into", str(target), "--tasks", "rte"], "already in", "never rewrites"),
         (["predict", "--bundle", str(tmp_path), "--task", "rte", "--input", str(inputs["rte"])], "is not a bundle", "manifest.json"),

@@ -46,11 +46,11 @@ def test_vertex_spec_carries_gpu_accelerator_retries_and_images(tmp_path: Path) 
     (pipeline,) = _compiled(spec, "vertex", tmp_path)
     executors = pipeline["deploymentSpec"]["executors"]
     train = executors["exec-train-shard"]["container"]
-    assert train["image"].endswith("/adaptune-gpu:0.1.0")
+    assert train["image"].endswith("/adaptune-gpu:0.2.0")
     assert train["resources"]["accelerator"]["resourceType"] == "NVIDIA_H100_80GB"
     assert train["resources"]["accelerator"]["resourceCount"] == "1"
     for light in ("exec-plan-shards", "exec-aggregate", "exec-report"):
-        assert executors[light]["container"]["image"].endswith("/adaptune-cpu:0.1.0"), light
+        assert executors[light]["container"]["image"].endswith("/adaptune-cpu:0.2.0"), light
         assert "resources" not in executors[light]["container"], light
     # No run-time pip installs: the images already hold adaptune and kfp.
     assert not any("pip install" in " ".join(e["container"]["command"]) for e in executors.values())
@@ -76,7 +76,7 @@ def test_tpu_experiment_uses_the_tpu_image_and_accelerator(tmp_path: Path) -> No
     executors = pipeline["deploymentSpec"]["executors"]
     for heavy in ("exec-train-shard", "exec-ablate-runs"):
         container = executors[heavy]["container"]
-        assert container["image"].endswith("/adaptune-tpu:0.1.0"), heavy
+        assert container["image"].endswith("/adaptune-tpu:0.2.0"), heavy
         assert container["resources"]["accelerator"]["resourceType"] == "TPU_V5_LITEPOD"
         assert container["resources"]["accelerator"]["resourceCount"] == "1"  # one chip: devices.py uses one XLA device
 
@@ -84,7 +84,7 @@ def test_tpu_experiment_uses_the_tpu_image_and_accelerator(tmp_path: Path) -> No
 def test_cpu_experiment_has_no_accelerator_and_two_shards_at_a_time(tmp_path: Path) -> None:
     (pipeline,) = _compiled(get_experiment("smoke"), "vertex", tmp_path)
     train = pipeline["deploymentSpec"]["executors"]["exec-train-shard"]["container"]
-    assert train["image"].endswith("/adaptune-cpu:0.1.0") and "accelerator" not in train["resources"]
+    assert train["image"].endswith("/adaptune-cpu:0.2.0") and "accelerator" not in train["resources"]
     assert _find(pipeline, "parallelismLimit") == [2]
     assert _find(pipeline, "retryPolicy") == []  # smoke declares retries=0
 

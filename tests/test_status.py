@@ -78,8 +78,8 @@ def test_status_counts_every_kind_of_run_exactly(store: RunStore) -> None:
     assert status.interrupted == 2  # the expired lease and the saved state
     by_task = status.by("task")
     assert list(by_task.index) == ["rte", "mrpc"]
-    assert by_task.loc["rte"].to_dict() == {"planned": 6, "ok": 3, "degenerate": 1, "failed": 2, "running": 0, "not started": 0, "stale": 0}
-    assert by_task.loc["mrpc"].to_dict() == {"planned": 6, "ok": 0, "degenerate": 0, "failed": 1, "running": 1, "not started": 3, "stale": 1}
+    assert by_task.loc["rte"].to_dict() == {"planned": 6, "ok": 3, "degenerate": 1, "failed": 2, "running": 0, "not started": 0, "stale": 0, "unreadable": 0}
+    assert by_task.loc["mrpc"].to_dict() == {"planned": 6, "ok": 0, "degenerate": 0, "failed": 1, "running": 1, "not started": 3, "stale": 1, "unreadable": 0}
     assert status.by("method").loc["adapters8", "planned"] == 6
 
     [running] = status.running
