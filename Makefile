@@ -66,7 +66,7 @@ bench-status: venv
 	$(PY) -m tests.status_timing --out bench/status.json
 
 # The run store's soak at 10,000 stub runs in the emulated GCS bucket: overlapping submissions, SIGKILLed
-# workers, transient and diverging runs (JSON out: runs, kills, calls per run, lost, duplicated, wall; ~15 min).
+# workers, transient and diverging runs (JSON out: runs, kills, calls per run, lost, duplicated, wall; about 19 min here).
 bench-soak: venv
 	$(PY) -m tests.soak --runs 10000 --out bench/soak.json
 
