@@ -49,28 +49,44 @@ class EvalResult:
     predictions: dict[str, str] | None = None
 
 
-@torch.inference_mode()
 def evaluate_split(
     model: nn.Module, task: Task, split: EvalSplit, device: Device, collator: DataCollatorWithPadding, batch_size: int = EVAL_BATCH_SIZE
 ) -> EvalResult:
     """The task's metrics on this split (model left in eval mode; the caller switches back to train)."""
+    return evaluate_runs(model, 1, task, split, device, collator, batch_size)[0]
+
+
+@torch.inference_mode()
+def evaluate_runs(
+    model: nn.Module, runs: int, task: Task, split: EvalSplit, device: Device, collator: DataCollatorWithPadding,
+    batch_size: int = EVAL_BATCH_SIZE,
+) -> list[EvalResult]:
+    """Each run's metrics on this split, in one pass: a group's model (adaptune.model.run_groups) reads
+    every batch replicated once per run, block i scored for run i. `runs=1`: a solo model."""
     model.eval()
     batches = evaluation_batches(split.lengths, batch_size)
     model_inputs = [{k: v for k, v in row.items() if k in ("input_ids", "attention_mask", "token_type_ids")} for row in split.rows]
-    outputs: list[Any] = [None] * len(split.rows)
+    outputs: list[list[Any]] = [[None] * len(split.rows) for _ in range(runs)]
     for indices, batch in zip(batches, iterate_batches(model_inputs, batches, collator, device.torch_device), strict=True):
+        if runs > 1:
+            batch = {name: tensor.repeat(runs, *([1] * (tensor.dim() - 1))) for name, tensor in batch.items()}
         with device.autocast():
             output = model(**batch)
         if task.kind == "span":
-            starts = output.start_logits.float().cpu().numpy()
-            ends = output.end_logits.float().cpu().numpy()
-            for position, index in enumerate(indices):
-                outputs[index] = (starts[position], ends[position])
+            starts = output.start_logits.float().cpu().numpy().reshape(runs, len(indices), -1)
+            ends = output.end_logits.float().cpu().numpy().reshape(runs, len(indices), -1)
+            for run in range(runs):
+                for position, index in enumerate(indices):
+                    outputs[run][index] = (starts[run, position], ends[run, position])
         else:
-            logits = output.logits.float().cpu().numpy()
-            for position, index in enumerate(indices):
-                outputs[index] = logits[position]
+            logits = output.logits.float().cpu().numpy().reshape(runs, len(indices), -1)
+            for run in range(runs):
+                for position, index in enumerate(indices):
+                    outputs[run][index] = logits[run, position]
+    return [_scored(task, split, run_outputs) for run_outputs in outputs]
 
+
+def _scored(task: Task, split: EvalSplit, outputs: list[Any]) -> EvalResult:
     if task.kind == "span":
         assert split.examples is not None and split.features is not None
         predictions = postprocess_predictions(

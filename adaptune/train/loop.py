@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ from adaptune.model.checkpoint import save_task_checkpoint
 from adaptune.train.config import TrainConfig
 from adaptune.train.epoch_log import report_epoch
 from adaptune.core.devices import Device, is_out_of_memory, pick_device, release_memory
-from adaptune.train.evaluate import EvalResult, evaluate_split
+from adaptune.train.evaluate import EvalResult, EvalSplit, evaluate_split
 from adaptune.core.files import write_json
 from adaptune.model.methods import apply_method, method_from_dict
 from adaptune.model.params import count_parameters
@@ -39,9 +39,11 @@ from adaptune.train.record import record_in_run_dir, run_record, with_provenance
 from adaptune.train.run_data import RunData, prepare_run_data
 from adaptune.core.run_files import CHECKPOINT_DIR, PREDICTIONS_FILE, RECORD_FILE
 from adaptune.data.tasks import Task, get_task, scored_companions
-from adaptune.train.state import Progress, load_state, remove_state, save_state
+from adaptune.model.run_dropout import dropout_generator, use_run_dropout
+from adaptune.train.state import Progress, load_state, remove_state, save_state, trained_parameters
 
 StepCallback = Callable[[int], None]
+Evaluator = Callable[[Task, EvalSplit], EvalResult]  # one run's scores on a split
 # On a GPU or TPU, read the steps' losses back this often: a read waits for every queued kernel.
 SYNC_EVERY_STEPS = 50
 
@@ -131,6 +133,8 @@ class _Run:
         }
         model = load_model(config.backbone, task.kind, task.num_labels)
         apply_method(model, self.method_cfg)
+        self.dropout = dropout_generator(config.seed, device.torch_device)
+        use_run_dropout(model, [self.dropout])
         model.to(device.torch_device)
         if device.autocast_dtype is not None:
             keep_frozen_matmuls_in(model, device.autocast_dtype)
@@ -141,7 +145,7 @@ class _Run:
         total_steps = steps_per_epoch * config.epochs
         optimizer = _adamw(model, config.lr, config.weight_decay)
         scheduler = get_linear_schedule_with_warmup(optimizer, int(config.warmup_fraction * total_steps), total_steps)
-        resumed = load_state(self.out, config.run_id, model, optimizer, scheduler)
+        resumed = load_state(self.out, config.run_id, trained_parameters(model), optimizer, scheduler, self.dropout)
         if resumed is not None:
             self.progress = resumed
         collator = make_collator(tokenizer, pad_to_multiple_of=device.pad_multiple)
@@ -175,7 +179,7 @@ class _Run:
                         self._save(model, optimizer, scheduler, segment_started)
                     if step_callback is not None:
                         step_callback(p.global_step)
-                self._end_epoch(model, data, collator)
+                self._end_epoch(model, data, self._evaluator(model, collator))
                 self._save(model, optimizer, scheduler, segment_started)
         finally:
             bar.close()
@@ -194,9 +198,14 @@ class _Run:
         p.epoch_loss_sum += total
         p.epoch_loss_steps += steps
 
-    def _end_epoch(self, model: nn.Module, data: RunData, collator: Any) -> None:
+    def _evaluator(self, model: nn.Module, collator: Any) -> Evaluator:
+        return lambda task, split: evaluate_split(model, task, split, self.device, collator)
+
+    def _end_epoch(self, model: nn.Module, data: RunData, evaluate: Evaluator) -> None:
+        """Record the epoch's validation (and at the last epoch: test, companions, checkpoint); `evaluate`
+        scores this run's model on a split, `model` holds this run's trained tensors under solo names."""
         p, config = self.progress, self.config
-        validation = evaluate_split(model, self.task, data.eval_splits["validation"], self.device, collator)
+        validation = evaluate(self.task, data.eval_splits["validation"])
         p.curve.append(
             {
                 "epoch": p.epoch + 1,
@@ -212,10 +221,10 @@ class _Run:
             p.final_val_metrics = _finite_or_none(validation.metrics)
             p.final_predicted_classes = validation.predicted_classes
             test = data.eval_splits.get("test")
-            p.final_test_metrics = _finite_or_none(evaluate_split(model, self.task, test, self.device, collator).metrics) if test else {}
+            p.final_test_metrics = _finite_or_none(evaluate(self.task, test).metrics) if test else {}
             p.final_companions = {
                 name: {"val_metrics": p.final_val_metrics,
-                       "test_metrics": _finite_or_none(evaluate_split(model, get_task(name), split, self.device, collator).metrics),
+                       "test_metrics": _finite_or_none(evaluate(get_task(name), split).metrics),
                        "split_sizes": {**self.record["split_sizes"], "test": len(split.rows)}}
                 for name, split in self.companion_splits.items()
             }
@@ -223,17 +232,23 @@ class _Run:
                 write_json(self.out / PREDICTIONS_FILE, validation.predictions, sort_keys=False)
             metadata = {"run_id": config.run_id, "task": self.task.name, "epoch": config.epochs, "best_epoch": p.best_epoch,
                         "config": config.to_dict(), "data_split": self.record["data_split"]}
-            save_task_checkpoint(model, self.method_cfg, config.backbone, self.out / CHECKPOINT_DIR, metadata=metadata)
+            save_task_checkpoint(self._checkpoint_model(model), self.method_cfg, config.backbone, self.out / CHECKPOINT_DIR, metadata=metadata)
         report_epoch(config.run_id, config.epochs, self.task.primary_metric, p.curve[-1], p.best_epoch)
         p.epoch += 1
         p.step_in_epoch = 0
         p.epoch_loss_sum, p.epoch_loss_steps = 0.0, 0
 
+    def _trained(self, model: nn.Module) -> dict[str, nn.Parameter]:
+        return trained_parameters(model)
+
+    def _checkpoint_model(self, model: nn.Module) -> nn.Module:
+        return model
+
     def _save(self, model: nn.Module, optimizer: Any, scheduler: Any, segment_started: float) -> None:
         # Saved wall time = earlier attempts + this one so far; resumed, the record adds the rest.
         elapsed_before = self.progress.elapsed_s
         self.progress.elapsed_s = elapsed_before + (time.perf_counter() - segment_started)
-        save_state(self.out, self.config.run_id, model, optimizer, scheduler, self.progress)
+        save_state(self.out, self.config.run_id, self._trained(model), optimizer, scheduler, self.progress, self.dropout)
         self.progress.elapsed_s = elapsed_before
         if self.on_state_saved is not None:
             self.on_state_saved()
@@ -349,12 +364,19 @@ def _seed_everything(seed: int, device: Device) -> None:
 
 
 def _adamw(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
-    """AdamW with BERT's exclusions: no weight decay on biases and LayerNorm weights."""
-    decayed = set(get_parameter_names(model, [nn.LayerNorm]))
+    return adamw(trained_parameters(model), decayed_names(model), lr, weight_decay)
+
+
+def decayed_names(model: nn.Module) -> set[str]:
+    """The parameters weight decay applies to: BERT's exclusions, no biases and no LayerNorm weights."""
+    return {name for name in get_parameter_names(model, [nn.LayerNorm]) if not name.endswith("bias")}
+
+
+def adamw(trained: Mapping[str, nn.Parameter], decayed: set[str], lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """AdamW over one run's trained tensors (by solo name, in the model's order), decay where `decayed` says."""
     groups: list[dict[str, Any]] = [{"params": [], "weight_decay": weight_decay}, {"params": [], "weight_decay": 0.0}]
-    for name, parameter in model.named_parameters():
-        if parameter.requires_grad:
-            groups[0 if name in decayed and not name.endswith("bias") else 1]["params"].append(parameter)
+    for name, parameter in trained.items():
+        groups[0 if name in decayed else 1]["params"].append(parameter)
     fused = all(p.is_cuda for g in groups for p in g["params"])  # one kernel for every parameter's update
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, weight_decay=weight_decay, fused=fused or None)
 

@@ -48,6 +48,7 @@ def run_record(config: TrainConfig, primary_metric: str, device: str | None = No
         "train_examples_per_s": None,
         "device": device,
         "checkpoint_dir": None,
+        "group_size": 1,  # runs that shared its forward passes (adaptune.train.group_loop); its result is the same
         # The split scheme the run's data follows (adaptune.data.loading.TaskData): "standard" (the task's own
         # splits) or a named stand-in such as "squad_dev_standin"; split_note says what a stand-in is
         # and that it is not the paper's split (None for "standard").

@@ -7,6 +7,7 @@ kill at any moment leaves either the previous state or the new one, never half o
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -40,23 +41,32 @@ class Progress:
     final_companions: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)  # mnli_mm for an MNLI run
 
 
+def trained_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
+    return {name: parameter for name, parameter in model.named_parameters() if parameter.requires_grad}
+
+
 def save_state(
-    out_dir: Path, run_id: str, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, progress: Progress
+    out_dir: Path, run_id: str, trained: Mapping[str, torch.Tensor], optimizer: torch.optim.Optimizer, scheduler: Any,
+    progress: Progress, dropout: torch.Generator | None = None,
 ) -> None:
+    """`trained`: the run's trained tensors by their solo names (a grouped run's too: run_groups.run_parameters);
+    `dropout`: the run's dropout generator (run_dropout), whose state a resumed run continues from."""
     state = {
         "run_id": run_id,
-        "trained": {name: p.detach().cpu().clone() for name, p in model.named_parameters() if p.requires_grad},
+        "trained": {name: p.detach().cpu().clone() for name, p in trained.items()},
         "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(),
         "rng_cpu": torch.get_rng_state(),
         "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "rng_dropout": dropout.get_state() if dropout is not None else None,
         "progress": dataclasses.asdict(progress),
     }
     atomic_write(out_dir / STATE_FILE, lambda temporary: torch.save(state, temporary))
 
 
 def load_state(
-    out_dir: Path, run_id: str, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
+    out_dir: Path, run_id: str, trained: Mapping[str, nn.Parameter], optimizer: torch.optim.Optimizer, scheduler: Any,
+    dropout: torch.Generator | None = None,
 ) -> Progress | None:
     """Restore a saved state into model/optimizer/scheduler/RNG; None when there is none to resume."""
     path = out_dir / STATE_FILE
@@ -68,15 +78,20 @@ def load_state(
             f"{path} belongs to run {state['run_id']!r}, not {run_id!r}: give this run its own out dir "
             "(or delete the file to start over)"
         )
-    missing = model.load_state_dict(state["trained"], strict=False)
-    trained_names = {name for name, p in model.named_parameters() if p.requires_grad}
-    if set(missing.missing_keys) & trained_names or missing.unexpected_keys:
-        raise ValueError(f"{path} does not fit this model: unexpected {missing.unexpected_keys[:5]}; delete it to start over")
+    saved = state["trained"]
+    if set(saved) != set(trained) or any(saved[name].shape != parameter.shape for name, parameter in trained.items()):
+        unexpected = sorted(set(saved) ^ set(trained))[:5]
+        raise ValueError(f"{path} does not fit this model (differing tensors: {unexpected or 'shapes'}); delete it to start over")
+    with torch.no_grad():
+        for name, parameter in trained.items():
+            parameter.copy_(saved[name])
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     torch.set_rng_state(state["rng_cpu"])
     if state["rng_cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["rng_cuda"])
+    if dropout is not None and state.get("rng_dropout") is not None:
+        dropout.set_state(state["rng_dropout"])
     known = {field.name for field in dataclasses.fields(Progress)}
     return Progress(**{key: value for key, value in state["progress"].items() if key in known})  # older states' extra fields dropped
 

@@ -1,0 +1,348 @@
+"""A group of runs trained in lock step through one shared frozen backbone (adaptune.model.run_groups):
+the runs of one task and method that differ only in learning rate, seed and init std.
+
+Each run stays the run it would be alone (adaptune.train.loop), by construction:
+- its model starts as its solo model does (its seed, then the backbone and the method's init), and its
+  trained tensors are then stacked beside the others';
+- each step takes one batch from each run's own seeded order, exactly the batch it would take alone;
+  the loss is the sum of the runs' own mean losses, so each run's gradients are its own;
+- each run has its own AdamW, warmup-and-decay schedule, gradient clipping and finiteness check (the
+  solo trainer's own objects); a diverging run is recorded as failed and leaves the group;
+- dropout masks come from each run's own generator, at its own shape (adaptune.model.run_dropout);
+- each epoch's evaluation is one pass for every run (adaptune.train.evaluate.evaluate_runs), scored per
+  run; each run writes the solo run's record, curve, state and compact checkpoint in its own directory.
+So a run's result does not depend on which runs shared its group, and a resumed run may train alone or
+in another group. Runs whose saved states stand at different steps train as separate groups.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.nn import functional as F
+from transformers import get_linear_schedule_with_warmup, set_seed
+
+from adaptune.core.devices import Device, is_out_of_memory, pick_device, release_memory
+from adaptune.core.files import write_json
+from adaptune.core.run_files import RECORD_FILE, STATE_FILE
+from adaptune.data.batching import epoch_batches, make_collator
+from adaptune.data.tasks import get_task, scored_companions
+from adaptune.model.backbone import load_model, load_tokenizer
+from adaptune.model.methods import apply_method, method_from_dict
+from adaptune.model.params import count_parameters
+from adaptune.model.run_dropout import RowLayout, dropout_generator, use_run_dropout
+from adaptune.model.run_groups import GROUPABLE_METHODS, group_model, keep_runs, run_parameters, trained_tensors
+from adaptune.train.config import TrainConfig
+from adaptune.train.evaluate import evaluate_runs
+from adaptune.train.loop import (
+    Evaluator,
+    FiniteGuard,
+    RunFailed,
+    StepCallback,
+    _check_config,
+    _Run,
+    _seed_everything,
+    adamw,
+    decayed_names,
+    keep_frozen_matmuls_in,
+)
+from adaptune.train.record import record_in_run_dir, run_record, with_provenance
+from adaptune.train.run_data import prepare_run_data
+from adaptune.train.state import load_state
+
+# What may differ between the runs of a group: nothing else changes a step's shapes or count.
+_FREE_FIELDS = frozenset({"lr", "seed", "experiment", "checkpoint_every_steps"})
+_FREE_METHOD_FIELDS = frozenset({"init_std"})
+_PAD_VALUES = {"attention_mask": 0, "token_type_ids": 0}
+
+
+def group_key(config: TrainConfig) -> tuple | None:
+    """Runs with equal keys can train as one group; None for a run that trains alone (full fine-tuning,
+    top_k, span tasks: their trained tensors are whole layers, or their batches are not one row per example)."""
+    if config.method.get("name") not in GROUPABLE_METHODS or get_task(config.task).kind == "span":
+        return None
+    fields = tuple(sorted((name, str(value)) for name, value in config.to_dict().items() if name not in _FREE_FIELDS and name != "method"))
+    method = tuple(sorted((name, str(value)) for name, value in config.method.items() if name not in _FREE_METHOD_FIELDS))
+    return fields + method
+
+
+def train_group(
+    configs: Sequence[TrainConfig],
+    out_dirs: Sequence[str | os.PathLike[str]],
+    data_dir: str | os.PathLike[str] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    progress: bool = False,
+    on_state_saved: Sequence[Callable[[], None] | None] | None = None,
+    write_record: bool = True,
+    step_callback: StepCallback | None = None,
+) -> list[dict[str, Any]]:
+    """Train these runs as one group, each in its own out dir; returns their records in order (also
+    written to each out dir's record.json unless `write_record` is False). A finished record already in
+    a run's dir is returned as is, as the solo trainer does. Out of memory is raised for the caller."""
+    keys = {group_key(config) for config in configs}
+    if None in keys or len(keys) != 1:
+        raise ValueError(f"runs {[config.run_id for config in configs]} cannot train as one group: they must share task, "
+                         f"backbone, data sizes, epochs, batch size and a groupable method ({', '.join(sorted(GROUPABLE_METHODS))}), "
+                         "and differ only in lr, seed and init_std")
+    if len({config.run_id for config in configs}) != len(configs) or len(out_dirs) != len(configs):
+        raise ValueError("a group needs distinct runs, one out dir each")
+    callbacks = list(on_state_saved) if on_state_saved is not None else [None] * len(configs)
+    outs = [Path(out) for out in out_dirs]
+    records: dict[int, dict[str, Any]] = {}
+    by_step: dict[int, list[int]] = {}
+    for index, (config, out) in enumerate(zip(configs, outs, strict=True)):
+        out.mkdir(parents=True, exist_ok=True)
+        finished = record_in_run_dir(out, config.run_id)
+        if finished is not None and finished.get("status") != "failed":
+            records[index] = finished
+        else:
+            by_step.setdefault(_saved_step(out), []).append(index)
+    for indices in by_step.values():  # runs resumed at different steps cannot share a step
+        group = _Group([configs[i] for i in indices], [outs[i] for i in indices], [callbacks[i] for i in indices])
+        for index, record in zip(indices, group.train(data_dir, cache_dir, progress, step_callback, write_record), strict=True):
+            records[index] = record
+    return [records[index] for index in range(len(configs))]
+
+
+def _saved_step(out: Path) -> int:
+    path = out / STATE_FILE
+    if not path.is_file():
+        return 0
+    return int(torch.load(path, map_location="cpu", weights_only=True)["progress"]["global_step"])
+
+
+class _Member(_Run):
+    """One run of a group: the solo run's bookkeeping, with its tensors held in the group's model."""
+
+    params: dict[str, torch.nn.Parameter]
+    template: torch.nn.Module  # a solo-shaped model its checkpoint is written from
+
+    def _trained(self, model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
+        return self.params
+
+    def _checkpoint_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        with torch.no_grad():
+            for name, parameter in self.params.items():
+                self.template.get_parameter(name).copy_(parameter.detach().to(self.template.get_parameter(name).device))
+        return self.template
+
+    def finish_record(self, started: float, write_record: bool) -> dict[str, Any]:
+        self.record["wall_time_s"] = self.progress.elapsed_s + (time.perf_counter() - started)
+        self.record["curve"] = self.progress.curve
+        if write_record:
+            write_json(self.out / RECORD_FILE, self.record)
+        if self.record["status"] != "failed":
+            (self.out / STATE_FILE).unlink(missing_ok=True)
+        return self.record
+
+
+class _Group:
+    def __init__(self, configs: list[TrainConfig], outs: list[Path], callbacks: list[Callable[[], None] | None]) -> None:
+        for config in configs:
+            _check_config(config)
+        self.device: Device = pick_device()
+        self.task = get_task(configs[0].task)
+        self.members = [
+            _Member(config, self.task, method_from_dict(config.method), self.device, out,
+                    run_record(config, self.task.primary_metric, self.device.name), callback)
+            for config, out, callback in zip(configs, outs, callbacks, strict=True)
+        ]
+        for member in self.members:
+            member.record["group_size"] = len(self.members)
+        self.finished: dict[str, dict[str, Any]] = {}
+
+    def train(self, data_dir: Any, cache_dir: Any, progress: bool, step_callback: StepCallback | None,
+              write_record: bool) -> list[dict[str, Any]]:
+        started = time.perf_counter()
+        order = [member.config.run_id for member in self.members]
+        for member in self.members:
+            with_provenance(member.record, data_dir)
+        try:
+            self._execute(data_dir, cache_dir, progress, step_callback, started, write_record)
+        except Exception as error:
+            if is_out_of_memory(error):
+                release_memory(self.device)
+            raise
+        for member in self.members:
+            self.finished[member.config.run_id] = member.finish_record(started, write_record)
+        return [self.finished[run_id] for run_id in order]
+
+    def _execute(self, data_dir: Any, cache_dir: Any, show_progress: bool, step_callback: StepCallback | None,
+                 started: float, write_record: bool) -> None:
+        first, device, task = self.members[0].config, self.device, self.task
+        _seed_everything(first.seed, device)
+        tokenizer = load_tokenizer(first.backbone)
+        data = prepare_run_data(task, tokenizer, first.max_length, first.doc_stride, first.max_train_examples, first.max_eval_examples,
+                                data_dir, cache_dir)
+        if not data.train_rows:
+            raise ValueError(f"task {task.name!r} has no training rows; check the data dir")
+        companions = {
+            name: prepare_run_data(get_task(name), tokenizer, first.max_length, first.doc_stride, None, first.max_eval_examples,
+                                   data_dir, cache_dir, with_train=False, eval_only=("test",)).eval_splits["test"]
+            for name in scored_companions(task.name)
+        }
+        trained = []
+        for member in self.members:  # each run's model starts exactly as it would alone
+            member.record.update(data_split=data.data_split, split_note=data.split_note, split_sizes=data.split_sizes)
+            member.companion_splits = companions
+            set_seed(member.config.seed)
+            model = load_model(member.config.backbone, task.kind, task.num_labels)
+            apply_method(model, member.method_cfg)
+            trained.append(trained_tensors(model))
+        counts, decayed = count_parameters(model), decayed_names(model)
+        template = copy.deepcopy(model)
+        model = group_model(model, trained)
+        del trained
+        self.randomness = use_run_dropout(model, [dropout_generator(member.config.seed, device.torch_device) for member in self.members])
+        model.to(device.torch_device)
+        if device.autocast_dtype is not None:
+            keep_frozen_matmuls_in(model, device.autocast_dtype)
+        steps_per_epoch = math.ceil(len(data.train_rows) / first.batch_size)
+        total_steps = steps_per_epoch * first.epochs
+        for member, params, generator in zip(self.members, run_parameters(model), self.randomness.generators, strict=True):
+            member.record.update(trained_params=counts.trained, total_params=counts.total)
+            member.params, member.template, member.dropout = params, template, generator
+            member.optimizer = adamw(params, decayed, member.config.lr, member.config.weight_decay)
+            member.scheduler = get_linear_schedule_with_warmup(member.optimizer, int(first.warmup_fraction * total_steps), total_steps)
+            member.guard = FiniteGuard(device)
+            member.segment_started = time.perf_counter()
+        for member in self.members:
+            resumed = load_state(member.out, member.config.run_id, member.params, member.optimizer, member.scheduler, member.dropout)
+            if resumed is not None:
+                member.progress = resumed
+        self.model, self.collator, self.tokenizer = model, make_collator(tokenizer, pad_to_multiple_of=device.pad_multiple), tokenizer
+        lengths = [len(row["input_ids"]) for row in data.train_rows]
+        while self.members and self.members[0].progress.epoch < first.epochs:
+            epoch, start = self.members[0].progress.epoch, self.members[0].progress.step_in_epoch
+            plans = [epoch_batches(lengths, first.batch_size, member.config.seed, epoch) for member in self.members]
+            model.train()
+            for step in range(start, len(plans[0])):
+                step_started = time.perf_counter()
+                self._step([plan[step] for plan in plans], data.train_rows)
+                failed = []
+                for index, member in enumerate(self.members):
+                    p = member.progress
+                    p.examples_trained += len(plans[index][step])
+                    p.global_step += 1
+                    p.step_in_epoch += 1
+                    every = member.config.checkpoint_every_steps
+                    member.saving = bool(every and p.global_step % every == 0 and p.step_in_epoch < len(plans[0]))
+                    if member.saving or p.step_in_epoch == len(plans[0]) or member.guard.due():
+                        try:
+                            member._check(member.guard, p)
+                        except RunFailed as failure:
+                            failed.append((index, failure))
+                elapsed = time.perf_counter() - step_started
+                for member in self.members:
+                    member.progress.train_time_s += elapsed
+                if failed:
+                    plans = self._drop(failed, plans, started, write_record)
+                for member in self.members:
+                    if member.saving:
+                        member._save(model, member.optimizer, member.scheduler, member.segment_started)
+                if step_callback is not None and self.members:
+                    step_callback(self.members[0].progress.global_step)
+                if not self.members:
+                    return
+            evaluation = _FusedEvaluation(model, len(self.members), device, self.collator)
+            self.randomness.layout = None
+            for index, member in enumerate(self.members):
+                member._end_epoch(model, data, evaluation.for_run(index))
+                member._save(model, member.optimizer, member.scheduler, member.segment_started)
+        for member in self.members:
+            member._finish()
+
+    def _step(self, batches: list[list[int]], rows: list[dict[str, Any]]) -> None:
+        """One optimizer step of every run: one forward and backward through the shared backbone, then
+        each run's own clipping, finiteness check (at once on the CPU) and AdamW step."""
+        device, runs = self.device, len(self.members)
+        inputs, labels, weights, layout = self._fused_batch(batches, rows)
+        self.randomness.layout = layout
+        with device.autocast():
+            logits = self.model(**inputs).logits
+        losses = _run_losses(self.task.kind, logits, labels, weights, runs)
+        losses.sum().backward()
+        for index, member in enumerate(self.members):
+            loss = losses[index].detach()
+            norm = torch.nn.utils.clip_grad_norm_(list(member.params.values()), member.config.max_grad_norm)
+            member.guard.add((loss, norm))
+            if device.kind == "cpu" and not (math.isfinite(float(loss)) and math.isfinite(float(norm))):
+                member.optimizer.zero_grad(set_to_none=True)  # as alone: stop before the update
+                continue
+            member.optimizer.step()
+            member.scheduler.step()
+            member.optimizer.zero_grad(set_to_none=True)
+        device.mark_step()
+
+    def _fused_batch(self, batches: list[list[int]], rows: list[dict[str, Any]]
+                     ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor, RowLayout]:
+        """The runs' batches, each collated as it would be alone, padded to one length and one block size
+        (short blocks repeat their first row, weighted 0) and stacked run after run."""
+        per_run = [self.collator([rows[i] for i in batch]) for batch in batches]
+        block = max(len(batch) for batch in batches)
+        length = max(collated["input_ids"].shape[1] for collated in per_run)
+        stacked: dict[str, list[torch.Tensor]] = {}
+        for collated in per_run:
+            for name, tensor in collated.items():
+                if tensor.dim() == 2:
+                    tensor = F.pad(tensor, (0, length - tensor.shape[1]), value=_PAD_VALUES.get(name, self.tokenizer.pad_token_id or 0))
+                if tensor.shape[0] < block:
+                    tensor = torch.cat([tensor, tensor[:1].expand(block - tensor.shape[0], *tensor.shape[1:])])
+                stacked.setdefault(name, []).append(tensor)
+        target = self.device.torch_device
+        inputs = {name: torch.cat(parts).to(target, non_blocking=True) for name, parts in stacked.items() if name != "labels"}
+        labels = torch.cat(stacked["labels"]).to(target, non_blocking=True)
+        weights = torch.tensor([[1.0] * len(batch) + [0.0] * (block - len(batch)) for batch in batches], device=target)
+        layout = RowLayout(block, [len(batch) for batch in batches], [collated["input_ids"].shape[1] for collated in per_run])
+        return inputs, labels, weights, layout
+
+    def _drop(self, failed: list[tuple[int, RunFailed]], plans: list[list[list[int]]], started: float,
+              write_record: bool) -> list[list[list[int]]]:
+        """Diverged runs are recorded as failed and leave the group; the others go on."""
+        gone = {index for index, _ in failed}
+        for index, failure in failed:
+            member = self.members[index]
+            member.record.update(status="failed", reason=str(failure))
+            self.finished[member.config.run_id] = member.finish_record(started, write_record)
+            print(f"{member.config.run_id}: {failure}; it leaves its group, the others go on", flush=True)
+        kept = [index for index in range(len(self.members)) if index not in gone]
+        keep_runs(self.model, kept)
+        self.randomness.keep(kept)
+        self.members = [self.members[index] for index in kept]
+        for member, params in zip(self.members, run_parameters(self.model), strict=True):
+            member.params = params
+        return [plans[index] for index in kept]
+
+
+def _run_losses(kind: str, logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, runs: int) -> torch.Tensor:
+    """Each run's mean loss over its real rows (a vector of `runs`): what the model computes alone."""
+    if kind == "regression":
+        per_row = (logits.float().reshape(-1) - labels.float().reshape(-1)) ** 2
+    else:
+        per_row = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none")
+    per_row = per_row.reshape(runs, -1) * weights
+    return per_row.sum(dim=1) / weights.sum(dim=1)
+
+
+class _FusedEvaluation:
+    """Every run's scores on a split from one pass (memoised per split), handed out run by run."""
+
+    def __init__(self, model: torch.nn.Module, runs: int, device: Device, collator: Any) -> None:
+        self.model, self.runs, self.device, self.collator = model, runs, device, collator
+        self.scored: dict[tuple[str, int], list[Any]] = {}
+
+    def for_run(self, index: int) -> Evaluator:
+        def evaluate(task: Any, split: Any) -> Any:
+            key = (task.name, id(split))
+            if key not in self.scored:
+                self.scored[key] = evaluate_runs(self.model, self.runs, task, split, self.device, self.collator)
+            return self.scored[key][index]
+
+        return evaluate
