@@ -8,7 +8,10 @@ On the embedded backbone and real SST-2 sentences:
     weights need no weight gradients);
   - dynamic padding + length-grouped batches versus every batch padded to 128, in training examples
     per second (`dynamic_padding_speedup`, target >= 2.5);
-  - the adapter checkpoint's size over the full fine-tuning checkpoint's.
+  - the adapter checkpoint's size over the full fine-tuning checkpoint's;
+  - fused run groups (k = 1, 4, 16 adapter runs in one forward pass: operators per example and
+    examples/s, on the embedded backbone and an overhead-bound proxy) and the frozen backbone in bf16
+    (adaptune.bench.fused).
 BERT-base/-large on a GPU: `make bench-gpu` (adaptune.bench.gpu). Repetitions are interleaved
 across the variants (so drifting machine load hits all alike) and medians are reported. Not a test:
 no pass/fail here.
@@ -40,6 +43,7 @@ from adaptune.core.devices import Device, pick_device
 from adaptune.model.methods import apply_method, method_from_dict
 from adaptune.data.tasks import get_task
 from adaptune.train.loop import training_step
+from adaptune.bench.fused import measure_fused_groups
 
 BATCH_SIZE = 32
 PAD_LENGTH = 128
@@ -104,6 +108,7 @@ def run_benchmark(data_dir: str | None, cache_dir: str | None, repeats: int, sam
     results.update(_method_step_times(device, grouped_batches, repeats))
     results.update(_padding_speedup(device, grouped_batches, padded_batches, repeats))
     results.update(_checkpoint_sizes())
+    results.update(measure_fused_groups(grouped_batches[0], device, repeats))
     return results
 
 

@@ -40,6 +40,7 @@ class Accelerator:
     cpu_limit: str = "4"
     memory_limit: str = "16G"
     runs_per_device: int = 1  # runs trained side by side on the one device (adaptune.sweep.shard_runner; measured in bench/gpu.json)
+    runs_per_group: int = 1  # runs fused into one forward pass (adaptune.train.group_loop; measured in bench/results.json)
 
     @property
     def label(self) -> str:

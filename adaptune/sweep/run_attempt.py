@@ -7,33 +7,68 @@ end, then waited for (its record reused) or taken over once its lease expires.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from adaptune.sweep.lease import Holder, Lease, lease_seconds, new_owner, try_acquire
-from adaptune.sweep.machine import load_trainer
+from adaptune.sweep.machine import TRAINER_ENV, load_trainer
 from adaptune.sweep.store import CHECKPOINT_DIR, RECORD_FILE, RUNS_DIR, RunStore, UnreadableFileError
 from adaptune.sweep.transient import backoff_s, is_transient
 from adaptune.train.config import TrainConfig
 from adaptune.train.record import failed_run_record, is_stale, one_line_reason, save_traceback, with_provenance
 
 
-def train_runs(configs: Iterable[TrainConfig], shard_id: str, store: RunStore, options: dict[str, Any]) -> dict[str, str]:
-    """Each run in turn, as one attempt (one owner); a run another attempt holds is left to the end,
-    then waited for. Returns each run's outcome."""
+def train_runs(configs: Iterable[TrainConfig], shard_id: str, store: RunStore, options: dict[str, Any],
+               runs_per_group: int = 1) -> dict[str, str]:
+    """Each run in turn, as one attempt (one owner), runs that can share a forward pass `runs_per_group`
+    at a time (adaptune.train.group_loop); a run another attempt holds is left to the end, then waited
+    for. Returns each run's outcome."""
+    return train_groups(form_groups(list(configs), runs_per_group), shard_id, store, options)
+
+
+def form_groups(configs: list[TrainConfig], runs_per_group: int) -> list[list[TrainConfig]]:
+    """Runs with equal group keys (group_loop.group_key), in plan order, up to `runs_per_group` a group;
+    every other run alone. A stand-in trainer ($ADAPTUNE_TRAINER) trains runs alone."""
+    if runs_per_group <= 1 or os.environ.get(TRAINER_ENV):
+        return [[config] for config in configs]
+    from adaptune.train.group_loop import group_key
+
+    groups: list[list[TrainConfig]] = []
+    open_groups: dict[tuple, list[TrainConfig]] = {}
+    for config in configs:
+        key = group_key(config)
+        if key is None:
+            groups.append([config])
+            continue
+        group = open_groups.get(key)
+        if group is None or len(group) >= runs_per_group:
+            group = open_groups[key] = []
+            groups.append(group)
+        group.append(config)
+    return groups
+
+
+def train_groups(groups: Iterable[list[TrainConfig]], shard_id: str, store: RunStore, options: dict[str, Any]) -> dict[str, str]:
+    """train_runs over groups already formed (side_by_side's workers take groups from one queue)."""
     owner = new_owner()
     by_run: dict[str, str] = {}
     deferred = []
-    for config in configs:
-        outcome = run_in_store(config, store, wait=False, owner=owner, **options)
-        if outcome == "leased":  # another attempt trains it now: train the rest first
-            print(f"{shard_id}: {config.run_id} is being trained by another attempt; back to it at the end", flush=True)
-            deferred.append(config)
-            continue
-        by_run[config.run_id] = outcome
-        print(f"{shard_id}: {config.run_id} {outcome}", flush=True)
+    for group in groups:
+        if len(group) == 1:
+            outcomes = {group[0].run_id: run_in_store(group[0], store, wait=False, owner=owner, **options)}
+        else:
+            outcomes = group_in_store(group, store, owner, **options)
+        for config in group:
+            outcome = outcomes[config.run_id]
+            if outcome == "leased":  # another attempt trains it now: train the rest first
+                print(f"{shard_id}: {config.run_id} is being trained by another attempt; back to it at the end", flush=True)
+                deferred.append(config)
+                continue
+            by_run[config.run_id] = outcome
+            print(f"{shard_id}: {config.run_id} {outcome}" + (f" (in a group of {len(group)})" if len(group) > 1 else ""), flush=True)
     for config in deferred:
         by_run[config.run_id] = run_in_store(config, store, wait=True, owner=owner, **options)
         print(f"{shard_id}: {config.run_id} {by_run[config.run_id]}", flush=True)
@@ -90,28 +125,82 @@ def run_in_store(
         return lease
     try:
         with lease.kept_alive():
-            existing = _stored_record(store, config.run_id)  # read again under the lease: another attempt may have finished
-            reused = _reuse(existing, retry_failed, retrain_stale)
+            reused = _clear_for_training(config, store, retry_failed, retrain_stale)
             if reused:
                 return reused
-            if isinstance(existing, _Unreadable):
-                kept = store.set_aside(RUNS_DIR, config.run_id, RECORD_FILE)
-                print(f"{config.run_id}: {existing}; set aside as {kept}, training the run again", flush=True)
-            elif existing is not None:
-                store.forget(config.run_id)
-                if is_stale(existing):
-                    store.remove_state(config.run_id)  # a state saved under the old scheme trained on other rows
             record = _train_with_retries(config, store, data_dir, max_transient_failures, progress, sleep)
-            with_provenance(record, data_dir)  # a trainer named by $ADAPTUNE_TRAINER may leave it to us
-            if not lease.still_held():
-                print(f"{config.run_id}: our lease expired and another attempt took the run over; its result stands", flush=True)
-                return "superseded"
-            if not store.publish_record(record):
-                return "reused"  # a record appeared that no lease guarded (a store written by an older adaptune)
-            if record["status"] != "failed":
-                store.remove_state(config.run_id)
+            return _publish(config, record, lease, store, data_dir)
     finally:
         lease.release()
+
+
+def group_in_store(
+    configs: list[TrainConfig],
+    store: RunStore,
+    owner: str,
+    data_dir: str | os.PathLike[str] | None = None,
+    retry_failed: bool = False,
+    max_transient_failures: int = 0,
+    progress: bool = False,
+    retrain_stale: bool = False,
+    sleep: Callable[[float], None] = time.sleep,
+) -> dict[str, str]:
+    """run_in_store for a group (wait=False): each run's record reused or its lease taken, as alone;
+    the runs leased train together (adaptune.train.group_loop.train_group), each published as alone."""
+    outcomes: dict[str, str] = {}
+    with contextlib.ExitStack() as leases:
+        training = []
+        for config in configs:
+            found = _stored_record(store, config.run_id)
+            reused = _reuse(found, retry_failed, retrain_stale)
+            if reused:
+                outcomes[config.run_id] = reused
+                continue
+            lease = _take_lease(config.run_id, store, owner, False, sleep)
+            if not isinstance(lease, Lease):
+                outcomes[config.run_id] = lease
+                continue
+            leases.callback(lease.release)
+            leases.enter_context(lease.kept_alive())
+            reused = _clear_for_training(config, store, retry_failed, retrain_stale)
+            if reused:
+                outcomes[config.run_id] = reused
+                continue
+            training.append((config, lease))
+        if training:
+            records = _train_group_with_retries([config for config, _ in training], store, data_dir, max_transient_failures, progress, sleep)
+            for (config, lease), record in zip(training, records, strict=True):
+                outcomes[config.run_id] = _publish(config, record, lease, store, data_dir)
+    return outcomes
+
+
+def _clear_for_training(config: TrainConfig, store: RunStore, retry_failed: bool, retrain_stale: bool) -> str | None:
+    """Under the run's lease: its outcome where a record now stands (another attempt may have finished),
+    else clear what would stop it training (an unreadable record set aside, a failed or stale one forgotten)."""
+    existing = _stored_record(store, config.run_id)
+    reused = _reuse(existing, retry_failed, retrain_stale)
+    if reused:
+        return reused
+    if isinstance(existing, _Unreadable):
+        kept = store.set_aside(RUNS_DIR, config.run_id, RECORD_FILE)
+        print(f"{config.run_id}: {existing}; set aside as {kept}, training the run again", flush=True)
+    elif existing is not None:
+        store.forget(config.run_id)
+        if is_stale(existing):
+            store.remove_state(config.run_id)  # a state saved under the old scheme trained on other rows
+    return None
+
+
+def _publish(config: TrainConfig, record: dict[str, Any], lease: Lease, store: RunStore, data_dir: Any) -> str:
+    """Publish the run's record once, if our lease still holds; returns the run's outcome."""
+    with_provenance(record, data_dir)  # a trainer named by $ADAPTUNE_TRAINER may leave it to us
+    if not lease.still_held():
+        print(f"{config.run_id}: our lease expired and another attempt took the run over; its result stands", flush=True)
+        return "superseded"
+    if not store.publish_record(record):
+        return "reused"  # a record appeared that no lease guarded (a store written by an older adaptune)
+    if record["status"] != "failed":
+        store.remove_state(config.run_id)
     return record["status"]
 
 
@@ -129,6 +218,40 @@ def _take_lease(run_id: str, store: RunStore, owner: str | None, wait: bool, sle
         sleep(min(max(taken.expires_at - time.time(), 1.0), lease_seconds() / 10, 60.0))
         if (found := _stored_record(store, run_id)) is not None:
             return "unreadable" if isinstance(found, _Unreadable) else "reused"
+
+
+def _train_group_with_retries(configs: list[TrainConfig], store: RunStore, data_dir: Any, max_transient_failures: int,
+                              progress: bool, sleep: Callable[[float], None]) -> list[dict[str, Any]]:
+    """_train_with_retries for a group: a transient failure (out of memory) counts against every run of it."""
+    from adaptune.train.group_loop import train_group
+
+    while True:
+        with contextlib.ExitStack() as dirs:
+            works = [dirs.enter_context(store.run_dir(config.run_id)) for config in configs]
+            try:
+                records = train_group(configs, [work.path for work in works], data_dir=data_dir, cache_dir=store.cache_dir(),
+                                      progress=progress, on_state_saved=[work.sync for work in works], write_record=False)
+            except Exception as error:  # noqa: BLE001 -- every failure is either retried or recorded, never lost
+                reason = one_line_reason(error)
+                for work in works:
+                    save_traceback(work.path, error)
+                if is_transient(error):
+                    failures = max(store.note_transient_failure(config.run_id, reason) for config in configs)
+                    for work in works:
+                        work.sync()
+                    if failures <= max_transient_failures:
+                        delay = backoff_s(failures)
+                        print(f"group of {len(configs)} ({configs[0].run_id}, ...): transient failure {failures} of at most "
+                              f"{max_transient_failures} retried in {delay:.0f} s: {reason}", flush=True)
+                        sleep(delay)
+                        continue
+                    reason = f"transient failure persisted over {failures} attempts: {reason}"
+                records = [failed_run_record(config, reason, data_dir) for config in configs]
+            for config, work, record in zip(configs, works, records, strict=True):
+                if (work.path / CHECKPOINT_DIR).is_dir():
+                    record["checkpoint_dir"] = store.url(RUNS_DIR, config.run_id, CHECKPOINT_DIR)
+                work.sync()
+            return records
 
 
 def _train_with_retries(config: TrainConfig, store: RunStore, data_dir: Any, max_transient_failures: int, progress: bool,

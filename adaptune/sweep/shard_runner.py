@@ -33,7 +33,7 @@ from adaptune.sweep.experiments import ExperimentSpec
 from adaptune.sweep.machine import TRAINER_ENV, ShardEnvironmentError, prepare_machine, start_deadline  # noqa: F401 (the shard's names)
 from adaptune.sweep.plan import plan
 from adaptune.sweep.run_attempt import run_in_store, train_runs  # noqa: F401 (one run in the store)
-from adaptune.sweep.side_by_side import RUNS_PER_DEVICE_ENV, runs_per_device, train_side_by_side  # noqa: F401
+from adaptune.sweep.side_by_side import RUNS_PER_DEVICE_ENV, RUNS_PER_GROUP_ENV, runs_per_device, runs_per_group, train_side_by_side  # noqa: F401
 from adaptune.sweep.store import RunStore
 from adaptune.sweep.transient import BACKOFF_ENV, is_transient  # noqa: F401 (the retry rule's names)
 
@@ -48,6 +48,7 @@ def run_shard(
     retrain_stale: bool = False,
     enforce_deadline: bool = False,
     runs_at_once: int | None = None,
+    group_size: int | None = None,
 ) -> Counter[str]:
     """Train every run of the shard that the store has no record of; returns counts by outcome
     (reused, stale, ok, degenerate, failed, superseded). With `enforce_deadline` (pipeline tasks) the
@@ -67,11 +68,12 @@ def run_shard(
     options = dict(data_dir=data_dir, retry_failed=retry_failed, retrain_stale=retrain_stale,
                    max_transient_failures=spec.retries, progress=progress)
     workers = min(runs_at_once or runs_per_device(spec.accelerator), len(shard.runs))
+    fused = group_size or runs_per_group(spec.accelerator)
     if workers > 1:
         print(f"{shard_id}: {workers} runs at a time on this device", flush=True)
-        by_run = train_side_by_side(list(shard.runs), shard_id, store, backbones, options, workers)
+        by_run = train_side_by_side(list(shard.runs), shard_id, store, backbones, options, workers, fused)
     else:
-        by_run = train_runs(list(shard.runs), shard_id, store, options)
+        by_run = train_runs(list(shard.runs), shard_id, store, options, fused)
     outcomes = Counter(by_run.values())
     if outcomes["stale"]:
         print(f"{shard_id}: {outcomes['stale']} run(s) hold records from another data scheme; "

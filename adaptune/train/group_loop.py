@@ -23,7 +23,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch.nn import functional as F
@@ -37,7 +37,7 @@ from adaptune.data.tasks import get_task, scored_companions
 from adaptune.model.backbone import load_model, load_tokenizer
 from adaptune.model.methods import apply_method, method_from_dict
 from adaptune.model.params import count_parameters
-from adaptune.model.run_dropout import RowLayout, dropout_generator, use_run_dropout
+from adaptune.model.run_dropout import RowLayout, RunRandomness, dropout_generator, use_run_dropout
 from adaptune.model.run_groups import GROUPABLE_METHODS, group_model, keep_runs, run_parameters, trained_tensors
 from adaptune.train.config import TrainConfig
 from adaptune.train.evaluate import evaluate_runs
@@ -46,6 +46,7 @@ from adaptune.train.loop import (
     FiniteGuard,
     RunFailed,
     StepCallback,
+    StepResult,
     _check_config,
     _Run,
     _seed_everything,
@@ -260,26 +261,10 @@ class _Group:
             member._finish()
 
     def _step(self, batches: list[list[int]], rows: list[dict[str, Any]]) -> None:
-        """One optimizer step of every run: one forward and backward through the shared backbone, then
-        each run's own clipping, finiteness check (at once on the CPU) and AdamW step."""
-        device, runs = self.device, len(self.members)
         inputs, labels, weights, layout = self._fused_batch(batches, rows)
-        self.randomness.layout = layout
-        with device.autocast():
-            logits = self.model(**inputs).logits
-        losses = _run_losses(self.task.kind, logits, labels, weights, runs)
-        losses.sum().backward()
-        for index, member in enumerate(self.members):
-            loss = losses[index].detach()
-            norm = torch.nn.utils.clip_grad_norm_(list(member.params.values()), member.config.max_grad_norm)
-            member.guard.add((loss, norm))
-            if device.kind == "cpu" and not (math.isfinite(float(loss)) and math.isfinite(float(norm))):
-                member.optimizer.zero_grad(set_to_none=True)  # as alone: stop before the update
-                continue
-            member.optimizer.step()
-            member.scheduler.step()
-            member.optimizer.zero_grad(set_to_none=True)
-        device.mark_step()
+        results = fused_step(self.model, self.randomness, inputs, labels, weights, layout, self.task.kind, self.members, self.device)
+        for member, result in zip(self.members, results, strict=True):
+            member.guard.add(result)
 
     def _fused_batch(self, batches: list[list[int]], rows: list[dict[str, Any]]
                      ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor, RowLayout]:
@@ -319,6 +304,40 @@ class _Group:
         for member, params in zip(self.members, run_parameters(self.model), strict=True):
             member.params = params
         return [plans[index] for index in kept]
+
+
+class GroupRun(Protocol):
+    """What a fused step needs of each run: its tensors, optimizer, schedule and clipping norm."""
+
+    params: dict[str, torch.nn.Parameter]
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    config: TrainConfig
+
+
+def fused_step(model: torch.nn.Module, randomness: RunRandomness, inputs: dict[str, torch.Tensor], labels: torch.Tensor,
+               weights: torch.Tensor, layout: RowLayout, kind: str, runs: Sequence[GroupRun], device: Device) -> list[StepResult]:
+    """One optimizer step of every run of a group: one forward and backward through the shared backbone,
+    then each run's own clipping, finiteness check (at once on the CPU, before its update, as alone) and
+    AdamW step. Returns each run's (loss, gradient norm), still on the device. The benchmark times this."""
+    randomness.layout = layout
+    with device.autocast():
+        logits = model(**inputs).logits
+    losses = _run_losses(kind, logits, labels, weights, len(runs))
+    losses.sum().backward()
+    results = []
+    for index, run in enumerate(runs):
+        loss = losses[index].detach()
+        norm = torch.nn.utils.clip_grad_norm_(list(run.params.values()), run.config.max_grad_norm)
+        results.append((loss, norm))
+        if device.kind == "cpu" and not (math.isfinite(float(loss)) and math.isfinite(float(norm))):
+            run.optimizer.zero_grad(set_to_none=True)
+            continue
+        run.optimizer.step()
+        run.scheduler.step()
+        run.optimizer.zero_grad(set_to_none=True)
+    device.mark_step()
+    return results
 
 
 def _run_losses(kind: str, logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, runs: int) -> torch.Tensor:

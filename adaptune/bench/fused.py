@@ -1,0 +1,144 @@
+"""Fused run groups on the CPU (part of `make bench`): operators launched per training example and
+training examples per second for a group of k = 1, 4, 16 adapter runs, each k side by side in one run.
+
+Two backbones: the embedded all-MiniLM-L6-v2 (real cost on this CPU), and an overhead-bound proxy, the
+same 6-layer BERT at width 32 (2 heads), where each operator's fixed cost dominates as kernel launches
+do on an H100 (bench/gpu.json: a BERT-base step there takes as long at 40 tokens as at 128). The
+proxy's examples/s are a proxy, not a GPU figure: they show how much per-operator overhead fusing
+removes, which is what the GPU's launch-bound step pays for. Operators are counted with a
+TorchDispatchMode (every aten call of forward, backward, clipping and AdamW), per training example.
+
+Also the CPU's native bf16 (avx512_bf16): the frozen backbone's matmuls in bf16 under autocast against
+float32, adapters 64 on the embedded backbone, in examples/s.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from transformers import BertConfig, BertForSequenceClassification
+
+from adaptune.core.backbones import DEFAULT_BACKBONE
+from adaptune.core.devices import Device
+from adaptune.model.backbone import load_model
+from adaptune.model.methods import apply_method, method_from_dict
+from adaptune.model.run_dropout import RowLayout, dropout_generator, use_run_dropout
+from adaptune.model.run_groups import group_model, run_parameters, trained_tensors
+from adaptune.train.config import TrainConfig
+from adaptune.train.group_loop import fused_step
+from adaptune.train.loop import adamw, decayed_names, keep_frozen_matmuls_in
+
+GROUP_SIZES = (1, 4, 16)
+ADAPTERS = {"name": "adapters", "size": 64}
+
+
+class _CountOps(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+class _Run:
+    def __init__(self, params: dict[str, torch.nn.Parameter], decayed: set[str], seed: int) -> None:
+        self.params = params
+        self.config = TrainConfig(task="sst2", method=ADAPTERS, lr=1e-4 * (seed + 1), seed=seed)
+        self.optimizer = adamw(params, decayed, self.config.lr, 0.01)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: 1.0)
+
+
+def _group(backbone: str, k: int, device: Device, bf16: bool = False) -> tuple[torch.nn.Module, Any, list[_Run]]:
+    trained, model = [], None
+    for seed in range(k):
+        torch.manual_seed(seed)
+        model = load_model(backbone, "classification", num_labels=2)
+        apply_method(model, method_from_dict(ADAPTERS))
+        trained.append(trained_tensors(model))
+    decayed = decayed_names(model)
+    model = group_model(model, trained)
+    randomness = use_run_dropout(model, [dropout_generator(seed, device.torch_device) for seed in range(k)])
+    if bf16:
+        keep_frozen_matmuls_in(model, torch.bfloat16)
+    model.train()
+    return model, randomness, [_Run(params, decayed, seed) for seed, params in enumerate(run_parameters(model))]
+
+
+def _stacked(batch: dict[str, torch.Tensor], k: int) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor, RowLayout]:
+    """k runs' batches (the same rows, so every k pays for the same tokens), stacked as a group stacks them."""
+    rows, length = batch["input_ids"].shape
+    inputs = {name: tensor.repeat(k, 1) for name, tensor in batch.items() if name != "labels"}
+    return inputs, batch["labels"].repeat(k), torch.ones(k, rows), RowLayout(rows, [rows] * k, [length] * k)
+
+
+def _step_fn(backbone: str, k: int, device: Device, batch: dict[str, torch.Tensor], bf16: bool = False) -> Any:
+    model, randomness, runs = _group(backbone, k, device, bf16)
+    inputs, labels, weights, layout = _stacked(batch, k)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else None
+
+    def step() -> None:
+        if autocast is None:
+            fused_step(model, randomness, inputs, labels, weights, layout, "classification", runs, device)
+        else:
+            with autocast:
+                fused_step(model, randomness, inputs, labels, weights, layout, "classification", runs, device)
+
+    return step
+
+
+def _proxy_backbone(directory: Path) -> str:
+    """The embedded backbone's depth at width 32: each operator's work is tiny, its fixed cost is not."""
+    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=6, num_attention_heads=2, intermediate_size=64)
+    torch.manual_seed(0)
+    BertForSequenceClassification(config).save_pretrained(directory)
+    return str(directory)
+
+
+def _measure(step: Any, examples: int, repeats: int, steps: int) -> tuple[float, float]:
+    """(examples/s median over `repeats` timings of `steps` steps, operators per example)."""
+    step()  # warm-up
+    with _CountOps() as counter:
+        step()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        for _ in range(steps):
+            step()
+        times.append(time.perf_counter() - started)
+    return examples * steps / statistics.median(times), counter.count / examples
+
+
+def measure_fused_groups(batch: dict[str, torch.Tensor], device: Device, repeats: int) -> dict[str, Any]:
+    rows = batch["input_ids"].shape[0]
+    entries = []
+    with tempfile.TemporaryDirectory() as tmp:
+        backbones = {DEFAULT_BACKBONE: False, _proxy_backbone(Path(tmp) / "proxy"): True}
+        for backbone, proxy in backbones.items():
+            steps = {k: _step_fn(backbone, k, device, batch) for k in GROUP_SIZES}
+            measured = {k: _measure(step, rows * k, repeats, 3 if proxy else 1) for k, step in steps.items()}
+            for k, (per_s, ops) in measured.items():
+                entries.append({"k": k, "backbone": "tiny-bert-w32 (proxy)" if proxy else DEFAULT_BACKBONE, "proxy": proxy,
+                                "ops_per_example": round(ops, 2), "examples_per_s": round(per_s, 1),
+                                "speedup_vs_k1": round(per_s / measured[1][0], 2)})
+            del steps
+    fp32 = _step_fn(DEFAULT_BACKBONE, 1, device, batch)
+    bf16 = _step_fn(DEFAULT_BACKBONE, 1, device, batch, bf16=True)
+    timed = {name: [] for name in ("float32", "bfloat16")}
+    for _ in range(repeats):
+        for name, step in (("float32", fp32), ("bfloat16", bf16)):
+            timed[name].append(_measure(step, rows, 1, 2)[0])
+    bf16_entry = {name: round(statistics.median(values), 1) for name, values in timed.items()}
+    bf16_entry["speedup"] = round(bf16_entry["bfloat16"] / bf16_entry["float32"], 2)
+    return {"fused_groups": entries, "frozen_backbone_bf16_examples_per_s": bf16_entry,
+            "fused_groups_note": ("k runs of adapters 64 on the same SST-2 batch of "
+                                  f"{rows} rows each (batch x k rows per step); 'proxy' entries are the width-32 BERT, a "
+                                  "stand-in for a launch-bound GPU step, not a GPU measurement")}
+

@@ -1,0 +1,175 @@
+"""Fused run groups (adaptune.train.group_loop): each run of a group is the run it would be alone.
+
+Real data (MRPC from ../shared/data), the embedded backbone, small sizes. Tolerance: both paths run in
+float32 and differ only in reduction order (a batched matmul for k runs instead of one matmul per run;
+LayerNorm's affine applied after normalising instead of fused). Measured over these runs the step
+losses agree to about 1e-7 (float32's epsilon is 1.2e-7) and the trained tensors to about 1e-6; AdamW
+divides by sqrt(v) and can amplify such noise over steps, so the bound is 1e-4: orders above what
+reduction order gives, orders below what a wrong batch, mask, seed or learning rate gives (> 1e-2).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import adaptune.train.group_loop as group_loop
+import adaptune.train.loop as loop
+from adaptune.core.run_files import STATE_FILE
+from adaptune.model.checkpoint import load_task_checkpoint
+from adaptune.train.config import TrainConfig
+from adaptune.train.group_loop import group_key, train_group
+from adaptune.train.loop import train_and_evaluate
+
+TOLERANCE = 1e-4
+SMALL = dict(task="mrpc", epochs=2, max_length=48, max_train_examples=40, max_eval_examples=24, batch_size=16)
+
+
+def _config(method: dict[str, Any], lr: float, seed: int, **changes: Any) -> TrainConfig:
+    return TrainConfig(method=method, lr=lr, seed=seed, **{**SMALL, **changes})
+
+
+@pytest.fixture
+def step_losses(monkeypatch: pytest.MonkeyPatch) -> list[list[float]]:
+    """Every FiniteGuard's step losses, in the order the guards were made (one per run)."""
+    histories: list[list[float]] = []
+    real_init, real_add = loop.FiniteGuard.__init__, loop.FiniteGuard.add
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        real_init(self, *args, **kwargs)
+        self.history = []
+        histories.append(self.history)
+
+    def add(self: Any, result: Any) -> None:
+        self.history.append(float(result[0]))
+        real_add(self, result)
+
+    monkeypatch.setattr(loop.FiniteGuard, "__init__", init)
+    monkeypatch.setattr(loop.FiniteGuard, "add", add)
+    return histories
+
+
+@pytest.fixture
+def without_dropout(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = loop.load_model
+
+    def load_model(*args: Any, **kwargs: Any) -> torch.nn.Module:
+        model = real(*args, **kwargs)
+        for module in model.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0
+        return model
+
+    monkeypatch.setattr(loop, "load_model", load_model)
+    monkeypatch.setattr(group_loop, "load_model", load_model)
+
+
+def _assert_same_run(fused: dict[str, Any], alone: dict[str, Any], fused_losses: list[float], alone_losses: list[float]) -> None:
+    assert fused["run_id"] == alone["run_id"] and fused["status"] == alone["status"]
+    assert set(fused) == set(alone)  # the same record fields
+    assert len(fused_losses) == len(alone_losses) > 0
+    assert fused_losses == pytest.approx(alone_losses, abs=TOLERANCE)
+    for metric, value in alone["val_metrics"].items():
+        assert fused["val_metrics"][metric] == pytest.approx(value, abs=TOLERANCE)
+    for metric, value in alone["test_metrics"].items():
+        assert fused["test_metrics"][metric] == pytest.approx(value, abs=TOLERANCE)
+    assert [point["train_loss"] for point in fused["curve"]] == pytest.approx([point["train_loss"] for point in alone["curve"]], abs=TOLERANCE)
+    fused_model, _, _ = load_task_checkpoint(fused["checkpoint_dir"])
+    alone_model, _, _ = load_task_checkpoint(alone["checkpoint_dir"])
+    ids = torch.tensor([[101, 2023, 2003, 1037, 3231, 102, 2178, 6251, 102]])
+    with torch.no_grad():
+        assert torch.allclose(fused_model(input_ids=ids).logits, alone_model(input_ids=ids).logits, atol=TOLERANCE)
+
+
+METHODS = {
+    "adapters": {"name": "adapters", "size": 8},
+    "pfeiffer": {"name": "pfeiffer", "size": 8},
+    "layernorm": {"name": "layernorm"},
+    "lora": {"name": "lora", "r": 4},
+    "ia3": {"name": "ia3"},
+}
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_each_run_of_a_group_matches_its_solo_training_step_by_step(method: str, tmp_path: Path, shared_data_dir: Path,
+                                                                    without_dropout: None, step_losses: list[list[float]]) -> None:
+    # Three learning rates and seeds; MRPC's 40 rows at batch 16 end every epoch on a batch of 8, at a
+    # different step per seed: the short blocks are padded and weighted out.
+    configs = [_config(METHODS[method], lr, seed) for lr, seed in ((1e-3, 0), (3e-4, 1), (3e-3, 2))]
+    assert len({group_key(config) for config in configs}) == 1
+    fused = train_group(configs, [tmp_path / "group" / config.run_id for config in configs], data_dir=shared_data_dir)
+    fused_losses = list(step_losses)
+    alone = [train_and_evaluate(config, data_dir=shared_data_dir, out_dir=tmp_path / "alone" / config.run_id, progress=False)
+             for config in configs]
+    alone_losses = step_losses[len(fused_losses):]
+    assert [record["group_size"] for record in fused] == [3, 3, 3] and [record["group_size"] for record in alone] == [1, 1, 1]
+    for index in range(3):
+        _assert_same_run(fused[index], alone[index], fused_losses[index], alone_losses[index])
+    assert len({round(losses[-1], 6) for losses in fused_losses}) == 3  # the runs really differ
+
+
+def test_with_dropout_a_run_gives_the_same_result_in_any_group_and_alone(tmp_path: Path, shared_data_dir: Path,
+                                                                          step_losses: list[list[float]]) -> None:
+    method = METHODS["adapters"]
+    run = _config(method, 1e-3, 0)
+    first = train_group([run, _config(method, 3e-4, 1)], [tmp_path / "a" / name for name in ("run", "other")], data_dir=shared_data_dir)
+    in_first = step_losses[0]
+    second = train_group([_config(method, 3e-3, 5), _config(method, 1e-4, 7), run],
+                         [tmp_path / "b" / name for name in ("x", "y", "run")], data_dir=shared_data_dir)
+    in_second = step_losses[2 + 2]
+    alone = train_and_evaluate(run, data_dir=shared_data_dir, out_dir=tmp_path / "alone", progress=False)
+    _assert_same_run(first[0], second[2], in_first, in_second)
+    _assert_same_run(first[0], alone, in_first, step_losses[-1])
+
+
+def test_a_diverging_run_is_recorded_as_failed_and_the_others_go_on(tmp_path: Path, shared_data_dir: Path,
+                                                                   step_losses: list[list[float]]) -> None:
+    method = METHODS["adapters"]
+    diverging, healthy = _config(method, 1e30, 0, epochs=1), _config(method, 1e-3, 1, epochs=1)
+    fused = train_group([diverging, healthy], [tmp_path / "g" / "d", tmp_path / "g" / "h"], data_dir=shared_data_dir)
+    assert fused[0]["status"] == "failed" and "non-finite" in fused[0]["reason"]
+    assert (tmp_path / "g" / "d" / "record.json").is_file()
+    alone = train_and_evaluate(healthy, data_dir=shared_data_dir, out_dir=tmp_path / "alone", progress=False)
+    _assert_same_run(fused[1], alone, step_losses[1][: len(step_losses[2])], step_losses[2])
+    assert len(step_losses[1]) == len(step_losses[2])  # the healthy run took every step
+
+
+class _Killed(Exception):
+    pass
+
+
+def test_runs_resume_from_their_own_states_alone_or_in_another_group(tmp_path: Path, shared_data_dir: Path) -> None:
+    method = METHODS["lora"]
+    a, b, c = (_config(method, lr, seed, checkpoint_every_steps=2) for lr, seed in ((1e-3, 0), (3e-3, 1), (3e-4, 2)))
+    uninterrupted = train_group([a, b], [tmp_path / "whole" / "a", tmp_path / "whole" / "b"], data_dir=shared_data_dir)
+
+    def kill_at_step_3(step: int) -> None:
+        if step == 3:
+            raise _Killed
+
+    with pytest.raises(_Killed):
+        train_group([a, b], [tmp_path / "a", tmp_path / "b"], data_dir=shared_data_dir, step_callback=kill_at_step_3)
+    assert (tmp_path / "a" / STATE_FILE).is_file() and (tmp_path / "b" / STATE_FILE).is_file()
+    resumed_a = train_and_evaluate(a, data_dir=shared_data_dir, out_dir=tmp_path / "a", progress=False)  # alone
+    resumed_b, fresh_c = train_group([b, c], [tmp_path / "b", tmp_path / "c"], data_dir=shared_data_dir)  # b at step 2, c at 0
+    for resumed, whole in ((resumed_a, uninterrupted[0]), (resumed_b, uninterrupted[1])):
+        assert resumed["val_metrics"] == pytest.approx(whole["val_metrics"], abs=TOLERANCE)
+        assert [p["train_loss"] for p in resumed["curve"]] == pytest.approx([p["train_loss"] for p in whole["curve"]], abs=TOLERANCE)
+    assert fresh_c["status"] in ("ok", "degenerate") and len(fresh_c["curve"]) == 2
+
+
+def test_group_key_groups_only_runs_that_can_share_a_step() -> None:
+    adapters = {"name": "adapters", "size": 64, "init_std": 0.01}
+    base = _config(adapters, 3e-4, 0)
+    assert group_key(base) == group_key(_config({**adapters, "init_std": 0.001}, 3e-3, 2))  # lr, seed, init std differ
+    assert group_key(base) != group_key(_config({**adapters, "size": 8}, 3e-4, 0))  # other shapes
+    assert group_key(base) != group_key(_config(adapters, 3e-4, 0, epochs=20))  # other step count
+    assert group_key(base) != group_key(_config(adapters, 3e-4, 0, task="rte"))
+    assert group_key(_config({"name": "full"}, 3e-4, 0)) is None
+    assert group_key(_config({"name": "top_k", "k": 2}, 3e-4, 0)) is None
+    assert group_key(TrainConfig(task="squad", method=adapters)) is None
+    with pytest.raises(ValueError, match="cannot train as one group"):
+        train_group([base, _config({"name": "full"}, 3e-4, 1)], ["x", "y"])
