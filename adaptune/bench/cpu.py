@@ -43,7 +43,7 @@ from adaptune.core.devices import Device, pick_device
 from adaptune.model.methods import apply_method, method_from_dict
 from adaptune.data.tasks import get_task
 from adaptune.train.loop import training_step
-from adaptune.bench.fused import measure_fused_groups
+from adaptune.bench.fused import measure_fused_groups, measure_group_runs
 
 BATCH_SIZE = 32
 PAD_LENGTH = 128
@@ -109,6 +109,7 @@ def run_benchmark(data_dir: str | None, cache_dir: str | None, repeats: int, sam
     results.update(_padding_speedup(device, grouped_batches, padded_batches, repeats))
     results.update(_checkpoint_sizes())
     results.update(measure_fused_groups(grouped_batches[0], device, repeats))
+    results.update(measure_group_runs(data_dir))
     return results
 
 

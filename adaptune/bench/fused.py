@@ -116,6 +116,28 @@ def _measure(step: Any, examples: int, repeats: int, steps: int) -> tuple[float,
     return examples * steps / statistics.median(times), counter.count / examples
 
 
+def measure_group_runs(data_dir: str | None, k: int = 4) -> dict[str, Any]:
+    """Whole runs: k adapter runs (lr and seed differ) on MRPC trained as one group, and one after another
+    alone, wall clock each (data preparation, model building, training, evaluation, checkpoints)."""
+    from adaptune.train.group_loop import train_group
+    from adaptune.train.loop import train_and_evaluate
+
+    configs = [TrainConfig(task="mrpc", method={"name": "adapters", "size": 64}, lr=lr, seed=seed, epochs=2, max_length=64,
+                           max_train_examples=128, max_eval_examples=64, batch_size=32)
+               for seed, lr in zip(range(k), (3e-4, 1e-3, 3e-3, 1e-4) * k)]
+    with tempfile.TemporaryDirectory() as tmp:
+        started = time.perf_counter()
+        train_group(configs, [Path(tmp) / "group" / config.run_id for config in configs], data_dir=data_dir)
+        grouped = time.perf_counter() - started
+        started = time.perf_counter()
+        for config in configs:
+            train_and_evaluate(config, data_dir=data_dir, out_dir=Path(tmp) / "alone" / config.run_id, progress=False)
+        alone = time.perf_counter() - started
+    return {"fused_group_runs": {"runs": k, "task": "mrpc: 128 training rows, 64 validation, 2 epochs, adapters 64, batch 32",
+                                 "group_wall_s": round(grouped, 1), "alone_wall_s": round(alone, 1),
+                                 "speedup": round(alone / grouped, 2)}}
+
+
 def measure_fused_groups(batch: dict[str, torch.Tensor], device: Device, repeats: int) -> dict[str, Any]:
     rows = batch["input_ids"].shape[0]
     entries = []
