@@ -173,3 +173,27 @@ def test_group_key_groups_only_runs_that_can_share_a_step() -> None:
     assert group_key(TrainConfig(task="squad", method=adapters)) is None
     with pytest.raises(ValueError, match="cannot train as one group"):
         train_group([base, _config({"name": "full"}, 3e-4, 1)], ["x", "y"])
+
+
+def test_a_shard_trains_its_groupable_runs_as_groups_and_each_run_is_published_as_alone(tmp_path: Path, shared_data_dir: Path) -> None:
+    import dataclasses
+
+    from adaptune.sweep.experiments import Sweep, get_experiment
+    from adaptune.sweep.plan import plan
+    from adaptune.sweep.shard_runner import run_shard
+    from adaptune.sweep.store import RunStore
+
+    spec = dataclasses.replace(
+        get_experiment("smoke"), name="group_test", ablation=None, shard_size=5, max_train_examples=32, max_eval_examples=16,
+        sweeps=(Sweep(tasks=("mrpc",), methods=({"name": "layernorm"}, {"name": "full"}), learning_rates=(1e-3, 3e-3),
+                      epochs=(1,), seeds=(0,), max_length=32),),
+    )
+    (shard,) = plan(spec).shards
+    store = RunStore(str(tmp_path / "store"))
+    outcomes = run_shard(spec, shard.id, store, data_dir=shared_data_dir, group_size=4)
+    assert sum(outcomes.values()) == 4 and not outcomes["failed"]
+    sizes = {run.run_id: store.record(run.run_id)["group_size"] for run in shard.runs}
+    assert sorted(sizes.values()) == [1, 1, 2, 2]  # the two layernorm runs shared a group; full fine-tuning trained alone
+    assert not list((tmp_path / "store").rglob("lease-*.json"))  # every lease released
+    again = run_shard(spec, shard.id, store, data_dir=shared_data_dir, group_size=4)
+    assert again == {"reused": 4}
