@@ -30,8 +30,7 @@ from torch.nn import functional as F
 from transformers import get_linear_schedule_with_warmup, set_seed
 
 from adaptune.core.devices import Device, is_out_of_memory, pick_device, release_memory
-from adaptune.core.files import write_json
-from adaptune.core.run_files import RECORD_FILE, STATE_FILE
+from adaptune.core.run_files import STATE_FILE
 from adaptune.data.batching import epoch_batches, make_collator
 from adaptune.data.tasks import get_task, scored_companions
 from adaptune.model.backbone import load_model, load_tokenizer
@@ -133,15 +132,6 @@ class _Member(_Run):
             for name, parameter in self.params.items():
                 self.template.get_parameter(name).copy_(parameter.detach().to(self.template.get_parameter(name).device))
         return self.template
-
-    def finish_record(self, started: float, write_record: bool) -> dict[str, Any]:
-        self.record["wall_time_s"] = self.progress.elapsed_s + (time.perf_counter() - started)
-        self.record["curve"] = self.progress.curve
-        if write_record:
-            write_json(self.out / RECORD_FILE, self.record)
-        if self.record["status"] != "failed":
-            (self.out / STATE_FILE).unlink(missing_ok=True)
-        return self.record
 
 
 class _Group:

@@ -95,13 +95,7 @@ def train_and_evaluate(
         if is_out_of_memory(error):
             release_memory(device)  # the caller may go on with another run on this device
         raise
-    record["wall_time_s"] = run.progress.elapsed_s + (time.perf_counter() - started)
-    record["curve"] = run.progress.curve
-    if write_record:
-        write_json(out / RECORD_FILE, record)
-    if record["status"] != "failed":
-        remove_state(out)
-    return record
+    return run.finish_record(started, write_record)
 
 
 class _Run:
@@ -112,6 +106,16 @@ class _Run:
         self.config, self.task, self.method_cfg, self.device, self.out, self.record = config, task, method_cfg, device, out, record
         self.on_state_saved = on_state_saved
         self.progress = Progress()
+
+    def finish_record(self, started: float, write_record: bool) -> dict[str, Any]:
+        """Wall time and curve into the record, written unless the store publishes it; a finished run's state removed."""
+        self.record["wall_time_s"] = self.progress.elapsed_s + (time.perf_counter() - started)
+        self.record["curve"] = self.progress.curve
+        if write_record:
+            write_json(self.out / RECORD_FILE, self.record)
+        if self.record["status"] != "failed":
+            remove_state(self.out)
+        return self.record
 
     def execute(self, data_dir: Any, cache_dir: Any, show_progress: bool, step_callback: StepCallback | None) -> None:
         config, task, device = self.config, self.task, self.device
