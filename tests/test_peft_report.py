@@ -43,14 +43,31 @@ def test_peft_compare_runs_every_method_at_the_papers_glue_protocol_on_bert_base
     assert {run.seed for run in planned.runs} == {0, 1, 2, 3, 4}
 
 
-def test_peft_local_shares_glue_locals_runs_and_adds_lora_and_ia3() -> None:
-    """Same run ids: the store trains glue_local's full, adapter and LayerNorm runs once for both."""
-    glue_local = {run.run_id for run in plan(EXPERIMENTS["glue_local"]).runs}
+def test_peft_local_shares_glue_locals_3_epoch_runs_and_adds_lora_and_ia3() -> None:
+    """Same run ids: the store trains glue_local's 3-epoch full, adapter and LayerNorm runs once for both."""
+    glue_local = {run.run_id for run in plan(EXPERIMENTS["glue_local"]).runs if run.epochs == 3}
     peft_local = plan(EXPERIMENTS["peft_local"]).runs
     added = [run for run in peft_local if run.run_id not in glue_local]
     assert glue_local <= {run.run_id for run in peft_local}
+    assert {run.epochs for run in peft_local} == {3}
     assert sorted({(method_label(run.method), run.lr) for run in added}) == [("ia3", 3e-3), ("lora8", 3e-4), ("lora8", 3e-3)]
     assert len(added) == 3 * 3 * 3  # 3 configurations x 3 tasks x 3 seeds
+
+
+def test_glue_local_gives_adapters_the_papers_epochs_and_full_fine_tuning_devlins() -> None:
+    """§3.2: adapters over epochs {3, 20} at each rate they run; full fine-tuning at Devlin et al.'s 3;
+    LayerNorm-only at 20 on CoLA only; what is left out is said in the spec."""
+    grid = _labels("glue_local")
+    assert grid["adapters64"] == {(lr, epochs) for lr in (3e-4, 3e-3) for epochs in (3, 20)}
+    assert grid["full"] == {(1e-4, 3)}
+    assert grid["layernorm"] == {(3e-3, 3), (3e-3, 20)}
+    planned = plan(EXPERIMENTS["glue_local"])
+    assert {run.task for run in planned.runs if run.method["name"] == "layernorm" and run.epochs == 20} == {"cola"}
+    assert {run.seed for run in planned.runs} == {0, 1, 2}
+    assert "3e-5" in EXPERIMENTS["glue_local"].grid_left_out  # §3.2's third rate, left out and said so
+    # The pair that decides the claim comes first in every task's shards (the grid runs in parts).
+    cola = [run for run in planned.runs if run.task == "cola"]
+    assert [(method_label(run.method), run.epochs, run.seed) for run in cola[:2]] == [("full", 3, 0), ("adapters64", 20, 0)]
 
 
 def _trained_on_bert_base(method: dict[str, Any]) -> int:
