@@ -8,7 +8,7 @@ PIPELINE ?= smoke
 OUT ?= outputs
 export PYTHONHASHSEED := 0
 
-.PHONY: venv test demo run plan status report compile submit stage-models bench bench-gpu bench-status bench-soak images lint lock clean
+.PHONY: venv test demo run plan status tensorboard report compile submit stage-models bench bench-gpu bench-status bench-soak images lint lock clean
 
 $(VENV)/.installed: pyproject.toml requirements.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,10 @@ run: venv
 
 plan: venv
 	$(PY) -m pipelines plan $(PIPELINE) $(if $(RUNS_ROOT),--runs-root $(RUNS_ROOT))
+
+# One sweep in TensorBoard: each run's curves, the whole grid in the HParams dashboard (only this sweep's runs).
+tensorboard: venv
+	$(PY) -m pipelines tensorboard $(PIPELINE) $(if $(RUNS_ROOT),--runs-root $(RUNS_ROOT)) $(if $(PORT),--port $(PORT))
 
 # Where a sweep stands (finished, failed, in progress, cost, ETA), read from its run store; runs nothing.
 status: venv

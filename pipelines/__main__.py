@@ -64,6 +64,34 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tensorboard(args: argparse.Namespace) -> int:
+    """Build the sweep's TensorBoard view (adaptune.sweep.tensorboard_view) and serve it, unless --no-serve."""
+    import subprocess
+
+    from adaptune.sweep.experiments import get_experiment
+    from adaptune.sweep.tensorboard_view import SweepView
+
+    out = Path(args.out or Path("outputs") / _stem(args.name))
+    view = SweepView(get_experiment(args.name), _store_for(args.name, args.runs_root, out), out / "tensorboard")
+    started = time.perf_counter()
+    with_events = view.build()
+    how = "linked to the store (live)" if view.store.is_local else f"copied from {view.store.root}, refreshed every {args.refresh_s:g} s"
+    print(f"{view.view_dir}: {len(view.runs):,} planned runs, {with_events:,} with events so far, {how} "
+          f"({time.perf_counter() - started:.1f} s)", flush=True)
+    if args.no_serve:
+        return 0
+    command = [sys.executable, "-m", "tensorboard.main", "--logdir", str(view.view_dir), "--port", str(args.port), "--bind_all"]
+    print(f"serving http://localhost:{args.port}/ (HParams: http://localhost:{args.port}/#hparams); Ctrl-C stops", flush=True)
+    server = subprocess.Popen(command)
+    try:
+        if not view.store.is_local:
+            view.keep_mirroring(args.refresh_s, until=lambda: server.poll() is not None)
+        return server.wait()
+    except KeyboardInterrupt:
+        server.terminate()
+        return 0
+
+
 def _stem(name: str) -> str:
     """The output folder of an experiment: its name, or a sweep file's name without the extension (as the Makefile)."""
     return Path(name).stem if name.endswith((".yaml", ".yml", ".json")) else name
@@ -159,6 +187,14 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--out", default=None, help="where the Parquet, tables, figures and report.md land (default: outputs/<name>)")
     report.add_argument("--data-dir", default=None, help="local data mirror, for the majority-class baselines (default: shared/data found next to the tree)")
     report.set_defaults(handler=_report)
+    board = commands.add_parser("tensorboard", help="serve one sweep's runs in TensorBoard: curves, and the HParams table of the whole grid")
+    board.add_argument("name", help="a named experiment or a sweep file (.yaml/.json)")
+    board.add_argument("--runs-root", default=None, help=RUNS_ROOT_HELP)
+    board.add_argument("--out", default=None, help="where the view is built, as <out>/tensorboard (default: outputs/<name>)")
+    board.add_argument("--port", type=int, default=6006)
+    board.add_argument("--refresh-s", type=float, default=60.0, help="a bucket store: how often the view copies new event files")
+    board.add_argument("--no-serve", action="store_true", help="build the view and stop")
+    board.set_defaults(handler=_tensorboard)
     compile_ = commands.add_parser("compile", help="write pipeline.yaml and pipelines/compiled/<name>.yaml")
     compile_.add_argument("--root", default=None, help="directory to write under (default: the repository root)")
     compile_.set_defaults(handler=_compile)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 from collections import Counter
 from pathlib import Path
@@ -19,6 +20,7 @@ from adaptune.train.checks import ConfigError  # noqa: E402
 from adaptune.train.cli import add_train_arguments, config_from_args  # noqa: E402
 from adaptune.train.loop import train_and_evaluate  # noqa: E402
 from adaptune.train.state import STATE_FILE  # noqa: E402
+from adaptune.train.event_log import CURVE_FILE, read_events  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -78,6 +80,23 @@ def test_short_real_run_learns_and_writes_record_and_checkpoint(sst2_run: tuple[
     assert record["primary_metric"] == "accuracy" and record["device"] == "cpu"
     assert record["train_examples_per_s"] > 0 and record["wall_time_s"] > 0
 
+    # TensorBoard's own loader reads the run's event files back to the record's numbers.
+    assert [step for step, _ in _scalars(out, "train/loss")] == list(range(1, 25))  # every step once
+    assert dict(_scalars(out, "validation/accuracy")) == pytest.approx(
+        {point["step"]: point["val_metrics"]["accuracy"] for point in record["curve"]})
+    assert dict(_scalars(out, "score/validation")) == pytest.approx({24: record["val_metrics"]["accuracy"]})
+    assert dict(_scalars(out, "score/test")) == pytest.approx({24: record["test_metrics"]["accuracy"]})
+    assert _scalars(out, "params/trained") == [(24, record["trained_params"])]
+    assert _scalars(out, "train/lr")[-1][1] == 0.0  # the linear decay ends at zero
+
+
+def _scalars(out: Path, tag: str) -> list[tuple[int, float]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(out / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    return [(event.step, event.value) for event in events.Scalars(tag)]
+
 
 def test_interrupted_run_resumes_to_the_same_result(sst2_run: tuple[dict, Path], tmp_path: Path, shared_data_dir: Path, cache_dir: Path) -> None:
     uninterrupted, _ = sst2_run
@@ -89,6 +108,8 @@ def test_interrupted_run_resumes_to_the_same_result(sst2_run: tuple[dict, Path],
     with pytest.raises(Interrupted):
         train_and_evaluate(SST2_RUN, data_dir=shared_data_dir, out_dir=tmp_path, cache_dir=cache_dir, progress=False, step_callback=preempt_at_step_11)
     assert (tmp_path / STATE_FILE).is_file() and not (tmp_path / "record.json").exists()
+    gc.collect()  # the killed attempt's event file flushed, as a preempted pod's last upload may have it
+    assert max(event.step for event in read_events(tmp_path / "tensorboard" / CURVE_FILE)) == 11  # logged past the saved step 9
 
     steps_after_restart: list[int] = []
     resumed = train_and_evaluate(
@@ -98,6 +119,10 @@ def test_interrupted_run_resumes_to_the_same_result(sst2_run: tuple[dict, Path],
     for key in ("status", "best_epoch", "val_metrics", "trained_params"):
         assert resumed[key] == uninterrupted[key], key
     assert resumed["curve"] == uninterrupted["curve"]  # identical losses and metrics at every epoch
+    # The resumed run's event file holds each step once (steps 10 and 11 of the killed attempt dropped), with the same losses.
+    resumed_losses = _scalars(tmp_path, "train/loss")
+    assert [step for step, _ in resumed_losses] == list(range(1, 25))
+    assert dict(resumed_losses) == pytest.approx(dict(_scalars(sst2_run[1], "train/loss")), rel=1e-5)
 
 
 def test_nan_inducing_learning_rate_gives_failed_record(tmp_path: Path, shared_data_dir: Path, cache_dir: Path) -> None:

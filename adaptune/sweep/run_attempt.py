@@ -18,6 +18,7 @@ from adaptune.sweep.machine import TRAINER_ENV, load_trainer
 from adaptune.sweep.store import CHECKPOINT_DIR, RECORD_FILE, RUNS_DIR, RunStore, UnreadableFileError
 from adaptune.sweep.transient import backoff_s, is_transient
 from adaptune.train.config import TrainConfig
+from adaptune.train.event_log import write_run_summary
 from adaptune.train.record import failed_run_record, is_stale, one_line_reason, save_traceback, with_provenance
 
 
@@ -247,6 +248,8 @@ def _train_group_with_retries(configs: list[TrainConfig], store: RunStore, data_
                         continue
                     reason = f"transient failure persisted over {failures} attempts: {reason}"
                 records = [failed_run_record(config, reason, data_dir) for config in configs]
+                for work, record in zip(works, records, strict=True):
+                    write_run_summary(work.path, record)
             for config, work, record in zip(configs, works, records, strict=True):
                 if (work.path / CHECKPOINT_DIR).is_dir():
                     record["checkpoint_dir"] = store.url(RUNS_DIR, config.run_id, CHECKPOINT_DIR)
@@ -276,6 +279,7 @@ def _train_with_retries(config: TrainConfig, store: RunStore, data_dir: Any, max
                         continue
                     reason = f"transient failure persisted over {failures} attempts: {reason}"
                 record = failed_run_record(config, reason, data_dir)
+                write_run_summary(work.path, record)  # the sweep's HParams view shows it failed
             if (work.path / CHECKPOINT_DIR).is_dir():
                 record["checkpoint_dir"] = store.url(RUNS_DIR, config.run_id, CHECKPOINT_DIR)
             work.sync()

@@ -225,20 +225,30 @@ class RunStore:
         """{run_id: {file name: version}} for every run in the store, from one recursive listing (a few
         paginated calls on a bucket, not one per run). The version (GCS generation, else mtime and size)
         changes whenever the file is written again; a subdirectory (checkpoint/) shows as its name."""
-        base = self._path(RUNS_DIR)
+        runs: dict[str, dict[str, str]] = {}
+        for path, version in self.file_versions(RUNS_DIR).items():
+            parts = path.split("/")
+            if len(parts) >= 2:
+                runs.setdefault(parts[0], {})[parts[1]] = "" if len(parts) > 2 else version
+        return runs
+
+    def file_versions(self, *parts: str) -> dict[str, str]:
+        """{path under the folder: version} of every file under a store folder, from one recursive listing."""
+        base = self._path(*parts)
         self.fs.invalidate_cache(base)
         try:
             listing = self.fs.find(base, detail=True)
         except FileNotFoundError:
             return {}
-        runs: dict[str, dict[str, str]] = {}
         prefix = base.rstrip("/") + "/"
-        for path, info in listing.items():
-            parts = path.removeprefix(prefix).split("/")
-            if len(parts) >= 2 and path.startswith(prefix):
-                version = "" if len(parts) > 2 else str(info.get("generation") or f"{info.get('mtime')}:{info.get('size')}")
-                runs.setdefault(parts[0], {})[parts[1]] = version
-        return runs
+        return {path.removeprefix(prefix): str(info.get("generation") or f"{info.get('mtime')}:{info.get('size')}")
+                for path, info in listing.items() if path.startswith(prefix)}
+
+    def get_file(self, target: Path, *parts: str) -> None:
+        """Copy one store file to a local path, replaced whole (a reader never sees half of it)."""
+        partial = target.with_name(f".partial-{target.name.replace('tfevents', 'events')}")
+        self.fs.get_file(self._path(*parts), str(partial))
+        partial.replace(target)
 
     def read_json_many(self, paths: Iterable[tuple[str, ...]], unreadable: dict[tuple[str, ...], str] | None = None
                        ) -> dict[tuple[str, ...], Any]:

@@ -208,6 +208,7 @@ class _Group:
             resumed = load_state(member.out, member.config.run_id, member.params, member.optimizer, member.scheduler, member.dropout)
             if resumed is not None:
                 member.progress = resumed
+            member.curve_log.start(member.progress.global_step)
         self.model, self.collator, self.tokenizer = model, make_collator(tokenizer, pad_to_multiple_of=device.pad_multiple), tokenizer
         lengths = [len(row["input_ids"]) for row in data.train_rows]
         while self.members and self.members[0].progress.epoch < first.epochs:

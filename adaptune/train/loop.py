@@ -30,6 +30,7 @@ from adaptune.data.batching import epoch_batches, iterate_batches, make_collator
 from adaptune.model.checkpoint import save_task_checkpoint
 from adaptune.train.config import TrainConfig
 from adaptune.train.epoch_log import report_epoch
+from adaptune.train.event_log import CurveLog, write_run_summary
 from adaptune.core.devices import Device, is_out_of_memory, pick_device, release_memory
 from adaptune.train.evaluate import EvalResult, EvalSplit, evaluate_split
 from adaptune.core.files import write_json
@@ -106,11 +107,14 @@ class _Run:
         self.config, self.task, self.method_cfg, self.device, self.out, self.record = config, task, method_cfg, device, out, record
         self.on_state_saved = on_state_saved
         self.progress = Progress()
+        self.curve_log = CurveLog(out)  # TensorBoard's view of the curve, beside the record's
 
     def finish_record(self, started: float, write_record: bool) -> dict[str, Any]:
         """Wall time and curve into the record, written unless the store publishes it; a finished run's state removed."""
         self.record["wall_time_s"] = self.progress.elapsed_s + (time.perf_counter() - started)
         self.record["curve"] = self.progress.curve
+        self.curve_log.close()
+        write_run_summary(self.out, self.record)
         if write_record:
             write_json(self.out / RECORD_FILE, self.record)
         if self.record["status"] != "failed":
@@ -152,6 +156,8 @@ class _Run:
         resumed = load_state(self.out, config.run_id, trained_parameters(model), optimizer, scheduler, self.dropout)
         if resumed is not None:
             self.progress = resumed
+        self.scheduler = scheduler
+        self.curve_log.start(self.progress.global_step)
         collator = make_collator(tokenizer, pad_to_multiple_of=device.pad_multiple)
         lengths = [len(row["input_ids"]) for row in data.train_rows]
         segment_started = time.perf_counter()
@@ -201,6 +207,8 @@ class _Run:
             raise RunFailed(f"{failure} (epoch {p.epoch + 1}, lr {self.config.lr:g}): the learning rate is likely too high") from None
         p.epoch_loss_sum += total
         p.epoch_loss_steps += steps
+        if steps:
+            self.curve_log.train_step(p.global_step, total / steps, self.scheduler.get_last_lr()[0])
 
     def _evaluator(self, model: nn.Module, collator: Any) -> Evaluator:
         return lambda task, split: evaluate_split(model, task, split, self.device, collator)
@@ -218,6 +226,7 @@ class _Run:
                 "val_metrics": _finite_or_none(validation.metrics),
             }
         )
+        self.curve_log.epoch(p.global_step, p.epoch + 1, p.curve[-1]["train_loss"], p.curve[-1]["val_metrics"])
         value = _selection_value(validation, self.task.primary_metric)
         if p.best_value is None or value > p.best_value:  # kept for the record; the result is the final epoch's
             p.best_epoch, p.best_value = p.epoch + 1, value
@@ -254,6 +263,7 @@ class _Run:
         self.progress.elapsed_s = elapsed_before + (time.perf_counter() - segment_started)
         save_state(self.out, self.config.run_id, self._trained(model), optimizer, scheduler, self.progress, self.dropout)
         self.progress.elapsed_s = elapsed_before
+        self.curve_log.flush()
         if self.on_state_saved is not None:
             self.on_state_saved()
 
