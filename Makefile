@@ -8,7 +8,7 @@ PIPELINE ?= smoke
 OUT ?= outputs
 export PYTHONHASHSEED := 0
 
-.PHONY: venv test demo run plan status tensorboard report compile submit stage-models bench bench-gpu bench-status bench-soak images lint lock clean
+.PHONY: venv test demo run plan status tensorboard report compile submit stage-models bench bench-gpu bench-status bench-tensorboard bench-soak images lint lock clean
 
 $(VENV)/.installed: pyproject.toml requirements.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -73,6 +73,10 @@ bench-status: venv
 # workers, transient and diverging runs (JSON out: runs, kills, calls per run, lost, duplicated, wall; about 19 min here).
 bench-soak: venv
 	$(PY) -m tests.soak --runs 10000 --out bench/soak.json
+
+# TensorBoard's HParams view of paper_full's 8,800 stub runs: seconds until every session is listed (JSON out).
+bench-tensorboard: venv
+	$(PY) -m tests.tensorboard_timing --out bench/tensorboard.json
 
 images:
 	$(MAKE) -C containers images

@@ -72,7 +72,7 @@ def _tensorboard(args: argparse.Namespace) -> int:
     from adaptune.sweep.tensorboard_view import SweepView
 
     out = Path(args.out or Path("outputs") / _stem(args.name))
-    view = SweepView(get_experiment(args.name), _store_for(args.name, args.runs_root, out), out / "tensorboard")
+    view = SweepView(get_experiment(args.name), _store_for(args.name, args.runs_root, out), out / "tensorboard", curves=not args.summaries_only)
     started = time.perf_counter()
     with_events = view.build()
     how = "linked to the store (live)" if view.store.is_local else f"copied from {view.store.root}, refreshed every {args.refresh_s:g} s"
@@ -193,6 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     board.add_argument("--out", default=None, help="where the view is built, as <out>/tensorboard (default: outputs/<name>)")
     board.add_argument("--port", type=int, default=6006)
     board.add_argument("--refresh-s", type=float, default=60.0, help="a bucket store: how often the view copies new event files")
+    board.add_argument("--summaries-only", action="store_true", help="each run's HParams session and scores, not its curve (loads faster)")
     board.add_argument("--no-serve", action="store_true", help="build the view and stop")
     board.set_defaults(handler=_tensorboard)
     compile_ = commands.add_parser("compile", help="write pipeline.yaml and pipelines/compiled/<name>.yaml")

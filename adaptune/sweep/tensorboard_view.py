@@ -5,7 +5,8 @@ The view is a local directory:
 - EXPERIMENT_FILE at its root: the HParams experiment (every hyperparameter with the values the plan
   gives it, the score metrics), so the dashboard's table and parallel coordinates span the whole grid
   and fill in as runs finish.
-- one entry per planned run, named <task>/<method>_lr<lr>_e<epochs>_s<seed>: on a local store a
+- one entry per planned run (its curve and summary; with curves=False its summary only, which is
+  what the HParams dashboard reads, for sweeps too large to load every curve), named <task>/<method>_lr<lr>_e<epochs>_s<seed>: on a local store a
   symlink to the run's event folder (TensorBoard follows it, and sees the run live; a link to a run
   not started yet dangles until it starts); on a bucket a copy, refreshed by `mirror` (one listing of
   the store per refresh; only files whose version changed are downloaded).
@@ -23,7 +24,7 @@ from adaptune.sweep.experiments import ExperimentSpec
 from adaptune.sweep.plan import plan
 from adaptune.sweep.store import RUNS_DIR, RunStore
 from adaptune.train.config import TrainConfig, method_label
-from adaptune.train.event_log import SCORE_TAGS, SESSION_STATUS, run_hparams, write_events
+from adaptune.train.event_log import SCORE_TAGS, SESSION_STATUS, SUMMARY_FILE, run_hparams, write_events
 
 EXPERIMENT_FILE = "events.out.tfevents.experiment"
 
@@ -42,8 +43,8 @@ def view_labels(runs: list[TrainConfig]) -> dict[str, str]:
 
 
 class SweepView:
-    def __init__(self, spec: ExperimentSpec, store: RunStore, view_dir: Path) -> None:
-        self.spec, self.store, self.view_dir = spec, store, Path(view_dir)
+    def __init__(self, spec: ExperimentSpec, store: RunStore, view_dir: Path, curves: bool = True) -> None:
+        self.spec, self.store, self.view_dir, self.curves = spec, store, Path(view_dir), curves
         self.runs = plan(spec).runs
         self.labels = view_labels(self.runs)
         self._mirrored: dict[str, str] = {}  # bucket path -> version copied
@@ -56,20 +57,25 @@ class SweepView:
         write_experiment(self.view_dir / EXPERIMENT_FILE, self.spec, self.runs)
         if self.store.is_local:
             for run_id, label in self.labels.items():
-                link = self.view_dir / label
-                link.parent.mkdir(parents=True, exist_ok=True)
-                link.symlink_to(Path(self.store.root) / RUNS_DIR / run_id / EVENTS_DIR, target_is_directory=True)
-            return sum((self.view_dir / label).is_dir() for label in self.labels.values())
+                events = Path(self.store.root) / RUNS_DIR / run_id / EVENTS_DIR
+                if self.curves:
+                    (self.view_dir / label).parent.mkdir(parents=True, exist_ok=True)
+                    (self.view_dir / label).symlink_to(events, target_is_directory=True)
+                else:
+                    (self.view_dir / label).mkdir(parents=True)
+                    (self.view_dir / label / SUMMARY_FILE).symlink_to(events / SUMMARY_FILE)
+            return self._with_events()
         return self.mirror()
 
     def mirror(self) -> int:
         """A bucket store: copy the event files that changed since the last call; returns runs with events."""
         if self.store.is_local:
-            return sum((self.view_dir / label).is_dir() for label in self.labels.values())
+            return self._with_events()
         with_events = set()
         for path, version in self.store.file_versions(RUNS_DIR).items():
             parts = path.split("/")
-            if len(parts) != 3 or parts[1] != EVENTS_DIR or parts[0] not in self.labels or "tfevents" not in parts[2]:
+            if (len(parts) != 3 or parts[1] != EVENTS_DIR or parts[0] not in self.labels or "tfevents" not in parts[2]
+                    or (not self.curves and parts[2] != SUMMARY_FILE)):
                 continue
             with_events.add(parts[0])
             if self._mirrored.get(path) != version:
@@ -78,6 +84,10 @@ class SweepView:
                 self.store.get_file(target, RUNS_DIR, *parts)
                 self._mirrored[path] = version
         return len(with_events)
+
+    def _with_events(self) -> int:
+        return sum(any(path.exists() for path in (self.view_dir / label).iterdir()) if (self.view_dir / label).is_dir() else False
+                   for label in self.labels.values())
 
     def keep_mirroring(self, every_s: float, until: Any) -> None:
         """Refresh a bucket's copy every `every_s` seconds while `until()` is false (TensorBoard serving)."""
@@ -98,5 +108,18 @@ def write_experiment(path: Path, spec: ExperimentSpec, runs: list[TrainConfig]) 
     domains = {name: sorted({row[name] for row in rows}) for name in rows[0]}
     domains["status"] = sorted(SESSION_STATUS)
     experiment, _, _ = hparams(rows[0], {tag: 0.0 for tag in SCORE_TAGS}, hparam_domain_discrete=domains)
+    _mark_differing(experiment, {name for name, values in domains.items() if len(values) > 1 and name != "status"})
     path.parent.mkdir(parents=True, exist_ok=True)
     write_events(path, [Event(wall_time=time.time(), step=0, summary=experiment)])
+
+
+def _mark_differing(experiment: Any, names: set[str]) -> None:
+    """Set `differs` on the hyperparameters the grid varies: the dashboard shows those first (it shows 5
+    columns by default, sorted by differs then name: tensorboard/plugins/hparams/backend_context.py)."""
+    from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
+
+    value = experiment.value[0]
+    content = HParamsPluginData.FromString(value.metadata.plugin_data.content)
+    for info in content.experiment.hparam_infos:
+        info.differs = info.name in names
+    value.metadata.plugin_data.content = content.SerializeToString()
