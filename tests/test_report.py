@@ -146,6 +146,43 @@ def test_report_marks_missing_cells_and_renders_with_only_failed_runs(real_recor
     assert not list((tmp_path / "out").rglob("*.png"))  # no empty plots
 
 
+def test_tables_show_tasks_and_methods_with_a_run_and_name_the_rest_on_one_line(real_report, real_records, tmp_path):
+    """Issue #30: the report leads with what was measured. The fixture ran disasters (Table 2) and SST-2
+    (Table 1), never airline or CoLA, nor top-k: those are no row or column of the Markdown but are named
+    on the one line beneath the table; the Parquet tables keep every task and method."""
+    report, out = real_report
+    text = report.read_text()
+    paper = load_reference()
+    t2_md = (out / "tables" / "table2.md").read_text()
+    header, *rows = [line for line in t2_md.splitlines() if line.startswith("| ")]
+    row_names = [line.split(" | ")[0].removeprefix("| ") for line in rows[1:]]
+    names = {task: paper["table2"]["tasks"][task]["paper_name"] for task in ("disasters", "airline")}
+    assert names["disasters"] in row_names and names["airline"] not in row_names
+    assert "Adapters measured" in header and "Variable FT (top-k)" not in header
+    not_run = [line for line in t2_md.splitlines() if line.startswith("Not run in this experiment: ")]
+    assert len(not_run) == 1 and not_run[0] in text
+    extra = [task for task in dict.fromkeys(pd.read_parquet(out / "tables" / "table2.parquet")["task"])
+             if task not in ("average", "trained_params_percent", "total_size_multiple")]
+    run_tasks = {record["task"] for record in real_records}
+    absent = [task for task in extra if task not in run_tasks]
+    assert "airline" in absent and "disasters" not in absent
+    assert not_run[0] == f"Not run in this experiment: {len(absent)} tasks ({', '.join(absent)}); 1 method (Variable FT (top-k))."
+    assert "airline" in set(pd.read_parquet(out / "tables" / "table2.parquet")["task"])  # Parquet keeps every task
+
+    t1_md = (out / "tables" / "table1.md").read_text()
+    t1_header = t1_md.splitlines()[0]
+    assert "| sst2 |" in t1_header and "| cola |" not in t1_header
+    t1_not_run = [line for line in t1_md.splitlines() if line.startswith("Not run in this experiment: ")]
+    assert len(t1_not_run) == 1 and "cola" in t1_not_run[0] and "sst2" not in t1_not_run[0]
+    assert {"cola", "sst2"} <= set(pd.read_parquet(out / "tables" / "table1.parquet")["task"])
+
+    # A task whose only run failed was run: it stays a row, its empty cell said to have no usable run.
+    write_results([record for record in real_records if record["status"] == "failed"], tmp_path / "results")
+    failed_text = build_report(tmp_path / "results", tmp_path / "out").read_text()
+    assert f"| {names['disasters']} |" in failed_text and "Not measured (no usable run): Fine-tune: disasters." in failed_text
+    assert "(no run of Table 1's tasks and methods)" in failed_text
+
+
 def test_report_uses_the_ablation_it_was_given(real_report, real_ablation):
     report, out = real_report
     assert len(real_ablation) == 21  # 6 layers: every contiguous span

@@ -16,12 +16,17 @@ from adaptune.report.partial import Coverage, claims_for_markdown, mark_claims, 
 from adaptune.report.reference import load_reference, reference_path
 from adaptune.report.selection import problem_runs
 from adaptune.report.tables import (
+    SUMMARY_COLUMNS,
+    TABLE2_SUMMARY_ROWS,
     adapter_size_table,
+    adapter_sizes_markdown,
     simple_markdown,
     table1,
     table1_markdown,
+    table1_shown,
     table2,
     table2_markdown,
+    table2_shown,
 )
 from adaptune.report.results import ResultsWarning, read_results
 
@@ -50,18 +55,21 @@ def build_report(
     claims = mark_claims(claims_table(frames, paper, data_dir), coverage, paper)
     methods = methods_table(runs, data_dir)
     problems = problem_runs(runs)
+    notes = _partial_notes(coverage, paper, runs)
+    # Tables name the tasks and methods with no run on one line; a task planned whose runs have not finished is named apart.
+    pending = coverage.pending(set(t1["task"]) | set(t2["task"])) if coverage is not None else set()
+    size_tasks = paper["figures"]["adapter_size_mean_validation"]["tasks"]
     for name, frame in (("table1", t1), ("table2", t2), ("adapter_sizes", sizes), ("claims", claims), ("methods", methods),
                         ("excluded_runs", problems)):
         frame.to_parquet(tables_dir / f"{name}.parquet", index=False)
     markdown = {
-        "table1": table1_markdown(t1),
-        "table2": table2_markdown(t2, paper),
+        "table1": table1_markdown(t1, runs, pending),
+        "table2": table2_markdown(t2, paper, runs, pending),
         "claims": claims_markdown(claims_for_markdown(claims)),
         "methods": methods_markdown(methods),
-        "adapter_sizes": simple_markdown(sizes.drop(columns="backbone")),
+        "adapter_sizes": adapter_sizes_markdown(sizes, runs, size_tasks, partial=bool(notes.get("adapter_sizes"))),
         "excluded_runs": simple_markdown(markdown_safe(problems)) if not problems.empty else "(none)",
     }
-    notes = _partial_notes(coverage, paper, runs)
     markdown = {name: (f"*{notes[name]}*\n\n{text}" if name in notes else text) for name, text in markdown.items()}
     for name, text in markdown.items():
         (tables_dir / f"{name}.md").write_text(text + "\n", encoding="utf-8")
@@ -138,7 +146,7 @@ def _render(
         "",
         markdown["table1"],
         "",
-        _missing_line(t1[~t1["task"].isin(["glue_mean", "trained_params_percent", "total_size_multiple"])], "task", "row_label"),
+        _missing_line(_shown_cells(t1, runs), "task", "row_label"),
         "",
         "Files: [table1.parquet](tables/table1.parquet), [table1.md](tables/table1.md)",
         "",
@@ -154,7 +162,7 @@ def _render(
         "",
         markdown["table2"],
         "",
-        _missing_line(t2[~t2["task"].isin(["average", "trained_params_percent", "total_size_multiple"])], "task", "method_name", column="measured_mean"),
+        _missing_line(_shown_cells(t2, runs), "task", "method_name", column="measured_mean"),
         "",
         "Files: [table2.parquet](tables/table2.parquet), [table2.md](tables/table2.md)",
         "",
@@ -241,9 +249,21 @@ def _backbone_line(table: pd.DataFrame, paper_backbone: str) -> str:
     return f"Backbone: {shown}; the paper's: {paper_backbone}. Runs of other backbones are not in this table."
 
 
+def _shown_cells(table: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+    """The task cells of Table 1 or Table 2 that its Markdown shows (tasks and methods with a run)."""
+    if "row" in table:  # Table 1
+        tasks, rows = table1_shown(table, runs)
+        return table[~table["task"].isin(SUMMARY_COLUMNS) & table["task"].isin(tasks) & table["row"].isin(rows)]
+    tasks, methods = table2_shown(table, runs)
+    return table[~table["task"].isin(TABLE2_SUMMARY_ROWS) & table["task"].isin(tasks) & table["method"].isin(methods)]
+
+
 def _missing_line(table: pd.DataFrame, task_column: str, row_column: str, column: str = "measured") -> str:
+    """Which shown cells have no usable run (tasks and methods with no run at all are named under the table)."""
+    if table.empty:
+        return ""
     missing = table[table[column].isna()] if column in table else table
     if missing.empty:
-        return "Every cell was measured."
+        return "Every cell shown was measured."
     by_row = missing.groupby(row_column, sort=False)[task_column].apply(lambda tasks: ", ".join(tasks))
     return "Not measured (no usable run): " + "; ".join(f"{row}: {tasks}" for row, tasks in by_row.items()) + "."

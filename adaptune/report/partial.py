@@ -35,6 +35,10 @@ class Coverage:
         return (sum(self.finished.get(task, 0) for task in scope & set(self.planned)),
                 sum(self.planned[task] for task in scope & set(self.planned)))
 
+    def pending(self, tasks: Iterable[str]) -> set[str]:
+        """Those of `tasks` with planned runs not all finished (runs of theirs are still to come)."""
+        return {task for task in tasks if self.finished.get(_trained_as(task), 0) < self.planned.get(_trained_as(task), 0)}
+
     def note(self, tasks: Iterable[str] | None = None) -> str | None:
         """"partial: N of M runs" where some planned run of `tasks` has not finished, else None."""
         finished, planned = self.counts(tasks)

@@ -1,13 +1,16 @@
 """The paper's Tables 1 and 2 (and the adapter-size summary of Section 3.6), measured beside published.
 
 Each table is a long DataFrame (one measured number per row, with `paper` and `difference`
-columns) that is written as Parquet; `*_markdown` renders it for the report. Scores are in percent.
+columns) that is written as Parquet, every task and method of the paper's table in it; `*_markdown`
+renders it for the report, leading with what was measured: only the tasks and methods with a run,
+the others named on one line beneath (`not_run_line`). Scores are in percent.
 Beside every task stands its majority-class baseline (`majority`, see baselines.py), so a score that
 only predicts the most common class cannot pass as learning.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 import numpy as np
@@ -41,6 +44,8 @@ TABLE2_METHODS = {"full": "Fine-tune", "top_k": "Variable FT (top-k)", "adapters
 # columns (82.0 / 81.5 / 81.1 over all nine). The paper's 'Total' (80.4 / 80.0 / 79.6) is the GLUE
 # server's score (WNLI and the multi-metric averages in it), not comparable: kept as paper_server_score.
 SUMMARY_COLUMNS = ("glue_mean", "trained_params_percent", "total_size_multiple")
+# Table 2's rows that summarise a method over tasks (not tasks).
+TABLE2_SUMMARY_ROWS = ("average", "trained_params_percent", "total_size_multiple")
 # Columns (and their _a/_b variants) that simple_markdown shows to four significant digits, not as scores.
 HYPERPARAMETER_COLUMNS = ("lr", "init_std")
 
@@ -212,13 +217,27 @@ def adapter_size_table(runs: pd.DataFrame, reference: dict[str, Any]) -> pd.Data
     return frame
 
 
-def table1_markdown(table: pd.DataFrame) -> str:
-    """Wide Markdown: per Table 1 row, a measured, a majority-class, a paper and a difference line."""
-    tasks = [task for task in dict.fromkeys(table["task"]) if task not in SUMMARY_COLUMNS]
+def table1_markdown(table: pd.DataFrame, runs: pd.DataFrame | None = None, pending: Collection[str] = ()) -> str:
+    """Wide Markdown: per Table 1 row, a measured, a majority-class, a paper and a difference line.
+
+    Only the task columns and method rows with a run are shown (see `table1_shown`); the rest are
+    named on one line beneath (`not_run_line`; `pending`: tasks planned whose runs have not finished).
+    table1.parquet keeps every task and row."""
+    tasks, rows = table1_shown(table, runs)
+    all_tasks = [task for task in dict.fromkeys(table["task"]) if task not in SUMMARY_COLUMNS]
+    all_rows = dict(zip(table["row"], table["row_label"]))
+    hidden = not_run_line(
+        [t for t in all_tasks if t not in tasks], [all_rows[r] for r in all_rows if r not in rows], runs is not None,
+        set(pending) & set(all_tasks),
+    )
+    if not rows:
+        return "\n\n".join(filter(None, ["(no run of Table 1's tasks and methods)", hidden]))
     columns = tasks + list(SUMMARY_COLUMNS)
     header = ["method", ""] + [_short(column) for column in columns]
     lines = [_md_row(header), _md_row(["---"] * len(header))]
     for row, group in table.groupby("row", sort=False):
+        if row not in rows:
+            continue
         by_task = group.set_index("task")
         label = group["row_label"].iloc[0]
         for kind in ("measured", "majority", "paper", "difference"):
@@ -227,19 +246,33 @@ def table1_markdown(table: pd.DataFrame) -> str:
                 value = by_task.loc[column, kind] if column in by_task.index and kind in by_task.columns else None
                 cells.append(_fmt(value, signed=kind == "difference", multiple=column == "total_size_multiple"))
             lines.append(_md_row(cells))
-    return "\n".join(lines)
+    return "\n\n".join(filter(None, ["\n".join(lines), hidden]))
 
 
-def table2_markdown(table: pd.DataFrame, reference: dict[str, Any]) -> str:
-    """One line per task: each method's measured mean ± s.e.m. beside the paper's, and the difference."""
-    methods = list(dict.fromkeys(table["method"]))
+def table2_markdown(
+    table: pd.DataFrame, reference: dict[str, Any], runs: pd.DataFrame | None = None, pending: Collection[str] = ()
+) -> str:
+    """One line per task: each method's measured mean ± s.e.m. beside the paper's, and the difference.
+
+    Only the tasks and methods with a run are shown (see `table2_shown`), then the summary rows for
+    those methods; the rest are named on one line beneath (`not_run_line`; `pending`: tasks planned
+    whose runs have not finished). table2.parquet keeps every task and method."""
+    shown_tasks, methods = table2_shown(table, runs)
+    all_tasks = [task for task in dict.fromkeys(table["task"]) if task not in TABLE2_SUMMARY_ROWS]
+    all_methods = list(dict.fromkeys(table["method"]))
+    hidden = not_run_line(
+        [t for t in all_tasks if t not in shown_tasks], [TABLE2_METHODS[m] for m in all_methods if m not in methods], runs is not None,
+        set(pending) & set(all_tasks),
+    )
+    if not methods:
+        return "\n\n".join(filter(None, ["(no run of Table 2's tasks and methods)", hidden]))
     header = ["task", "majority class", "no BERT (paper)"]
     for method in methods:
         name = TABLE2_METHODS[method]
         header += [f"{name} measured", f"{name} paper", "Δ"]
     lines = [_md_row(header), _md_row(["---"] * len(header))]
     paper_tasks = reference["table2"]["tasks"]
-    for task in dict.fromkeys(table["task"]):
+    for task in [*shown_tasks, *(t for t in dict.fromkeys(table["task"]) if t in TABLE2_SUMMARY_ROWS)]:
         rows = table[table["task"] == task]
         majority = rows["majority"].dropna() if "majority" in rows else pd.Series(dtype=float)
         cells = [
@@ -262,7 +295,98 @@ def table2_markdown(table: pd.DataFrame, reference: dict[str, Any]) -> str:
                 _fmt(row.get("difference"), signed=True, multiple=multiple),
             ]
         lines.append(_md_row(cells))
-    return "\n".join(lines)
+    return "\n\n".join(filter(None, ["\n".join(lines), hidden]))
+
+
+def table1_shown(table: pd.DataFrame, runs: pd.DataFrame | None = None) -> tuple[list[str], list[str]]:
+    """Table 1's task columns and rows (keys of TABLE1_ROWS) that have a run, in the table's order.
+
+    With `runs` (the runs frame the table was built from): a task or row has a run when some finished
+    run of the table's backbone (any status: ok, degenerate or failed) is of that GLUE task and passes
+    that row's filter, or when a cell of it was measured. Without `runs`: only measured cells count."""
+    cells = table[~table["task"].isin(SUMMARY_COLUMNS)]
+    measured = cells[cells["measured"].notna()]
+    tasks, rows = set(measured["task"]), set(measured["row"])
+    all_tasks = list(dict.fromkeys(cells["task"]))
+    if runs is not None and not runs.empty:
+        attempted = _runs_of_table_backbone(runs, table)
+        attempted = attempted[attempted["task"].isin(all_tasks)]
+        for row in dict.fromkeys(table["row"]):
+            selected = attempted[TABLE1_ROWS[row][1](attempted)] if row in TABLE1_ROWS else attempted.iloc[:0]
+            if not selected.empty:
+                rows.add(row)
+                tasks |= set(selected["task"])
+    return [t for t in all_tasks if t in tasks], [r for r in dict.fromkeys(table["row"]) if r in rows]
+
+
+def table2_shown(table: pd.DataFrame, runs: pd.DataFrame | None = None) -> tuple[list[str], list[str]]:
+    """Table 2's tasks and methods that have a run, in the table's order (see `table1_shown`: with
+    `runs`, a finished run of any status of the table's backbone counts; without, a measured cell)."""
+    cells = table[~table["task"].isin(TABLE2_SUMMARY_ROWS)]
+    measured = cells[cells["measured_mean"].notna()] if "measured_mean" in cells else cells.iloc[:0]
+    tasks, methods = set(measured["task"]), set(measured["method"])
+    all_tasks, all_methods = list(dict.fromkeys(cells["task"])), list(dict.fromkeys(table["method"]))
+    if runs is not None and not runs.empty:
+        attempted = _runs_of_table_backbone(runs, table)
+        attempted = attempted[attempted["task"].isin(all_tasks) & attempted["method"].isin(all_methods)]
+        tasks |= set(attempted["task"])
+        methods |= set(attempted["method"])
+    return [t for t in all_tasks if t in tasks], [m for m in all_methods if m in methods]
+
+
+def adapter_sizes_markdown(
+    sizes: pd.DataFrame, runs: pd.DataFrame | None = None, tasks: list[str] | None = None, partial: bool = False
+) -> str:
+    """Section 3.6's table (simple_markdown, without `backbone`) for the adapter sizes with a run; the
+    other sizes (the paper's, not run here) named on one line beneath. With `runs` and `tasks` (the
+    table's tasks), a size has a run when some finished adapters run of it, of the table's backbone, is
+    of one of those tasks; otherwise when it was measured. `partial`: the table's runs have not all
+    finished, so a size may yet come. adapter_sizes.parquet keeps every size."""
+    shown = set(sizes.loc[sizes["n_tasks"] > 0, "adapter_size"]) if "n_tasks" in sizes else set()
+    if runs is not None and not runs.empty and tasks is not None:
+        attempted = _runs_of_table_backbone(runs, sizes)
+        attempted = attempted[(attempted["method"] == "adapters") & attempted["task"].isin(tasks)]
+        shown |= {int(size) for size in attempted["adapter_size"].dropna()}
+    kept = sizes[sizes["adapter_size"].isin(shown)].drop(columns="backbone", errors="ignore")
+    hidden = [int(size) for size in sizes["adapter_size"] if size not in shown]
+    line = ""
+    if hidden:
+        lead = ("No run finished so far" if partial else "Not run in this experiment") if runs is not None and tasks is not None \
+            else "No usable run in this experiment"
+        line = f"{lead}: {_count(len(hidden), 'adapter size')} ({', '.join(str(size) for size in hidden)})."
+    table = simple_markdown(kept) if not kept.empty else "(no run of an adapter size on these tasks)"
+    return "\n\n".join(filter(None, [table, line]))
+
+
+def not_run_line(tasks: list[str], methods: list[str], from_runs: bool = True, pending: Collection[str] = ()) -> str:
+    """The one line naming a table's tasks and methods left out of its Markdown for want of a run, e.g.
+    "Not run in this experiment: 16 tasks (newsgroups_20, airline, …); 1 method (Variable FT (top-k))."
+    ("" when none). `pending`: the tasks with planned runs not all finished (a sweep under way); those
+    left out are named apart ("Planned, no run finished yet: 1 task (rte)."), and while any is pending
+    the methods left out may yet come ("No run finished so far: 1 method (Adapters (64))."). `from_runs`
+    False: the table was shown without the runs frame, so what is left out is what has no measured
+    cell ("No usable run in this experiment: …")."""
+    pending = set(pending)
+    waiting = [task for task in tasks if task in pending]
+    absent = [task for task in tasks if task not in pending]
+    lead = "Not run in this experiment" if from_runs else "No usable run in this experiment"
+    groups = [(lead, absent, "task"), ("Planned, no run finished yet", waiting, "task")]
+    groups.insert(1 if not pending else 2, ("No run finished so far" if pending else lead, methods, "method"))
+    sentences: dict[str, list[str]] = {}
+    for sentence, names, noun in groups:
+        if names:
+            sentences.setdefault(sentence, []).append(f"{_count(len(names), noun)} ({', '.join(names)})")
+    return " ".join(f"{sentence}: {'; '.join(parts)}." for sentence, parts in sentences.items())
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _runs_of_table_backbone(runs: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
+    """The runs of the one backbone a table shows (all runs when it shows none)."""
+    names = table["backbone"].dropna().unique() if "backbone" in table else []
+    return runs[runs["backbone"].astype(str) == str(names[0])] if len(names) else runs
 
 
 def simple_markdown(table: pd.DataFrame) -> str:
