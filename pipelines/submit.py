@@ -12,6 +12,8 @@ Settings come from environment variables, else from the [submit] table of a TOML
     ADAPTUNE_IMAGE_TAG         image_tag         image tag, optional
     ADAPTUNE_DATA_DIR_REMOTE   data_dir          data mirror the components read (e.g. /gcs/bucket/data); empty = hub
     ADAPTUNE_RUNS_ROOT         runs_root         the run store (gs://bucket/prefix); default <pipeline_root>/adaptune-runs
+    ADAPTUNE_VERTEX_EXPERIMENT vertex_experiment the Vertex AI Experiment the run joins; default adaptune-<name>
+                                                 (glue_full -> adaptune-glue-full; see vertex_experiment_name)
 
 Credentials are never read here: Vertex AI uses Application Default Credentials at submit time,
 and nothing but the names above reaches the request; the compiled spec holds no setting at all.
@@ -23,6 +25,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import os
+import re
 import tempfile
 import tomllib
 from collections.abc import Iterator, Mapping
@@ -44,8 +47,12 @@ ENV_VARS = {
     "image_tag": "ADAPTUNE_IMAGE_TAG",
     "data_dir": "ADAPTUNE_DATA_DIR_REMOTE",
     "runs_root": "ADAPTUNE_RUNS_ROOT",
+    "vertex_experiment": "ADAPTUNE_VERTEX_EXPERIMENT",
 }
 REQUIRED_FOR_VERTEX = ("project", "region", "pipeline_root", "service_account")
+# A Vertex AI Experiment's name (its metadata context id): lowercase letters, digits and hyphens, at most
+# 128, not starting with a hyphen.
+VERTEX_EXPERIMENT_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,127}")
 
 
 class SettingsError(ValueError):
@@ -62,6 +69,19 @@ class SubmitSettings:
     image_tag: str | None = None
     data_dir: str = ""
     runs_root: str | None = None
+    vertex_experiment: str | None = None
+
+    def resolved_vertex_experiment(self, name: str) -> str:
+        """The Vertex AI Experiment a submission of experiment `name` joins: vertex_experiment, else
+        vertex_experiment_name(name). A name Vertex AI would refuse is refused here, before compiling."""
+        chosen = self.vertex_experiment or vertex_experiment_name(name)
+        if not VERTEX_EXPERIMENT_NAME.fullmatch(chosen):
+            raise SettingsError(
+                f"vertex_experiment {chosen!r} is not a Vertex AI Experiment name (lowercase letters, digits and hyphens, "
+                f"at most 128, not starting with a hyphen): set ${ENV_VARS['vertex_experiment']} or `vertex_experiment = ...` "
+                f"under [submit] in {CONFIG_FILE}, e.g. {vertex_experiment_name(name)!r}"
+            )
+        return chosen
 
     def resolved_runs_root(self) -> str:
         """The run store: runs_root, else a folder beside the pipeline's artifacts. Keep it between
@@ -144,6 +164,13 @@ def image_settings(settings: SubmitSettings) -> Iterator[None]:
                 os.environ[var] = value
 
 
+def vertex_experiment_name(name: str) -> str:
+    """The Vertex AI Experiment that submissions of experiment `name` join by default, so that successive
+    submissions sit side by side: "adaptune-" + the name in lowercase, each character other than a
+    letter, digit or hyphen made a hyphen, cut to 128 characters (glue_full -> "adaptune-glue-full")."""
+    return ("adaptune-" + re.sub(r"[^a-z0-9-]", "-", name.lower()))[:128]
+
+
 def display_name(name: str, now: dt.datetime | None = None) -> str:
     now = now or dt.datetime.now(dt.timezone.utc)
     return f"{pipeline_name(get_experiment(name))}-{now:%Y%m%d-%H%M%S}"
@@ -159,6 +186,10 @@ def submit_vertex(name: str, settings: SubmitSettings, credentials: Any = None, 
                   api_transport: str | None = None, retry_failed: bool = False, retrain_stale: bool = False) -> Any:
     """Compile and submit to Vertex AI Pipelines; returns the submitted PipelineJob.
 
+    The run joins the Vertex AI Experiment settings.resolved_vertex_experiment(name) (created on first
+    use): PipelineJob.submit(experiment=...) gets or creates it before creating the job and adds the
+    run to it after, where the console lists every run of the experiment with its parameters and the
+    system.Metrics artifacts it logged (the aggregate's `sweep_summary`).
     `credentials`, `api_endpoint` and `api_transport` go to aiplatform.init (tests point them at a
     loopback endpoint); None uses Application Default Credentials and the regional endpoint.
     """
@@ -166,6 +197,7 @@ def submit_vertex(name: str, settings: SubmitSettings, credentials: Any = None, 
 
     require_vertex_settings(settings)
     require_registry(settings)
+    experiment = settings.resolved_vertex_experiment(name)
     init_args: dict[str, Any] = {"project": settings.project, "location": settings.region}
     if credentials is not None:
         init_args["credentials"] = credentials
@@ -187,7 +219,7 @@ def submit_vertex(name: str, settings: SubmitSettings, credentials: Any = None, 
             project=settings.project,
             location=settings.region,
         )
-        job.submit(service_account=settings.service_account)
+        job.submit(service_account=settings.service_account, experiment=experiment)
     return job
 
 
@@ -218,4 +250,4 @@ def submit(name: str, env: Mapping[str, str] | None = None, retry_failed: bool =
         result = submit_kfp(name, host, settings, retry_failed, retrain_stale)
         return f"submitted {name} to {host}: run {getattr(result, 'run_id', result)}"
     job = submit_vertex(name, settings, retry_failed=retry_failed, retrain_stale=retrain_stale)
-    return f"submitted {name} to Vertex AI: {job.resource_name}"
+    return f"submitted {name} to Vertex AI: {job.resource_name} (Vertex AI Experiment {settings.resolved_vertex_experiment(name)})"

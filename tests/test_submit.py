@@ -70,7 +70,38 @@ def fake_vertex() -> Iterator[str]:
     server.shutdown()
 
 
-def test_vertex_submission_sends_the_compiled_pipeline(fake_vertex: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def _jobs_created() -> int:
+    return sum("pipelineJobs" in request["path"] for request in _FakeVertex.requests)
+
+
+@pytest.fixture
+def vertex_experiments(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
+    """PipelineJob.submit(experiment=...)'s calls to the Vertex AI Metadata service, recorded instead of sent
+    (as the bucket check is): Experiment.get_or_create, and the Experiment's _log_experiment_loggable that
+    adds the job's pipeline run to it; each with the number of jobs created on the fake endpoint by then."""
+    from google.cloud.aiplatform.metadata import experiment_resources
+
+    events: list[tuple[Any, ...]] = []
+
+    class FakeExperiment:  # what PipelineJob reads of the Experiment that Metadata returns
+        def __init__(self, name: str, project: str, location: str) -> None:
+            self.name = name
+            self._metadata_context = type("Context", (), {"_project_tuple": (project, None), "location": location})()
+
+        def _log_experiment_loggable(self, loggable: Any) -> None:
+            events.append(("add run", self.name, loggable.resource_name, _jobs_created()))
+
+    def get_or_create(cls: Any, experiment_name: str, *, project: str | None = None, location: str | None = None,
+                      credentials: Any = None, description: str | None = None) -> FakeExperiment:
+        events.append(("get_or_create", experiment_name, project, location, _jobs_created()))
+        return FakeExperiment(experiment_name, project, location)
+
+    monkeypatch.setattr(experiment_resources.Experiment, "get_or_create", classmethod(get_or_create))
+    return events
+
+
+def test_vertex_submission_sends_the_compiled_pipeline(fake_vertex: str, vertex_experiments: list[tuple[Any, ...]],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     from google.auth.credentials import AnonymousCredentials
 
     secret = "-----BEGIN PRIVATE KEY-----fake"
@@ -90,6 +121,7 @@ def test_vertex_submission_sends_the_compiled_pipeline(fake_vertex: str, monkeyp
     submit_vertex("smoke", settings, credentials=AnonymousCredentials(), api_endpoint=fake_vertex, api_transport="rest")
 
     assert buckets == ["gs://bucket/root"]
+    assert [event[:2] for event in vertex_experiments] == [("get_or_create", "adaptune-smoke")] * 2 + [("add run", "adaptune-smoke")]
     (request,) = [r for r in _FakeVertex.requests if "pipelineJobs" in r["path"]]
     assert request["path"].startswith("/v1/projects/proj-1/locations/us-central1/pipelineJobs")
     body = request["body"]
@@ -158,3 +190,75 @@ def test_a_submission_without_a_run_store_says_where_to_set_one() -> None:
     assert SubmitSettings(pipeline_root="gs://b/root/").resolved_runs_root() == "gs://b/root/adaptune-runs"
     assert SubmitSettings(pipeline_root="gs://b/root", runs_root="gs://c/store").resolved_runs_root() == "gs://c/store"
 
+
+
+def test_vertex_experiment_names_follow_the_experiment_and_vertex_ais_rule(tmp_path: Path) -> None:
+    from pipelines.submit import VERTEX_EXPERIMENT_NAME, vertex_experiment_name
+
+    assert vertex_experiment_name("glue_full") == "adaptune-glue-full"
+    assert vertex_experiment_name("Paper_Full.v2") == "adaptune-paper-full-v2"
+    assert len(vertex_experiment_name("x" * 300)) == 128
+    for name in ("smoke", "glue_full", "paper_full", "Paper_Full.v2", "x" * 300):
+        assert VERTEX_EXPERIMENT_NAME.fullmatch(vertex_experiment_name(name))
+    assert SubmitSettings().resolved_vertex_experiment("glue_full") == "adaptune-glue-full"
+    config = tmp_path / "adaptune.toml"
+    config.write_text('[submit]\nvertex_experiment = "from-file"\n')
+    assert load_settings(env={}, config_path=config).resolved_vertex_experiment("glue_full") == "from-file"
+    assert load_settings(env={"ADAPTUNE_VERTEX_EXPERIMENT": "from-env"}, config_path=config).vertex_experiment == "from-env"
+    with pytest.raises(SettingsError, match="ADAPTUNE_VERTEX_EXPERIMENT.*adaptune-glue-full"):
+        SubmitSettings(vertex_experiment="Glue_Full").resolved_vertex_experiment("glue_full")
+
+
+def test_a_vertex_submission_joins_the_experiment_named_after_it_its_job_otherwise_unchanged(
+        fake_vertex: str, vertex_experiments: list[tuple[Any, ...]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Successive submissions of glue_full sit side by side in the Vertex AI Experiment "adaptune-glue-full",
+    with the aggregate's metrics. PipelineJob.submit(experiment=...) gets or creates the Experiment through the
+    Vertex AI Metadata service before it creates the job (so a refused Experiment creates no job), and adds the
+    job's pipeline run to it after; the Experiment then shows the run's parameters and the system.Metrics
+    artifacts it logged (https://cloud.google.com/vertex-ai/docs/pipelines/log-metrics-experiments;
+    https://cloud.google.com/python/docs/reference/aiplatform/latest/google.cloud.aiplatform.PipelineJob#google_cloud_aiplatform_PipelineJob_submit).
+
+    Offline, as tests/test_cloud_rehearsal.py builds the job payload: the Metadata calls are recorded instead of
+    sent (the `vertex_experiments` fixture), the job creation goes to the fake endpoint, and its body is compared
+    with the same submission without an Experiment."""
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import aiplatform
+    from google.cloud.aiplatform.utils import gcs_utils
+
+    import pipelines.submit as submit_module
+
+    monkeypatch.setattr(gcs_utils, "create_gcs_bucket_for_pipeline_artifacts_if_it_does_not_exist", lambda **_: None)
+    monkeypatch.setattr(submit_module, "display_name", lambda name: f"adaptune-{name}-fixed")  # the bodies compare
+    events = vertex_experiments
+    settings = SubmitSettings(project="proj-1", region="us-central1", pipeline_root="gs://bucket/root",
+                              service_account="runner@proj-1.iam.gserviceaccount.com", registry="us-docker.pkg.dev/proj-1/repo")
+    connection = {"credentials": AnonymousCredentials(), "api_endpoint": fake_vertex, "api_transport": "rest"}
+
+    job = submit_vertex("glue_full", settings, **connection)
+
+    (created,) = [r for r in _FakeVertex.requests if "pipelineJobs" in r["path"]]  # nothing else reached Vertex AI
+    assert len(_FakeVertex.requests) == 1
+    assert events == [
+        ("get_or_create", "adaptune-glue-full", "proj-1", "us-central1", 0),  # checked before the job exists
+        ("get_or_create", "adaptune-glue-full", "proj-1", "us-central1", 1),
+        ("add run", "adaptune-glue-full", job.resource_name, 1),  # the created job's run joins the Experiment
+    ]
+    assert job.resource_name.startswith("projects/proj-1/locations/us-central1/pipelineJobs/")
+
+    # The same submission without an Experiment sends the same job: attaching it changes no field of the payload.
+    submit_without = aiplatform.PipelineJob.submit
+    monkeypatch.setattr(aiplatform.PipelineJob, "submit",
+                        lambda self, experiment=None, **kwargs: submit_without(self, **kwargs))
+    events.clear()
+    submit_vertex("glue_full", settings, **connection)
+    assert events == []
+    plain = [r for r in _FakeVertex.requests if "pipelineJobs" in r["path"]][1]
+    assert created["body"] == plain["body"]
+    assert created["path"].split("?")[0] == plain["path"].split("?")[0]
+
+    # What the Experiment shows of each run: its parameters and the aggregate's sweep_summary, a system.Metrics
+    # artifact (run counts, accelerator-hours, each method's GLUE mean; see adaptune/sweep/console_metrics.py).
+    spec = created["body"]["pipelineSpec"]
+    outputs = spec["components"]["comp-aggregate"]["outputDefinitions"]["artifacts"]
+    assert outputs["sweep_summary"]["artifactType"]["schemaTitle"] == "system.Metrics"
+    assert set(created["body"]["runtimeConfig"]["parameterValues"]) == {"data_dir", "runs_root", "retry_failed", "retrain_stale"}
