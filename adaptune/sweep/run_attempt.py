@@ -15,7 +15,7 @@ from typing import Any
 
 from adaptune.sweep.lease import Holder, Lease, lease_seconds, new_owner, try_acquire
 from adaptune.sweep.machine import TRAINER_ENV, load_trainer
-from adaptune.sweep.store import CHECKPOINT_DIR, RECORD_FILE, RUNS_DIR, RunStore, UnreadableFileError
+from adaptune.sweep.store import CHECKPOINT_DIR, RECORD_FILE, RUNS_DIR, RunDir, RunStore, UnreadableFileError
 from adaptune.sweep.transient import backoff_s, is_transient
 from adaptune.train.config import TrainConfig
 from adaptune.train.event_log import write_run_summary
@@ -223,15 +223,38 @@ def _take_lease(run_id: str, store: RunStore, owner: str | None, wait: bool, sle
 
 def _train_group_with_retries(configs: list[TrainConfig], store: RunStore, data_dir: Any, max_transient_failures: int,
                               progress: bool, sleep: Callable[[float], None]) -> list[dict[str, Any]]:
-    """_train_with_retries for a group: a transient failure (out of memory) counts against every run of it."""
+    """Runs that share their steps (adaptune.train.group_loop): a transient failure counts against every one."""
     from adaptune.train.group_loop import train_group
 
+    def train(works: list[RunDir]) -> list[dict[str, Any]]:
+        return train_group(configs, [work.path for work in works], data_dir=data_dir, cache_dir=store.cache_dir(),
+                           progress=progress, on_state_saved=[work.sync for work in works], write_record=False)
+
+    return _with_retries(configs, store, data_dir, max_transient_failures, sleep, train)
+
+
+def _train_with_retries(config: TrainConfig, store: RunStore, data_dir: Any, max_transient_failures: int, progress: bool,
+                        sleep: Callable[[float], None]) -> dict[str, Any]:
+    trainer = load_trainer()
+
+    def train(works: list[RunDir]) -> list[dict[str, Any]]:
+        return [trainer(config, data_dir=data_dir, out_dir=works[0].path, cache_dir=store.cache_dir(), progress=progress,
+                        on_state_saved=works[0].sync, write_record=False)]
+
+    return _with_retries([config], store, data_dir, max_transient_failures, sleep, train)[0]
+
+
+def _with_retries(configs: list[TrainConfig], store: RunStore, data_dir: Any, max_transient_failures: int,
+                  sleep: Callable[[float], None], train: Callable[[list[RunDir]], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """`train` in the runs' store directories until it returns their records; a transient failure is
+    retried with backoff up to `max_transient_failures` (counted in the store, the highest count of the
+    runs decides), any other failure, or one that persists, becomes each run's failed record."""
+    who = configs[0].run_id if len(configs) == 1 else f"group of {len(configs)} ({configs[0].run_id}, ...)"
     while True:
         with contextlib.ExitStack() as dirs:
             works = [dirs.enter_context(store.run_dir(config.run_id)) for config in configs]
             try:
-                records = train_group(configs, [work.path for work in works], data_dir=data_dir, cache_dir=store.cache_dir(),
-                                      progress=progress, on_state_saved=[work.sync for work in works], write_record=False)
+                records = train(works)
             except Exception as error:  # noqa: BLE001 -- every failure is either retried or recorded, never lost
                 reason = one_line_reason(error)
                 for work in works:
@@ -242,45 +265,16 @@ def _train_group_with_retries(configs: list[TrainConfig], store: RunStore, data_
                         work.sync()
                     if failures <= max_transient_failures:
                         delay = backoff_s(failures)
-                        print(f"group of {len(configs)} ({configs[0].run_id}, ...): transient failure {failures} of at most "
-                              f"{max_transient_failures} retried in {delay:.0f} s: {reason}", flush=True)
+                        print(f"{who}: transient failure {failures} of at most {max_transient_failures} retried in {delay:.0f} s: {reason}",
+                              flush=True)
                         sleep(delay)
                         continue
                     reason = f"transient failure persisted over {failures} attempts: {reason}"
                 records = [failed_run_record(config, reason, data_dir) for config in configs]
                 for work, record in zip(works, records, strict=True):
-                    write_run_summary(work.path, record)
+                    write_run_summary(work.path, record)  # the sweep's HParams view shows it failed
             for config, work, record in zip(configs, works, records, strict=True):
                 if (work.path / CHECKPOINT_DIR).is_dir():
                     record["checkpoint_dir"] = store.url(RUNS_DIR, config.run_id, CHECKPOINT_DIR)
                 work.sync()
             return records
-
-
-def _train_with_retries(config: TrainConfig, store: RunStore, data_dir: Any, max_transient_failures: int, progress: bool,
-                        sleep: Callable[[float], None]) -> dict[str, Any]:
-    trainer = load_trainer()
-    while True:
-        with store.run_dir(config.run_id) as work:
-            try:
-                record = trainer(config, data_dir=data_dir, out_dir=work.path, cache_dir=store.cache_dir(), progress=progress,
-                                 on_state_saved=work.sync, write_record=False)
-            except Exception as error:  # noqa: BLE001 -- every failure is either retried or recorded, never lost
-                reason = one_line_reason(error)
-                save_traceback(work.path, error)
-                if is_transient(error):
-                    failures = store.note_transient_failure(config.run_id, reason)
-                    work.sync()
-                    if failures <= max_transient_failures:
-                        delay = backoff_s(failures)
-                        print(f"{config.run_id}: transient failure {failures} of at most {max_transient_failures} "
-                              f"retried in {delay:.0f} s: {reason}", flush=True)
-                        sleep(delay)
-                        continue
-                    reason = f"transient failure persisted over {failures} attempts: {reason}"
-                record = failed_run_record(config, reason, data_dir)
-                write_run_summary(work.path, record)  # the sweep's HParams view shows it failed
-            if (work.path / CHECKPOINT_DIR).is_dir():
-                record["checkpoint_dir"] = store.url(RUNS_DIR, config.run_id, CHECKPOINT_DIR)
-            work.sync()
-            return record
