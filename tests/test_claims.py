@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,8 @@ from results_fixture import constructed_runs, real_ablation, real_records, real_
 
 from adaptune.report import build_report
 from adaptune.report.baselines import majority_baseline
-from adaptune.report.claims import COLUMNS, bootstrap_ci, claims_markdown, claims_table, judge
+from adaptune.core.paper_grids import DEVLIN_GLUE_LRS, GLUE_LRS
+from adaptune.report.claims import COLUMNS, bootstrap_ci, claims_markdown, claims_table, judge, write_grid_left_out
 from adaptune.report.reference import load_reference
 from adaptune.report.tables import table1, table2
 from adaptune.report.results import read_results
@@ -128,13 +130,21 @@ def test_bootstrap_interval_across_seeds() -> None:
 
 
 def test_report_writes_claims_parquet_and_section(real_results_dir, tmp_path):
-    report = build_report(real_results_dir, tmp_path)
+    results = tmp_path / "results"
+    shutil.copytree(real_results_dir, results)
+    write_grid_left_out(results, "report_test", "adapters: §3.2's rate 3e-5 (slower here)")
+    report = build_report(results, tmp_path / "report")
     text = report.read_text()
-    table = pd.read_parquet(tmp_path / "tables" / "claims.parquet")
+    table = pd.read_parquet(tmp_path / "report" / "tables" / "claims.parquet")
     assert list(table["claim_id"]) == list(CLAIMS)
     section = text.split("## The paper's claims")[1].split("## Figures")[0]
     for claim in table.itertuples():
         assert claim.claim in section and f"**{claim.verdict}**" in section
+    # The fixture's runs train 2 epochs: every measured claim was decided on a smaller grid than the paper's.
+    measured = table[table["verdict"] != "not measured"]
+    assert measured["grid_smaller_than_paper"].all() and table.loc[table["verdict"] == "not measured", "grid"].isna().all()
+    assert "epochs {2}" in measured["grid"].iloc[0] and "— **smaller than the paper's**: " in section
+    assert "Left out of the paper's grid, as experiment `report_test` says: adapters: §3.2's rate 3e-5 (slower here)" in section
 
 
 # ---- the rules, on constructed results ----------------------------------------------------------------
@@ -252,6 +262,48 @@ def test_init_std_robustness_compares_size_64_adapters_at_their_best_learning_ra
     robust = _claims(rows).loc["init_std_robust_to_1e-2"]
     assert robust["measured"] == pytest.approx(0.0) and robust["verdict"] == "holds"
     assert "std 0.001 80.00, std 0.01 80.00" in robust["detail"]
+
+
+def test_real_glue_claim_names_the_grid_of_the_runs_it_read(claims):
+    """SST-2 in the fixture: full fine-tuning at 3e-4 and adapters 64 at 3e-3, one seed, 2 epochs each."""
+    glue = claims.loc["adapters_glue_within_0.4pt"]
+    assert glue["grid"] == "adapters64: lr {3e-3} x epochs {2}, 1 seed; full: lr {3e-4} x epochs {2}, 1 seed"
+    assert glue["grid_lacks"] == "adapters64 lacks lr {3e-5, 3e-4}, epochs {3, 20}; full lacks lr {2e-5, 3e-5, 4e-5, 5e-5}, epochs {3}"
+    assert glue["grid_smaller_than_paper"]
+
+
+def _glue_grid(adapter_epochs: tuple[int, ...], adapter_lrs=GLUE_LRS, tasks=("sst2", "rte")) -> list[dict]:
+    """Full fine-tuning over Devlin et al.'s grid and adapters 64 over `adapter_lrs` x `adapter_epochs`, 3 seeds."""
+    rows = [{"task": task, "method": FULL, "lr": lr, "seed": seed, "val": 0.8, "test": 0.8, "epochs": 3}
+            for task in tasks for lr in DEVLIN_GLUE_LRS for seed in range(3)]
+    return rows + [{"task": task, "method": ADAPTERS64, "lr": lr, "seed": seed, "val": 0.8, "test": 0.8, "epochs": epochs}
+                   for task in tasks for lr in adapter_lrs for epochs in adapter_epochs for seed in range(3)]
+
+
+def test_a_claim_on_adapters_at_3_epochs_only_is_marked_smaller_than_the_papers_grid():
+    table = _claims(_glue_grid((3,), adapter_lrs=(3e-4, 3e-3)))
+    glue = table.loc["adapters_glue_within_0.4pt"]
+    assert glue["grid"] == "adapters64: lr {3e-4, 3e-3} x epochs {3}, 3 seeds; full: lr {2e-5, 3e-5, 4e-5, 5e-5} x epochs {3}, 3 seeds"
+    assert glue["grid_smaller_than_paper"] and glue["grid_lacks"] == "adapters64 lacks lr {3e-5}, epochs {20}"
+    assert "— **smaller than the paper's**: adapters64 lacks lr {3e-5}, epochs {20} |" in claims_markdown(table.reset_index())
+
+
+def test_a_claim_on_the_papers_full_grid_is_not_marked():
+    glue = _claims(_glue_grid((3, 20))).loc["adapters_glue_within_0.4pt"]
+    assert glue["grid"] == ("adapters64: lr {3e-5, 3e-4, 3e-3} x epochs {3, 20}, 3 seeds; "
+                            "full: lr {2e-5, 3e-5, 4e-5, 5e-5} x epochs {3}, 3 seeds")
+    assert not glue["grid_smaller_than_paper"] and glue["grid_lacks"] == ""
+    assert "smaller than the paper's" not in claims_markdown(_claims(_glue_grid((3, 20))).reset_index())
+
+
+def test_a_partial_sweep_says_which_runs_it_has():
+    """20-epoch adapter runs finished for one seed on SST-2 only: the grid says so, and what is still missing."""
+    rows = _glue_grid((3,)) + [{"task": "sst2", "method": ADAPTERS64, "lr": lr, "seed": 0, "val": 0.8, "test": 0.8, "epochs": 20}
+                               for lr in GLUE_LRS[:2]]
+    glue = _claims(rows).loc["adapters_glue_within_0.4pt"]
+    assert glue["grid"].startswith("adapters64: lr x epochs {3e-5 x 3, 3e-5 x 20, 3e-4 x 3, 3e-4 x 20, 3e-3 x 3}, 1-3 seeds "
+                                   "(3e-5 x 20 on sst2 only; 3e-4 x 20 on sst2 only); full: ")
+    assert glue["grid_lacks"] == "adapters64 lacks 3e-5 x 20 epochs on {rte}, 3e-4 x 20 epochs on {rte}, 3e-3 x 20 epochs"
 
 
 def test_claims_parquet_columns_are_documented():

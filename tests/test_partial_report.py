@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -32,7 +33,8 @@ def test_half_a_sweep_is_reported_and_says_where_it_is_partial(stub: Path, tmp_p
         run_shard(spec, shard.id, store)
 
     results = tmp_path / "results"
-    summary = aggregate_sweep(spec, store, results, partial=True)
+    left_out = dataclasses.replace(spec, grid_left_out="every rate but 1e-4, and epochs 3 and 20")
+    summary = aggregate_sweep(left_out, store, results, partial=True)
     assert (summary["runs"], summary["planned"]) == (4, 8)
     assert len(pd.read_parquet(results / "runs.parquet")) == 4
     with pytest.raises(IncompleteSweepError, match="4 of 8 planned runs have no record"):
@@ -40,6 +42,7 @@ def test_half_a_sweep_is_reported_and_says_where_it_is_partial(stub: Path, tmp_p
 
     report = build_report(results, tmp_path / "report", data_dir=shared_data_dir).read_text()
     assert "**Partial report: 4 of 8 planned runs have finished.**" in report
+    assert "Left out of the paper's grid, as experiment `partial_check` says: every rate but 1e-4, and epochs 3 and 20" in report
     tables = tmp_path / "report" / "tables"
     assert (tables / "table1.md").read_text().startswith("*partial: 3 of 4 runs*")  # GLUE: RTE's runs
     assert (tables / "table2.md").read_text().startswith("*partial: 1 of 4 runs*")  # additional tasks: SMS spam's
@@ -56,7 +59,7 @@ def test_half_a_sweep_is_reported_and_says_where_it_is_partial(stub: Path, tmp_p
         run_shard(spec, shard.id, store)
     aggregate_sweep(spec, store, results, partial=True)
     complete = build_report(results, tmp_path / "complete", data_dir=shared_data_dir).read_text()
-    assert "partial" not in complete.lower()
+    assert "partial" not in complete.lower() and "Left out of the paper's grid" not in complete  # this spec says nothing
     assert pd.read_parquet(tmp_path / "complete" / "tables" / "claims.parquet")["coverage"].eq("complete").all()
 
 

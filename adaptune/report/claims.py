@@ -33,6 +33,15 @@ with n = `n_seeds` (the fewest seeds behind any one task and method) and half_wi
 ci_low) / 2. None where the estimate sits on the threshold (no number of seeds settles it) or there
 is a single seed (no spread to size it from).
 
+Each row also says what grid it was decided on (`grid`): per method label, the learning rates and epochs of
+the finished runs that entered it, and seeds; and what of the paper's grid for that method those runs lack
+(`grid_lacks`, `grid_smaller_than_paper`): on GLUE (and the figures' tasks) §3.2's lr {3e-5, 3e-4, 3e-3} x
+epochs {3, 20} for every method but full fine-tuning, which follows Devlin et al. (lr {2e-5 .. 5e-5} x 3
+epochs); on the additional tasks §3.3's rates at Table 4's epochs; Figure 7's claim only §3.2's epochs at each
+rate measured (the paper gives a range of rates). The ablation claims read the runs each ablated run was
+picked from. What an experiment itself says it leaves out (ExperimentSpec.grid_left_out, written by the
+fan-in as grid_left_out.json) is printed under the claims table.
+
 Degenerate runs (one predicted class) are real outcomes and stay in where their table keeps them
 (Table 2, the figures); Table 1 and the GLUE claim select among `usable_runs` as the table does.
 Failed runs have no score.
@@ -41,14 +50,19 @@ Failed runs have no score.
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import json
 import math
 import operator
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from adaptune.core.paper_grids import DEVLIN_GLUE_EPOCHS, DEVLIN_GLUE_LRS, EXTRA_LRS, GLUE_EPOCHS, GLUE_LRS
+from adaptune.data.tasks import UnknownTaskError, get_task
 from adaptune.report.baselines import run_baseline
 from adaptune.report.figures import ablation_metric
 from adaptune.report.reference import glue_tasks
@@ -60,6 +74,7 @@ from adaptune.report.selection import (
     reported_score,
     runs_for_backbone,
     scored_runs,
+    usable_runs,
     validation_order,
     with_config_key,
 )
@@ -82,8 +97,9 @@ CI_LEVEL = 0.95
 BEST_RUN, BEST_CONFIGURATION = "best run", "best configuration"
 COLUMNS = (
     "claim_id", "claim", "section", "verdict", "measured", "unit", "ci_low", "ci_high", "threshold", "rule",
-    "n_tasks", "n_runs", "n_seeds", "seeds_to_settle", "backbone", "detail",
+    "n_tasks", "n_runs", "n_seeds", "seeds_to_settle", "backbone", "detail", "grid", "grid_lacks", "grid_smaller_than_paper",
 )
+GRID_LEFT_OUT_FILE = "grid_left_out.json"  # beside runs.parquet: {"experiment": name, "grid_left_out": text}
 # The claim's side of its threshold, per comparison written in the `threshold` column.
 SIDES: dict[str, Callable[[float, float], bool]] = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
 
@@ -102,22 +118,43 @@ def claims_table(frames: dict[str, pd.DataFrame], reference: dict[str, Any], dat
         _lr_robust(runs),
     ]
     table = pd.DataFrame.from_records(rows, columns=list(COLUMNS))
-    return table.astype({"n_seeds": "Int64", "seeds_to_settle": "Int64"})
+    return table.astype({"n_seeds": "Int64", "seeds_to_settle": "Int64", "grid_smaller_than_paper": "boolean"})
 
 
-def claims_markdown(table: pd.DataFrame) -> str:
+def claims_markdown(table: pd.DataFrame, grid_left_out: tuple[str, str] | None = None) -> str:
+    """The claims table; beneath it, what the experiment says it leaves out of the paper's grid
+    (`grid_left_out`: (experiment, text), as read_grid_left_out gives it)."""
     lines = [
-        "| claim | verdict | measured | 95% CI | threshold | seeds to settle | backbone | tasks / runs | detail |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| claim | verdict | measured | 95% CI | threshold | seeds to settle | backbone | tasks / runs | grid | detail |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in table.itertuples():
         ci = "—" if _missing(row.ci_low) else f"[{row.ci_low:+.2f}, {row.ci_high:+.2f}]"
         measured = "—" if _missing(row.measured) else f"{row.measured:+.2f} {row.unit}"
         counts = "—" if row.verdict == NOT_MEASURED else f"{row.n_tasks} / {row.n_runs}"
         cells = [f"{row.claim} ({row.section})", f"**{row.verdict}**", measured, ci, str(row.threshold), _settle_text(row),
-                 "—" if _missing(row.backbone) else str(row.backbone), counts, " ".join(str(row.detail).split()).replace("|", "\\|")]
+                 "—" if _missing(row.backbone) else str(row.backbone), counts, _grid_cell(row),
+                 " ".join(str(row.detail).split()).replace("|", "\\|")]
         lines.append("| " + " | ".join(cells) + " |")
+    if grid_left_out and grid_left_out[1]:
+        experiment, text = grid_left_out
+        lines += ["", f"Left out of the paper's grid, as experiment `{experiment}` says: {' '.join(text.split())}"]
     return "\n".join(lines)
+
+
+def write_grid_left_out(out_dir: str | Path, experiment: str, text: str) -> Path:
+    path = Path(out_dir) / GRID_LEFT_OUT_FILE
+    path.write_text(json.dumps({"experiment": experiment, "grid_left_out": text}, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def read_grid_left_out(results_dir: str | Path) -> tuple[str, str] | None:
+    """(experiment, what it leaves out of the paper's grid), or None where the results set has no such file."""
+    path = Path(results_dir) / GRID_LEFT_OUT_FILE
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text(encoding="utf-8"))
+    return data["experiment"], data["grid_left_out"]
 
 
 def judge(low: float | None, high: float | None, side: str, threshold: float) -> str:
@@ -186,7 +223,8 @@ def _versus_full(row: dict, runs: pd.DataFrame, candidates: pd.DataFrame, backbo
         why = f"; more than {FEW_PERCENT:g}% is not a few percent, whatever the scores"
     elif percent is None and result["verdict"] == HOLDS:
         result["verdict"], why = INCONCLUSIVE, "; without the adapters' trained share there is no verdict"
-    return {**result, "backbone": backbone, "detail": f"{_per_task(pairs, 'adapters', 'full')}; {share}{why}"}
+    return {**result, **grid_columns(_pair_runs(pairs), paper_grid), "backbone": backbone,
+            "detail": f"{_per_task(pairs, 'adapters', 'full')}; {share}{why}"}
 
 
 def _layernorm_worse(runs: pd.DataFrame, other: str, claim_id: str, claim: str) -> dict:
@@ -205,7 +243,8 @@ def _layernorm_worse(runs: pd.DataFrame, other: str, claim_id: str, claim: str) 
     result = _judged(row, pairs, _mean_difference)
     degenerate = sum(int((cell.chosen()["status"] == "degenerate").sum()) for cell, _ in pairs)
     kept = f"; {degenerate} LayerNorm-only run(s) degenerate (kept)" if degenerate else ""
-    return {**result, "backbone": backbone, "detail": f"{_per_task(pairs, 'LayerNorm-only', _NAMES[other])}{kept}{result['detail']}"}
+    return {**result, **grid_columns(_pair_runs(pairs), paper_grid), "backbone": backbone,
+            "detail": f"{_per_task(pairs, 'LayerNorm-only', _NAMES[other])}{kept}{result['detail']}"}
 
 
 _NAMES = {"full": "full fine-tuning", "adapters": "adapters"}
@@ -215,6 +254,11 @@ def _pairs(candidates: pd.DataFrame, a: str, b: str, rule: str) -> list[tuple[Ce
     """Per task with both methods: (method a's cell, method b's cell)."""
     cells = _cells(candidates, ["task", "method"], rule)
     return [(cells[(task, a)], cells[(task, b)]) for task in sorted({key[0] for key in cells}) if (task, a) in cells and (task, b) in cells]
+
+
+def _pair_runs(pairs: list[tuple[Cell, Cell]]) -> pd.DataFrame:
+    """The candidate runs behind the pairs' cells (method a's first)."""
+    return pd.concat([cell.runs for cell, _ in pairs] + [cell.runs for _, cell in pairs])
 
 
 def _mean_difference(values: np.ndarray) -> np.ndarray:
@@ -351,6 +395,7 @@ def _ablation_claims(ablation: pd.DataFrame, runs: pd.DataFrame, data_dir: Any) 
     ablation = ablation.assign(backbone=ablation["run_id"].map(known["backbone"]).fillna("(run not in results)"))
     ablation, backbone = runs_for_backbone(ablation, BERT_BASE)
     gaps, skipped, largest, halves, metrics = [], [], [], [], set()
+    read: dict[str, list[str]] = {"near": [], "single": [], "lower": []}  # run ids each claim reads
     for run_id, rows in ablation.groupby("run_id"):
         metric = ablation_metric(rows)
         metrics.add(metric)
@@ -368,17 +413,21 @@ def _ablation_claims(ablation: pd.DataFrame, runs: pd.DataFrame, data_dir: Any) 
             else:
                 gaps.append((100.0 * all_off - majority, f"{rows['task'].iloc[0]}: all off "
                              f"{100 * all_off:.1f}, trained {100 * trained:.1f}, majority {majority:.1f}"))
+                read["near"].append(run_id)
         drop = lambda first, last: -100.0 * rows.loc[(first, last), "relative_change"]  # noqa: E731  (relative %, positive = worse)
         single_drops = [drop(i, i) for i in range(layers) if (i, i) in rows.index and pd.notna(rows.loc[(i, i), "relative_change"])]
         if single_drops:
             largest.append(max(single_drops))
+            read["single"].append(run_id)
         half = layers // 2
         if half and (0, half - 1) in rows.index and (half, layers - 1) in rows.index:
             halves.append(drop(half, layers - 1) - drop(0, half - 1))
+            read["lower"].append(run_id)
     common = {"backbone": backbone, "n_runs": ablation["run_id"].nunique(), "n_tasks": ablation["task"].nunique()}
     metric_note = f"metric: {', '.join(sorted(metrics))}"
     results = []
-    for row, values, notes in ((near, [g for g, _ in gaps], [text for _, text in gaps]), (single, largest, []), (lower, halves, [])):
+    for row, values, notes, run_ids in ((near, [g for g, _ in gaps], [text for _, text in gaps], read["near"]),
+                                        (single, largest, [], read["single"]), (lower, halves, [], read["lower"])):
         if not values:
             missing = "no span with every layer's adapters off" if row is near else "no single-layer or half-depth spans in the ablation"
             results.append({**row, **common, "detail": "; ".join(skipped) or missing})
@@ -388,8 +437,16 @@ def _ablation_claims(ablation: pd.DataFrame, runs: pd.DataFrame, data_dir: Any) 
         judged = _verdict_row(row, float(values.mean()), low, high, len(values), unit="ablated run", n_tasks=common["n_tasks"],
                               n_runs=len(values))
         per_run = notes if notes else ["per run: " + ", ".join(f"{v:+.2f}" for v in values)]
-        results.append({**judged, "backbone": backbone, "detail": "; ".join([metric_note, *per_run, *skipped]) + judged["detail"]})
+        results.append({**judged, **grid_columns(_ablation_pool(runs, run_ids), paper_grid), "backbone": backbone,
+                        "detail": "; ".join([metric_note, *per_run, *skipped]) + judged["detail"]})
     return results
+
+
+def _ablation_pool(runs: pd.DataFrame, run_ids: list[str]) -> pd.DataFrame:
+    """The runs each ablated run was picked from: its task, method and backbone (fan_in.select_ablation_runs)."""
+    usable = usable_runs(runs)
+    keys = usable.loc[usable["run_id"].isin(run_ids), ["task", "method_json", "backbone"]].drop_duplicates()
+    return usable.merge(keys, on=["task", "method_json", "backbone"])
 
 
 # ---- Figures 6 (right) and 7: robustness -----------------------------------------------------------
@@ -416,7 +473,8 @@ def _init_std_robust(runs: pd.DataFrame) -> dict:
     estimate, low, high, n_seeds = bootstrap_cells(cells, lambda values: _block_spreads(values, sizes).mean(axis=-1))
     judged = _verdict_row(row, estimate, low, high, n_seeds, n_tasks=len(groups), n_runs=sum(len(cell.runs) for cell in cells))
     detail = "; ".join(f"{task}: " + ", ".join(f"std {cell.key[2]:g} {cell.estimate:.2f}" for cell in levels) for task, levels in groups.items())
-    return {**judged, "backbone": backbone, "detail": detail + judged["detail"]}
+    return {**judged, **grid_columns(pd.concat([cell.runs for cell in cells]), paper_grid), "backbone": backbone,
+            "detail": detail + judged["detail"]}
 
 
 def _lr_robust(runs: pd.DataFrame) -> dict:
@@ -451,7 +509,8 @@ def _lr_robust(runs: pd.DataFrame) -> dict:
     estimate, low, high, n_seeds = bootstrap_cells(cells, statistic)
     judged = _verdict_row(row, estimate, low, high, n_seeds, n_tasks=len(tasks), n_runs=sum(len(cell.runs) for cell in cells))
     detail = "; ".join(f"{task}: lrs {', '.join(f'{lr:g}' for lr in lrs)}" for task, _, _, lrs in tasks)
-    return {**judged, "backbone": backbone, "detail": detail + judged["detail"]}
+    return {**judged, **grid_columns(pd.concat([cell.runs for cell in cells]), _figure7_grid), "backbone": backbone,
+            "detail": detail + judged["detail"]}
 
 
 def _levels(runs: pd.DataFrame, column: str) -> dict[str, list[Cell]]:
@@ -469,13 +528,107 @@ def _block_spreads(values: np.ndarray, sizes: list[int]) -> np.ndarray:
     return np.stack([values[..., a:b].min(axis=-1) - values[..., a:b].max(axis=-1) for a, b in zip(starts, starts[1:])], axis=-1)
 
 
+# ---- the grid each claim was decided on --------------------------------------------------------------
+
+# (learning rates, epochs) the paper sweeps for a method on a task; rates None: each rate the runs have.
+PaperGrid = Callable[[str, str], tuple[tuple[float, ...] | None, tuple[int, ...]]]
+
+
+def paper_grid(method: str, task: str) -> tuple[tuple[float, ...], tuple[int, ...]]:
+    """An additional task's: §3.3's rates at Table 4's epochs (its fine-tuning column for full and top-k).
+    GLUE's (and any other task's): §3.2's grid; for full fine-tuning, Devlin et al.'s."""
+    try:
+        epochs = get_task(task).paper_epochs
+    except UnknownTaskError:
+        epochs = None
+    if epochs is not None:
+        return EXTRA_LRS, (epochs[0] if method in ("full", "top_k") else epochs[1],)
+    return (DEVLIN_GLUE_LRS, DEVLIN_GLUE_EPOCHS) if method == "full" else (GLUE_LRS, GLUE_EPOCHS)
+
+
+def _figure7_grid(method: str, task: str) -> tuple[None, tuple[int, ...]]:
+    """Figure 7 gives a range of rates, not a grid: §3.2's epochs at each rate measured."""
+    return None, GLUE_EPOCHS
+
+
+def grid_columns(runs: pd.DataFrame, grid: PaperGrid) -> dict:
+    """`grid`, `grid_lacks` and `grid_smaller_than_paper` of the runs a claim was decided on, per method label."""
+    if runs.empty:
+        return {"grid": None, "grid_lacks": None, "grid_smaller_than_paper": None}
+    runs = runs.drop_duplicates("run_id")
+    runs = runs.assign(label=runs["method_label"].fillna(runs["method"]), lr_text=runs["lr"].map(_lr_text))
+    described, lacking = [], []
+    for label, rows in runs.groupby("label", sort=False):
+        described.append(f"{label}: {_grid_text(rows)}")
+        if lacks := _grid_lacks(rows, grid):
+            lacking.append(f"{label} lacks {lacks}")
+    return {"grid": "; ".join(described), "grid_lacks": "; ".join(lacking), "grid_smaller_than_paper": bool(lacking)}
+
+
+def _grid_text(rows: pd.DataFrame) -> str:
+    """e.g. "lr {3e-4, 3e-3} x epochs {3, 20}, 3 seeds"; a grid that is not a full product lists its
+    configurations; a configuration not on every task says where it is."""
+    lrs = sorted(rows["lr_text"].unique(), key=float)
+    epochs = sorted(rows["epochs"].unique())
+    configs = rows.groupby(["lr_text", "epochs"])["task"].unique()
+    configs = configs.reindex(sorted(configs.index, key=lambda config: (float(config[0]), config[1])))
+    if len(configs) == len(lrs) * len(epochs):
+        text = f"lr {{{', '.join(lrs)}}} x epochs {{{', '.join(map(str, epochs))}}}"
+    else:
+        text = "lr x epochs {" + ", ".join(f"{lr} x {n}" for lr, n in configs.index) + "}"
+    seeds = rows.groupby(["task", "lr_text", "epochs"])["seed"].nunique()  # per task and configuration
+    fewest, most = int(seeds.min()), int(seeds.max())
+    text += f", {fewest} seed{'s' if fewest > 1 else ''}" if fewest == most else f", {fewest}-{most} seeds"
+    tasks = set(rows["task"])
+    some = [f"{lr} x {n} on {', '.join(sorted(on))} only" for (lr, n), on in configs.items() if set(on) < tasks]
+    return text + (f" ({'; '.join(some)})" if some else "")
+
+
+def _grid_lacks(rows: pd.DataFrame, grid: PaperGrid) -> str:
+    """What of the paper's grid (per task) these runs of one method lack, e.g. "lr {3e-5}, 3e-3 x 20 epochs on
+    {mrpc}": rates and epoch counts with no run at all, then single configurations (on the tasks that lack
+    them where not all do); "" when they lack nothing."""
+    method = rows["method"].iloc[0]
+    present = set(zip(rows["lr_text"], rows["epochs"], rows["task"]))
+    expected = set()
+    for task in sorted(set(rows["task"])):
+        lrs, epochs = grid(method, task)
+        lr_texts = [_lr_text(lr) for lr in lrs] if lrs is not None else sorted({lr for lr, _, on in present if on == task})
+        expected |= {(lr, n, task) for lr, n in itertools.product(lr_texts, epochs)}
+    missing = expected - present
+    have_lrs, have_epochs = {lr for lr, _, _ in present}, {n for _, n, _ in present}
+    no_lrs = sorted({lr for lr, _, _ in missing} - have_lrs, key=float)
+    no_epochs = sorted({n for _, n, _ in missing} - have_epochs)
+    parts = [f"lr {{{', '.join(no_lrs)}}}"] if no_lrs else []
+    parts += [f"epochs {{{', '.join(map(str, no_epochs))}}}"] if no_epochs else []
+    for lr, n in sorted({(lr, n) for lr, n, _ in missing if lr in have_lrs and n in have_epochs}, key=lambda c: (float(c[0]), c[1])):
+        lacking = sorted(task for lr2, n2, task in missing if (lr2, n2) == (lr, n))
+        asked = {task for lr2, n2, task in expected if (lr2, n2) == (lr, n)}
+        parts.append(f"{lr} x {n} epochs" + ("" if set(lacking) == asked else f" on {{{', '.join(lacking)}}}"))
+    return ", ".join(parts)
+
+
+def _lr_text(lr: float) -> str:
+    """3e-4, 1e-5, 2.5e-5: the paper's notation."""
+    mantissa, exponent = f"{lr:e}".split("e")
+    return f"{float(mantissa):g}e{int(exponent)}"
+
+
+def _grid_cell(row: Any) -> str:
+    if _missing(row.grid):
+        return "—"
+    mark = f" — **smaller than the paper's**: {row.grid_lacks}" if row.grid_lacks else ""
+    return f"{row.grid}{mark}".replace("|", "\\|")
+
+
 # ---- helpers ----------------------------------------------------------------------------------------
 
 
 def _row(claim_id: str, claim: str, section: str, unit: str, side: str, threshold: float, rule: str) -> dict:
     return {"claim_id": claim_id, "claim": claim, "section": section, "verdict": NOT_MEASURED, "measured": None, "unit": unit,
             "ci_low": None, "ci_high": None, "threshold": f"{side} {threshold:g}", "rule": rule, "n_tasks": 0, "n_runs": 0,
-            "n_seeds": None, "seeds_to_settle": None, "backbone": None, "detail": ""}
+            "n_seeds": None, "seeds_to_settle": None, "backbone": None, "detail": "", "grid": None, "grid_lacks": None,
+            "grid_smaller_than_paper": None}
 
 
 def _verdict_row(row: dict, estimate: float, low: float | None, high: float | None, n_seeds: int, unit: str = "seed per task and method",

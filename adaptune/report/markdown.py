@@ -8,7 +8,7 @@ from typing import Any
 
 import pandas as pd
 
-from adaptune.report.claims import claims_markdown, claims_table
+from adaptune.report.claims import claims_markdown, claims_table, read_grid_left_out
 from adaptune.report import figures as figure_module
 from adaptune.report.figures import SQUAD_BACKBONE_NOTE, FigureOutput, all_figures
 from adaptune.report.methods_table import methods_markdown, methods_table
@@ -65,7 +65,7 @@ def build_report(
     markdown = {
         "table1": table1_markdown(t1, runs, pending),
         "table2": table2_markdown(t2, paper, runs, pending),
-        "claims": claims_markdown(claims_for_markdown(claims)),
+        "claims": claims_markdown(claims_for_markdown(claims), read_grid_left_out(results_dir)),
         "methods": methods_markdown(methods),
         "adapter_sizes": adapter_sizes_markdown(sizes, runs, size_tasks, partial=bool(notes.get("adapter_sizes"))),
         "excluded_runs": simple_markdown(markdown_safe(problems)) if not problems.empty else "(none)",
@@ -184,7 +184,9 @@ def _render(
         "figures' best configuration, mean over seeds); the interval is a percentile bootstrap of that same estimator, "
         "seeds resampled per task and method and the selection redone in each resample. 'Seeds to settle': for an "
         "inconclusive row, ceil(n × (half-width / |measured − threshold|)²) seeds per task and method. Each rule quotes "
-        "the paper's sentence: [claims.parquet](tables/claims.parquet) (`rule`) and `adaptune/report/claims.py`.",
+        "the paper's sentence: [claims.parquet](tables/claims.parquet) (`rule`) and `adaptune/report/claims.py`. 'Grid': "
+        "the learning rates, epochs and seeds of the runs each claim read, marked where smaller than the paper's (§3.2's "
+        "for parameter-efficient methods, Devlin et al.'s for full fine-tuning on GLUE, §3.3's on the additional tasks).",
         "",
         markdown["claims"],
         "",

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from adaptune.core.backbones import BERT_BASE, BERT_LARGE, DEFAULT_BACKBONE
+from adaptune.core.paper_grids import DEVLIN_GLUE_EPOCHS, DEVLIN_GLUE_LRS, EXTRA_LRS, GLUE_LRS
 from adaptune.data.tasks import EXTRA_TASKS, GLUE_SCORE_TASKS
 
 # `Sweep.epochs = PAPER_EPOCHS` means: the epochs the paper chose per task and method (Table 4).
@@ -186,15 +187,9 @@ def _unique(values: Any) -> tuple:
 
 # --- the paper's grids --------------------------------------------------------------------------
 
-GLUE_LRS = (3e-5, 3e-4, 3e-3)  # §3.2: "We sweep learning rates in {3e-5, 3e-4, 3e-3}" -- "for adapter tuning"
-# Table 1's full fine-tuning row is Devlin et al. (2018)'s BERT-large GLUE protocol, not the adapters' grid:
-# "We use a batch size of 32 and fine-tune for 3 epochs ... we selected the best fine-tuning learning rate
-# (among 5e-5, 4e-5, 3e-5, and 2e-5) on the Dev set" (Devlin et al., §4.1), with random restarts for BERT-large.
-# At the adapters' 3e-4 and 3e-3, BERT-large full fine-tuning diverges: those runs would only burn hours.
-DEVLIN_GLUE_LRS = (2e-5, 3e-5, 4e-5, 5e-5)
-DEVLIN_GLUE_EPOCHS = (3,)
+# GLUE_LRS (§3.2), DEVLIN_GLUE_LRS and DEVLIN_GLUE_EPOCHS (Table 1's full fine-tuning, Devlin et al.) and EXTRA_LRS
+# (§3.3) are in adaptune.core.paper_grids, where the claims read them too.
 DEVLIN_BATCH_SIZE = 32
-EXTRA_LRS = (1e-5, 3e-5, 1e-4, 3e-3)  # §3.3
 FIGURE_TASKS = ("mnli_m", "cola")  # Figures 4, 6 and 7 show MNLI (matched) and CoLA
 
 DEFAULTS = ExperimentSpec(

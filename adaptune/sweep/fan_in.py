@@ -117,9 +117,10 @@ def ablate_sweep(spec: ExperimentSpec, store: RunStore, data_dir: str | os.PathL
 
 
 def aggregate_sweep(spec: ExperimentSpec, store: RunStore, out_dir: str | os.PathLike[str], partial: bool = False) -> dict[str, Any]:
-    """runs / curves / ablation Parquet and coverage.json for the planned runs; returns counts for the
+    """runs / curves / ablation Parquet, coverage.json and grid_left_out.json for the planned runs; returns counts for the
     pipeline's metadata. With `partial`, whatever has finished so far (the report says what is missing);
     without, every planned run must have its record (IncompleteSweepError)."""
+    from adaptune.report.claims import write_grid_left_out
     from adaptune.report.partial import write_coverage
     from adaptune.report.results import write_results
 
@@ -135,6 +136,7 @@ def aggregate_sweep(spec: ExperimentSpec, store: RunStore, out_dir: str | os.Pat
             ablation += store.read_json(ABLATION_DIR, f"{record['run_id']}.json") or []
     paths = write_results(records, Path(out_dir), ablation=ablation)
     write_coverage(out_dir, Counter(run.task for run in planned.runs), Counter(record["task"] for record in records))
+    write_grid_left_out(out_dir, spec.name, spec.grid_left_out)  # the report prints it beside the claims
     statuses = {status: sum(r["status"] == status for r in records) for status in ("ok", "degenerate", "failed")}
     return {"planned": len(planned.runs), "runs": len(records), "ablation_rows": len(ablation), **statuses,
             "files": sorted(p.name for p in paths.values()),
