@@ -32,7 +32,7 @@ from transformers import get_linear_schedule_with_warmup, set_seed
 from adaptune.core.devices import Device, is_out_of_memory, pick_device, release_memory
 from adaptune.core.run_files import STATE_FILE
 from adaptune.data.batching import epoch_batches, make_collator
-from adaptune.data.tasks import get_task, scored_companions
+from adaptune.data.tasks import get_task
 from adaptune.model.backbone import load_model, load_tokenizer
 from adaptune.model.methods import apply_method, method_from_dict
 from adaptune.model.params import count_parameters
@@ -52,9 +52,9 @@ from adaptune.train.loop import (
     adamw,
     decayed_names,
     keep_frozen_matmuls_in,
+    prepare_data,
 )
 from adaptune.train.record import record_in_run_dir, run_record, with_provenance
-from adaptune.train.run_data import prepare_run_data
 from adaptune.train.state import load_state
 
 # What may differ between the runs of a group: nothing else changes a step's shapes or count.
@@ -170,15 +170,7 @@ class _Group:
         first, device, task = self.members[0].config, self.device, self.task
         _seed_everything(first.seed, device)
         tokenizer = load_tokenizer(first.backbone)
-        data = prepare_run_data(task, tokenizer, first.max_length, first.doc_stride, first.max_train_examples, first.max_eval_examples,
-                                data_dir, cache_dir)
-        if not data.train_rows:
-            raise ValueError(f"task {task.name!r} has no training rows; check the data dir")
-        companions = {
-            name: prepare_run_data(get_task(name), tokenizer, first.max_length, first.doc_stride, None, first.max_eval_examples,
-                                   data_dir, cache_dir, with_train=False, eval_only=("test",)).eval_splits["test"]
-            for name in scored_companions(task.name)
-        }
+        data, companions = prepare_data(first, task, tokenizer, data_dir, cache_dir)
         trained = []
         for member in self.members:  # each run's model starts exactly as it would alone
             member.record.update(data_split=data.data_split, split_note=data.split_note, split_sizes=data.split_sizes)

@@ -125,20 +125,8 @@ class _Run:
         config, task, device = self.config, self.task, self.device
         _seed_everything(config.seed, device)
         tokenizer = load_tokenizer(config.backbone)
-        data = prepare_run_data(
-            task, tokenizer, config.max_length, config.doc_stride, config.max_train_examples, config.max_eval_examples, data_dir, cache_dir
-        )
-        if not data.train_rows:
-            raise ValueError(f"task {task.name!r} has no training rows; check the data dir")
+        data, self.companion_splits = prepare_data(config, task, tokenizer, data_dir, cache_dir)
         self.record.update(data_split=data.data_split, split_note=data.split_note, split_sizes=data.split_sizes)
-        # Tasks this run also scores (MNLI-mm for an MNLI run) on their own test split (MNLI-mm: the
-        # mismatched dev set); their validation slice is this run's (the same train file, held out alike).
-        # Their data is checked before training.
-        self.companion_splits = {
-            name: prepare_run_data(get_task(name), tokenizer, config.max_length, config.doc_stride, None, config.max_eval_examples,
-                                   data_dir, cache_dir, with_train=False, eval_only=("test",)).eval_splits["test"]
-            for name in scored_companions(task.name)
-        }
         model = load_model(config.backbone, task.kind, task.num_labels)
         apply_method(model, self.method_cfg)
         self.dropout = dropout_generator(config.seed, device.torch_device)
@@ -284,6 +272,23 @@ class _Run:
                 reason=f"validation predictions at the final epoch ({self.config.epochs}) are all one class "
                 f"({self.task.primary_metric} {final if final is None else f'{final:g}'}); compare other seeds and learning rates",
             )
+
+
+def prepare_data(config: TrainConfig, task: Task, tokenizer: Any, data_dir: Any, cache_dir: Any) -> tuple[RunData, dict[str, EvalSplit]]:
+    """A run's data, and the test splits of the tasks it also scores (MNLI-mm for an MNLI run: the
+    mismatched dev set; their validation slice is this run's, the same train file held out alike).
+    All of it is read and checked before training starts."""
+    data = prepare_run_data(
+        task, tokenizer, config.max_length, config.doc_stride, config.max_train_examples, config.max_eval_examples, data_dir, cache_dir
+    )
+    if not data.train_rows:
+        raise ValueError(f"task {task.name!r} has no training rows; check the data dir")
+    companions = {
+        name: prepare_run_data(get_task(name), tokenizer, config.max_length, config.doc_stride, None, config.max_eval_examples,
+                               data_dir, cache_dir, with_train=False, eval_only=("test",)).eval_splits["test"]
+        for name in scored_companions(task.name)
+    }
+    return data, companions
 
 
 StepResult = tuple[torch.Tensor, torch.Tensor]  # (loss, gradient norm), still on the device
