@@ -238,3 +238,26 @@ def test_frozen_matmuls_stored_in_bf16_give_the_logits_autocast_gives() -> None:
     assert {m.weight.dtype for m in linears if not m.weight.requires_grad} == {torch.bfloat16}
     assert {m.weight.dtype for m in linears if m.weight.requires_grad} == {torch.float32}  # adapters and head still train in fp32
     assert torch.equal(before, after)  # autocast casts a float32 weight to exactly these bf16 values
+
+
+def test_cpu_bf16_is_opt_in_named_in_the_record_and_learns_as_float32_does(
+    sst2_run: tuple[dict, Path], tmp_path: Path, shared_data_dir: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from adaptune.core.devices import pick_device
+
+    float32_record, _ = sst2_run
+    assert float32_record["device"] == "cpu" and pick_device().autocast_dtype is None  # the default stays float32
+    monkeypatch.setenv("ADAPTUNE_CPU_BF16", "maybe")
+    with pytest.raises(ValueError, match="ADAPTUNE_CPU_BF16='maybe': use 1"):
+        pick_device()
+    monkeypatch.setenv("ADAPTUNE_CPU_BF16", "1")
+    assert pick_device().autocast_dtype is torch.bfloat16
+
+    cast_to: list[torch.dtype] = []
+    cast = train_module.keep_frozen_matmuls_in
+    monkeypatch.setattr(train_module, "keep_frozen_matmuls_in", lambda model, dtype: cast_to.append(dtype) or cast(model, dtype))
+    record = train_and_evaluate(SST2_RUN, data_dir=shared_data_dir, out_dir=tmp_path, cache_dir=cache_dir, progress=False)
+    assert record["status"] == "ok" and record["device"] == "cpu:bf16" and cast_to == [torch.bfloat16]
+    # Not the float32 run again, yet it learns as that run does (both well above SST-2's majority class).
+    assert record["curve"] != float32_record["curve"]
+    assert record["val_metrics"]["accuracy"] == pytest.approx(float32_record["val_metrics"]["accuracy"], abs=0.1)

@@ -18,11 +18,11 @@ class Device:
     kind: str  # "cuda" | "xla" | "cpu"
     torch_device: torch.device
     name: str  # human/record label, e.g. "cuda:NVIDIA H100 80GB HBM3", "xla:TPU", "cpu"
-    autocast_dtype: torch.dtype | None  # bf16 on CUDA/TPU, None (fp32) on CPU
+    autocast_dtype: torch.dtype | None  # bf16 on CUDA/TPU; None (fp32) on CPU unless $ADAPTUNE_CPU_BF16=1
 
     @contextlib.contextmanager
     def autocast(self) -> Iterator[None]:
-        """Mixed precision where it pays (bf16 needs no loss scaling); a no-op on CPU."""
+        """Mixed precision where it pays (bf16 needs no loss scaling); a no-op on a float32 CPU."""
         if self.autocast_dtype is None:
             yield
             return
@@ -57,7 +57,8 @@ def pick_device(prefer: str | None = None) -> Device:
     """CUDA when present, else TPU when torch_xla is importable, else CPU.
 
     `prefer` (or $ADAPTUNE_DEVICE) forces one of "cuda", "xla", "cpu"; asking for one that is not
-    available is an error, not a silent fallback.
+    available is an error, not a silent fallback. On the CPU, $ADAPTUNE_CPU_BF16=1 runs the frozen
+    backbone in bf16 under autocast, as on a GPU (named "cpu:bf16" in records); the default stays float32.
     """
     choice = (prefer or os.environ.get("ADAPTUNE_DEVICE") or "").strip().lower() or None
     if choice not in (None, "cuda", "xla", "tpu", "cpu"):
@@ -74,7 +75,17 @@ def pick_device(prefer: str | None = None) -> Device:
         return Device("xla", xla_device, f"xla:{xm.xla_device_hw(xla_device)}", torch.bfloat16)
     if choice in ("cuda", "xla"):
         raise RuntimeError(f"device {choice!r} was requested but is not available here; unset ADAPTUNE_DEVICE to use what is")
+    if cpu_bf16():
+        return Device("cpu", torch.device("cpu"), "cpu:bf16", torch.bfloat16)
     return Device("cpu", torch.device("cpu"), "cpu", None)
+
+
+def cpu_bf16() -> bool:
+    """$ADAPTUNE_CPU_BF16: "1"/"true"/"yes" for bf16 autocast on the CPU, unset/"0"/"false"/"no" for float32."""
+    value = os.environ.get("ADAPTUNE_CPU_BF16", "").strip().lower()
+    if value not in ("", "0", "1", "true", "false", "yes", "no"):
+        raise ValueError(f"ADAPTUNE_CPU_BF16={value!r}: use 1 (bf16 autocast on the CPU) or 0 (float32, the default)")
+    return value in ("1", "true", "yes")
 
 
 def is_out_of_memory(error: BaseException) -> bool:
