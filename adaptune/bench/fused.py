@@ -25,7 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import BertConfig, BertForSequenceClassification
 
 from adaptune.core.backbones import DEFAULT_BACKBONE
-from adaptune.core.devices import Device
+from adaptune.core.devices import Device, native_cpu_bf16
 from adaptune.model.backbone import load_model
 from adaptune.model.methods import apply_method, method_from_dict
 from adaptune.model.run_dropout import RowLayout, dropout_generator, use_run_dropout
@@ -159,6 +159,9 @@ def measure_fused_groups(batch: dict[str, torch.Tensor], device: Device, repeats
             timed[name].append(_measure(step, rows, 1, 2)[0])
     bf16_entry = {name: round(statistics.median(values), 1) for name, values in timed.items()}
     bf16_entry["speedup"] = round(bf16_entry["bfloat16"] / bf16_entry["float32"], 2)
+    # The speed-up is the CPU's: native bf16 (avx512_bf16/AMX) or emulated (AVX2 only), as oneDNN dispatches.
+    bf16_entry["native_bf16"] = native_cpu_bf16()
+    bf16_entry["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
     return {"fused_groups": entries, "frozen_backbone_bf16_examples_per_s": bf16_entry,
             "fused_groups_note": ("k runs of adapters 64 on the same SST-2 batch of "
                                   f"{rows} rows each (batch x k rows per step); 'proxy' entries are the width-32 BERT, a "
