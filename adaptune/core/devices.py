@@ -77,11 +77,15 @@ def pick_device(prefer: str | None = None) -> Device:
         raise RuntimeError(f"device {choice!r} was requested but is not available here; unset ADAPTUNE_DEVICE to use what is")
     if cpu_bf16():
         if not native_cpu_bf16():
-            raise RuntimeError(
+            raise CpuBf16Unsupported(
                 f"ADAPTUNE_CPU_BF16=1 but this CPU ({torch.backends.cpu.get_cpu_capability()}) has no native bf16 "
                 "(avx512_bf16 or AMX): its bf16 matmuls are emulated, about 17x slower than float32; unset ADAPTUNE_CPU_BF16")
         return Device("cpu", torch.device("cpu"), "cpu:bf16", torch.bfloat16)
     return Device("cpu", torch.device("cpu"), "cpu", None)
+
+
+class CpuBf16Unsupported(RuntimeError):
+    """$ADAPTUNE_CPU_BF16=1 on a CPU that would emulate bf16: a setting to unset, not a missing accelerator."""
 
 
 def native_cpu_bf16() -> bool:

@@ -22,10 +22,12 @@ class ShardEnvironmentError(RuntimeError):
 def prepare_machine(store: RunStore, backbones: Iterable[str]) -> None:
     """Check the accelerator the task asked for and make every backbone loadable, before any run."""
     from adaptune.model.backbone import BackboneError, check_backbone
-    from adaptune.core.devices import pick_device
+    from adaptune.core.devices import CpuBf16Unsupported, pick_device
 
     try:
         device = pick_device()  # $ADAPTUNE_DEVICE=cuda|xla on accelerator tasks: raises instead of using the CPU
+    except (ValueError, CpuBf16Unsupported) as error:  # a setting's value, not the node's driver
+        raise ShardEnvironmentError(str(error)) from None
     except RuntimeError as error:
         raise ShardEnvironmentError(f"{error}. This task was compiled for that accelerator: check the node's driver "
                                     "(nvidia-smi; README, 'Before your first submission')") from None
