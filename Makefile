@@ -8,7 +8,7 @@ PIPELINE ?= smoke
 OUT ?= outputs
 export PYTHONHASHSEED := 0
 
-.PHONY: venv test demo run plan status tensorboard report compile submit stage-models bench bench-gpu bench-status bench-tensorboard bench-soak images lint lock clean
+.PHONY: venv test demo run plan status tensorboard report compile submit stage-models bench bench-fused bench-gpu bench-status bench-tensorboard bench-soak images lint lock clean
 
 $(VENV)/.installed: pyproject.toml requirements.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -60,6 +60,11 @@ stage-models: venv
 
 bench: venv
 	$(PY) -m adaptune.bench.cpu --out bench/results.json
+
+# Fused run groups only: operators per example and examples/s at k = 1, 4, 16, the group's optimizer step
+# together against one run after another (bench/fused_groups.json).
+bench-fused: venv
+	$(PY) -m adaptune.bench.cpu --only-fused --out bench/fused_groups.json
 
 # On a CUDA machine: BERT-base/-large training speed and MFU, and runs side by side on one GPU (bench/gpu.json).
 bench-gpu: venv

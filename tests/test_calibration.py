@@ -13,7 +13,7 @@ from adaptune.sweep.plan import plan
 from adaptune.sweep.status_cache import store_summaries
 from adaptune.sweep.shard_runner import run_shard
 from adaptune.sweep.store import RunStore
-from adaptune.sweep.throughput import Measured, measure_throughput, runs_on
+from adaptune.sweep.throughput import Measured, accelerator_hours, measure_throughput, runs_on
 from pipelines.__main__ import main
 
 SWEEP = {
@@ -39,8 +39,8 @@ def measured_store(stub: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 def test_the_measured_throughput_is_the_stub_records_own(measured_store: RunStore) -> None:
     records = store_summaries(measured_store).values()
     assert measure_throughput(records, "cpu") == {
-        ("all-MiniLM-L6-v2", "cpu", "full"): Measured(pytest.approx(100.0), 2),
-        ("all-MiniLM-L6-v2", "cpu", "adapters"): Measured(pytest.approx(100.0), 2),
+        ("all-MiniLM-L6-v2", "cpu", "full", 1): Measured(pytest.approx(100.0), 2),
+        ("all-MiniLM-L6-v2", "cpu", "adapters", 1): Measured(pytest.approx(100.0), 2),
     }
     assert measure_throughput(records, "NVIDIA_H100_80GB") == {}  # trained on another device: not this one's speed
 
@@ -80,3 +80,34 @@ def test_the_plan_command_says_which_throughput_it_used(measured_store: RunStore
 ])
 def test_a_record_counts_for_the_accelerator_it_ran_on(device: str | None, label: str, expected: bool) -> None:
     assert runs_on(device, label) is expected
+
+
+def _record(method: str, wall_s: float, group_size: int | None = None) -> dict:
+    record = {"status": "ok", "backbone": "all-MiniLM-L6-v2", "method": {"name": method}, "device": "cpu", "epochs": 2,
+              "wall_time_s": wall_s, "split_sizes": {"train": 1000}, "config": {"max_length": 128}}
+    return record if group_size is None else {**record, "group_size": group_size}
+
+
+def test_a_fused_group_is_charged_once_and_prices_the_runs_that_will_train_fused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """4 adapter runs fused in one group for 40 s (each record carries the group's wall time) and one
+    alone for 50 s, each 1,000 rows x 2 epochs: the group took 40 accelerator-seconds, not 160."""
+    grouped = [_record("adapters", 40.0, 4) for _ in range(4)]
+    alone = _record("adapters", 50.0)
+    assert accelerator_hours(grouped + [alone], 1) == pytest.approx(90.0 / 3600)
+    measured = measure_throughput(grouped + [alone], "cpu")
+    assert measured == {("all-MiniLM-L6-v2", "cpu", "adapters", 4): Measured(pytest.approx(200.0), 4),
+                        ("all-MiniLM-L6-v2", "cpu", "adapters", 1): Measured(pytest.approx(40.0), 1)}
+    spec = spec_from_dict({**GROWN, "max_train_examples": 1000})
+    adapters = next(run for run in plan(spec).runs if run.method["name"] == "adapters")
+    layernorm = next(run for run in plan(spec).runs if run.method["name"] == "layernorm")
+    assert estimate_hours(adapters, spec, measured) == pytest.approx(2000 / 40.0 / 3600)  # trains alone: priced alone
+    monkeypatch.setenv("ADAPTUNE_RUNS_PER_GROUP", "4")
+    assert estimate_hours(adapters, spec, measured) == pytest.approx(2000 / 200.0 / 3600)  # fused 4 at a time, as measured
+    monkeypatch.setenv("ADAPTUNE_RUNS_PER_GROUP", "8")  # fused 8 at a time: not measured, priced one run at a time
+    assert estimate_hours(adapters, spec, measured) == pytest.approx(2000 / 40.0 / 3600)
+    assert estimate_hours(layernorm, spec, measured) == estimate_hours(layernorm, spec)
+    source = plan(spec, measured).estimate_source()
+    assert "all-MiniLM-L6-v2 adapters on cpu: 40.0 examples/s from 1 run(s)" in source
+    assert "6 run(s) that train fused 8 at a time priced one run at a time" in source  # 3 adapter, 3 LayerNorm-only runs
+    monkeypatch.setenv("ADAPTUNE_RUNS_PER_GROUP", "4")
+    assert "adapters fused 4 at a time on cpu: 200.0 examples/s from 4 run(s)" in plan(spec, measured).estimate_source()

@@ -21,7 +21,8 @@ import adaptune.train.loop as loop
 from adaptune.core.run_files import STATE_FILE
 from adaptune.model.checkpoint import load_task_checkpoint
 from adaptune.train.config import TrainConfig
-from adaptune.train.group_loop import group_key, train_group
+from adaptune.train.group_loop import train_group
+from adaptune.train.grouping import group_key
 from adaptune.train.loop import train_and_evaluate
 
 TOLERANCE = 1e-4

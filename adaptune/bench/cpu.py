@@ -66,11 +66,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--threads", type=int, default=1, help="CPU threads (0: torch's default); 1 by default because on shared cores "
         "multi-threaded steps stall whenever one thread is descheduled, and timings become noise"
     )
+    parser.add_argument("--only-fused", action="store_true", help="only the fused run groups and bf16 entries (make bench-fused)")
     args = parser.parse_args(argv)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     started = time.perf_counter()
-    results = run_benchmark(args.data_dir, args.cache_dir, args.repeats)
+    results = run_benchmark(args.data_dir, args.cache_dir, args.repeats, only_fused=args.only_fused)
     results["elapsed_s"] = round(time.perf_counter() - started, 1)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -80,7 +81,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def run_benchmark(data_dir: str | None, cache_dir: str | None, repeats: int, sample_size: int = 128) -> dict[str, Any]:
+def run_benchmark(data_dir: str | None, cache_dir: str | None, repeats: int, sample_size: int = 128,
+                  only_fused: bool = False) -> dict[str, Any]:
     device = pick_device()
     tokenizer = load_tokenizer(DEFAULT_BACKBONE)
     task = get_task("sst2")
@@ -105,6 +107,9 @@ def run_benchmark(data_dir: str | None, cache_dir: str | None, repeats: int, sam
         "batch_size": BATCH_SIZE,
         "repeats": repeats,
     }
+    if only_fused:
+        results.update(measure_fused_groups(grouped_batches[0], device, repeats))
+        return results
     results.update(_method_step_times(device, grouped_batches, repeats))
     results.update(_padding_speedup(device, grouped_batches, padded_batches, repeats))
     results.update(_checkpoint_sizes())

@@ -14,6 +14,7 @@ float32, adapters 64 on the embedded backbone, in examples/s.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import tempfile
 import time
@@ -35,6 +36,7 @@ from adaptune.train.group_loop import fused_step
 from adaptune.train.loop import adamw, decayed_names, keep_frozen_matmuls_in
 
 GROUP_SIZES = (1, 4, 16)
+OPTIMIZER_STEPS = ("per_run", "together")
 ADAPTERS = {"name": "adapters", "size": 64}
 
 
@@ -79,17 +81,15 @@ def _stacked(batch: dict[str, torch.Tensor], k: int) -> tuple[dict[str, torch.Te
     return inputs, batch["labels"].repeat(k), torch.ones(k, rows), RowLayout(rows, [rows] * k, [length] * k)
 
 
-def _step_fn(backbone: str, k: int, device: Device, batch: dict[str, torch.Tensor], bf16: bool = False) -> Any:
+def _step_fn(backbone: str, k: int, device: Device, batch: dict[str, torch.Tensor], bf16: bool = False,
+             together: bool = True) -> Any:
     model, randomness, runs = _group(backbone, k, device, bf16)
     inputs, labels, weights, layout = _stacked(batch, k)
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else None
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
 
     def step() -> None:
-        if autocast is None:
-            fused_step(model, randomness, inputs, labels, weights, layout, "classification", runs, device)
-        else:
-            with autocast:
-                fused_step(model, randomness, inputs, labels, weights, layout, "classification", runs, device)
+        with autocast:
+            fused_step(model, randomness, inputs, labels, weights, layout, "classification", runs, device, together)
 
     return step
 
@@ -102,18 +102,24 @@ def _proxy_backbone(directory: Path) -> str:
     return str(directory)
 
 
-def _measure(step: Any, examples: int, repeats: int, steps: int) -> tuple[float, float]:
-    """(examples/s median over `repeats` timings of `steps` steps, operators per example)."""
-    step()  # warm-up
-    with _CountOps() as counter:
-        step()
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        for _ in range(steps):
+def _compare(steps: dict[Any, Any], examples: dict[Any, int], repeats: int, steps_per_timing: int) -> dict[Any, tuple[float, float]]:
+    """Per variant: (examples/s, the median over `repeats` timings of `steps_per_timing` steps, the variants
+    interleaved so that a noisy neighbour slows them all alike; operators per example, counted once)."""
+    for step in steps.values():
+        step()  # warm-up
+    ops = {}
+    for key, step in steps.items():
+        with _CountOps() as counter:
             step()
-        times.append(time.perf_counter() - started)
-    return examples * steps / statistics.median(times), counter.count / examples
+        ops[key] = counter.count / examples[key]
+    times: dict[Any, list[float]] = {key: [] for key in steps}
+    for _ in range(repeats):
+        for key, step in steps.items():
+            started = time.perf_counter()
+            for _ in range(steps_per_timing):
+                step()
+            times[key].append(time.perf_counter() - started)
+    return {key: (examples[key] * steps_per_timing / statistics.median(times[key]), ops[key]) for key in steps}
 
 
 def measure_group_runs(data_dir: str | None, k: int = 4) -> dict[str, Any]:
@@ -139,31 +145,32 @@ def measure_group_runs(data_dir: str | None, k: int = 4) -> dict[str, Any]:
 
 
 def measure_fused_groups(batch: dict[str, torch.Tensor], device: Device, repeats: int) -> dict[str, Any]:
+    """Each group size k with the group's optimizer step done for all runs at once ("together", the
+    trainer's) and one run after another ("per_run", as before), side by side."""
     rows = batch["input_ids"].shape[0]
     entries = []
     with tempfile.TemporaryDirectory() as tmp:
         backbones = {DEFAULT_BACKBONE: False, _proxy_backbone(Path(tmp) / "proxy"): True}
         for backbone, proxy in backbones.items():
-            steps = {k: _step_fn(backbone, k, device, batch) for k in GROUP_SIZES}
-            measured = {k: _measure(step, rows * k, repeats, 3 if proxy else 1) for k, step in steps.items()}
-            for k, (per_s, ops) in measured.items():
+            variants = [(k, optimizer) for k in GROUP_SIZES for optimizer in OPTIMIZER_STEPS]
+            steps = {(k, optimizer): _step_fn(backbone, k, device, batch, together=optimizer == "together") for k, optimizer in variants}
+            measured = _compare(steps, {(k, optimizer): rows * k for k, optimizer in variants}, repeats, 3 if proxy else 1)
+            for (k, optimizer), (per_s, ops) in measured.items():
                 entries.append({"k": k, "backbone": "tiny-bert-w32 (proxy)" if proxy else DEFAULT_BACKBONE, "proxy": proxy,
-                                "ops_per_example": round(ops, 2), "examples_per_s": round(per_s, 1),
-                                "speedup_vs_k1": round(per_s / measured[1][0], 2)})
+                                "optimizer_step": optimizer, "ops_per_example": round(ops, 2), "examples_per_s": round(per_s, 1),
+                                "speedup_vs_k1_per_run": round(per_s / measured[(1, "per_run")][0], 2),
+                                "speedup_vs_per_run": round(per_s / measured[(k, "per_run")][0], 2)})
             del steps
-    fp32 = _step_fn(DEFAULT_BACKBONE, 1, device, batch)
-    bf16 = _step_fn(DEFAULT_BACKBONE, 1, device, batch, bf16=True)
-    timed = {name: [] for name in ("float32", "bfloat16")}
-    for _ in range(repeats):
-        for name, step in (("float32", fp32), ("bfloat16", bf16)):
-            timed[name].append(_measure(step, rows, 1, 2)[0])
-    bf16_entry = {name: round(statistics.median(values), 1) for name, values in timed.items()}
+    timed = _compare({"float32": _step_fn(DEFAULT_BACKBONE, 1, device, batch),
+                      "bfloat16": _step_fn(DEFAULT_BACKBONE, 1, device, batch, bf16=True)}, {"float32": rows, "bfloat16": rows}, repeats, 2)
+    bf16_entry: dict[str, Any] = {name: round(per_s, 1) for name, (per_s, _) in timed.items()}
     bf16_entry["speedup"] = round(bf16_entry["bfloat16"] / bf16_entry["float32"], 2)
     # The speed-up is the CPU's: native bf16 (avx512_bf16/AMX) or emulated (AVX2 only), as oneDNN dispatches.
     bf16_entry["native_bf16"] = native_cpu_bf16()
     bf16_entry["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
     return {"fused_groups": entries, "frozen_backbone_bf16_examples_per_s": bf16_entry,
             "fused_groups_note": ("k runs of adapters 64 on the same SST-2 batch of "
-                                  f"{rows} rows each (batch x k rows per step); 'proxy' entries are the width-32 BERT, a "
-                                  "stand-in for a launch-bound GPU step, not a GPU measurement")}
-
+                                  f"{rows} rows each (batch x k rows per step); optimizer_step 'together' is the group's "
+                                  "multi-tensor clipping and AdamW for all runs (the trainer's), 'per_run' each run's own "
+                                  "clip_grad_norm_ and AdamW in turn; 'proxy' entries are the width-32 BERT, a stand-in "
+                                  "for a launch-bound GPU step, not a GPU measurement")}

@@ -23,9 +23,6 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-GROUPABLE_METHODS = frozenset({"adapters", "pfeiffer", "layernorm", "lora", "ia3"})
-
-
 class GroupingError(ValueError):
     """The model trains a module that cannot be split by run; train its runs alone."""
 

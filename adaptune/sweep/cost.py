@@ -7,9 +7,11 @@ accelerator-hours. A run store's own measurements (adaptune.sweep.throughput) re
 from __future__ import annotations
 
 from adaptune.data.tasks import get_task
+from adaptune.sweep.device_sharing import runs_per_group
 from adaptune.sweep.experiments import ExperimentSpec
 from adaptune.sweep.throughput import REFERENCE_MAX_LENGTH, Measured, ThroughputKey, backbone_key, throughput_key
 from adaptune.train.config import TrainConfig
+from adaptune.train.grouping import group_key
 
 # Training throughput in examples per second for full fine-tuning at max_length 128, batch 32,
 # per backbone and accelerator (Vertex AI accelerator type, or "cpu"), for one run. These are
@@ -44,16 +46,34 @@ KNOWN_TRAIN_SIZES = {
 }
 
 
+def planned_group_size(run: TrainConfig, spec: ExperimentSpec) -> int:
+    """The fused group a run will train in: `runs_per_group` where it can share a forward pass, else 1.
+    (A shard's last group of a kind may be smaller; the estimate does not count on that.)"""
+    return runs_per_group(spec.accelerator) if group_key(run) is not None else 1
+
+
+def measurement_for(run: TrainConfig, spec: ExperimentSpec, measured: dict[ThroughputKey, Measured]
+                    ) -> tuple[ThroughputKey, Measured] | None:
+    """The store's throughput that prices this run: measured at the group size it will train in, else
+    measured one run at a time (fusing is then not counted on), else none."""
+    for size in dict.fromkeys((planned_group_size(run, spec), 1)):
+        key = throughput_key(run.backbone, spec.accelerator.label, run.method, size)
+        if key in measured:
+            return key, measured[key]
+    return None
+
+
 def estimate_hours(run: TrainConfig, spec: ExperimentSpec, measured: dict[ThroughputKey, Measured] | None = None) -> float:
-    """Estimated training hours of one run: examples x epochs / throughput, the throughput measured
-    by the store's records where `measured` has it (wall time: evaluation included), else THROUGHPUT."""
+    """Estimated accelerator-hours of one run: examples x epochs / throughput, the throughput measured
+    by the store's records where `measured` has it (wall time, evaluation included, shared among a fused
+    group's runs), else THROUGHPUT (one run at a time)."""
     task = get_task(run.task)
     train_size = task.paper_sizes[0] if task.paper_sizes else KNOWN_TRAIN_SIZES.get(task.name, 10_000)
     if run.max_train_examples:
         train_size = min(train_size, run.max_train_examples)
-    found = (measured or {}).get(throughput_key(run.backbone, spec.accelerator.label, run.method))
+    found = measurement_for(run, spec, measured or {})
     if found is not None:
-        return train_size * run.epochs / (found.examples_per_s * REFERENCE_MAX_LENGTH / run.max_length) / 3600
+        return train_size * run.epochs / (found[1].examples_per_s * REFERENCE_MAX_LENGTH / run.max_length) / 3600
     backbone = backbone_key(run.backbone)
     per_second = THROUGHPUT.get((backbone, spec.accelerator.label))
     if per_second is None:  # unknown pair: assume BERT-base on this accelerator, else the CPU row

@@ -19,7 +19,7 @@ from adaptune.model.layouts import BackboneError, backbone_layers, backbone_layo
 from adaptune.train.config import TrainConfig, method_label
 from adaptune.sweep.experiments import PAPER_EPOCHS, Ablation, ExperimentSpec, Sweep
 from adaptune.data.tasks import Task, UnknownTaskError, get_task
-from adaptune.sweep.cost import estimate_hours
+from adaptune.sweep.cost import estimate_hours, measurement_for, planned_group_size
 from adaptune.sweep.throughput import Measured, ThroughputKey, throughput_key
 
 
@@ -139,17 +139,27 @@ class Plan:
                                    measured=dict(measured))
 
     def estimate_source(self) -> str:
-        """Which throughputs the estimate used: the store's measurements (with their run counts) or the table."""
+        """Which throughputs the estimate used: the store's measurements (with their run counts and the
+        group size they were fused at) or the table, and where fused runs were priced one at a time."""
         table = "adaptune.sweep.cost.THROUGHPUT (published figures, not a measurement)"
-        keys = {throughput_key(run.backbone, self.spec.accelerator.label, run.method) for run in self.runs}
+        keys, unpriced_groups = set(), Counter()
+        for run in self.runs:
+            found = measurement_for(run, self.spec, self.measured)
+            planned = planned_group_size(run, self.spec)
+            keys.add(found[0] if found else throughput_key(run.backbone, self.spec.accelerator.label, run.method))
+            if planned > 1 and (found is None or found[0][3] != planned):
+                unpriced_groups[planned] += 1
         used = {key: self.measured[key] for key in sorted(keys) if key in self.measured}
+        fused_note = "".join(f"; {count:,} run(s) that train fused {size} at a time priced one run at a time (no store "
+                             f"measurement at that group size yet)" for size, count in sorted(unpriced_groups.items()))
         if not used:
-            return f"throughput from {table}"
-        measured = "; ".join(f"{backbone} {method} on {label}: {m.examples_per_s:,.1f} examples/s from {m.runs:,} run(s)"
-                             for (backbone, label, method), m in used.items())
+            return f"throughput from {table}{fused_note}"
+        measured = "; ".join(f"{backbone} {method}{f' fused {size} at a time' if size > 1 else ''} on {label}: "
+                             f"{m.examples_per_s:,.1f} examples/s from {m.runs:,} run(s)"
+                             for (backbone, label, method, size), m in used.items())
         rest = len(keys) - len(used)
         return (f"throughput measured by the run store's records ({measured})"
-                + (f"; {table} for the other {rest} backbone/method pair(s)" if rest else ""))
+                + (f"; {table} for the other {rest} backbone/method pair(s)" if rest else "") + fused_note)
 
     def summary(self) -> str:
         spec = self.spec

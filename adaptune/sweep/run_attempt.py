@@ -19,6 +19,7 @@ from adaptune.sweep.store import CHECKPOINT_DIR, RECORD_FILE, RUNS_DIR, RunDir, 
 from adaptune.sweep.transient import backoff_s, is_transient
 from adaptune.train.config import TrainConfig
 from adaptune.train.event_log import write_run_summary
+from adaptune.train.grouping import group_key
 from adaptune.train.record import failed_run_record, is_stale, one_line_reason, save_traceback, with_provenance
 
 
@@ -31,12 +32,10 @@ def train_runs(configs: Iterable[TrainConfig], shard_id: str, store: RunStore, o
 
 
 def form_groups(configs: list[TrainConfig], runs_per_group: int) -> list[list[TrainConfig]]:
-    """Runs with equal group keys (group_loop.group_key), in plan order, up to `runs_per_group` a group;
+    """Runs with equal group keys (adaptune.train.grouping.group_key), in plan order, up to `runs_per_group` a group;
     every other run alone. A stand-in trainer ($ADAPTUNE_TRAINER) trains runs alone."""
     if runs_per_group <= 1 or os.environ.get(TRAINER_ENV):
         return [[config] for config in configs]
-    from adaptune.train.group_loop import group_key
-
     groups: list[list[TrainConfig]] = []
     open_groups: dict[tuple, list[TrainConfig]] = {}
     for config in configs:

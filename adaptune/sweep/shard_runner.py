@@ -33,7 +33,8 @@ from adaptune.sweep.experiments import ExperimentSpec
 from adaptune.sweep.machine import TRAINER_ENV, ShardEnvironmentError, prepare_machine, start_deadline  # noqa: F401 (the shard's names)
 from adaptune.sweep.plan import plan
 from adaptune.sweep.run_attempt import run_in_store, train_runs  # noqa: F401 (one run in the store)
-from adaptune.sweep.side_by_side import RUNS_PER_DEVICE_ENV, RUNS_PER_GROUP_ENV, runs_per_device, runs_per_group, train_side_by_side  # noqa: F401
+from adaptune.sweep.device_sharing import RUNS_PER_DEVICE_ENV, RUNS_PER_GROUP_ENV, runs_per_device, runs_per_group  # noqa: F401
+from adaptune.sweep.side_by_side import train_side_by_side
 from adaptune.sweep.store import RunStore
 from adaptune.sweep.transient import BACKOFF_ENV, is_transient  # noqa: F401 (the retry rule's names)
 

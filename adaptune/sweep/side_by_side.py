@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import multiprocessing
-import os
 from collections.abc import Iterator
 from queue import Empty
 from typing import Any
@@ -15,30 +14,6 @@ from adaptune.sweep.machine import use_staged_backbones
 from adaptune.sweep.run_attempt import form_groups, train_groups
 from adaptune.sweep.store import RunStore
 from adaptune.train.config import TrainConfig
-
-RUNS_PER_DEVICE_ENV = "ADAPTUNE_RUNS_PER_DEVICE"
-RUNS_PER_GROUP_ENV = "ADAPTUNE_RUNS_PER_GROUP"
-
-
-def runs_per_device(accelerator: Any) -> int:
-    return _count(RUNS_PER_DEVICE_ENV, "runs_per_device", accelerator)
-
-
-def runs_per_group(accelerator: Any) -> int:
-    """Runs fused into one forward pass (adaptune.train.group_loop): the accelerator's setting, or the env's."""
-    return _count(RUNS_PER_GROUP_ENV, "runs_per_group", accelerator)
-
-
-def _count(env: str, field: str, accelerator: Any) -> int:
-    value = os.environ.get(env) or getattr(accelerator, field, 1)
-    try:
-        count = int(value)
-    except ValueError:
-        count = 0
-    if count < 1:
-        raise ValueError(f"{env} / {field} must be a whole number >= 1, got {value!r}")
-    return count
-
 
 def train_side_by_side(configs: list[TrainConfig], shard_id: str, store: RunStore, backbones: set[str],
                         options: dict[str, Any], workers: int, group_size: int = 1) -> dict[str, str]:

@@ -19,7 +19,8 @@ from adaptune.sweep.store import RECORD_FILE, RunStore
 
 CACHE_DIR_ENV = "ADAPTUNE_CACHE_DIR"  # = adaptune.data.loading.CACHE_DIR_ENV (not imported: that module imports datasets)
 # The record keys a status and the throughput calibration read (adaptune.sweep.status, adaptune.sweep.throughput).
-SUMMARY_KEYS = ("run_id", "task", "status", "reason", "data_scheme", "wall_time_s", "backbone", "method", "device", "epochs")
+SUMMARY_KEYS = ("run_id", "task", "status", "reason", "data_scheme", "wall_time_s", "backbone", "method", "device", "epochs",
+                "group_size")
 
 
 def summarize(record: dict[str, Any]) -> dict[str, Any]:
@@ -44,7 +45,9 @@ def record_summaries(store: RunStore, versions: dict[str, str], unreadable: dict
         cached = json.loads(path.read_text())
     except (OSError, ValueError):  # none yet, or unreadable: read everything once more
         cached = {}
-    known = {run_id: entry["summary"] for run_id, entry in cached.items() if entry.get("version") == versions.get(run_id)}
+    # A summary cached before a key was added to SUMMARY_KEYS is read again.
+    known = {run_id: entry["summary"] for run_id, entry in cached.items()
+             if entry.get("version") == versions.get(run_id) and set(SUMMARY_KEYS) <= set(entry.get("summary") or {})}
     missing = [run_id for run_id in versions if run_id not in known]
     read = store.records(missing, files={run_id: {RECORD_FILE: versions[run_id]} for run_id in missing}, unreadable=unreadable)
     known.update({run_id: summarize(record) for run_id, record in read.items()})

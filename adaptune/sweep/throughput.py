@@ -3,8 +3,11 @@ from the sweep itself (a resubmission is estimated at the speed its finished run
 
 A record's throughput is its training rows x epochs over its wall time (`wall_time_s`: evaluation,
 checkpoints and resumed attempts included, which is what an accelerator-hour estimate must cover),
-scaled to REFERENCE_MAX_LENGTH tokens. Records are grouped by (backbone, accelerator, method name):
-adapters of every size share a row, as their step costs differ by far less than the estimate's error.
+scaled to REFERENCE_MAX_LENGTH tokens. A run trained in a fused group of k (adaptune.train.group_loop)
+held the accelerator with k-1 others for its group's wall time: it is charged a k-th of it. Records are
+grouped by (backbone, accelerator, method name, group size): adapters of every size share a row, as
+their step costs differ by far less than the estimate's error; runs fused k at a time do not share a
+row with runs trained alone, as their cost per run is what fusing changes.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import Any
 REFERENCE_MAX_LENGTH = 128  # throughputs are quoted at this many tokens per example
 MEASURED_STATUSES = ("ok", "degenerate")  # a failed run stopped early: its time says nothing of a whole run
 
-ThroughputKey = tuple[str, str, str]  # (backbone, accelerator label, method name)
+ThroughputKey = tuple[str, str, str, int]  # (backbone, accelerator label, method name, runs per group)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,8 +36,18 @@ def backbone_key(backbone: str) -> str:
     return backbone.split("/")[-1]
 
 
-def throughput_key(backbone: str, accelerator_label: str, method: dict[str, Any]) -> ThroughputKey:
-    return backbone_key(backbone), accelerator_label, method["name"]
+def throughput_key(backbone: str, accelerator_label: str, method: dict[str, Any], group_size: int = 1) -> ThroughputKey:
+    return backbone_key(backbone), accelerator_label, method["name"], group_size
+
+
+def group_size(record: dict[str, Any]) -> int:
+    """How many runs trained in the record's fused group (1: alone)."""
+    return max(int(record.get("group_size") or 1), 1)
+
+
+def accelerator_seconds(record: dict[str, Any]) -> float:
+    """The record's share of its accelerator's time: its wall time, divided among the runs of its group."""
+    return float(record.get("wall_time_s") or 0.0) / group_size(record)
 
 
 def runs_on(device: str | None, accelerator_label: str) -> bool:
@@ -52,23 +65,23 @@ def runs_on(device: str | None, accelerator_label: str) -> bool:
 
 
 def record_rate(record: dict[str, Any]) -> tuple[float, float] | None:
-    """(examples at REFERENCE_MAX_LENGTH, wall seconds) of a finished record, or None where it cannot tell."""
+    """(examples at REFERENCE_MAX_LENGTH, accelerator seconds) of a finished record, or None where it cannot tell."""
     wall = record.get("wall_time_s")
     rows = (record.get("split_sizes") or {}).get("train")
     epochs = record.get("epochs")
     if record.get("status") not in MEASURED_STATUSES or not wall or wall <= 0 or not rows or not epochs:
         return None
     max_length = (record.get("config") or {}).get("max_length") or REFERENCE_MAX_LENGTH
-    return rows * epochs * max_length / REFERENCE_MAX_LENGTH, float(wall)
+    return rows * epochs * max_length / REFERENCE_MAX_LENGTH, accelerator_seconds(record)
 
 
 def accelerator_hours(records: Iterable[dict[str, Any]], accelerators_per_run: int) -> float:
-    """Accelerator-hours the records took: their wall time x the accelerators each run holds."""
-    return sum(record.get("wall_time_s") or 0.0 for record in records) / 3600 * max(accelerators_per_run, 1)
+    """Accelerator-hours the records took: their share of wall time x the accelerators each run holds."""
+    return sum(accelerator_seconds(record) for record in records) / 3600 * max(accelerators_per_run, 1)
 
 
 def measure_throughput(records: Iterable[dict[str, Any]], accelerator_label: str) -> dict[ThroughputKey, Measured]:
-    """Per (backbone, accelerator, method name), the throughput of the records trained on that
+    """Per (backbone, accelerator, method name, group size), the throughput of the records trained on that
     accelerator: all their examples over all their seconds (a long run weighs more than a short one)."""
     examples: dict[ThroughputKey, float] = {}
     seconds: dict[ThroughputKey, float] = {}
@@ -77,7 +90,7 @@ def measure_throughput(records: Iterable[dict[str, Any]], accelerator_label: str
         rate = record_rate(record)
         if rate is None or not runs_on(record.get("device"), accelerator_label):
             continue
-        key = throughput_key(record["backbone"], accelerator_label, record["method"])
+        key = throughput_key(record["backbone"], accelerator_label, record["method"], group_size(record))
         examples[key] = examples.get(key, 0.0) + rate[0]
         seconds[key] = seconds.get(key, 0.0) + rate[1]
         runs[key] = runs.get(key, 0) + 1

@@ -37,9 +37,11 @@ from adaptune.model.backbone import load_model, load_tokenizer
 from adaptune.model.methods import apply_method, method_from_dict
 from adaptune.model.params import count_parameters
 from adaptune.model.run_dropout import RowLayout, RunRandomness, dropout_generator, use_run_dropout
-from adaptune.model.run_groups import GROUPABLE_METHODS, group_model, keep_runs, run_parameters, trained_tensors
+from adaptune.model.run_groups import group_model, keep_runs, run_parameters, trained_tensors
 from adaptune.train.config import TrainConfig
 from adaptune.train.evaluate import evaluate_runs
+from adaptune.train.group_optimizer import clip_and_step
+from adaptune.train.grouping import GROUPABLE_METHODS, group_key
 from adaptune.train.loop import (
     Evaluator,
     FiniteGuard,
@@ -57,20 +59,7 @@ from adaptune.train.loop import (
 from adaptune.train.record import record_in_run_dir, run_record, with_provenance
 from adaptune.train.state import load_state
 
-# What may differ between the runs of a group: nothing else changes a step's shapes or count.
-_FREE_FIELDS = frozenset({"lr", "seed", "experiment", "checkpoint_every_steps"})
-_FREE_METHOD_FIELDS = frozenset({"init_std"})
 _PAD_VALUES = {"attention_mask": 0, "token_type_ids": 0}
-
-
-def group_key(config: TrainConfig) -> tuple | None:
-    """Runs with equal keys can train as one group; None for a run that trains alone (full fine-tuning,
-    top_k, span tasks: their trained tensors are whole layers, or their batches are not one row per example)."""
-    if config.method.get("name") not in GROUPABLE_METHODS or get_task(config.task).kind == "span":
-        return None
-    fields = tuple(sorted((name, str(value)) for name, value in config.to_dict().items() if name not in _FREE_FIELDS and name != "method"))
-    method = tuple(sorted((name, str(value)) for name, value in config.method.items() if name not in _FREE_METHOD_FIELDS))
-    return fields + method
 
 
 def train_group(
@@ -299,26 +288,19 @@ class GroupRun(Protocol):
 
 
 def fused_step(model: torch.nn.Module, randomness: RunRandomness, inputs: dict[str, torch.Tensor], labels: torch.Tensor,
-               weights: torch.Tensor, layout: RowLayout, kind: str, runs: Sequence[GroupRun], device: Device) -> list[StepResult]:
+               weights: torch.Tensor, layout: RowLayout, kind: str, runs: Sequence[GroupRun], device: Device,
+               together: bool = True) -> list[StepResult]:
     """One optimizer step of every run of a group: one forward and backward through the shared backbone,
     then each run's own clipping, finiteness check (at once on the CPU, before its update, as alone) and
-    AdamW step. Returns each run's (loss, gradient norm), still on the device. The benchmark times this."""
+    AdamW step, all runs' in one set of multi-tensor operators (adaptune.train.group_optimizer; `together`
+    False: one run after another). Returns each run's (loss, gradient norm), still on the device. The
+    benchmark times this."""
     randomness.layout = layout
     with device.autocast():
         logits = model(**inputs).logits
     losses = _run_losses(kind, logits, labels, weights, len(runs))
     losses.sum().backward()
-    results = []
-    for index, run in enumerate(runs):
-        loss = losses[index].detach()
-        norm = torch.nn.utils.clip_grad_norm_(list(run.params.values()), run.config.max_grad_norm)
-        results.append((loss, norm))
-        if device.kind == "cpu" and not (math.isfinite(float(loss)) and math.isfinite(float(norm))):
-            run.optimizer.zero_grad(set_to_none=True)
-            continue
-        run.optimizer.step()
-        run.scheduler.step()
-        run.optimizer.zero_grad(set_to_none=True)
+    results = clip_and_step(runs, losses.detach().unbind(), device.kind == "cpu", together)
     device.mark_step()
     return results
 

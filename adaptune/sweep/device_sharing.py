@@ -1,0 +1,31 @@
+"""How a shard shares its device: runs side by side in separate processes (`runs_per_device`) and runs
+fused into one forward pass (`runs_per_group`), each the accelerator preset's setting unless its
+environment variable overrides it. Torch-free, so that planning can price what the runner will do."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+RUNS_PER_DEVICE_ENV = "ADAPTUNE_RUNS_PER_DEVICE"
+RUNS_PER_GROUP_ENV = "ADAPTUNE_RUNS_PER_GROUP"
+
+
+def runs_per_device(accelerator: Any) -> int:
+    return _count(RUNS_PER_DEVICE_ENV, "runs_per_device", accelerator)
+
+
+def runs_per_group(accelerator: Any) -> int:
+    """Runs fused into one forward pass (adaptune.train.group_loop): the accelerator's setting, or the env's."""
+    return _count(RUNS_PER_GROUP_ENV, "runs_per_group", accelerator)
+
+
+def _count(env: str, field: str, accelerator: Any) -> int:
+    value = os.environ.get(env) or getattr(accelerator, field, 1)
+    try:
+        count = int(value)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise ValueError(f"{env} / {field} must be a whole number >= 1, got {value!r}")
+    return count

@@ -1,0 +1,128 @@
+"""The optimizer step of a fused run group: every run's gradient clipping and AdamW update in a fixed
+number of multi-tensor (foreach) operators, whatever the group size, instead of one optimizer per run.
+
+Each run keeps its own torch AdamW and schedule: they hold its learning rate, weight decay and state
+(step, exp_avg, exp_avg_sq, in torch's own layout), so a run's saved state loads into the same run
+trained alone or in another group. Only the arithmetic is shared: the update is torch's AdamW with
+decoupled weight decay, operator for operator (torch.optim.adam's multi-tensor path), with a learning
+rate per tensor, which no library AdamW takes (torch's takes one per call), hence written here.
+Clipping is each run's own: its norm over its own tensors, its own coefficient.
+
+`clip_and_step(..., together=False)` is the reference: each run's clip_grad_norm_ and optimizer.step(),
+one run after another, as the group did before (the benchmark measures the two side by side).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import torch
+
+
+class OptimizedRun(Protocol):
+    params: dict[str, torch.nn.Parameter]
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    config: Any  # max_grad_norm
+
+
+def clip_each(runs: Sequence[OptimizedRun]) -> list[torch.Tensor]:
+    """Each run's gradients clipped to its own max norm, as clip_grad_norm_ does alone; returns each run's
+    norm before clipping, on the device. One norm operator for all runs, one scaling operator per run."""
+    grads = [[p.grad for p in run.params.values() if p.grad is not None] for run in runs]
+    sizes = {len(run_grads) for run_grads in grads}
+    if len(sizes) != 1 or 0 in sizes:
+        return [torch.nn.utils.clip_grad_norm_(list(run.params.values()), run.config.max_grad_norm) for run in runs]
+    flat = [grad for run_grads in grads for grad in run_grads]
+    per_tensor = torch.stack(torch._foreach_norm(flat)).view(len(runs), -1)
+    norms = torch.linalg.vector_norm(per_tensor, 2.0, dim=1)
+    limits = torch.tensor([float(run.config.max_grad_norm) for run in runs], device=norms.device)
+    coefficients = (limits / (norms + 1e-6)).clamp(max=1.0)
+    for run_grads, coefficient in zip(grads, coefficients.unbind(), strict=True):
+        torch._foreach_mul_(run_grads, coefficient)
+    return list(norms.unbind())
+
+
+def adamw_together(optimizers: Sequence[torch.optim.Optimizer]) -> None:
+    """One AdamW step of every optimizer at once. The optimizers must agree on betas and eps (a group's
+    runs do: they differ in lr and seed); each tensor gets its own optimizer's lr and weight decay."""
+    params: list[torch.Tensor] = []
+    grads: list[torch.Tensor] = []
+    exp_avgs: list[torch.Tensor] = []
+    exp_avg_sqs: list[torch.Tensor] = []
+    steps: list[torch.Tensor] = []
+    step_sizes: list[float] = []
+    bias_correction2_sqrts: list[float] = []
+    decayed: list[torch.Tensor] = []
+    decay_factors: list[float] = []
+    settings = {(tuple(group["betas"]), group["eps"], group.get("amsgrad", False), group.get("maximize", False))
+                for optimizer in optimizers for group in optimizer.param_groups}
+    if len(settings) != 1 or any(amsgrad or maximize for _, _, amsgrad, maximize in settings):
+        raise ValueError(f"optimizers stepped together must share betas and eps, without amsgrad or maximize; got {sorted(settings)}")
+    ((beta1, beta2), eps, _, _), = settings
+    for optimizer in optimizers:
+        for group in optimizer.param_groups:
+            lr, weight_decay = float(group["lr"]), float(group["weight_decay"])
+            for param in group["params"]:
+                if param.grad is None:
+                    continue
+                state = optimizer.state[param]
+                if not state:  # as torch initialises it; the step on the host, so reading it never syncs
+                    state["step"] = torch.tensor(0.0)
+                    state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+                elif state["step"].device.type != "cpu":  # a state torch's fused AdamW kept on the device
+                    state["step"] = state["step"].cpu()
+                step = float(state["step"]) + 1
+                params.append(param)
+                grads.append(param.grad)
+                exp_avgs.append(state["exp_avg"])
+                exp_avg_sqs.append(state["exp_avg_sq"])
+                steps.append(state["step"])
+                step_sizes.append(-lr / (1 - beta1**step))
+                bias_correction2_sqrts.append((1 - beta2**step) ** 0.5)
+                if weight_decay != 0:
+                    decayed.append(param)
+                    decay_factors.append(1 - lr * weight_decay)
+    for optimizer in optimizers:
+        optimizer._opt_called = True  # type: ignore[attr-defined]  # what optimizer.step() marks for its scheduler's order check
+    if not params:
+        return
+    with torch.no_grad():
+        torch._foreach_add_(steps, 1.0)
+        if decayed:
+            torch._foreach_mul_(decayed, decay_factors)
+        torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
+        torch._foreach_mul_(exp_avg_sqs, beta2)
+        torch._foreach_addcmul_(exp_avg_sqs, grads, grads, 1 - beta2)
+        denominators = torch._foreach_sqrt(exp_avg_sqs)
+        torch._foreach_div_(denominators, bias_correction2_sqrts)
+        torch._foreach_add_(denominators, eps)
+        torch._foreach_addcdiv_(params, exp_avgs, denominators, step_sizes)
+
+
+def clip_and_step(runs: Sequence[OptimizedRun], losses: Sequence[torch.Tensor], skip_non_finite: bool,
+                  together: bool = True) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each run's clipping, AdamW update and schedule step after a shared backward; returns each run's
+    (loss, gradient norm before clipping), on the device. With `skip_non_finite` (the CPU, where reading
+    costs nothing) a run whose loss or norm is not finite is not updated, as alone. `together=False` is
+    the reference: each run's own clip_grad_norm_ and optimizer.step(), one run after another."""
+    if together:
+        norms = clip_each(runs)
+    else:
+        norms = [torch.nn.utils.clip_grad_norm_(list(run.params.values()), run.config.max_grad_norm) for run in runs]
+    results = list(zip(losses, norms, strict=True))
+    stepping = [run for run, (loss, norm) in zip(runs, results, strict=True)
+                if not skip_non_finite or (math.isfinite(float(loss)) and math.isfinite(float(norm)))]
+    if together:
+        adamw_together([run.optimizer for run in stepping])
+    else:
+        for run in stepping:
+            run.optimizer.step()
+    for run in stepping:
+        run.scheduler.step()
+    for run in runs:
+        run.optimizer.zero_grad(set_to_none=True)
+    return results

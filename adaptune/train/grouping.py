@@ -1,0 +1,24 @@
+"""Which runs can train as one fused group (adaptune.train.group_loop), without importing torch, so
+that planning and pricing can ask too: the runs of one task and method whose steps have the same
+shapes and count, differing only in learning rate, seed and init std."""
+
+from __future__ import annotations
+
+from adaptune.data.tasks import get_task
+from adaptune.train.config import TrainConfig
+
+# Methods whose trained tensors adaptune.model.run_groups splits by run (whole layers it does not).
+GROUPABLE_METHODS = frozenset({"adapters", "pfeiffer", "layernorm", "lora", "ia3"})
+# What may differ between the runs of a group: nothing else changes a step's shapes or count.
+_FREE_FIELDS = frozenset({"lr", "seed", "experiment", "checkpoint_every_steps"})
+_FREE_METHOD_FIELDS = frozenset({"init_std"})
+
+
+def group_key(config: TrainConfig) -> tuple | None:
+    """Runs with equal keys can train as one group; None for a run that trains alone (full fine-tuning,
+    top_k, span tasks: their trained tensors are whole layers, or their batches are not one row per example)."""
+    if config.method.get("name") not in GROUPABLE_METHODS or get_task(config.task).kind == "span":
+        return None
+    fields = tuple(sorted((name, str(value)) for name, value in config.to_dict().items() if name not in _FREE_FIELDS and name != "method"))
+    method = tuple(sorted((name, str(value)) for name, value in config.method.items() if name not in _FREE_METHOD_FIELDS))
+    return fields + method
