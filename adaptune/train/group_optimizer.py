@@ -32,14 +32,13 @@ def clip_each(runs: Sequence[OptimizedRun]) -> list[torch.Tensor]:
     """Each run's gradients clipped to its own max norm, as clip_grad_norm_ does alone; returns each run's
     norm before clipping, on the device. One norm operator for all runs, one scaling operator per run."""
     grads = [[p.grad for p in run.params.values() if p.grad is not None] for run in runs]
-    sizes = {len(run_grads) for run_grads in grads}
-    if len(sizes) != 1 or 0 in sizes:
+    limits = {float(run.config.max_grad_norm) for run in runs}  # a group's runs share it (adaptune.train.grouping)
+    if len(limits) != 1 or len({len(run_grads) for run_grads in grads}) != 1 or not grads[0]:
         return [torch.nn.utils.clip_grad_norm_(list(run.params.values()), run.config.max_grad_norm) for run in runs]
     flat = [grad for run_grads in grads for grad in run_grads]
     per_tensor = torch.stack(torch._foreach_norm(flat)).view(len(runs), -1)
     norms = torch.linalg.vector_norm(per_tensor, 2.0, dim=1)
-    limits = torch.tensor([float(run.config.max_grad_norm) for run in runs], device=norms.device)
-    coefficients = (limits / (norms + 1e-6)).clamp(max=1.0)
+    coefficients = (limits.pop() / (norms + 1e-6)).clamp(max=1.0)  # a host scalar: no copy to the device
     for run_grads, coefficient in zip(grads, coefficients.unbind(), strict=True):
         torch._foreach_mul_(run_grads, coefficient)
     return list(norms.unbind())
@@ -63,6 +62,7 @@ def adamw_together(optimizers: Sequence[torch.optim.Optimizer]) -> None:
         raise ValueError(f"optimizers stepped together must share betas and eps, without amsgrad or maximize; got {sorted(settings)}")
     ((beta1, beta2), eps, _, _), = settings
     for optimizer in optimizers:
+        step = None  # a run's tensors are always stepped together: one count (torch keeps a copy per tensor)
         for group in optimizer.param_groups:
             lr, weight_decay = float(group["lr"]), float(group["weight_decay"])
             for param in group["params"]:
@@ -75,7 +75,8 @@ def adamw_together(optimizers: Sequence[torch.optim.Optimizer]) -> None:
                     state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
                 elif state["step"].device.type != "cpu":  # a state torch's fused AdamW kept on the device
                     state["step"] = state["step"].cpu()
-                step = float(state["step"]) + 1
+                if step is None:
+                    step = float(state["step"]) + 1
                 params.append(param)
                 grads.append(param.grad)
                 exp_avgs.append(state["exp_avg"])
