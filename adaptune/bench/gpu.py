@@ -72,6 +72,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--batch-sets", default="length_grouped,padded_128")
     parser.add_argument("--shard", default="1,4", help="runs at a time to compare on one shard (empty: skip)")
+    parser.add_argument("--shard-groups", default="4,16", help="runs fused per group to compare on the same shard (empty: skip)")
+    parser.add_argument("--fused", default="1,4,8,16", help="group sizes of the fused step to measure (empty: skip)")
+    parser.add_argument("--fused-methods", default="adapters64,layernorm", help="comma-separated, of adapters64, layernorm")
     args = parser.parse_args(argv)
     device = pick_device()
     if device.kind != "cuda":
@@ -100,12 +103,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                 results["elapsed_s"] = round(time.perf_counter() - started, 1)
                 out.write_text(json.dumps(results, indent=2) + "\n")  # after every measurement: a cut-off run keeps what it measured
                 log(f"{backbone} {method} {batches_name}: " + ", ".join(f"{r['variant']} {r['step_ms']} ms MFU {r['mfu']}" for r in results["runs"][-len(args.variants.split(",")):]))
-    if args.shard:
+    if args.fused:
+        from adaptune.bench.gpu_fused import measure_fused
+
+        results["fused"] = []
+        for backbone in args.backbones.split(","):
+            for method in args.fused_methods.split(","):
+                rows = measure_fused(CONFIGS[backbone], backbone, method, batch_sets["length_grouped"], _counts(args.fused), device,
+                                     args.repeats, peak_flops(device))
+                results["fused"] += rows
+                out.write_text(json.dumps(results, indent=2) + "\n")
+                log(f"{backbone} {method} fused: " + ", ".join(f"k={r['k']} {r.get('examples_per_s', r.get('error'))} ex/s MFU {r.get('mfu')}" for r in rows))
+    if args.shard or args.shard_groups:
         import tempfile
 
         with tempfile.TemporaryDirectory() as work:
-            results["shard"] = shard_throughput(args.data_dir, args.tokenizer or _embedded_tokenizer_dir(),
-                                                [int(k) for k in args.shard.split(",")], Path(work))
+            results["shard"] = shard_throughput(args.data_dir, args.tokenizer or _embedded_tokenizer_dir(), _counts(args.shard) or [1],
+                                                Path(work), group_sizes=_counts(args.shard_groups))
         out.write_text(json.dumps(results, indent=2) + "\n")
     print_table(results["runs"])
     print(json.dumps({"summary": results["summary"], "shard": results.get("shard")}, indent=2))
@@ -278,12 +292,18 @@ def summarize(runs: list[dict]) -> dict[str, Any]:
     return summary
 
 
+def _counts(text: str) -> list[int]:
+    return [int(k) for k in text.split(",") if k.strip()]
+
+
 def shard_throughput(data_dir: str | None, tokenizer_dir: str, runs_at_once: Sequence[int], work: Path, size: str = "bert-base",
-                     max_train_examples: int | None = None) -> dict[str, Any]:
+                     max_train_examples: int | None = None, group_sizes: Sequence[int] = ()) -> dict[str, Any]:
     """Runs finished per hour on one realistic shard (a shard holds one task: BERT-base adapters m=64 on
-    RTE at the paper's three adapter learning rates x 3 seeds, 3 epochs; randomly initialised, which is
-    all speed needs), trained one at a time and then k at a time (adaptune.sweep.shard_runner), each into its own
-    run store; and whether every run's result is identical."""
+    RTE at the paper's three adapter learning rates x 3 seeds, 3 epochs, more seeds where a group needs
+    more runs; randomly initialised, which is all speed needs), trained one at a time, then k at a time
+    side by side (adaptune.sweep.shard_runner), then fused g runs per group, each into its own run store;
+    and whether every run's result is identical (side by side) or how far it moved (fused: float
+    reduction order differs)."""
     import dataclasses
     import shutil
 
@@ -294,6 +314,7 @@ def shard_throughput(data_dir: str | None, tokenizer_dir: str, runs_at_once: Seq
     from adaptune.sweep.shard_runner import run_shard
     from adaptune.sweep.store import RunStore
 
+    seeds = max(3, math.ceil(max(group_sizes, default=0) / len(GLUE_LRS)))
     backbone = work / "bert-base-random"
     torch.manual_seed(0)
     BertForSequenceClassification(BertConfig(**CONFIGS[size])).bert.save_pretrained(backbone)
@@ -301,32 +322,42 @@ def shard_throughput(data_dir: str | None, tokenizer_dir: str, runs_at_once: Seq
         if (Path(tokenizer_dir) / name).is_file():
             shutil.copy(Path(tokenizer_dir) / name, backbone / name)
     spec = dataclasses.replace(
-        DEFAULTS, name="gpu_shard_bench", backbone=str(backbone), accelerator=H100, shard_size=9, max_train_examples=max_train_examples,
-        sweeps=(Sweep(tasks=("rte",), methods=({"name": "adapters", "size": 64},), learning_rates=GLUE_LRS, epochs=(3,), seeds=(0, 1, 2)),),
+        DEFAULTS, name="gpu_shard_bench", backbone=str(backbone), accelerator=H100, shard_size=len(GLUE_LRS) * seeds, max_train_examples=max_train_examples,
+        sweeps=(Sweep(tasks=("rte",), methods=({"name": "adapters", "size": 64},), learning_rates=GLUE_LRS, epochs=(3,), seeds=tuple(range(seeds))),),
     )
     (shard,) = plan(spec).shards
-    results: dict[str, Any] = {"shard": f"{len(shard.runs)} runs: {size} (random init) adapters m=64 on RTE, lr {GLUE_LRS}, 3 epochs, 3 seeds"}
+    results: dict[str, Any] = {"shard": f"{len(shard.runs)} runs: {size} (random init) adapters m=64 on RTE, lr {GLUE_LRS}, 3 epochs, {seeds} seeds"}
     records = {}
-    for k in runs_at_once:
-        store = RunStore(work / f"store-{k}")
+    attempts = [(f"{k}_at_a_time", k, 1) for k in runs_at_once] + [(f"fused_{g}", 1, g) for g in group_sizes]
+    for label, at_once, group in attempts:
+        store = RunStore(work / f"store-{label}")
         started = time.perf_counter()
-        outcomes = run_shard(spec, shard.id, store, data_dir=data_dir, runs_at_once=k)
+        outcomes = run_shard(spec, shard.id, store, data_dir=data_dir, runs_at_once=at_once, group_size=group)
         seconds = time.perf_counter() - started
-        records[k] = {run.run_id: store.record(run.run_id) for run in shard.runs}
-        failures = {run_id: {"reason": record["reason"], "traceback": _traceback_text(work / f"store-{k}", run_id)}
-                    for run_id, record in records[k].items() if record["status"] == "failed"}
-        results[f"{k}_at_a_time"] = {"seconds": round(seconds, 1), "runs_per_hour": round(len(shard.runs) / seconds * 3600),
-                                     "outcomes": dict(outcomes), "failures": failures}
+        records[label] = {run.run_id: store.record(run.run_id) for run in shard.runs}
+        failures = {run_id: {"reason": record["reason"], "traceback": _traceback_text(work / f"store-{label}", run_id)}
+                    for run_id, record in records[label].items() if record["status"] == "failed"}
+        results[label] = {"seconds": round(seconds, 1), "runs_per_hour": round(len(shard.runs) / seconds * 3600),
+                          "outcomes": dict(outcomes), "failures": failures}
         for run_id, failure in failures.items():
             log(f"{run_id} failed: {failure['reason']}\n{failure['traceback'] or ''}")
-        log(f"shard, {k} at a time: {seconds:.0f} s, {dict(outcomes)}")
-    first, *others = runs_at_once
-    for k in others:
-        results[f"speedup_{k}_vs_{first}"] = round(results[f"{first}_at_a_time"]["seconds"] / results[f"{k}_at_a_time"]["seconds"], 2)
-        results[f"identical_results_{k}_vs_{first}"] = all(
-            records[k][run_id]["val_metrics"] == records[first][run_id]["val_metrics"]
-            and records[k][run_id]["test_metrics"] == records[first][run_id]["test_metrics"] for run_id in records[first])
+        log(f"shard, {label}: {seconds:.0f} s, {dict(outcomes)}")
+    first = attempts[0][0]
+    for label, at_once, group in attempts[1:]:
+        results[f"speedup_{label}_vs_{first}"] = round(results[first]["seconds"] / results[label]["seconds"], 2)
+        if group == 1:
+            results[f"identical_results_{label}_vs_{first}"] = all(
+                records[label][run_id]["val_metrics"] == records[first][run_id]["val_metrics"]
+                and records[label][run_id]["test_metrics"] == records[first][run_id]["test_metrics"] for run_id in records[first])
+        else:
+            changes = [abs(_score(records[label][run_id]) - _score(records[first][run_id])) for run_id in records[first]
+                       if _score(records[label][run_id]) is not None and _score(records[first][run_id]) is not None]
+            results[f"max_test_score_change_{label}_vs_{first}"] = max(changes, default=None)
     return results
+
+
+def _score(record: dict[str, Any]) -> float | None:
+    return (record.get("test_metrics") or {}).get(record.get("primary_metric"))
 
 
 def _traceback_text(store_root: Path, run_id: str) -> str | None:

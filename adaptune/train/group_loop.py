@@ -240,25 +240,9 @@ class _Group:
 
     def _fused_batch(self, batches: list[list[int]], rows: list[dict[str, Any]]
                      ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor, RowLayout]:
-        """The runs' batches, each collated as it would be alone, padded to one length and one block size
-        (short blocks repeat their first row, weighted 0) and stacked run after run."""
+        """The runs' batches, each collated as it would be alone, stacked (stack_run_batches)."""
         per_run = [self.collator([rows[i] for i in batch]) for batch in batches]
-        block = max(len(batch) for batch in batches)
-        length = max(collated["input_ids"].shape[1] for collated in per_run)
-        stacked: dict[str, list[torch.Tensor]] = {}
-        for collated in per_run:
-            for name, tensor in collated.items():
-                if tensor.dim() == 2:
-                    tensor = F.pad(tensor, (0, length - tensor.shape[1]), value=_PAD_VALUES.get(name, self.tokenizer.pad_token_id or 0))
-                if tensor.shape[0] < block:
-                    tensor = torch.cat([tensor, tensor[:1].expand(block - tensor.shape[0], *tensor.shape[1:])])
-                stacked.setdefault(name, []).append(tensor)
-        target = self.device.torch_device
-        inputs = {name: torch.cat(parts).to(target, non_blocking=True) for name, parts in stacked.items() if name != "labels"}
-        labels = torch.cat(stacked["labels"]).to(target, non_blocking=True)
-        weights = torch.tensor([[1.0] * len(batch) + [0.0] * (block - len(batch)) for batch in batches], device=target)
-        layout = RowLayout(block, [len(batch) for batch in batches], [collated["input_ids"].shape[1] for collated in per_run])
-        return inputs, labels, weights, layout
+        return stack_run_batches(per_run, self.tokenizer.pad_token_id or 0, self.device.torch_device)
 
     def _drop(self, failed: list[tuple[int, RunFailed]], plans: list[list[list[int]]], started: float,
               write_record: bool) -> list[list[list[int]]]:
@@ -276,6 +260,29 @@ class _Group:
         for member, params in zip(self.members, run_parameters(self.model), strict=True):
             member.params = params
         return [plans[index] for index in kept]
+
+
+def stack_run_batches(per_run: list[dict[str, torch.Tensor]], pad_token_id: int, target: Any
+                      ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor, RowLayout]:
+    """Collated batches, one per run, padded to one length and one block size (short blocks repeat
+    their first row, weighted 0) and stacked run after run on `target`: a fused step's inputs, labels,
+    row weights (runs x block) and row layout."""
+    sizes = [collated["input_ids"].shape[0] for collated in per_run]
+    block = max(sizes)
+    length = max(collated["input_ids"].shape[1] for collated in per_run)
+    stacked: dict[str, list[torch.Tensor]] = {}
+    for collated in per_run:
+        for name, tensor in collated.items():
+            if tensor.dim() == 2:
+                tensor = F.pad(tensor, (0, length - tensor.shape[1]), value=_PAD_VALUES.get(name, pad_token_id))
+            if tensor.shape[0] < block:
+                tensor = torch.cat([tensor, tensor[:1].expand(block - tensor.shape[0], *tensor.shape[1:])])
+            stacked.setdefault(name, []).append(tensor)
+    inputs = {name: torch.cat(parts).to(target, non_blocking=True) for name, parts in stacked.items() if name != "labels"}
+    labels = torch.cat(stacked["labels"]).to(target, non_blocking=True)
+    weights = torch.tensor([[1.0] * size + [0.0] * (block - size) for size in sizes], device=target)
+    layout = RowLayout(block, sizes, [collated["input_ids"].shape[1] for collated in per_run])
+    return inputs, labels, weights, layout
 
 
 class GroupRun(Protocol):

@@ -1,0 +1,100 @@
+"""Fused run groups on a GPU (`make bench-gpu`, its `fused` entries): for k = 1, 4, 8, 16 runs of one
+method on a randomly initialised BERT-base or BERT-large, the fused training step (adaptune.train.group_loop
+.fused_step: one forward and backward through the shared frozen backbone in bf16, every run's clipping
+and AdamW at once) on real length-grouped batches, each run taking its own batch as in training. Per k:
+step time, training examples/s over all runs, MFU against the dense bf16 peak, peak memory.
+
+FLOPs are each run's own (adaptune.bench.gpu.training_flops of the solo model at the fused step's
+padded length) times k, so MFU is comparable with one run's; padding to the longest of the k batches
+is counted as work, as it is for one run's padding.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from adaptune.bench.fused import _Run
+from adaptune.core.devices import Device, is_out_of_memory
+from adaptune.model.methods import apply_method, method_from_dict
+from adaptune.model.run_dropout import dropout_generator, use_run_dropout
+from adaptune.model.run_groups import group_model, run_parameters, trained_tensors
+from adaptune.train.group_loop import fused_step, stack_run_batches
+from adaptune.train.loop import decayed_names, keep_frozen_matmuls_in
+
+GROUP_SIZES = (1, 4, 8, 16)
+FUSED_METHODS = {"adapters64": {"name": "adapters", "size": 64}, "layernorm": {"name": "layernorm"}}
+Batch = dict[str, torch.Tensor]
+
+
+def measure_fused(config: dict[str, Any], size: str, method: str, batches: list[Batch], group_sizes: Sequence[int],
+                  device: Device, repeats: int, peak: float | None, steps: int = 8) -> list[dict[str, Any]]:
+    """One row per group size; a size that runs out of memory is recorded so and ends the sweep."""
+    from adaptune.bench.gpu import training_flops, timed_pass
+
+    rows: list[dict[str, Any]] = []
+    for k in group_sizes:
+        model = randomness = runs = fused = one_pass = None
+        try:
+            fused = [stack_run_batches([batches[(step * k + i) % len(batches)] for i in range(k)], 0, device.torch_device)
+                     for step in range(steps)]
+            model, randomness, runs, run_flops = _group(config, FUSED_METHODS[method], k, device, fused)
+
+            def one_pass(model: Any = model, randomness: Any = randomness, runs: Any = runs, fused: Any = fused) -> None:
+                for inputs, labels, weights, layout in fused:
+                    fused_step(model, randomness, inputs, labels, weights, layout, "classification", runs, device)
+
+            one_pass()  # warm-up: kernels chosen, AdamW state allocated
+            cuda = device.kind == "cuda"  # the CPU runs it too, for a check, without memory figures
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
+            seconds = statistics.median(timed_pass(lambda _: one_pass(), [None], device) for _ in range(repeats))
+            examples = sum(sum(layout.rows) for *_, layout in fused)
+            rows.append({"backbone": size, "method": method, "k": k, "step_ms": round(1000 * seconds / steps, 2),
+                         "examples_per_s": round(examples / seconds, 1),
+                         "model_tflops_per_s": round(k * run_flops / seconds / 1e12, 1),
+                         "mfu": round(k * run_flops / seconds / peak, 3) if peak else None,
+                         "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None})
+        except Exception as error:
+            if not is_out_of_memory(error):
+                raise
+            rows.append({"backbone": size, "method": method, "k": k, "error": "out of memory"})
+            break
+        finally:
+            del model, randomness, runs, fused, one_pass  # the closure holds the group too
+            gc.collect()
+            if device.kind == "cuda":
+                torch.cuda.empty_cache()
+    base = next((row["examples_per_s"] for row in rows if row["k"] == 1 and "examples_per_s" in row), None)
+    for row in rows:
+        if base and "examples_per_s" in row:
+            row["speedup_vs_k1"] = round(row["examples_per_s"] / base, 2)
+    return rows
+
+
+def _group(config: dict[str, Any], method: dict[str, Any], k: int, device: Device, fused: list[tuple]
+           ) -> tuple[Any, Any, list[_Run], float]:
+    """k runs of `method` on one randomly initialised BERT (same initial tensors: speed does not depend on
+    them), grouped, frozen matmuls in bf16 as training stores them; and one run's training FLOPs over
+    the `fused` steps' blocks, counted on the solo model before it is grouped."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from adaptune.bench.gpu import training_flops
+
+    torch.manual_seed(0)
+    with device.torch_device:  # initialised on the GPU: seconds, not a minute of CPU per BERT-large
+        model = BertForSequenceClassification(BertConfig(**config, num_labels=2, attn_implementation="sdpa"))
+        apply_method(model, method_from_dict(method))
+    run_flops = sum(training_flops(model, {"input_ids": inputs["input_ids"][: layout.block_rows]}) for inputs, _, _, layout in fused)
+    decayed = decayed_names(model)
+    model = group_model(model, [trained_tensors(model)] * k)
+    randomness = use_run_dropout(model, [dropout_generator(seed, device.torch_device) for seed in range(k)])
+    model.to(device.torch_device).train()
+    if device.autocast_dtype is not None:  # bf16 on a GPU, as training runs it
+        keep_frozen_matmuls_in(model, device.autocast_dtype)
+    runs = [_Run(params, decayed, seed) for seed, params in enumerate(run_parameters(model))]
+    return model, randomness, runs, run_flops
