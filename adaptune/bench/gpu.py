@@ -75,6 +75,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--shard-groups", default="4,16", help="runs fused per group to compare on the same shard (empty: skip)")
     parser.add_argument("--fused", default="1,4,8,16", help="group sizes of the fused step to measure (empty: skip)")
     parser.add_argument("--fused-methods", default="adapters64,layernorm", help="comma-separated, of adapters64, layernorm")
+    parser.add_argument("--fused-optimizer", default="together,per_run",
+                        help="the fused step's optimizer steps to compare: together (the trainer's), per_run")
     args = parser.parse_args(argv)
     device = pick_device()
     if device.kind != "cuda":
@@ -110,10 +112,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         for backbone in args.backbones.split(","):
             for method in args.fused_methods.split(","):
                 rows = measure_fused(CONFIGS[backbone], backbone, method, batch_sets["length_grouped"], _counts(args.fused), device,
-                                     args.repeats, peak_flops(device))
+                                     args.repeats, peak_flops(device), optimizer_steps=args.fused_optimizer.split(","))
                 results["fused"] += rows
                 out.write_text(json.dumps(results, indent=2) + "\n")
-                log(f"{backbone} {method} fused: " + ", ".join(f"k={r['k']} {r.get('examples_per_s', r.get('error'))} ex/s MFU {r.get('mfu')}" for r in rows))
+                log(f"{backbone} {method} fused: " + ", ".join(f"k={r['k']} {r.get('optimizer_step', '')} {r.get('examples_per_s', r.get('error'))} ex/s MFU {r.get('mfu')}" for r in rows))
     if args.shard or args.shard_groups:
         import tempfile
 

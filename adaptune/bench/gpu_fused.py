@@ -32,47 +32,57 @@ Batch = dict[str, torch.Tensor]
 
 
 def measure_fused(config: dict[str, Any], size: str, method: str, batches: list[Batch], group_sizes: Sequence[int],
-                  device: Device, repeats: int, peak: float | None, steps: int = 8) -> list[dict[str, Any]]:
-    """One row per group size; a size that runs out of memory is recorded so and ends the sweep."""
+                  device: Device, repeats: int, peak: float | None, steps: int = 8,
+                  optimizer_steps: Sequence[str] = ("together",)) -> list[dict[str, Any]]:
+    """One row per group size and optimizer step ("together": the trainer's one multi-tensor step for
+    all runs; "per_run": each run's own clipping and torch AdamW, fused on a GPU, in turn; which
+    launches fewer kernels on a GPU depends on how many tensors one multi-tensor launch takes, so it
+    is measured); a size that runs out of memory is recorded so and ends the sweep."""
     from adaptune.bench.gpu import training_flops, timed_pass
 
     rows: list[dict[str, Any]] = []
+    cuda = device.kind == "cuda"  # the CPU runs it too, for a check, without memory figures
     for k in group_sizes:
-        model = randomness = runs = fused = one_pass = None
-        try:
-            fused = [stack_run_batches([batches[(step * k + i) % len(batches)] for i in range(k)], 0, device.torch_device)
-                     for step in range(steps)]
-            model, randomness, runs, run_flops = _group(config, FUSED_METHODS[method], k, device, fused)
+        fused = [stack_run_batches([batches[(step * k + i) % len(batches)] for i in range(k)], 0, device.torch_device)
+                 for step in range(steps)]
+        examples = sum(sum(layout.rows) for *_, layout in fused)
+        for optimizer_step in optimizer_steps:  # a fresh group each: its own optimizer state and memory peak
+            model = randomness = runs = one_pass = None
+            try:
+                model, randomness, runs, run_flops = _group(config, FUSED_METHODS[method], k, device, fused)
+                together = optimizer_step == "together"
 
-            def one_pass(model: Any = model, randomness: Any = randomness, runs: Any = runs, fused: Any = fused) -> None:
-                for inputs, labels, weights, layout in fused:
-                    fused_step(model, randomness, inputs, labels, weights, layout, "classification", runs, device)
+                def one_pass(model: Any = model, randomness: Any = randomness, runs: Any = runs, together: bool = together) -> None:
+                    for inputs, labels, weights, layout in fused:
+                        fused_step(model, randomness, inputs, labels, weights, layout, "classification", runs, device, together)
 
-            one_pass()  # warm-up: kernels chosen, AdamW state allocated
-            cuda = device.kind == "cuda"  # the CPU runs it too, for a check, without memory figures
-            if cuda:
-                torch.cuda.reset_peak_memory_stats()
-            seconds = statistics.median(timed_pass(lambda _: one_pass(), [None], device) for _ in range(repeats))
-            examples = sum(sum(layout.rows) for *_, layout in fused)
-            rows.append({"backbone": size, "method": method, "k": k, "step_ms": round(1000 * seconds / steps, 2),
-                         "examples_per_s": round(examples / seconds, 1),
-                         "model_tflops_per_s": round(k * run_flops / seconds / 1e12, 1),
-                         "mfu": round(k * run_flops / seconds / peak, 3) if peak else None,
-                         "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None})
-        except Exception as error:
-            if not is_out_of_memory(error):
-                raise
-            rows.append({"backbone": size, "method": method, "k": k, "error": "out of memory"})
-            break
-        finally:
-            del model, randomness, runs, fused, one_pass  # the closure holds the group too
-            gc.collect()
-            if device.kind == "cuda":
-                torch.cuda.empty_cache()
+                one_pass()  # warm-up: kernels chosen, AdamW state allocated
+                if cuda:
+                    torch.cuda.reset_peak_memory_stats()
+                seconds = statistics.median(timed_pass(lambda _: one_pass(), [None], device) for _ in range(repeats))
+                rows.append({"backbone": size, "method": method, "k": k, "optimizer_step": optimizer_step,
+                             "step_ms": round(1000 * seconds / steps, 2), "examples_per_s": round(examples / seconds, 1),
+                             "model_tflops_per_s": round(k * run_flops / seconds / 1e12, 1),
+                             "mfu": round(k * run_flops / seconds / peak, 3) if peak else None,
+                             "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None})
+            except Exception as error:
+                if not is_out_of_memory(error):
+                    raise
+                rows.append({"backbone": size, "method": method, "k": k, "optimizer_step": optimizer_step, "error": "out of memory"})
+                return _with_speedups(rows)
+            finally:
+                del model, randomness, runs, one_pass  # the closure holds the group too
+                gc.collect()
+                if cuda:
+                    torch.cuda.empty_cache()
+    return _with_speedups(rows)
+
+
+def _with_speedups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     base = next((row["examples_per_s"] for row in rows if row["k"] == 1 and "examples_per_s" in row), None)
     for row in rows:
         if base and "examples_per_s" in row:
-            row["speedup_vs_k1"] = round(row["examples_per_s"] / base, 2)
+            row["speedup_vs_k1"] = round(row["examples_per_s"] / base, 2)  # against one run, the first optimizer step
     return rows
 
 
