@@ -207,3 +207,19 @@ def test_a_task_missing_from_the_local_mirror_fails_before_anything_runs(shared_
         check_local_data(planned, shared_data_dir)
     check_local_data(plan(_spec(tasks=("rte", "sms_spam"))), shared_data_dir)  # both present: no error
 
+
+
+def test_shards_start_in_the_order_of_their_first_run_across_tasks() -> None:
+    """glue_local lists its sweeps in the order of what they decide (each task's full fine-tuning and
+    20-epoch adapters, seed by seed, before the rest of the grid): its shards keep that order across
+    tasks, so MRPC's and SST-2's deciding runs do not wait for CoLA's whole grid."""
+    spec = EXPERIMENTS["glue_local"]
+    planned = plan(spec)
+    declared = [run.run_id for sweep in spec.sweeps for run in plan(dataclasses.replace(spec, sweeps=(sweep,))).runs]
+    position = {run_id: declared.index(run_id) for run_id in dict.fromkeys(declared)}
+    firsts = [position[shard.runs[0].run_id] for shard in planned.shards]
+    assert firsts == sorted(firsts)
+    assert [shard.runs[0].task for shard in planned.shards[:3]] == ["cola", "mrpc", "sst2"]
+    assert [shard.id for shard in planned.shards[:3]] == ["0000-cola", "0001-mrpc", "0002-sst2"]
+    assert sorted(run.run_id for shard in planned.shards for run in shard.runs) == sorted(position)
+    assert all(len({run.task for run in shard.runs}) == 1 for shard in planned.shards)

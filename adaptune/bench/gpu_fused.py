@@ -4,7 +4,7 @@ method on a randomly initialised BERT-base or BERT-large, the fused training ste
 and AdamW at once) on real length-grouped batches, each run taking its own batch as in training. Per k:
 step time, training examples/s over all runs, MFU against the dense bf16 peak, peak memory.
 
-FLOPs are each run's own (adaptune.bench.gpu.training_flops of the solo model at the fused step's
+FLOPs are each run's own (adaptune.bench.step_cost.training_flops of the solo model at the fused step's
 padded length) times k, so MFU is comparable with one run's; padding to the longest of the k batches
 is counted as work, as it is for one run's padding.
 """
@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from adaptune.bench.fused import _Run
+from adaptune.bench.step_cost import timed_pass, training_flops
 from adaptune.core.devices import Device, is_out_of_memory
 from adaptune.model.methods import apply_method, method_from_dict
 from adaptune.model.run_dropout import dropout_generator, use_run_dropout
@@ -38,8 +39,6 @@ def measure_fused(config: dict[str, Any], size: str, method: str, batches: list[
     all runs; "per_run": each run's own clipping and torch AdamW, fused on a GPU, in turn; which
     launches fewer kernels on a GPU depends on how many tensors one multi-tensor launch takes, so it
     is measured); a size that runs out of memory is recorded so and ends the sweep."""
-    from adaptune.bench.gpu import training_flops, timed_pass
-
     rows: list[dict[str, Any]] = []
     cuda = device.kind == "cuda"  # the CPU runs it too, for a check, without memory figures
     for k in group_sizes:
@@ -92,8 +91,6 @@ def _group(config: dict[str, Any], method: dict[str, Any], k: int, device: Devic
     them), grouped, frozen matmuls in bf16 as training stores them; and one run's training FLOPs over
     the `fused` steps' blocks, counted on the solo model before it is grouped."""
     from transformers import BertConfig, BertForSequenceClassification
-
-    from adaptune.bench.gpu import training_flops
 
     torch.manual_seed(0)
     with device.torch_device:  # initialised on the GPU: seconds, not a minute of CPU per BERT-large

@@ -63,8 +63,10 @@ class Plan:
     # Shards are always packed by the published table's hours: every component re-plans the spec
     # without the store, and must find the same shards. None: the same as run_hours.
     packing_hours: dict[str, float] | None = None
-    # The store's measured throughputs that run_hours used, by (backbone, accelerator, method name).
+    # The store's measured throughputs that run_hours used, by (backbone, accelerator, method name, group size).
     measured: dict[ThroughputKey, Measured] = dataclasses.field(default_factory=dict)
+    # run_id -> where the spec's sweeps first declare the run (runs are listed task by task).
+    declared_order: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def accelerator_hours(self) -> float:
@@ -80,11 +82,11 @@ class Plan:
         """The runs packed per (task, backbone, length), in plan order, into shards of at most
         spec.shard_size runs and about spec.shard_hours estimated hours: many small-task runs share
         a shard, while a long run (MNLI on BERT-large) gets one to itself, so no shard holds up the
-        sweep for days."""
+        sweep for days. The shards are in the order the sweeps declare their first runs."""
         groups: dict[tuple, list[TrainConfig]] = {}
         for run in self.runs:
             groups.setdefault((run.task, run.backbone, run.max_length, run.doc_stride), []).append(run)
-        shards: list[Shard] = []
+        packed: list[list[TrainConfig]] = []
         packing_hours = self.packing_hours or self.run_hours
         for runs in groups.values():
             current: list[TrainConfig] = []
@@ -92,12 +94,17 @@ class Plan:
             for run in runs:
                 run_hours = packing_hours[run.run_id]
                 if current and (len(current) >= self.spec.shard_size or hours + run_hours > self.spec.shard_hours):
-                    shards.append(Shard(id=f"{len(shards):04d}-{current[0].task}", runs=tuple(current)))
+                    packed.append(current)
                     current, hours = [], 0.0
                 current.append(run)
                 hours += run_hours
-            shards.append(Shard(id=f"{len(shards):04d}-{current[0].task}", runs=tuple(current)))
-        return shards
+            packed.append(current)
+        # Shards start in the order the sweeps declare their first runs, not task after task: an
+        # experiment whose sweeps come in the order of what they decide (glue_local) gets every task's
+        # deciding runs before any task's remaining grid.
+        position = {run.run_id: self.declared_order.get(run.run_id, index) for index, run in enumerate(self.runs)}
+        packed.sort(key=lambda runs: position[runs[0].run_id])
+        return [Shard(id=f"{index:04d}-{runs[0].task}", runs=tuple(runs)) for index, runs in enumerate(packed)]
 
     def shard_hours(self, shard: Shard) -> float:
         return sum(self.run_hours[run.run_id] for run in shard.runs)
@@ -246,10 +253,12 @@ def plan(spec: ExperimentSpec, measured: dict[ThroughputKey, Measured] | None = 
         raise PlanError(f"experiment {spec.name!r} has an empty grid: declare at least one Sweep in its sweeps")
     _check_spec_values(spec, problems)
     per_task: dict[str, list[TrainConfig]] = {}
+    declared: dict[str, int] = {}
     for index, sweep in enumerate(spec.sweeps):
         where = f"experiment {spec.name!r}, sweep {index}"
         for config in _expand(spec, sweep, where, problems):
             per_task.setdefault(config.task, []).append(config)
+            declared.setdefault(config.run_id, len(declared))
     if problems:
         raise PlanError("invalid experiment grid:\n  - " + "\n  - ".join(dict.fromkeys(problems)))
 
@@ -263,7 +272,8 @@ def plan(spec: ExperimentSpec, measured: dict[ThroughputKey, Measured] | None = 
     if spec.ablation:
         _check_ablation(spec.ablation, runs)
     run_hours = {run.run_id: estimate_hours(run, spec) for run in runs}
-    planned = Plan(spec=spec, runs=runs, run_hours=run_hours, merged_duplicates=sum(map(len, per_task.values())) - len(runs))
+    planned = Plan(spec=spec, runs=runs, run_hours=run_hours, merged_duplicates=sum(map(len, per_task.values())) - len(runs),
+                   declared_order=declared)
     if spec.max_accelerators is not None and planned.peak_accelerators > spec.max_accelerators:
         raise PlanError(
             f"experiment {spec.name!r} may hold {planned.peak_accelerators} {spec.accelerator.label} at once "
