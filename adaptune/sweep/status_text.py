@@ -26,7 +26,7 @@ def format_status(status: SweepStatus) -> str:
         lines += [f"  {reason}" for reason in list(status.unreadable.values())[:SHOWN_RUNNING]]
     lines += [
         "",
-        f"accelerator-hours: {_hours(status.spent_hours)} spent (the records' wall time); "
+        f"accelerator-hours: {_hours(status.spent_hours)} spent (the records' wall time, a fused group's counted once); "
         f"the plan estimated {_hours(status.estimated_hours)} for the whole sweep",
         f"remaining: ~{_hours(status.remaining_hours)} accelerator-hours, ETA ~{_duration(status.eta_hours * 3600)} "
         f"with {status.parallelism} shards at once",
