@@ -65,12 +65,20 @@ def _group(backbone: str, k: int, device: Device, bf16: bool = False) -> tuple[t
         model = load_model(backbone, "classification", num_labels=2)
         apply_method(model, method_from_dict(ADAPTERS))
         trained.append(trained_tensors(model))
+    return grouped_runs(model, trained, device, torch.bfloat16 if bf16 else None)
+
+
+def grouped_runs(model: torch.nn.Module, trained: list[dict[str, torch.Tensor]], device: Device,
+                 frozen_dtype: torch.dtype | None) -> tuple[torch.nn.Module, Any, list[_Run]]:
+    """A solo model (its method applied) made a training group of one run per `trained` tensor set, on
+    the device, frozen matmuls stored in `frozen_dtype` (None: as they are), each run with its own
+    dropout generator, AdamW and lr (the CPU and GPU fused benchmarks' common setup)."""
     decayed = decayed_names(model)
     model = group_model(model, trained)
-    randomness = use_run_dropout(model, [dropout_generator(seed, device.torch_device) for seed in range(k)])
-    if bf16:
-        keep_frozen_matmuls_in(model, torch.bfloat16)
-    model.train()
+    randomness = use_run_dropout(model, [dropout_generator(seed, device.torch_device) for seed in range(len(trained))])
+    model.to(device.torch_device).train()
+    if frozen_dtype is not None:
+        keep_frozen_matmuls_in(model, frozen_dtype)
     return model, randomness, [_Run(params, decayed, seed) for seed, params in enumerate(run_parameters(model))]
 
 

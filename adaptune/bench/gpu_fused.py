@@ -18,14 +18,12 @@ from typing import Any
 
 import torch
 
-from adaptune.bench.fused import _Run
+from adaptune.bench.fused import _Run, grouped_runs
 from adaptune.bench.step_cost import timed_pass, training_flops
 from adaptune.core.devices import Device, is_out_of_memory
 from adaptune.model.methods import apply_method, method_from_dict
-from adaptune.model.run_dropout import dropout_generator, use_run_dropout
-from adaptune.model.run_groups import group_model, run_parameters, trained_tensors
+from adaptune.model.run_groups import trained_tensors
 from adaptune.train.group_loop import fused_step, stack_run_batches
-from adaptune.train.loop import decayed_names, keep_frozen_matmuls_in
 
 GROUP_SIZES = (1, 4, 8, 16)
 FUSED_METHODS = {"adapters64": {"name": "adapters", "size": 64}, "layernorm": {"name": "layernorm"}}
@@ -97,11 +95,6 @@ def _group(config: dict[str, Any], method: dict[str, Any], k: int, device: Devic
         model = BertForSequenceClassification(BertConfig(**config, num_labels=2, attn_implementation="sdpa"))
         apply_method(model, method_from_dict(method))
     run_flops = sum(training_flops(model, {"input_ids": inputs["input_ids"][: layout.block_rows]}) for inputs, _, _, layout in fused)
-    decayed = decayed_names(model)
-    model = group_model(model, [trained_tensors(model)] * k)
-    randomness = use_run_dropout(model, [dropout_generator(seed, device.torch_device) for seed in range(k)])
-    model.to(device.torch_device).train()
-    if device.autocast_dtype is not None:  # bf16 on a GPU, as training runs it
-        keep_frozen_matmuls_in(model, device.autocast_dtype)
-    runs = [_Run(params, decayed, seed) for seed, params in enumerate(run_parameters(model))]
+    # Frozen matmuls in the autocast dtype (bf16 on a GPU), as training stores them.
+    model, randomness, runs = grouped_runs(model, [trained_tensors(model)] * k, device, device.autocast_dtype)
     return model, randomness, runs, run_flops

@@ -49,13 +49,16 @@ KNOWN_TRAIN_SIZES = {
 def planned_group_size(run: TrainConfig, spec: ExperimentSpec) -> int:
     """The fused group a run will train in: `runs_per_group` where it can share a forward pass, else 1.
     (A shard's last group of a kind may be smaller; the estimate does not count on that.)"""
-    return runs_per_group(spec.accelerator) if group_key(run) is not None else 1
+    fused = runs_per_group(spec.accelerator)
+    return fused if fused > 1 and group_key(run) is not None else 1
 
 
 def measurement_for(run: TrainConfig, spec: ExperimentSpec, measured: dict[ThroughputKey, Measured]
                     ) -> tuple[ThroughputKey, Measured] | None:
     """The store's throughput that prices this run: measured at the group size it will train in, else
     measured one run at a time (fusing is then not counted on), else none."""
+    if not measured:
+        return None
     for size in dict.fromkeys((planned_group_size(run, spec), 1)):
         key = throughput_key(run.backbone, spec.accelerator.label, run.method, size)
         if key in measured:
