@@ -25,9 +25,10 @@ def _batches(lengths: tuple[int, ...]) -> list[dict[str, torch.Tensor]]:
 
 def test_fused_rows_count_every_runs_examples_and_flops() -> None:
     device, batches = pick_device(), _batches((12, 20, 16, 9))
-    rows = measure_fused(TINY, "tiny", "layernorm", batches, (1, 2), device, repeats=1, peak=1e12, steps=2,
-                         optimizer_steps=("together", "per_run"))
-    assert [(row["k"], row["optimizer_step"]) for row in rows] == [(1, "together"), (1, "per_run"), (2, "together"), (2, "per_run")]
+    rows = measure_fused(TINY, "tiny", "adapters64", batches, (1, 2), device, repeats=1, peak=1e12, steps=2,
+                         optimizer_steps=("together", "per_run"), mask_schemes=("generator", "counter"))
+    assert [(row["k"], row["optimizer_step"], row["masks"], row["compile"]) for row in rows] == [
+        (k, optimizer, masks, "eager") for k in (1, 2) for optimizer in ("together", "per_run") for masks in ("generator", "counter")]
     assert rows[0]["speedup_vs_k1"] == 1.0
     assert all(row["examples_per_s"] > 0 and row["mfu"] > 0 and row["peak_gib"] is None for row in rows)
     # Two runs' FLOPs per fused step: each run's own batch at the step's padded length (20 tokens).

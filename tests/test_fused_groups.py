@@ -20,6 +20,7 @@ import adaptune.train.group_loop as group_loop
 import adaptune.train.loop as loop
 from adaptune.core.run_files import STATE_FILE
 from adaptune.model.checkpoint import load_task_checkpoint
+from adaptune.model.run_dropout import DROPOUT_MASKS_ENV, MASK_SCHEMES
 from adaptune.train.config import TrainConfig
 from adaptune.train.group_loop import train_group
 from adaptune.train.grouping import group_key
@@ -112,8 +113,11 @@ def test_each_run_of_a_group_matches_its_solo_training_step_by_step(method: str,
     assert len({round(losses[-1], 6) for losses in fused_losses}) == 3  # the runs really differ
 
 
-def test_with_dropout_a_run_gives_the_same_result_in_any_group_and_alone(tmp_path: Path, shared_data_dir: Path,
-                                                                          step_losses: list[list[float]]) -> None:
+@pytest.mark.parametrize("masks", MASK_SCHEMES)
+def test_with_dropout_a_run_gives_the_same_result_in_any_group_and_alone(masks: str, tmp_path: Path, shared_data_dir: Path,
+                                                                          step_losses: list[list[float]],
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(DROPOUT_MASKS_ENV, masks)
     method = METHODS["adapters"]
     run = _config(method, 1e-3, 0)
     first = train_group([run, _config(method, 3e-4, 1)], [tmp_path / "a" / name for name in ("run", "other")], data_dir=shared_data_dir)
@@ -124,6 +128,7 @@ def test_with_dropout_a_run_gives_the_same_result_in_any_group_and_alone(tmp_pat
     alone = train_and_evaluate(run, data_dir=shared_data_dir, out_dir=tmp_path / "alone", progress=False)
     _assert_same_run(first[0], second[2], in_first, in_second)
     _assert_same_run(first[0], alone, in_first, step_losses[-1])
+    assert alone["dropout_masks"] == first[0]["dropout_masks"] == masks
 
 
 def test_a_diverging_run_is_recorded_as_failed_and_the_others_go_on(tmp_path: Path, shared_data_dir: Path,
@@ -160,6 +165,28 @@ def test_runs_resume_from_their_own_states_alone_or_in_another_group(tmp_path: P
         assert resumed["val_metrics"] == pytest.approx(whole["val_metrics"], abs=TOLERANCE)
         assert [p["train_loss"] for p in resumed["curve"]] == pytest.approx([p["train_loss"] for p in whole["curve"]], abs=TOLERANCE)
     assert fresh_c["status"] in ("ok", "degenerate") and len(fresh_c["curve"]) == 2
+
+
+def test_a_run_resumes_with_the_mask_scheme_it_started_with(tmp_path: Path, shared_data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    method = METHODS["adapters"]
+    a, b = (_config(method, lr, seed, checkpoint_every_steps=2) for lr, seed in ((1e-3, 0), (3e-3, 1)))
+    monkeypatch.setenv(DROPOUT_MASKS_ENV, "counter")
+    (whole,) = train_group([a], [tmp_path / "whole"], data_dir=shared_data_dir)
+
+    def kill_at_step_3(step: int) -> None:
+        if step == 3:
+            raise _Killed
+
+    with pytest.raises(_Killed):
+        train_group([a], [tmp_path / "a"], data_dir=shared_data_dir, step_callback=kill_at_step_3)
+    monkeypatch.setenv(DROPOUT_MASKS_ENV, "generator")  # the setting changed before the resubmission
+    resumed, fresh = train_group([a, b], [tmp_path / "a", tmp_path / "b"], data_dir=shared_data_dir)
+    assert (resumed["dropout_masks"], fresh["dropout_masks"]) == ("counter", "generator")
+    assert (resumed["group_size"], fresh["group_size"]) == (1, 1)  # different schemes: separate groups
+    assert [p["train_loss"] for p in resumed["curve"]] == pytest.approx([p["train_loss"] for p in whole["curve"]], abs=TOLERANCE)
+    assert resumed["val_metrics"] == pytest.approx(whole["val_metrics"], abs=TOLERANCE)
+    generator = train_and_evaluate(a, data_dir=shared_data_dir, out_dir=tmp_path / "g", progress=False)
+    assert generator["curve"][0]["train_loss"] != pytest.approx(whole["curve"][0]["train_loss"], abs=TOLERANCE)  # other masks
 
 
 def test_group_key_groups_only_runs_that_can_share_a_step() -> None:

@@ -29,7 +29,7 @@ from adaptune.core.backbones import DEFAULT_BACKBONE
 from adaptune.core.devices import Device, native_cpu_bf16
 from adaptune.model.backbone import load_model
 from adaptune.model.methods import apply_method, method_from_dict
-from adaptune.model.run_dropout import RowLayout, dropout_generator, use_run_dropout
+from adaptune.model.run_dropout import RowLayout, dropout_stream, use_run_dropout
 from adaptune.model.run_groups import group_model, run_parameters, trained_tensors
 from adaptune.train.config import TrainConfig
 from adaptune.train.group_loop import fused_step
@@ -69,13 +69,14 @@ def _group(backbone: str, k: int, device: Device, bf16: bool = False) -> tuple[t
 
 
 def grouped_runs(model: torch.nn.Module, trained: list[dict[str, torch.Tensor]], device: Device,
-                 frozen_dtype: torch.dtype | None) -> tuple[torch.nn.Module, Any, list[_Run]]:
+                 frozen_dtype: torch.dtype | None, masks: str = "generator") -> tuple[torch.nn.Module, Any, list[_Run]]:
     """A solo model (its method applied) made a training group of one run per `trained` tensor set, on
     the device, frozen matmuls stored in `frozen_dtype` (None: as they are), each run with its own
-    dropout generator, AdamW and lr (the CPU and GPU fused benchmarks' common setup)."""
+    dropout stream (drawn with the `masks` scheme), AdamW and lr (the CPU and GPU fused benchmarks'
+    common setup)."""
     decayed = decayed_names(model)
     model = group_model(model, trained)
-    randomness = use_run_dropout(model, [dropout_generator(seed, device.torch_device) for seed in range(len(trained))])
+    randomness = use_run_dropout(model, [dropout_stream(seed, device.torch_device, masks) for seed in range(len(trained))])
     model.to(device.torch_device).train()
     if frozen_dtype is not None:
         keep_frozen_matmuls_in(model, frozen_dtype)

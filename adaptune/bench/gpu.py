@@ -78,6 +78,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fused-methods", default="adapters64,layernorm", help="comma-separated, of adapters64, layernorm")
     parser.add_argument("--fused-optimizer", default="together,per_run",
                         help="the fused step's optimizer steps to compare: together (the trainer's), per_run")
+    parser.add_argument("--fused-masks", default="generator,counter",
+                        help="the fused step's dropout mask schemes to compare: generator (the default), counter")
+    parser.add_argument("--fused-compile", default="eager", help="comma-separated, of eager, compiled, graphs (as --variants)")
     args = parser.parse_args(argv)
     device = pick_device()
     if device.kind != "cuda":
@@ -113,10 +116,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         for backbone in args.backbones.split(","):
             for method in args.fused_methods.split(","):
                 rows = measure_fused(CONFIGS[backbone], backbone, method, batch_sets["length_grouped"], _counts(args.fused), device,
-                                     args.repeats, peak_flops(device), optimizer_steps=args.fused_optimizer.split(","))
+                                     args.repeats, peak_flops(device), optimizer_steps=args.fused_optimizer.split(","),
+                                     mask_schemes=args.fused_masks.split(","), compile_modes=args.fused_compile.split(","))
                 results["fused"] += rows
                 out.write_text(json.dumps(results, indent=2) + "\n")
-                log(f"{backbone} {method} fused: " + ", ".join(f"k={r['k']} {r.get('optimizer_step', '')} {r.get('examples_per_s', r.get('error'))} ex/s MFU {r.get('mfu')}" for r in rows))
+                log(f"{backbone} {method} fused: " + ", ".join(f"k={r['k']} {r['optimizer_step']} {r['masks']} {r['compile']} {r.get('examples_per_s', r.get('error'))} ex/s MFU {r.get('mfu')}" for r in rows))
     if args.shard or args.shard_groups:
         import tempfile
 

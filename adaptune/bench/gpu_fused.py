@@ -2,7 +2,11 @@
 method on a randomly initialised BERT-base or BERT-large, the fused training step (adaptune.train.group_loop
 .fused_step: one forward and backward through the shared frozen backbone in bf16, every run's clipping
 and AdamW at once) on real length-grouped batches, each run taking its own batch as in training. Per k:
-step time, training examples/s over all runs, MFU against the dense bf16 peak, peak memory.
+step time, training examples/s over all runs, MFU against the dense bf16 peak, peak memory. Variants,
+side by side: the optimizer step (every run's at once, or one run's after another), the dropout masks'
+scheme (adaptune.model.run_dropout: one generator draw per run per site, or counter-based masks for all
+runs at once), and the model eager, under torch.compile, or replayed as CUDA graphs (as bench.gpu's
+solo variants: dynamic sequence length).
 
 FLOPs are each run's own (adaptune.bench.step_cost.training_flops of the solo model at the fused step's
 padded length) times k, so MFU is comparable with one run's; padding to the longest of the k batches
@@ -12,6 +16,7 @@ is counted as work, as it is for one run's padding.
 from __future__ import annotations
 
 import gc
+import itertools
 import statistics
 from collections.abc import Sequence
 from typing import Any
@@ -27,29 +32,35 @@ from adaptune.train.group_loop import fused_step, stack_run_batches
 
 GROUP_SIZES = (1, 4, 8, 16)
 FUSED_METHODS = {"adapters64": {"name": "adapters", "size": 64}, "layernorm": {"name": "layernorm"}}
+COMPILE_MODES = {"eager": None, "compiled": "default", "graphs": "reduce-overhead"}  # torch.compile's mode per variant
 Batch = dict[str, torch.Tensor]
 
 
 def measure_fused(config: dict[str, Any], size: str, method: str, batches: list[Batch], group_sizes: Sequence[int],
                   device: Device, repeats: int, peak: float | None, steps: int = 8,
-                  optimizer_steps: Sequence[str] = ("together",)) -> list[dict[str, Any]]:
-    """One row per group size and optimizer step ("together": the trainer's one multi-tensor step for
-    all runs; "per_run": each run's own clipping and torch AdamW, fused on a GPU, in turn; which
-    launches fewer kernels on a GPU depends on how many tensors one multi-tensor launch takes, so it
-    is measured); a size that runs out of memory is recorded so and ends the sweep."""
+                  optimizer_steps: Sequence[str] = ("together",), mask_schemes: Sequence[str] = ("generator",),
+                  compile_modes: Sequence[str] = ("eager",)) -> list[dict[str, Any]]:
+    """One row per group size and variant: optimizer step ("together": the trainer's one multi-tensor
+    step for all runs; "per_run": each run's own clipping and torch AdamW, fused on a GPU, in turn;
+    which launches fewer kernels on a GPU depends on how many tensors one multi-tensor launch takes, so
+    it is measured) x dropout mask scheme x compile mode (COMPILE_MODES). A size that runs out of
+    memory is recorded so and ends the sweep."""
     rows: list[dict[str, Any]] = []
     cuda = device.kind == "cuda"  # the CPU runs it too, for a check, without memory figures
     for k in group_sizes:
         fused = [stack_run_batches([batches[(step * k + i) % len(batches)] for i in range(k)], 0, device.torch_device)
                  for step in range(steps)]
         examples = sum(sum(layout.rows) for *_, layout in fused)
-        for optimizer_step in optimizer_steps:  # a fresh group each: its own optimizer state and memory peak
+        # A fresh group for each variant: its own optimizer state and memory peak.
+        for optimizer_step, masks, compile_mode in itertools.product(optimizer_steps, mask_schemes, compile_modes):
+            variant = {"optimizer_step": optimizer_step, "masks": masks, "compile": compile_mode}
             model = randomness = runs = one_pass = None
             try:
-                model, randomness, runs, run_flops = _group(config, FUSED_METHODS[method], k, device, fused)
+                model, randomness, runs, run_flops = _group(config, FUSED_METHODS[method], k, device, fused, masks)
                 together = optimizer_step == "together"
+                runner = model if COMPILE_MODES[compile_mode] is None else torch.compile(model, dynamic=True, mode=COMPILE_MODES[compile_mode])
 
-                def one_pass(model: Any = model, randomness: Any = randomness, runs: Any = runs, together: bool = together) -> None:
+                def one_pass(model: Any = runner, randomness: Any = randomness, runs: Any = runs, together: bool = together) -> None:
                     for inputs, labels, weights, layout in fused:
                         fused_step(model, randomness, inputs, labels, weights, layout, "classification", runs, device, together)
 
@@ -57,7 +68,7 @@ def measure_fused(config: dict[str, Any], size: str, method: str, batches: list[
                 if cuda:
                     torch.cuda.reset_peak_memory_stats()
                 seconds = statistics.median(timed_pass(lambda _: one_pass(), [None], device) for _ in range(repeats))
-                rows.append({"backbone": size, "method": method, "k": k, "optimizer_step": optimizer_step,
+                rows.append({"backbone": size, "method": method, "k": k, **variant,
                              "step_ms": round(1000 * seconds / steps, 2), "examples_per_s": round(examples / seconds, 1),
                              "model_tflops_per_s": round(k * run_flops / seconds / 1e12, 1),
                              "mfu": round(k * run_flops / seconds / peak, 3) if peak else None,
@@ -65,10 +76,10 @@ def measure_fused(config: dict[str, Any], size: str, method: str, batches: list[
             except Exception as error:
                 if not is_out_of_memory(error):
                     raise
-                rows.append({"backbone": size, "method": method, "k": k, "optimizer_step": optimizer_step, "error": "out of memory"})
+                rows.append({"backbone": size, "method": method, "k": k, **variant, "error": "out of memory"})
                 return _with_speedups(rows)
             finally:
-                del model, randomness, runs, one_pass  # the closure holds the group too
+                del model, randomness, runs, one_pass, runner  # the closure holds the group too
                 gc.collect()
                 if cuda:
                     torch.cuda.empty_cache()
@@ -79,11 +90,11 @@ def _with_speedups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     base = next((row["examples_per_s"] for row in rows if row["k"] == 1 and "examples_per_s" in row), None)
     for row in rows:
         if base and "examples_per_s" in row:
-            row["speedup_vs_k1"] = round(row["examples_per_s"] / base, 2)  # against one run, the first optimizer step
+            row["speedup_vs_k1"] = round(row["examples_per_s"] / base, 2)  # against one run, the first variant
     return rows
 
 
-def _group(config: dict[str, Any], method: dict[str, Any], k: int, device: Device, fused: list[tuple]
+def _group(config: dict[str, Any], method: dict[str, Any], k: int, device: Device, fused: list[tuple], masks: str = "generator"
            ) -> tuple[Any, Any, list[_Run], float]:
     """k runs of `method` on one randomly initialised BERT (same initial tensors: speed does not depend on
     them), grouped, frozen matmuls in bf16 as training stores them; and one run's training FLOPs over
@@ -96,5 +107,5 @@ def _group(config: dict[str, Any], method: dict[str, Any], k: int, device: Devic
         apply_method(model, method_from_dict(method))
     run_flops = sum(training_flops(model, {"input_ids": inputs["input_ids"][: layout.block_rows]}) for inputs, _, _, layout in fused)
     # Frozen matmuls in the autocast dtype (bf16 on a GPU), as training stores them.
-    model, randomness, runs = grouped_runs(model, [trained_tensors(model)] * k, device, device.autocast_dtype)
+    model, randomness, runs = grouped_runs(model, [trained_tensors(model)] * k, device, device.autocast_dtype, masks)
     return model, randomness, runs, run_flops

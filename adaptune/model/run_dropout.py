@@ -1,6 +1,16 @@
 """Dropout whose masks come from each run's own seed, so a run's result does not depend on which runs
 shared its forward pass (adaptune.model.run_groups), nor on whether it trained alone.
 
+Two ways to draw them (`ADAPTUNE_DROPOUT_MASKS`, recorded in each run's state; a resumed run keeps its own):
+- "generator" (the default): each run's own `torch.Generator`, one draw per run per dropout site, in
+  the run's own shape (below). k runs cost k random-number kernels and k copies per site.
+- "counter": a mask bit is a keyed hash of (the run's seed, how many masks the run has drawn, the
+  position's coordinates in the run's own block), counter-based as Philox is (Salmon et al., SC 2011),
+  so one set of elementwise operators draws every run's mask at once, whatever k, and no padding or
+  block size can move a run's bits. Written with plain integer tensor operators so that it runs on
+  any device and torch.compile can fuse it into one kernel; no library offers a keyed elementwise
+  hash, and torch's generators take one seed per call.
+
 Every dropout of a training model (the embeddings', each sublayer's, the attention probabilities',
 the classifier's, LoRA's) becomes a `RunDropout`. It draws run i's mask from run i's own
 `torch.Generator`, in the shape run i's batch has when it trains alone: its real rows, padded to its
@@ -17,6 +27,7 @@ applies (evaluation).
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import torch
 from torch import nn
@@ -25,13 +36,119 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
 
 RUN_DROPOUT_ATTENTION = "adaptune_run_dropout"
+DROPOUT_MASKS_ENV = "ADAPTUNE_DROPOUT_MASKS"
+MASK_SCHEMES = ("generator", "counter")
 # Each run's dropout stream is its own generator, apart from the data-order streams
 # (batching.epoch_batches seeds seed * 1_000_003 + epoch, with epoch < 1_000_002).
 _DROPOUT_STREAM = 1_000_002
 
 
+_M32, _M64 = (1 << 32) - 1, (1 << 64) - 1
+_COUNTER_STATE_TAG = 0x5EED  # a counter stream's saved state: [tag, draws]
+# Bits of a position's index per axis of a run's block (rows first), by the block's rank: 32 in all.
+_COORDINATE_BITS = {
+    1: (32,),  # rows
+    2: (20, 12),  # rows, features (the classifier's dropout on the pooled output)
+    3: (11, 9, 12),  # rows, tokens, features (embeddings, sublayer outputs, LoRA inputs)
+    4: (8, 6, 9, 9),  # rows, heads, queries, keys (attention probabilities)
+}
+
+
 def dropout_generator(seed: int, device: torch.device) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(seed * 1_000_003 + _DROPOUT_STREAM)
+
+
+def mask_scheme() -> str:
+    """The scheme a new run draws its masks with: $ADAPTUNE_DROPOUT_MASKS, else "generator"."""
+    scheme = os.environ.get(DROPOUT_MASKS_ENV) or "generator"
+    if scheme not in MASK_SCHEMES:
+        raise ValueError(f"{DROPOUT_MASKS_ENV}={scheme!r} is not a dropout mask scheme: use one of {', '.join(MASK_SCHEMES)}")
+    return scheme
+
+
+def saved_scheme(state: torch.Tensor | None) -> str | None:
+    """The scheme a saved stream state (a stream's get_state()) belongs to; None for none saved."""
+    if state is None:
+        return None
+    if state.dtype == torch.int64 and state.numel() == 2 and int(state[0]) == _COUNTER_STATE_TAG:
+        return "counter"
+    return "generator"
+
+
+class CounterStream:
+    """A run's counter-based mask stream: two 32-bit keys from its seed, and how many masks it has
+    drawn (its whole state: a resumed run continues from its count). Once a RunRandomness holds it,
+    the count lives on the device (no host sync per draw) and is read back only to be saved."""
+
+    def __init__(self, seed: int) -> None:
+        mixed = _splitmix64(seed * 1_000_003 + _DROPOUT_STREAM)
+        self.keys = (mixed & _M32, mixed >> 32)
+        self._draws = 0
+        self._held: tuple[RunRandomness, int] | None = None
+
+    @property
+    def draws(self) -> int:
+        if self._held is None:
+            return self._draws
+        randomness, index = self._held
+        return int(randomness.draws[index])
+
+    def get_state(self) -> torch.Tensor:
+        return torch.tensor([_COUNTER_STATE_TAG, self.draws], dtype=torch.int64)
+
+    def set_state(self, state: torch.Tensor) -> None:
+        if saved_scheme(state) != "counter":
+            raise ValueError("this saved dropout state was drawn by a generator, not a counter stream")
+        self._draws = int(state[1])
+        if self._held is not None:
+            randomness, index = self._held
+            randomness.draws[index] = self._draws
+
+
+def dropout_stream(seed: int, device: torch.device, scheme: str | None = None) -> torch.Generator | CounterStream:
+    """A run's dropout stream in `scheme` (None: mask_scheme())."""
+    if (scheme or mask_scheme()) == "counter":
+        return CounterStream(seed)
+    return dropout_generator(seed, device)
+
+
+def counter_keep_mask(keys: torch.Tensor, draws: torch.Tensor, shape: torch.Size | tuple[int, ...], p: float) -> torch.Tensor:
+    """Every run's keep-mask for one dropout site at once: bool, `shape` = (runs, *block). Position c of
+    run i is kept iff hash(keys[i], draws[i], c) >= p * 2^32, with c the position's coordinates in the
+    run's block (row, token, feature, ...): the same bits for the same run, draw and position in any
+    block. `keys`: (runs, 2) and `draws`: (runs,), int64 on the mask's device."""
+    own = tuple(shape[1:])
+    widths = _COORDINATE_BITS.get(len(own))
+    if widths is None or any(size > 1 << width for size, width in zip(own, widths, strict=True)):
+        raise ValueError(f"counter dropout masks take blocks of rank 1-4 whose axes fit {widths or _COORDINATE_BITS} bits; "
+                         f"got {own}: use {DROPOUT_MASKS_ENV}=generator")
+    device, dims = keys.device, len(own)
+    index, shift = None, 32
+    for axis, (size, width) in enumerate(zip(own, widths, strict=True)):
+        shift -= width
+        term = (torch.arange(size, device=device, dtype=torch.int64) << shift).view(size, *([1] * (dims - axis - 1)))
+        index = term if index is None else index + term
+    per_run = (-1, *([1] * dims))
+    first = (keys[:, 0] ^ _mix32(draws & _M32)).view(per_run)
+    second = (keys[:, 1] ^ _mix32((draws & _M32) ^ 0x5BD1E995)).view(per_run)
+    bits = _mix32(_mix32(index.unsqueeze(0) ^ first) ^ second)
+    return bits >= round(p * (1 << 32))
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash (xor-shift-multiply; multiplier < 2^27, so int64 products never overflow)."""
+    x = x ^ (x >> 16)
+    x = (x * 0x45D9F3B) & _M32
+    x = x ^ (x >> 16)
+    x = (x * 0x45D9F3B) & _M32
+    return x ^ (x >> 16)
+
+
+def _splitmix64(value: int) -> int:
+    z = (value + 0x9E3779B97F4A7C15) & _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
 
 
 @dataclasses.dataclass
@@ -44,16 +161,45 @@ class RowLayout:
     lengths: list[int]
 
 
-class RunRandomness:
-    """What every RunDropout of one model shares: each run's generator, and the current step's layout
-    (None: the rows are one block per generator, at their full shape, as when a run trains alone)."""
+class RunRandomness(nn.Module):
+    """What every RunDropout of one model shares: each run's stream (all generators or all counter
+    streams), and the current step's layout (None: the rows are one block per run, at their full
+    shape, as when a run trains alone; counter masks need no layout). A module, so that the counter
+    streams' keys and counts (buffers, not saved with the model) move with the model to its device and
+    a compiled forward reads and advances them without leaving the device."""
 
-    def __init__(self, generators: list[torch.Generator]) -> None:
-        self.generators = generators
+    def __init__(self, streams: list[torch.Generator | CounterStream]) -> None:
+        super().__init__()
+        schemes = {"counter" if isinstance(stream, CounterStream) else "generator" for stream in streams}
+        if len(schemes) != 1:
+            raise ValueError("the runs of a group must draw their dropout masks with one scheme")
+        self.scheme = schemes.pop()
         self.layout: RowLayout | None = None
+        self._hold(streams, device=None)
+
+    def _hold(self, streams: list[torch.Generator | CounterStream], device: torch.device | None) -> None:
+        self.streams = streams
+        if self.scheme != "counter":
+            return
+        counters: list[CounterStream] = streams  # type: ignore[assignment]
+        draws = [stream.draws for stream in counters]
+        self.register_buffer("keys", torch.tensor([stream.keys for stream in counters], dtype=torch.int64, device=device), persistent=False)
+        self.register_buffer("draws", torch.tensor(draws, dtype=torch.int64, device=device), persistent=False)
+        for index, stream in enumerate(counters):
+            stream._held = (self, index)
 
     def keep(self, indices: list[int]) -> None:
-        self.generators = [self.generators[i] for i in indices]
+        kept = [self.streams[i] for i in indices]
+        if self.scheme == "counter":
+            for stream in self.streams:  # each keeps its count; a run that left no longer reads this module's
+                stream._draws, stream._held = stream.draws, None  # type: ignore[union-attr]
+        self._hold(kept, self.draws.device if self.scheme == "counter" else None)
+
+    def counter_mask(self, shape: torch.Size, p: float) -> torch.Tensor:
+        """Every run's mask for one site (counter_keep_mask); each run's count advances by one draw."""
+        mask = counter_keep_mask(self.keys, self.draws, shape, p)
+        self.draws.add_(1)
+        return mask
 
 
 class RunDropout(nn.Module):
@@ -68,12 +214,13 @@ class RunDropout(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0:
             return x
-        generators = self.randomness.generators
-        runs = len(generators)
-        blocks = x.reshape(runs, -1, *x.shape[1:])
-        layout = self.randomness.layout
+        randomness = self.randomness
+        blocks = x.reshape(len(randomness.streams), -1, *x.shape[1:])
+        if randomness.scheme == "counter":
+            return (blocks * randomness.counter_mask(blocks.shape, self.p)).reshape(x.shape) / (1 - self.p)
+        layout = randomness.layout
         mask = blocks.new_ones(blocks.shape) if layout is not None else torch.empty_like(blocks)
-        for run, generator in enumerate(generators):
+        for run, generator in enumerate(randomness.streams):
             if layout is None:
                 mask[run].bernoulli_(1 - self.p, generator=generator)
                 continue
@@ -95,10 +242,11 @@ def _own_shape(block_shape: torch.Size, rows: int, length: int) -> tuple[int, ..
     return (rows, *block_shape[1:])
 
 
-def use_run_dropout(model: nn.Module, generators: list[torch.Generator]) -> RunRandomness:
-    """Replace every nn.Dropout of the model by a RunDropout drawing from `generators` (one per run),
-    and route attention through RUN_DROPOUT_ATTENTION; in place. Returns the shared RunRandomness."""
-    randomness = RunRandomness(generators)
+def use_run_dropout(model: nn.Module, streams: list[torch.Generator | CounterStream]) -> RunRandomness:
+    """Replace every nn.Dropout of the model by a RunDropout drawing from `streams` (one per run: all
+    generators or all counter streams), and route attention through RUN_DROPOUT_ATTENTION; in place.
+    Returns the shared RunRandomness."""
+    randomness = RunRandomness(streams)
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Dropout):

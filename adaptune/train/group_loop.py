@@ -30,13 +30,12 @@ from torch.nn import functional as F
 from transformers import get_linear_schedule_with_warmup, set_seed
 
 from adaptune.core.devices import Device, is_out_of_memory, pick_device, release_memory
-from adaptune.core.run_files import STATE_FILE
 from adaptune.data.batching import epoch_batches, make_collator
 from adaptune.data.tasks import get_task
 from adaptune.model.backbone import load_model, load_tokenizer
 from adaptune.model.methods import apply_method, method_from_dict
 from adaptune.model.params import count_parameters
-from adaptune.model.run_dropout import RowLayout, RunRandomness, dropout_generator, use_run_dropout
+from adaptune.model.run_dropout import RowLayout, RunRandomness, dropout_stream, mask_scheme, use_run_dropout
 from adaptune.model.run_groups import group_model, keep_runs, run_parameters, trained_tensors
 from adaptune.train.config import TrainConfig
 from adaptune.train.evaluate import evaluate_runs
@@ -57,7 +56,7 @@ from adaptune.train.loop import (
     prepare_data,
 )
 from adaptune.train.record import record_in_run_dir, run_record, with_provenance
-from adaptune.train.state import load_state
+from adaptune.train.state import load_state, resume_point
 
 _PAD_VALUES = {"attention_mask": 0, "token_type_ids": 0}
 
@@ -85,26 +84,21 @@ def train_group(
     callbacks = list(on_state_saved) if on_state_saved is not None else [None] * len(configs)
     outs = [Path(out) for out in out_dirs]
     records: dict[int, dict[str, Any]] = {}
-    by_step: dict[int, list[int]] = {}
+    by_resume_point: dict[tuple[int, str], list[int]] = {}
     for index, (config, out) in enumerate(zip(configs, outs, strict=True)):
         out.mkdir(parents=True, exist_ok=True)
         finished = record_in_run_dir(out, config.run_id)
         if finished is not None and finished.get("status") != "failed":
             records[index] = finished
         else:
-            by_step.setdefault(_saved_step(out), []).append(index)
-    for indices in by_step.values():  # runs resumed at different steps cannot share a step
-        group = _Group([configs[i] for i in indices], [outs[i] for i in indices], [callbacks[i] for i in indices])
+            step, scheme = resume_point(out)
+            by_resume_point.setdefault((step, scheme or mask_scheme()), []).append(index)
+    # Runs resumed at different steps cannot share a step, nor runs whose masks come from different schemes.
+    for (_, scheme), indices in by_resume_point.items():
+        group = _Group([configs[i] for i in indices], [outs[i] for i in indices], [callbacks[i] for i in indices], scheme)
         for index, record in zip(indices, group.train(data_dir, cache_dir, progress, step_callback, write_record), strict=True):
             records[index] = record
     return [records[index] for index in range(len(configs))]
-
-
-def _saved_step(out: Path) -> int:
-    path = out / STATE_FILE
-    if not path.is_file():
-        return 0
-    return int(torch.load(path, map_location="cpu", weights_only=True)["progress"]["global_step"])
 
 
 class _Member(_Run):
@@ -124,7 +118,8 @@ class _Member(_Run):
 
 
 class _Group:
-    def __init__(self, configs: list[TrainConfig], outs: list[Path], callbacks: list[Callable[[], None] | None]) -> None:
+    def __init__(self, configs: list[TrainConfig], outs: list[Path], callbacks: list[Callable[[], None] | None],
+                 mask_scheme: str) -> None:
         for config in configs:
             _check_config(config)
         self.device: Device = pick_device()
@@ -134,8 +129,9 @@ class _Group:
                     run_record(config, self.task.primary_metric, self.device.name), callback)
             for config, out, callback in zip(configs, outs, callbacks, strict=True)
         ]
+        self.mask_scheme = mask_scheme
         for member in self.members:
-            member.record["group_size"] = len(self.members)
+            member.record.update(group_size=len(self.members), dropout_masks=mask_scheme)
         self.finished: dict[str, dict[str, Any]] = {}
 
     def train(self, data_dir: Any, cache_dir: Any, progress: bool, step_callback: StepCallback | None,
@@ -172,13 +168,14 @@ class _Group:
         template = copy.deepcopy(model)
         model = group_model(model, trained)
         del trained
-        self.randomness = use_run_dropout(model, [dropout_generator(member.config.seed, device.torch_device) for member in self.members])
+        self.randomness = use_run_dropout(model, [dropout_stream(member.config.seed, device.torch_device, self.mask_scheme)
+                                                  for member in self.members])
         model.to(device.torch_device)
         if device.autocast_dtype is not None:
             keep_frozen_matmuls_in(model, device.autocast_dtype)
         steps_per_epoch = math.ceil(len(data.train_rows) / first.batch_size)
         total_steps = steps_per_epoch * first.epochs
-        for member, params, generator in zip(self.members, run_parameters(model), self.randomness.generators, strict=True):
+        for member, params, generator in zip(self.members, run_parameters(model), self.randomness.streams, strict=True):
             member.record.update(trained_params=counts.trained, total_params=counts.total)
             member.params, member.template, member.dropout = params, template, generator
             member.optimizer = adamw(params, decayed, member.config.lr, member.config.weight_decay)

@@ -40,8 +40,8 @@ from adaptune.train.record import record_in_run_dir, run_record, with_provenance
 from adaptune.train.run_data import RunData, prepare_run_data
 from adaptune.core.run_files import CHECKPOINT_DIR, PREDICTIONS_FILE, RECORD_FILE
 from adaptune.data.tasks import Task, get_task, scored_companions
-from adaptune.model.run_dropout import dropout_generator, use_run_dropout
-from adaptune.train.state import Progress, load_state, remove_state, save_state, trained_parameters
+from adaptune.model.run_dropout import dropout_stream, mask_scheme, use_run_dropout
+from adaptune.train.state import Progress, load_state, remove_state, resume_point, save_state, trained_parameters
 
 StepCallback = Callable[[int], None]
 Evaluator = Callable[[Task, EvalSplit], EvalResult]  # one run's scores on a split
@@ -129,7 +129,9 @@ class _Run:
         self.record.update(data_split=data.data_split, split_note=data.split_note, split_sizes=data.split_sizes)
         model = load_model(config.backbone, task.kind, task.num_labels)
         apply_method(model, self.method_cfg)
-        self.dropout = dropout_generator(config.seed, device.torch_device)
+        scheme = resume_point(self.out)[1] or mask_scheme()  # a resumed run keeps its own masks' scheme
+        self.record["dropout_masks"] = scheme
+        self.dropout = dropout_stream(config.seed, device.torch_device, scheme)
         use_run_dropout(model, [self.dropout])
         model.to(device.torch_device)
         if device.autocast_dtype is not None:

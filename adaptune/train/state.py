@@ -16,6 +16,7 @@ from torch import nn
 
 from adaptune.core.files import atomic_write
 from adaptune.core.run_files import STATE_FILE
+from adaptune.model.run_dropout import CounterStream, saved_scheme
 
 
 
@@ -47,10 +48,10 @@ def trained_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
 
 def save_state(
     out_dir: Path, run_id: str, trained: Mapping[str, torch.Tensor], optimizer: torch.optim.Optimizer, scheduler: Any,
-    progress: Progress, dropout: torch.Generator | None = None,
+    progress: Progress, dropout: torch.Generator | CounterStream | None = None,
 ) -> None:
     """`trained`: the run's trained tensors by their solo names (a grouped run's too: run_groups.run_parameters);
-    `dropout`: the run's dropout generator (run_dropout), whose state a resumed run continues from."""
+    `dropout`: the run's dropout stream (run_dropout), whose state a resumed run continues from."""
     state = {
         "run_id": run_id,
         "trained": {name: p.detach().cpu().clone() for name, p in trained.items()},
@@ -66,7 +67,7 @@ def save_state(
 
 def load_state(
     out_dir: Path, run_id: str, trained: Mapping[str, nn.Parameter], optimizer: torch.optim.Optimizer, scheduler: Any,
-    dropout: torch.Generator | None = None,
+    dropout: torch.Generator | CounterStream | None = None,
 ) -> Progress | None:
     """Restore a saved state into model/optimizer/scheduler/RNG; None when there is none to resume."""
     path = out_dir / STATE_FILE
@@ -94,6 +95,16 @@ def load_state(
         dropout.set_state(state["rng_dropout"])
     known = {field.name for field in dataclasses.fields(Progress)}
     return Progress(**{key: value for key, value in state["progress"].items() if key in known})  # older states' extra fields dropped
+
+
+def resume_point(out_dir: Path) -> tuple[int, str | None]:
+    """Where a run's saved state stands: (its global step, the scheme its dropout masks were drawn with,
+    run_dropout.saved_scheme); (0, None) with no state. Memory-mapped: only these fields are read."""
+    path = out_dir / STATE_FILE
+    if not path.is_file():
+        return 0, None
+    state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    return int(state["progress"]["global_step"]), saved_scheme(state.get("rng_dropout"))
 
 
 def remove_state(out_dir: Path) -> None:

@@ -1,0 +1,93 @@
+"""Counter-based dropout masks (adaptune.model.run_dropout, ADAPTUNE_DROPOUT_MASKS=counter): a run's mask
+bits are a pure function of its seed, its draw count and each position's coordinates in its own block.
+
+The masks are deterministic, so these statistics are fixed numbers, not flaky draws: each bound is 5
+standard errors of the quantity for independent Bernoulli(0.9) bits (a correlation's standard error is
+1/sqrt(n)), far below what a broken hash gives (a reused key or an ignored axis gives 1.0).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from adaptune.model.run_dropout import (
+    DROPOUT_MASKS_ENV,
+    CounterStream,
+    RunDropout,
+    RunRandomness,
+    counter_keep_mask,
+    dropout_stream,
+    mask_scheme,
+    saved_scheme,
+)
+
+P = 0.1
+ATTENTION = (3, 32, 12, 48, 48)  # runs, rows, heads, queries, keys
+
+
+def _mask(seeds: tuple[int, ...], draw: int, shape: tuple[int, ...]) -> torch.Tensor:
+    keys = torch.tensor([CounterStream(seed).keys for seed in seeds], dtype=torch.int64)
+    return counter_keep_mask(keys, torch.full((len(seeds),), draw), shape, P)
+
+
+def _correlation(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(torch.corrcoef(torch.stack([a.flatten().float(), b.flatten().float()]))[0, 1])
+
+
+def test_counter_masks_keep_one_minus_p_independently_across_positions_runs_and_draws() -> None:
+    mask = _mask((0, 1, 2), 0, ATTENTION)
+    assert mask.shape == ATTENTION and mask.dtype == torch.bool
+    n = mask[0].numel()
+    for run in range(3):
+        assert abs(float(mask[run].float().mean()) - (1 - P)) < 5 * math.sqrt(P * (1 - P) / n)
+    bound = 5 / math.sqrt(n)
+    for axis in range(1, 5):  # neighbours along every axis of the block
+        ahead, behind = mask.narrow(axis, 1, ATTENTION[axis] - 1), mask.narrow(axis, 0, ATTENTION[axis] - 1)
+        assert abs(_correlation(ahead, behind)) < 5 / math.sqrt(ahead.numel())
+    assert abs(_correlation(mask[0], mask[1])) < bound  # seeds 0 and 1
+    assert abs(_correlation(mask, _mask((0, 1, 2), 1, ATTENTION))) < 5 / math.sqrt(mask.numel())  # next draw
+
+
+def test_a_runs_counter_mask_does_not_depend_on_its_block_nor_on_the_other_runs() -> None:
+    group = _mask((5, 7, 9), 3, ATTENTION)
+    alone = _mask((7,), 3, (1, 20, 12, 30, 30))  # its own rows and length, no padding
+    assert torch.equal(alone[0], group[1, :20, :, :30, :30])
+    reordered = _mask((9, 7), 3, (2, 32, 12, 48, 48))
+    assert torch.equal(reordered[1], group[1])
+    hidden = _mask((7,), 3, (1, 20, 30, 384))  # rows, tokens, features
+    assert torch.equal(hidden[0, :8, :10], _mask((7,), 3, (1, 8, 10, 384))[0])
+
+
+def test_run_dropout_draws_counter_masks_and_advances_each_runs_count() -> None:
+    streams = [CounterStream(0), CounterStream(1)]
+    dropout = RunDropout(P, RunRandomness(streams)).train()
+    x = torch.ones(2 * 4, 6, 16)
+    out = dropout(x)
+    expected = _mask((0, 1), 0, (2, 4, 6, 16)).reshape(x.shape) / (1 - P)
+    assert torch.equal(out, expected)
+    assert [stream.draws for stream in streams] == [1, 1]  # counted on the device, read back on demand
+    assert not torch.equal(dropout(x), out)  # the next draw is another mask
+    restored = CounterStream(0)
+    restored.set_state(streams[0].get_state())
+    assert restored.draws == 2 and saved_scheme(streams[0].get_state()) == "counter"
+    streams[1].set_state(torch.tensor([streams[1].get_state()[0], 0]))  # a resumed run's count goes to the device
+    dropout.randomness.keep([1])  # run 0 left the group: run 1 goes on from its own count
+    assert torch.equal(dropout(x[4:]), out[4:]) and streams[1].draws == 1 and streams[0].draws == 2
+    assert saved_scheme(torch.Generator().get_state()) == "generator" and saved_scheme(None) is None
+
+
+def test_the_mask_scheme_is_a_setting_checked_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(DROPOUT_MASKS_ENV, raising=False)
+    assert mask_scheme() == "generator" and isinstance(dropout_stream(0, torch.device("cpu")), torch.Generator)
+    monkeypatch.setenv(DROPOUT_MASKS_ENV, "counter")
+    assert isinstance(dropout_stream(0, torch.device("cpu")), CounterStream)
+    monkeypatch.setenv(DROPOUT_MASKS_ENV, "philox")
+    with pytest.raises(ValueError, match="ADAPTUNE_DROPOUT_MASKS='philox' is not a dropout mask scheme: use one of generator, counter"):
+        mask_scheme()
+    with pytest.raises(ValueError, match="one scheme"):
+        RunRandomness([CounterStream(0), torch.Generator()])
+    with pytest.raises(ValueError, match="ADAPTUNE_DROPOUT_MASKS=generator"):
+        _mask((0,), 0, (1, 300, 12, 48, 48))  # 300 rows exceed the attention block's 8 bits
