@@ -36,7 +36,8 @@ from adaptune.train.group_loop import fused_step
 from adaptune.train.loop import adamw, decayed_names, keep_frozen_matmuls_in
 
 GROUP_SIZES = (1, 4, 16)
-OPTIMIZER_STEPS = ("per_run", "together")
+# (optimizer step, dropout masks' scheme): the trainer's default, the per-run optimizer step before it, counter masks.
+VARIANTS = (("per_run", "generator"), ("together", "generator"), ("together", "counter"))
 ADAPTERS = {"name": "adapters", "size": 64}
 
 
@@ -58,14 +59,14 @@ class _Run:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: 1.0)
 
 
-def _group(backbone: str, k: int, device: Device, bf16: bool = False) -> tuple[torch.nn.Module, Any, list[_Run]]:
+def _group(backbone: str, k: int, device: Device, bf16: bool = False, masks: str = "generator") -> tuple[torch.nn.Module, Any, list[_Run]]:
     trained, model = [], None
     for seed in range(k):
         torch.manual_seed(seed)
         model = load_model(backbone, "classification", num_labels=2)
         apply_method(model, method_from_dict(ADAPTERS))
         trained.append(trained_tensors(model))
-    return grouped_runs(model, trained, device, torch.bfloat16 if bf16 else None)
+    return grouped_runs(model, trained, device, torch.bfloat16 if bf16 else None, masks)
 
 
 def grouped_runs(model: torch.nn.Module, trained: list[dict[str, torch.Tensor]], device: Device,
@@ -91,8 +92,8 @@ def _stacked(batch: dict[str, torch.Tensor], k: int) -> tuple[dict[str, torch.Te
 
 
 def _step_fn(backbone: str, k: int, device: Device, batch: dict[str, torch.Tensor], bf16: bool = False,
-             together: bool = True) -> Any:
-    model, randomness, runs = _group(backbone, k, device, bf16)
+             together: bool = True, masks: str = "generator") -> Any:
+    model, randomness, runs = _group(backbone, k, device, bf16, masks)
     inputs, labels, weights, layout = _stacked(batch, k)
     autocast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
 
@@ -131,6 +132,32 @@ def _compare(steps: dict[Any, Any], examples: dict[Any, int], repeats: int, step
     return {key: (examples[key] * steps_per_timing / statistics.median(times[key]), ops[key]) for key in steps}
 
 
+def mask_site_kernels(group_sizes: tuple[int, ...] = GROUP_SIZES) -> dict[str, Any]:
+    """How many kernels torch.compile (inductor, here its CPU backend) makes of one dropout site with
+    counter-based masks (hash, mask, scale, the runs' counts advanced) at each k, and whether its output
+    equals the eager one: what a compiled GPU step launches per site, against 2k + 1 launches for the
+    generator masks' draws and copies."""
+    from torch._inductor import metrics
+
+    from adaptune.model.run_dropout import CounterStream, counter_keep_mask
+
+    def site(x: torch.Tensor, keys: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
+        keep = counter_keep_mask(keys, draws, x.shape, 0.1)
+        draws.add_(1)
+        return x * keep / 0.9
+
+    compiled, kernels, equal = torch.compile(site, dynamic=True), {}, True
+    for k in group_sizes:
+        keys = torch.tensor([CounterStream(seed).keys for seed in range(k)], dtype=torch.int64)
+        x = torch.randn(k, 32, 12, 40, 40)  # a group's attention probabilities: runs, rows, heads, tokens, tokens
+        torch._dynamo.reset()
+        metrics.reset()
+        out = compiled(x, keys, torch.zeros(k, dtype=torch.int64))
+        kernels[str(k)] = metrics.generated_kernel_count
+        equal = equal and torch.equal(out, site(x, keys, torch.zeros(k, dtype=torch.int64)))
+    return {"counter_mask_site_compiled_kernels": kernels, "counter_mask_site_compiled_equals_eager": equal}
+
+
 def measure_group_runs(data_dir: str | None, k: int = 4) -> dict[str, Any]:
     """Whole runs: k adapter runs (lr and seed differ) on MRPC trained as one group, and one after another
     alone, wall clock each (data preparation, model building, training, evaluation, checkpoints)."""
@@ -155,20 +182,23 @@ def measure_group_runs(data_dir: str | None, k: int = 4) -> dict[str, Any]:
 
 def measure_fused_groups(batch: dict[str, torch.Tensor], device: Device, repeats: int) -> dict[str, Any]:
     """Each group size k with the group's optimizer step done for all runs at once ("together", the
-    trainer's) and one run after another ("per_run", as before), side by side."""
+    trainer's) and one run after another ("per_run", as before), and with counter-based dropout masks
+    (one set of operators for all runs' masks) against one generator draw per run, side by side."""
     rows = batch["input_ids"].shape[0]
     entries = []
     with tempfile.TemporaryDirectory() as tmp:
         backbones = {DEFAULT_BACKBONE: False, _proxy_backbone(Path(tmp) / "proxy"): True}
         for backbone, proxy in backbones.items():
-            variants = [(k, optimizer) for k in GROUP_SIZES for optimizer in OPTIMIZER_STEPS]
-            steps = {(k, optimizer): _step_fn(backbone, k, device, batch, together=optimizer == "together") for k, optimizer in variants}
-            measured = _compare(steps, {(k, optimizer): rows * k for k, optimizer in variants}, repeats, 3 if proxy else 1)
-            for (k, optimizer), (per_s, ops) in measured.items():
+            variants = [(k, optimizer, masks) for k in GROUP_SIZES for optimizer, masks in VARIANTS]
+            steps = {(k, optimizer, masks): _step_fn(backbone, k, device, batch, together=optimizer == "together", masks=masks)
+                     for k, optimizer, masks in variants}
+            measured = _compare(steps, {variant: rows * variant[0] for variant in variants}, repeats, 3 if proxy else 1)
+            for (k, optimizer, masks), (per_s, ops) in measured.items():
                 entries.append({"k": k, "backbone": "tiny-bert-w32 (proxy)" if proxy else DEFAULT_BACKBONE, "proxy": proxy,
-                                "optimizer_step": optimizer, "ops_per_example": round(ops, 2), "examples_per_s": round(per_s, 1),
-                                "speedup_vs_k1_per_run": round(per_s / measured[(1, "per_run")][0], 2),
-                                "speedup_vs_per_run": round(per_s / measured[(k, "per_run")][0], 2)})
+                                "optimizer_step": optimizer, "masks": masks, "ops_per_example": round(ops, 2),
+                                "examples_per_s": round(per_s, 1),
+                                "speedup_vs_k1_per_run": round(per_s / measured[(1, *VARIANTS[0])][0], 2),
+                                "speedup_vs_per_run": round(per_s / measured[(k, *VARIANTS[0])][0], 2)})
             del steps
     timed = _compare({"float32": _step_fn(DEFAULT_BACKBONE, 1, device, batch),
                       "bfloat16": _step_fn(DEFAULT_BACKBONE, 1, device, batch, bf16=True)}, {"float32": rows, "bfloat16": rows}, repeats, 2)
@@ -177,9 +207,11 @@ def measure_fused_groups(batch: dict[str, torch.Tensor], device: Device, repeats
     # The speed-up is the CPU's: native bf16 (avx512_bf16/AMX) or emulated (AVX2 only), as oneDNN dispatches.
     bf16_entry["native_bf16"] = native_cpu_bf16()
     bf16_entry["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
-    return {"fused_groups": entries, "frozen_backbone_bf16_examples_per_s": bf16_entry,
+    return {"fused_groups": entries, **mask_site_kernels(), "frozen_backbone_bf16_examples_per_s": bf16_entry,
             "fused_groups_note": ("k runs of adapters 64 on the same SST-2 batch of "
                                   f"{rows} rows each (batch x k rows per step); optimizer_step 'together' is the group's "
                                   "multi-tensor clipping and AdamW for all runs (the trainer's), 'per_run' each run's own "
-                                  "clip_grad_norm_ and AdamW in turn; 'proxy' entries are the width-32 BERT, a stand-in "
+                                  "clip_grad_norm_ and AdamW in turn; masks 'generator' draws each run's dropout masks "
+                                  "from its own torch.Generator, 'counter' every run's at once (a keyed hash, eager here); "
+                                  "'proxy' entries are the width-32 BERT, a stand-in "
                                   "for a launch-bound GPU step, not a GPU measurement")}

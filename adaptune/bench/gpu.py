@@ -202,6 +202,7 @@ def build_step(backbone: str, method: str, variant: str, device: Device) -> tupl
     from transformers import BertConfig, BertForSequenceClassification
 
     from adaptune.model.methods import apply_method, method_from_dict
+    from adaptune.train.compiling import COMPILE_MODES, training_forward
     from adaptune.train.loop import _adamw, keep_frozen_matmuls_in, training_step
 
     torch.manual_seed(0)
@@ -217,8 +218,7 @@ def build_step(backbone: str, method: str, variant: str, device: Device) -> tupl
     keep_frozen_matmuls_in(model, torch.bfloat16)
     optimizer = _adamw(model, 1e-5, 0.01)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    runner = {"compiled": lambda: torch.compile(model, dynamic=True),
-              "graphs": lambda: torch.compile(model, dynamic=True, mode="reduce-overhead")}.get(variant, lambda: model)()
+    runner = training_forward(model, variant if variant in COMPILE_MODES else "eager")  # as the trainer runs it
     return (lambda batch: training_step(runner, batch, optimizer, scheduler, trainable, device, 1.0)), model, optimizer
 
 

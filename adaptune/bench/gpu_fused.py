@@ -28,11 +28,11 @@ from adaptune.bench.step_cost import timed_pass, training_flops
 from adaptune.core.devices import Device, is_out_of_memory
 from adaptune.model.methods import apply_method, method_from_dict
 from adaptune.model.run_groups import trained_tensors
+from adaptune.train.compiling import training_forward
 from adaptune.train.group_loop import fused_step, stack_run_batches
 
 GROUP_SIZES = (1, 4, 8, 16)
 FUSED_METHODS = {"adapters64": {"name": "adapters", "size": 64}, "layernorm": {"name": "layernorm"}}
-COMPILE_MODES = {"eager": None, "compiled": "default", "graphs": "reduce-overhead"}  # torch.compile's mode per variant
 Batch = dict[str, torch.Tensor]
 
 
@@ -43,7 +43,7 @@ def measure_fused(config: dict[str, Any], size: str, method: str, batches: list[
     """One row per group size and variant: optimizer step ("together": the trainer's one multi-tensor
     step for all runs; "per_run": each run's own clipping and torch AdamW, fused on a GPU, in turn;
     which launches fewer kernels on a GPU depends on how many tensors one multi-tensor launch takes, so
-    it is measured) x dropout mask scheme x compile mode (COMPILE_MODES). A size that runs out of
+    it is measured) x dropout mask scheme x compile mode (adaptune.train.compiling, as the trainer runs it). A size that runs out of
     memory is recorded so and ends the sweep."""
     rows: list[dict[str, Any]] = []
     cuda = device.kind == "cuda"  # the CPU runs it too, for a check, without memory figures
@@ -58,7 +58,7 @@ def measure_fused(config: dict[str, Any], size: str, method: str, batches: list[
             try:
                 model, randomness, runs, run_flops = _group(config, FUSED_METHODS[method], k, device, fused, masks)
                 together = optimizer_step == "together"
-                runner = model if COMPILE_MODES[compile_mode] is None else torch.compile(model, dynamic=True, mode=COMPILE_MODES[compile_mode])
+                runner = training_forward(model, compile_mode)
 
                 def one_pass(model: Any = runner, randomness: Any = randomness, runs: Any = runs, together: bool = together) -> None:
                     for inputs, labels, weights, layout in fused:

@@ -37,6 +37,7 @@ from adaptune.model.methods import apply_method, method_from_dict
 from adaptune.model.params import count_parameters
 from adaptune.model.run_dropout import RowLayout, RunRandomness, dropout_stream, mask_scheme, use_run_dropout
 from adaptune.model.run_groups import group_model, keep_runs, run_parameters, trained_tensors
+from adaptune.train.compiling import compile_mode, training_forward
 from adaptune.train.config import TrainConfig
 from adaptune.train.evaluate import evaluate_runs
 from adaptune.train.group_optimizer import clip_and_step
@@ -129,9 +130,9 @@ class _Group:
                     run_record(config, self.task.primary_metric, self.device.name), callback)
             for config, out, callback in zip(configs, outs, callbacks, strict=True)
         ]
-        self.mask_scheme = mask_scheme
+        self.mask_scheme, self.compile_mode = mask_scheme, compile_mode()
         for member in self.members:
-            member.record.update(group_size=len(self.members), dropout_masks=mask_scheme)
+            member.record.update(group_size=len(self.members), dropout_masks=mask_scheme, compile=self.compile_mode)
         self.finished: dict[str, dict[str, Any]] = {}
 
     def train(self, data_dir: Any, cache_dir: Any, progress: bool, step_callback: StepCallback | None,
@@ -188,6 +189,7 @@ class _Group:
                 member.progress = resumed
             member.curve_log.start(member.progress.global_step)
         self.model, self.collator, self.tokenizer = model, make_collator(tokenizer, pad_to_multiple_of=device.pad_multiple), tokenizer
+        self.forward = training_forward(model, self.compile_mode)  # evaluation calls the model itself
         lengths = [len(row["input_ids"]) for row in data.train_rows]
         while self.members and self.members[0].progress.epoch < first.epochs:
             epoch, start = self.members[0].progress.epoch, self.members[0].progress.step_in_epoch
@@ -231,7 +233,7 @@ class _Group:
 
     def _step(self, batches: list[list[int]], rows: list[dict[str, Any]]) -> None:
         inputs, labels, weights, layout = self._fused_batch(batches, rows)
-        results = fused_step(self.model, self.randomness, inputs, labels, weights, layout, self.task.kind, self.members, self.device)
+        results = fused_step(self.forward, self.randomness, inputs, labels, weights, layout, self.task.kind, self.members, self.device)
         for member, result in zip(self.members, results, strict=True):
             member.guard.add(result)
 
@@ -291,7 +293,7 @@ class GroupRun(Protocol):
     config: TrainConfig
 
 
-def fused_step(model: torch.nn.Module, randomness: RunRandomness, inputs: dict[str, torch.Tensor], labels: torch.Tensor,
+def fused_step(model: Callable[..., Any], randomness: RunRandomness, inputs: dict[str, torch.Tensor], labels: torch.Tensor,
                weights: torch.Tensor, layout: RowLayout, kind: str, runs: Sequence[GroupRun], device: Device,
                together: bool = True) -> list[StepResult]:
     """One optimizer step of every run of a group: one forward and backward through the shared backbone,

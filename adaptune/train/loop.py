@@ -28,6 +28,7 @@ from transformers.trainer_pt_utils import get_parameter_names
 from adaptune.model.backbone import load_model, load_tokenizer
 from adaptune.data.batching import epoch_batches, iterate_batches, make_collator
 from adaptune.model.checkpoint import save_task_checkpoint
+from adaptune.train.compiling import compile_mode, training_forward
 from adaptune.train.config import TrainConfig
 from adaptune.train.epoch_log import report_epoch
 from adaptune.train.event_log import CurveLog, write_run_summary
@@ -136,6 +137,8 @@ class _Run:
         model.to(device.torch_device)
         if device.autocast_dtype is not None:
             keep_frozen_matmuls_in(model, device.autocast_dtype)
+        self.record["compile"] = mode = compile_mode()
+        forward = training_forward(model, mode)  # evaluation calls the model itself
         counts = count_parameters(model)
         self.record.update(trained_params=counts.trained, total_params=counts.total)
 
@@ -164,7 +167,7 @@ class _Run:
                     batches[p.step_in_epoch :], iterate_batches(data.train_rows, batches[p.step_in_epoch :], collator, device.torch_device)
                 ):
                     step_started = time.perf_counter()
-                    guard.add(self._step(model, batch, optimizer, scheduler, trainable))
+                    guard.add(self._step(forward, batch, optimizer, scheduler, trainable))
                     p.examples_trained += len(batch_rows)
                     p.global_step += 1
                     p.step_in_epoch += 1
@@ -185,9 +188,9 @@ class _Run:
             bar.close()
         self._finish()
 
-    def _step(self, model: nn.Module, batch: dict[str, torch.Tensor], optimizer: Any, scheduler: Any,
+    def _step(self, forward: Callable[..., Any], batch: dict[str, torch.Tensor], optimizer: Any, scheduler: Any,
               trainable: list[nn.Parameter]) -> StepResult:
-        return training_step(model, batch, optimizer, scheduler, trainable, self.device, self.config.max_grad_norm)
+        return training_step(forward, batch, optimizer, scheduler, trainable, self.device, self.config.max_grad_norm)
 
     def _check(self, guard: FiniteGuard, p: Progress) -> None:
         """Fold the steps since the last check into the epoch's loss; a non-finite one fails the run."""
@@ -297,10 +300,11 @@ StepResult = tuple[torch.Tensor, torch.Tensor]  # (loss, gradient norm), still o
 
 
 def training_step(
-    model: nn.Module, batch: dict[str, torch.Tensor], optimizer: Any, scheduler: Any, trainable: list[nn.Parameter],
+    model: Callable[..., Any], batch: dict[str, torch.Tensor], optimizer: Any, scheduler: Any, trainable: list[nn.Parameter],
     device: Device, max_grad_norm: float,
 ) -> StepResult:
-    """One optimizer step (forward, backward, clip, AdamW, schedule); returns (loss, gradient norm) as
+    """One optimizer step (forward, backward, clip, AdamW, schedule) of `model` (or its compiled forward,
+    adaptune.train.compiling); returns (loss, gradient norm) as
     device tensors, so that a GPU step never waits for the host. `FiniteGuard` checks them: on the CPU
     at once, before the weights change; on a GPU or TPU within SYNC_EVERY_STEPS steps, and always
     before a state is saved or the model evaluated, so a diverged run is recorded as failed either way.

@@ -1,0 +1,74 @@
+"""The training forward under torch.compile (adaptune.train.compiling, ADAPTUNE_COMPILE): a compiled run is
+the run it is eagerly, alone and in a group, with both dropout mask schemes.
+
+Real data (MRPC from ../shared/data), the embedded backbone, the fused-group tests' small sizes and
+tolerance: compiling fuses operators, which changes float32 reduction order only. The test compiles with
+torch.compile's "aot_eager" backend: the same graph capture (dynamo's tracing of the run's dropout and
+its counts advanced in place, AOT autograd's backward) without inductor's C++ code generation, which
+takes over 10 minutes on a loaded 2-core machine. With inductor (`ADAPTUNE_TEST_INDUCTOR=1`) the same
+test passed in 706 s on 2026-11-26. CUDA graphs (mode "graphs") need a GPU; the GPU benchmark runs that
+mode (adaptune.bench.gpu_fused).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import adaptune.train.compiling as compiling
+from adaptune.model.run_dropout import DROPOUT_MASKS_ENV
+from adaptune.train.compiling import COMPILE_ENV, compile_mode
+from adaptune.train.group_loop import train_group
+from adaptune.train.loop import train_and_evaluate
+from tests.test_fused_groups import METHODS, TOLERANCE, _config
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    if os.environ.get("ADAPTUNE_TEST_INDUCTOR") == "1":
+        return
+    real = torch.compile
+
+    def aot_eager(model: Any, dynamic: bool, mode: str | None) -> Any:
+        return real(model, dynamic=dynamic, backend="aot_eager")
+
+    monkeypatch.setattr(compiling.torch, "compile", aot_eager)
+
+
+def _same_training(compiled: dict, eager: dict) -> None:
+    assert compiled["compile"] == "compiled" and eager["compile"] == "eager"
+    assert [p["train_loss"] for p in compiled["curve"]] == pytest.approx([p["train_loss"] for p in eager["curve"]], abs=TOLERANCE)
+    assert compiled["val_metrics"] == pytest.approx(eager["val_metrics"], abs=TOLERANCE)
+    assert compiled["test_metrics"] == pytest.approx(eager["test_metrics"], abs=TOLERANCE)
+
+
+def test_a_compiled_run_trains_as_it_does_eagerly_alone_and_in_a_group(tmp_path: Path, shared_data_dir: Path, backend: None,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    method = METHODS["adapters"]
+    a, b = _config(method, 1e-3, 0), _config(method, 3e-3, 1)
+    monkeypatch.setenv(DROPOUT_MASKS_ENV, "counter")
+    monkeypatch.setenv(COMPILE_ENV, "compiled")
+    group = train_group([a, b], [tmp_path / "group" / "a", tmp_path / "group" / "b"], data_dir=shared_data_dir)
+    monkeypatch.setenv(DROPOUT_MASKS_ENV, "generator")
+    alone_b = train_and_evaluate(b, data_dir=shared_data_dir, out_dir=tmp_path / "alone_b", progress=False)
+    monkeypatch.setenv(COMPILE_ENV, "eager")
+    for compiled, masks in ((alone_b, "generator"), (group[0], "counter"), (group[1], "counter")):
+        monkeypatch.setenv(DROPOUT_MASKS_ENV, masks)
+        config = a if compiled is group[0] else b
+        eager = train_and_evaluate(config, data_dir=shared_data_dir, out_dir=tmp_path / "eager" / masks / config.run_id, progress=False)
+        assert compiled["dropout_masks"] == eager["dropout_masks"] == masks
+        _same_training(compiled, eager)
+
+
+def test_the_compile_mode_is_a_setting_checked_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(COMPILE_ENV, raising=False)
+    assert compile_mode() == "eager"
+    monkeypatch.setenv(COMPILE_ENV, "jit")
+    with pytest.raises(ValueError, match="ADAPTUNE_COMPILE='jit' is not a compile mode: use one of eager, compiled, graphs"):
+        compile_mode()
