@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from adaptune.sweep import run_attempt
 from adaptune.sweep.experiments import EXPERIMENTS
@@ -43,3 +44,35 @@ def test_every_kept_record_is_a_planned_current_run_that_a_resumed_sweep_reuses(
     seeded = RunStore(str(shutil.copytree(MEASURED / experiment, tmp_path / experiment)))
     monkeypatch.setattr(run_attempt, "_train_with_retries", lambda config, *args: pytest.fail(f"trained kept run {config.run_id}"))
     assert {run_attempt.run_in_store(planned[run_id], seeded) for run_id in records} == {"reused"}
+
+
+IN_PROGRESS = MEASURED / "in_progress"
+UNFINISHED = sorted(path.name for path in IN_PROGRESS.iterdir() if (path / "runs").is_dir()) if IN_PROGRESS.is_dir() else []
+
+
+@pytest.mark.parametrize("experiment", UNFINISHED)
+def test_every_kept_unfinished_state_is_a_planned_unfinished_run_that_fits_its_model(experiment: str) -> None:
+    """A state kept under in_progress/ (analysis/measured/README.md) resumes a run its experiment still
+    plans and has not finished, and fits that run's model, so a fresh machine continues it."""
+    from adaptune.data.tasks import get_task
+    from adaptune.model.backbone import load_model
+    from adaptune.model.methods import apply_method, method_from_dict
+    from adaptune.model.run_dropout import MASK_SCHEMES
+    from adaptune.train.state import resume_point, trained_parameters
+
+    planned = {config.run_id: config for config in plan(EXPERIMENTS[experiment]).runs}
+    finished = set(RunStore(str(MEASURED / experiment)).records()) if (MEASURED / experiment / "runs").is_dir() else set()
+    states = sorted((IN_PROGRESS / experiment / "runs").glob("*/train_state.pt"))
+    assert states and len(states) == len(list((IN_PROGRESS / experiment / "runs").iterdir()))
+    for path in states:
+        run_id = path.parent.name
+        assert run_id in planned, f"{experiment} no longer plans {run_id}: drop its state"
+        assert run_id not in finished, f"{run_id} has finished: drop its state"
+        step, scheme = resume_point(path.parent)
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        assert state["run_id"] == run_id and step > 0 and scheme in MASK_SCHEMES
+        config, task = planned[run_id], get_task(planned[run_id].task)
+        model = load_model(config.backbone, task.kind, task.num_labels)
+        apply_method(model, method_from_dict(config.method))
+        expected = {name: tuple(parameter.shape) for name, parameter in trained_parameters(model).items()}
+        assert {name: tuple(tensor.shape) for name, tensor in state["trained"].items()} == expected
