@@ -139,22 +139,19 @@ def mask_site_kernels(group_sizes: tuple[int, ...] = GROUP_SIZES) -> dict[str, A
     generator masks' draws and copies."""
     from torch._inductor import metrics
 
-    from adaptune.model.run_dropout import CounterStream, counter_keep_mask
+    from adaptune.model.run_dropout import CounterStream, RunDropout, RunRandomness
 
-    def site(x: torch.Tensor, keys: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
-        keep = counter_keep_mask(keys, draws, x.shape, 0.1)
-        draws.add_(1)
-        return x * keep / 0.9
+    def site(k: int) -> RunDropout:  # the trainer's own dropout module, every run's count at 0
+        return RunDropout(0.1, RunRandomness([CounterStream(seed) for seed in range(k)])).train()
 
-    compiled, kernels, equal = torch.compile(site, dynamic=True), {}, True
+    kernels, equal = {}, True
     for k in group_sizes:
-        keys = torch.tensor([CounterStream(seed).keys for seed in range(k)], dtype=torch.int64)
-        x = torch.randn(k, 32, 12, 40, 40)  # a group's attention probabilities: runs, rows, heads, tokens, tokens
+        x = torch.randn(k * 32, 12, 40, 40)  # a group's attention probabilities: runs x rows, heads, tokens, tokens
         torch._dynamo.reset()
         metrics.reset()
-        out = compiled(x, keys, torch.zeros(k, dtype=torch.int64))
+        out = torch.compile(site(k), dynamic=True)(x)
         kernels[str(k)] = metrics.generated_kernel_count
-        equal = equal and torch.equal(out, site(x, keys, torch.zeros(k, dtype=torch.int64)))
+        equal = equal and torch.equal(out, site(k)(x))
     return {"counter_mask_site_compiled_kernels": kernels, "counter_mask_site_compiled_equals_eager": equal}
 
 
