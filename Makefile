@@ -8,7 +8,7 @@ PIPELINE ?= smoke
 OUT ?= outputs
 export PYTHONHASHSEED := 0
 
-.PHONY: venv test demo run plan status tensorboard report compile submit stage-models bench bench-fused bench-gpu bench-status bench-tensorboard bench-soak images lint lock clean
+.PHONY: venv test demo run plan status tensorboard report compile submit stage-models bench bench-fused bench-gpu gpu-carry bench-status bench-tensorboard bench-soak images lint lock clean
 
 $(VENV)/.installed: pyproject.toml requirements.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -69,6 +69,22 @@ bench-fused: venv
 # On a CUDA machine: BERT-base/-large training speed and MFU, and runs side by side on one GPU (bench/gpu.json).
 bench-gpu: venv
 	$(PY) -m adaptune.bench.gpu --out bench/gpu.json
+
+# What a lent GPU machine lacks, for bench/gpu_session.sh (git-ignored, sent with the device call's `carry`):
+# the four GLUE tasks' files, the embedded tokenizer, and wheels of datasets and this lock's transformers for
+# the image's Python 3.12 (it has torch and most of the rest).
+GPU_WHEELS := datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 fsspec==2026.9.0 transformers==5.23.0
+gpu-carry: venv
+	rm -rf .devcarry .whl && mkdir -p .devcarry/data/glue .devcarry/tokenizer .whl
+	grep -qxF /.devcarry/ .git/info/exclude 2>/dev/null || printf '/.devcarry/\n/.whl/\n' >> .git/info/exclude
+	data=$$($(PY) -c 'from adaptune.data.loading import resolve_data_dir; print(resolve_data_dir() or "")'); \
+	  test -n "$$data" || { echo "gpu-carry: no local data mirror (set ADAPTUNE_DATA_DIR)"; exit 2; }; \
+	  for task in CoLA SST-2 MRPC RTE; do cp -r "$$data/glue/$$task" .devcarry/data/glue/; done
+	tokenizer=$$($(PY) -c 'from adaptune.bench.gpu import _embedded_tokenizer_dir; print(_embedded_tokenizer_dir())'); \
+	  cp "$$tokenizer"/{vocab.txt,tokenizer.json,tokenizer_config.json,special_tokens_map.json} .devcarry/tokenizer/
+	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl $(GPU_WHEELS)
+	du -sh .devcarry .whl
 
 # `make status` against paper_full's 8,556 stub records in the emulated GCS bucket (JSON out; a few minutes).
 bench-status: venv

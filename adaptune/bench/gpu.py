@@ -29,6 +29,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,10 +45,25 @@ MAX_LENGTH = 128
 TASKS = ("cola", "sst2", "mrpc", "rte")
 BATCHES_PER_TASK = 16
 SAMPLE_ROWS = 8192  # per task: a seeded random sample, many length-grouped mega-batches of 50 batches
+@dataclass(frozen=True)
+class Scale:
+    """The backbones' shapes and how many real rows feed them: the paper's, or a rehearsal's."""
+
+    configs: dict[str, dict[str, int]]
+    sample_rows: int
+    batches_per_task: int
+    shard_train_rows: int | None = None  # None: the option's value
+
+
 CONFIGS = {
     "bert-base": {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072},
     "bert-large": {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16, "intermediate_size": 4096},
 }
+FULL_SCALE = Scale(CONFIGS, SAMPLE_ROWS, BATCHES_PER_TASK)
+# Every part on this machine (the CPU too) in a minute or two: a check that the benchmark runs before a
+# lent GPU's minutes go to it; its figures measure nothing.
+_TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
+REHEARSAL = Scale({name: _TINY for name in CONFIGS}, sample_rows=256, batches_per_task=2, shard_train_rows=32)
 METHODS = {"full": {"name": "full"}, "adapters64": {"name": "adapters", "size": 64}}
 # Dense bf16 tensor-core peaks (FLOP/s) from the vendors' data sheets, matched on the device name.
 PEAK_BF16_FLOPS = (
@@ -81,13 +97,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fused-masks", default="generator,counter",
                         help="the fused step's dropout mask schemes to compare: generator (the default), counter")
     parser.add_argument("--fused-compile", default="eager", help="comma-separated, of eager, compiled, graphs (as --variants)")
+    parser.add_argument("--shard-train-rows", type=int, default=None,
+                        help="the shard's training rows per run (default: all of RTE's 2,490): fewer fit a short GPU lease")
+    parser.add_argument("--batches-cache", default=None,
+                        help="a file to keep the tokenized batches in: read if there, else written (saves re-tokenizing per call)")
+    parser.add_argument("--rehearse", action="store_true",
+                        help="every part on this machine (the CPU too) with a 2-layer width-32 BERT and few rows: a check that the "
+                             "benchmark runs, before a lent GPU's minutes go to it; its figures measure nothing")
     args = parser.parse_args(argv)
     device = pick_device()
-    if device.kind != "cuda":
-        print("bench_gpu: no CUDA device here; `make bench` measures the CPU", file=sys.stderr)
+    scale = REHEARSAL if args.rehearse else FULL_SCALE
+    if device.kind != "cuda" and not args.rehearse:
+        print("bench_gpu: no CUDA device here; `make bench` measures the CPU (or --rehearse checks this benchmark's flow)", file=sys.stderr)
         return 2
     started = time.perf_counter()
-    batch_sets = real_batches(args.data_dir, args.tokenizer, device)
+    variants = _names(args.variants)  # none: the solo step is not measured
+    needs_batches = bool(variants or args.fused)  # the shard tokenizes its own task
+    batch_sets = cached_batches(args.batches_cache, args.data_dir, args.tokenizer, device, scale) if needs_batches else {}
     results: dict[str, Any] = {
         "device": device.name,
         "torch": torch.__version__,
@@ -97,44 +123,73 @@ def main(argv: Sequence[str] | None = None) -> int:
         "batches": {name: describe(batches) for name, batches in batch_sets.items()},
         "repeats": args.repeats,
         "runs": [],
+        **({"rehearsal": "a 2-layer width-32 BERT on few rows: a check of the flow, not a measurement"} if args.rehearse else {}),
     }
     log(f"batches ready after {time.perf_counter() - started:.0f} s")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    for backbone in args.backbones.split(","):
+    for backbone in args.backbones.split(",") if variants else ():
         for batches_name in args.batch_sets.split(","):
             for method in METHODS:
-                results["runs"] += measure(backbone, method, batches_name, batch_sets[batches_name], args.variants.split(","), device, args.repeats)
+                results["runs"] += measure(scale.configs[backbone], backbone, method, batches_name, batch_sets[batches_name], variants, device,
+                                           args.repeats)
                 results["summary"] = summarize(results["runs"])
                 results["elapsed_s"] = round(time.perf_counter() - started, 1)
                 out.write_text(json.dumps(results, indent=2) + "\n")  # after every measurement: a cut-off run keeps what it measured
-                log(f"{backbone} {method} {batches_name}: " + ", ".join(f"{r['variant']} {r['step_ms']} ms MFU {r['mfu']}" for r in results["runs"][-len(args.variants.split(",")):]))
+                log(f"{backbone} {method} {batches_name}: " + ", ".join(f"{r['variant']} {r['step_ms']} ms MFU {r['mfu']}" for r in results["runs"][-len(variants):]))
     if args.fused:
         from adaptune.bench.gpu_fused import measure_fused
 
         results["fused"] = []
+
+        def keep(row: dict[str, Any]) -> None:  # after every row: a cut-off run keeps what it measured
+            results["fused"].append(row)
+            results["elapsed_s"] = round(time.perf_counter() - started, 1)
+            out.write_text(json.dumps(results, indent=2) + "\n")
+            log(f"fused {row['backbone']} {row['method']} k={row['k']} {row['optimizer_step']} {row['masks']} {row['compile']}: "
+                f"{row.get('examples_per_s', row.get('error'))} ex/s, MFU {row.get('mfu')}, peak {row.get('peak_gib')} GiB")
+
         for backbone in args.backbones.split(","):
             for method in args.fused_methods.split(","):
-                rows = measure_fused(CONFIGS[backbone], backbone, method, batch_sets["length_grouped"], _counts(args.fused), device,
-                                     args.repeats, peak_flops(device), optimizer_steps=args.fused_optimizer.split(","),
-                                     mask_schemes=args.fused_masks.split(","), compile_modes=args.fused_compile.split(","))
-                results["fused"] += rows
+                rows = measure_fused(scale.configs[backbone], backbone, method, batch_sets["length_grouped"], _counts(args.fused), device,
+                                     args.repeats, peak_flops(device), optimizer_steps=_names(args.fused_optimizer),
+                                     mask_schemes=_names(args.fused_masks), compile_modes=_names(args.fused_compile), on_row=keep,
+                                     task_count=len(TASKS))
+                # `keep` holds the same rows, now with their speedups against k = 1
                 out.write_text(json.dumps(results, indent=2) + "\n")
                 log(f"{backbone} {method} fused: " + ", ".join(f"k={r['k']} {r['optimizer_step']} {r['masks']} {r['compile']} {r.get('examples_per_s', r.get('error'))} ex/s MFU {r.get('mfu')}" for r in rows))
     if args.shard or args.shard_groups:
         import tempfile
 
         with tempfile.TemporaryDirectory() as work:
-            results["shard"] = shard_throughput(args.data_dir, args.tokenizer or _embedded_tokenizer_dir(), _counts(args.shard) or [1],
-                                                Path(work), group_sizes=_counts(args.shard_groups))
-        out.write_text(json.dumps(results, indent=2) + "\n")
+            def keep_shard(shard: dict[str, Any]) -> None:  # after every attempt: a cut-off run keeps what it measured
+                results["shard"] = shard
+                results["elapsed_s"] = round(time.perf_counter() - started, 1)
+                out.write_text(json.dumps(results, indent=2) + "\n")
+
+            rows = scale.shard_train_rows or args.shard_train_rows
+            shard_throughput(args.data_dir, args.tokenizer or _embedded_tokenizer_dir(), _counts(args.shard) or [1], Path(work),
+                             group_sizes=_counts(args.shard_groups), max_train_examples=rows, on_attempt=keep_shard,
+                             config=scale.configs["bert-base"])
     print_table(results["runs"])
-    print(json.dumps({"summary": results["summary"], "shard": results.get("shard")}, indent=2))
+    print(json.dumps({"summary": results.get("summary"), "shard": results.get("shard")}, indent=2))
     print(f"bench_gpu: wrote {out}", file=sys.stderr)
     return 0
 
 
-def real_batches(data_dir: str | None, tokenizer_name: str | None, device: Device) -> dict[str, list[Batch]]:
+def cached_batches(cache: str | None, data_dir: str | None, tokenizer_name: str | None, device: Device, scale: Scale = FULL_SCALE
+                   ) -> dict[str, list[Batch]]:
+    """real_batches, kept in `cache` (a torch file) when one is named: the same batches for every call."""
+    if cache and Path(cache).is_file():
+        return {name: [{k: v.to(device.torch_device) for k, v in b.items()} for b in batches]
+                for name, batches in torch.load(cache, weights_only=True).items()}
+    batch_sets = real_batches(data_dir, tokenizer_name, device, scale)
+    if cache:
+        torch.save({name: [{k: v.cpu() for k, v in b.items()} for b in batches] for name, batches in batch_sets.items()}, cache)
+    return batch_sets
+
+
+def real_batches(data_dir: str | None, tokenizer_name: str | None, device: Device, scale: Scale = FULL_SCALE) -> dict[str, list[Batch]]:
     """Length-grouped, dynamically padded batches of real training rows (as training draws them), and
     the same rows padded to MAX_LENGTH."""
     from datasets import DatasetDict
@@ -152,11 +207,11 @@ def real_batches(data_dir: str | None, tokenizer_name: str | None, device: Devic
     generator = torch.Generator().manual_seed(0)
     for name in TASKS:
         task = get_task(name)
-        raw = subsample(load_task_data(task, data_dir, splits=("train",))["train"], SAMPLE_ROWS)
+        raw = subsample(load_task_data(task, data_dir, splits=("train",))["train"], scale.sample_rows)
         rows = model_rows(tokenize_task(task, DatasetDict(train=raw), tokenizer, MAX_LENGTH, None)["train"])
         order = epoch_batches([len(row["input_ids"]) for row in rows], BATCH_SIZE, seed=0, epoch=0)
         order = [b for b in order if len(b) == BATCH_SIZE]
-        for index in torch.randperm(len(order), generator=generator)[:BATCHES_PER_TASK].tolist():
+        for index in torch.randperm(len(order), generator=generator)[: scale.batches_per_task].tolist():
             chosen = [rows[i] for i in order[index]]
             grouped.append(dynamic(chosen))
             fixed.append(padded(chosen))
@@ -172,9 +227,9 @@ def describe(batches: list[Batch]) -> dict[str, Any]:
             "mean_padded_length": round(computed / len(batches) / BATCH_SIZE, 1)}
 
 
-def measure(backbone: str, method: str, batches_name: str, batches: list[Batch], variants: list[str], device: Device, repeats: int) -> list[dict]:
+def measure(config: dict[str, int], backbone: str, method: str, batches_name: str, batches: list[Batch], variants: list[str], device: Device, repeats: int) -> list[dict]:
     rows = []
-    steps = {variant: build_step(backbone, method, variant, device) for variant in variants}
+    steps = {variant: build_step(config, method, variant, device) for variant in variants}
     times = _interleaved({v: (lambda s=step: timed_pass(s, batches, device)) for v, (step, _, _) in steps.items()}, repeats)
     for variant, (step, model, optimizer) in steps.items():
         seconds = statistics.median(times[variant])
@@ -198,7 +253,7 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def build_step(backbone: str, method: str, variant: str, device: Device) -> tuple[Callable[[Batch], None], nn.Module, Any]:
+def build_step(config: dict[str, int], method: str, variant: str, device: Device) -> tuple[Callable[[Batch], None], nn.Module, Any]:
     from transformers import BertConfig, BertForSequenceClassification
 
     from adaptune.model.methods import apply_method, method_from_dict
@@ -207,7 +262,7 @@ def build_step(backbone: str, method: str, variant: str, device: Device) -> tupl
 
     torch.manual_seed(0)
     with device.torch_device:  # initialised on the GPU: seconds, not a minute of CPU per BERT-large
-        model = BertForSequenceClassification(BertConfig(**CONFIGS[backbone], num_labels=2, attn_implementation="sdpa"))
+        model = BertForSequenceClassification(BertConfig(**config, num_labels=2, attn_implementation="sdpa"))
         apply_method(model, method_from_dict(METHODS[method]))
     model.to(device.torch_device).train()
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -215,7 +270,8 @@ def build_step(backbone: str, method: str, variant: str, device: Device) -> tupl
         optimizer = torch.optim.AdamW(trainable, lr=1e-5, weight_decay=0.01, foreach=True)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
         return (lambda batch: _step_before(model, batch, optimizer, scheduler, trainable, device)), model, optimizer
-    keep_frozen_matmuls_in(model, torch.bfloat16)
+    if device.autocast_dtype is not None:
+        keep_frozen_matmuls_in(model, device.autocast_dtype)
     optimizer = _adamw(model, 1e-5, 0.01)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     runner = training_forward(model, variant if variant in COMPILE_MODES else "eager")  # as the trainer runs it
@@ -227,6 +283,8 @@ def memory_gib(step: Callable[[Batch], None], model: nn.Module, optimizer: Any, 
     state by their tensors, plus the peak a pass adds on top (activations, gradients, workspaces)."""
     tensors = [*model.parameters(), *(t for state in optimizer.state.values() for t in state.values() if torch.is_tensor(t))]
     static = sum(t.numel() * t.element_size() for t in tensors)
+    if device.kind != "cuda":
+        return {"weights_and_optimizer_gib": round(static / 2**30, 2), "peak_gib": None}
     device.synchronize()
     before = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
@@ -252,6 +310,8 @@ def _step_before(model: nn.Module, batch: Batch, optimizer: Any, scheduler: Any,
 
 
 def peak_flops(device: Device) -> float | None:
+    if device.kind != "cuda":
+        return None
     name = torch.cuda.get_device_name(device.torch_device)
     return next((flops for fragment, flops in PEAK_BF16_FLOPS if fragment in name), None)
 
@@ -272,12 +332,17 @@ def summarize(runs: list[dict]) -> dict[str, Any]:
     return summary
 
 
+def _names(text: str) -> list[str]:
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
 def _counts(text: str) -> list[int]:
     return [int(k) for k in text.split(",") if k.strip()]
 
 
 def shard_throughput(data_dir: str | None, tokenizer_dir: str, runs_at_once: Sequence[int], work: Path, size: str = "bert-base",
-                     max_train_examples: int | None = None, group_sizes: Sequence[int] = ()) -> dict[str, Any]:
+                     max_train_examples: int | None = None, group_sizes: Sequence[int] = (),
+                     on_attempt: Callable[[dict[str, Any]], None] | None = None, config: dict[str, int] | None = None) -> dict[str, Any]:
     """Runs finished per hour on one realistic shard (a shard holds one task: BERT-base adapters m=64 on
     RTE at the paper's three adapter learning rates x 3 seeds, 3 epochs, more seeds where a group needs
     more runs; randomly initialised, which is all speed needs), trained one at a time, then k at a time
@@ -297,7 +362,7 @@ def shard_throughput(data_dir: str | None, tokenizer_dir: str, runs_at_once: Seq
     seeds = max(3, math.ceil(max(group_sizes, default=0) / len(GLUE_LRS)))
     backbone = work / "bert-base-random"
     torch.manual_seed(0)
-    BertForSequenceClassification(BertConfig(**CONFIGS[size])).bert.save_pretrained(backbone)
+    BertForSequenceClassification(BertConfig(**(config or CONFIGS[size]))).bert.save_pretrained(backbone)
     for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         if (Path(tokenizer_dir) / name).is_file():
             shutil.copy(Path(tokenizer_dir) / name, backbone / name)
@@ -306,7 +371,8 @@ def shard_throughput(data_dir: str | None, tokenizer_dir: str, runs_at_once: Seq
         sweeps=(Sweep(tasks=("rte",), methods=({"name": "adapters", "size": 64},), learning_rates=GLUE_LRS, epochs=(3,), seeds=tuple(range(seeds))),),
     )
     (shard,) = plan(spec).shards
-    results: dict[str, Any] = {"shard": f"{len(shard.runs)} runs: {size} (random init) adapters m=64 on RTE, lr {GLUE_LRS}, 3 epochs, {seeds} seeds"}
+    results: dict[str, Any] = {"shard": f"{len(shard.runs)} runs: {size} (random init) adapters m=64 on RTE, lr {GLUE_LRS}, 3 epochs, {seeds} seeds, "
+                                          f"{max_train_examples or 'all'} training rows per run"}
     records = {}
     attempts = [(f"{k}_at_a_time", k, 1) for k in runs_at_once] + [(f"fused_{g}", 1, g) for g in group_sizes]
     for label, at_once, group in attempts:
@@ -322,8 +388,19 @@ def shard_throughput(data_dir: str | None, tokenizer_dir: str, runs_at_once: Seq
         for run_id, failure in failures.items():
             log(f"{run_id} failed: {failure['reason']}\n{failure['traceback'] or ''}")
         log(f"shard, {label}: {seconds:.0f} s, {dict(outcomes)}")
+        _compare(results, records, attempts)
+        if on_attempt:
+            on_attempt(results)
+    return results
+
+
+def _compare(results: dict[str, Any], records: dict[str, dict[str, Any]], attempts: list[tuple[str, int, int]]) -> None:
+    """Each finished attempt against the first: speedup, and whether results are identical (side by side)
+    or how far the test score moved (fused: float reduction order differs)."""
     first = attempts[0][0]
     for label, at_once, group in attempts[1:]:
+        if label not in records:
+            continue
         results[f"speedup_{label}_vs_{first}"] = round(results[first]["seconds"] / results[label]["seconds"], 2)
         if group == 1:
             results[f"identical_results_{label}_vs_{first}"] = all(
@@ -333,7 +410,6 @@ def shard_throughput(data_dir: str | None, tokenizer_dir: str, runs_at_once: Seq
             changes = [abs(_score(records[label][run_id]) - _score(records[first][run_id])) for run_id in records[first]
                        if _score(records[label][run_id]) is not None and _score(records[first][run_id]) is not None]
             results[f"max_test_score_change_{label}_vs_{first}"] = max(changes, default=None)
-    return results
 
 
 def _score(record: dict[str, Any]) -> float | None:
@@ -357,7 +433,7 @@ def print_table(runs: list[dict]) -> None:
     print(f"{'backbone':11} {'method':10} {'variant':9} {'batches':15} {'step ms':>8} {'real tok/s':>11} {'TFLOP/s':>8} {'MFU':>6} {'peak GiB':>8}")
     for r in runs:
         print(f"{r['backbone']:11} {r['method']:10} {r['variant']:9} {r['batches']:15} {r['step_ms']:8.2f} {r['real_tokens_per_s']:11d} "
-              f"{r['model_tflops_per_s']:8.1f} {r['mfu'] or 0:6.3f} {r['peak_gib']:8.2f}")
+              f"{r['model_tflops_per_s']:8.1f} {r['mfu'] or 0:6.3f} {r['peak_gib'] or 0:8.2f}")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from __future__ import annotations
 import gc
 import itertools
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -39,7 +39,8 @@ Batch = dict[str, torch.Tensor]
 def measure_fused(config: dict[str, Any], size: str, method: str, batches: list[Batch], group_sizes: Sequence[int],
                   device: Device, repeats: int, peak: float | None, steps: int = 8,
                   optimizer_steps: Sequence[str] = ("together",), mask_schemes: Sequence[str] = ("generator",),
-                  compile_modes: Sequence[str] = ("eager",)) -> list[dict[str, Any]]:
+                  compile_modes: Sequence[str] = ("eager",), on_row: Callable[[dict[str, Any]], None] | None = None,
+                  task_count: int = 1) -> list[dict[str, Any]]:
     """One row per group size and variant: optimizer step ("together": the trainer's one multi-tensor
     step for all runs; "per_run": each run's own clipping and torch AdamW, fused on a GPU, in turn;
     which launches fewer kernels on a GPU depends on how many tensors one multi-tensor launch takes, so
@@ -48,8 +49,7 @@ def measure_fused(config: dict[str, Any], size: str, method: str, batches: list[
     rows: list[dict[str, Any]] = []
     cuda = device.kind == "cuda"  # the CPU runs it too, for a check, without memory figures
     for k in group_sizes:
-        fused = [stack_run_batches([batches[(step * k + i) % len(batches)] for i in range(k)], 0, device.torch_device)
-                 for step in range(steps)]
+        fused = [stack_run_batches(group_batches(batches, task_count, step, k), 0, device.torch_device) for step in range(steps)]
         examples = sum(sum(layout.rows) for *_, layout in fused)
         # A fresh group for each variant: its own optimizer state and memory peak.
         for optimizer_step, masks, compile_mode in itertools.product(optimizer_steps, mask_schemes, compile_modes):
@@ -73,10 +73,14 @@ def measure_fused(config: dict[str, Any], size: str, method: str, batches: list[
                              "model_tflops_per_s": round(k * run_flops / seconds / 1e12, 1),
                              "mfu": round(k * run_flops / seconds / peak, 3) if peak else None,
                              "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None})
+                if on_row:
+                    on_row(rows[-1])
             except Exception as error:
                 if not is_out_of_memory(error):
                     raise
                 rows.append({"backbone": size, "method": method, "k": k, **variant, "error": "out of memory"})
+                if on_row:
+                    on_row(rows[-1])
                 return _with_speedups(rows)
             finally:
                 del model, randomness, runs, one_pass, runner  # the closure holds the group too
@@ -84,6 +88,15 @@ def measure_fused(config: dict[str, Any], size: str, method: str, batches: list[
                 if cuda:
                     torch.cuda.empty_cache()
     return _with_speedups(rows)
+
+
+def group_batches(batches: list[Batch], task_count: int, step: int, k: int) -> list[Batch]:
+    """Step `step`'s k batches, all of one task (a group is one task's runs), the tasks taken in turn:
+    `batches` holds task_count equal blocks, one per task. So every k meets every task alike, and a
+    larger k is not timed on longer tasks' batches than a smaller one."""
+    per_task = len(batches) // task_count
+    task, turn = step % task_count, step // task_count
+    return [batches[task * per_task + (turn * k + i) % per_task] for i in range(k)]
 
 
 def _with_speedups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

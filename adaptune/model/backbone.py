@@ -84,6 +84,14 @@ def resolve_backbone(name: str | None) -> str:
     return name
 
 
+def embedded_backbone_path() -> str | None:
+    """The embedded MiniLM's local path, or None where its package is not installed."""
+    try:
+        return resolve_backbone(None)
+    except ImportError:
+        return None
+
+
 @functools.cache
 def check_backbone(name: str | None) -> BackboneInfo:
     """Check that a backbone resolves and is supported, without loading its weights.

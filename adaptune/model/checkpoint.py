@@ -19,7 +19,7 @@ from typing import Any
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from adaptune.model.backbone import load_model, resolve_backbone, task_kind_of
+from adaptune.model.backbone import embedded_backbone_path, load_model, task_kind_of
 from adaptune.core.backbones import DEFAULT_BACKBONE
 from adaptune.core.files import atomic_write
 from adaptune.model.methods import apply_method, method_from_dict
@@ -93,5 +93,6 @@ def load_task_checkpoint(checkpoint_dir: str | os.PathLike[str], backbone: str |
 
 
 def _portable_backbone_name(backbone: str) -> str:
-    """Store the embedded backbone by name, not by this machine's site-packages path."""
-    return DEFAULT_BACKBONE if backbone == resolve_backbone(None) else backbone
+    """Store the embedded backbone by name, not by this machine's site-packages path. Where its package is
+    not installed (a GPU image that trains BERT from a staged copy), no path can be it."""
+    return DEFAULT_BACKBONE if backbone == embedded_backbone_path() else backbone

@@ -1,0 +1,45 @@
+#!/bin/bash
+# One lent GPU call (the device tool's `run`), prepared here by `make gpu-carry`:
+#   run(command="bash bench/gpu_session.sh", carry=[".devcarry", ".whl"], timeout_s=595)
+# bench-gpu's parts in order of value, each in its own process under its own time limit, each writing
+# its JSON to $OUT as it measures: a part that fails or runs out of time costs only itself.
+# Rehearse the whole call here first, on the CPU with a tiny BERT (a minute or two):
+#   REHEARSE=1 PYTHON=.venv/bin/python OUT=/tmp/gpu_session bash bench/gpu_session.sh
+set -u
+PY=${PYTHON:-python3}
+OUT=${OUT:-/tmp/gpu_session}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+if [ -z "${REHEARSE:-}" ] && ls .whl/*.whl >/dev/null 2>&1; then  # the packages the device image lacks (datasets) or has at another version
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        && export PYTHONPATH=/tmp/site:$PWD
+fi
+log() { echo "[$(date +%T)] $*" | tee -a "$OUT/log.txt"; }
+log "$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tail -1)"
+log "$($PY -c 'import torch, transformers, datasets; print("torch", torch.__version__, "transformers", transformers.__version__, "datasets", datasets.__version__)' 2>&1 | tail -1)"
+BATCHES=/tmp/adaptune_gpu_batches.pt  # tokenized once per call, read by every part
+rm -f "$BATCHES"
+COMMON=(--data-dir .devcarry/data --tokenizer .devcarry/tokenizer --batches-cache "$BATCHES" --batch-sets length_grouped
+        ${REHEARSE:+--rehearse})
+BUDGET=${BUDGET:-575}  # seconds for the whole call, under the device call's timeout_s
+part() {  # name, seconds at most (or "rest"), arguments of adaptune.bench.gpu
+    local name=$1 limit=$2 left=$((BUDGET - SECONDS)); shift 2
+    if [ "$limit" = rest ] || [ "$limit" -gt "$left" ]; then limit=$left; fi
+    if [ "$limit" -lt 20 ]; then log "part $name skipped: $left s left"; return; fi
+    log "part $name (at most $limit s): $*"
+    timeout --signal=INT --kill-after=10 "$limit" $PY -m adaptune.bench.gpu --out "$OUT/$name.json" "${COMMON[@]}" "$@" >>"$OUT/log.txt" 2>&1
+    log "part $name ended: exit $?"
+}
+NONE=(--shard "" --shard-groups "")
+# 1. BERT-base: the solo step (full and adapters, the baseline on this card), then the fused step at k = 1..16.
+part base 110 --backbones bert-base --variants now "${NONE[@]}" --fused 1,4,8,16 --fused-methods adapters64,layernorm \
+    --fused-optimizer together --fused-masks generator
+# 2. BERT-large: the same, adapters only.
+part large 90 --backbones bert-large --variants now "${NONE[@]}" --fused 1,4,8,16 --fused-methods adapters64 \
+    --fused-optimizer together --fused-masks generator
+# 3. Runs per GPU-hour on one shard of 18 RTE adapter runs: one at a time, 4 side by side, fused 4 and 16 per group.
+part shard 200 --backbones bert-base --variants "" --fused "" --shard 1,4 --shard-groups 4,16 --shard-train-rows 640
+# 4. The fused step of 16 compiled, and replayed as CUDA graphs (counter masks: no graph break), against eager.
+part compiled rest --backbones bert-base --variants "" "${NONE[@]}" --fused 16 --fused-methods adapters64 \
+    --fused-optimizer together --fused-masks counter --fused-compile eager,graphs,compiled
+log "done"
