@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from adaptune.sweep.experiments import spec_from_dict
-from adaptune.sweep.cost import estimate_hours
+from adaptune.sweep.cost import FUSED_SPEEDUP, MEASURED_PARAMETER_EFFICIENT_STEP_COST, estimate_hours
 from adaptune.sweep.plan import plan
 from adaptune.sweep.status_cache import store_summaries
 from adaptune.sweep.shard_runner import run_shard
@@ -111,3 +111,24 @@ def test_a_fused_group_is_charged_once_and_prices_the_runs_that_will_train_fused
     assert "6 run(s) that train fused 8 at a time priced one run at a time" in source  # 3 adapter, 3 LayerNorm-only runs
     monkeypatch.setenv("ADAPTUNE_RUNS_PER_GROUP", "4")
     assert "adapters fused 4 at a time on cpu: 200.0 examples/s from 4 run(s)" in plan(spec, measured).estimate_source()
+
+
+def test_a_gpu_plan_prices_planned_groups_at_the_measured_fused_speedup(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the H100 preset (8 runs per group) with no store measurement, an adapter or LayerNorm-only run is
+    priced at the table's one-run throughput times bench-gpu's measured fused speedup at 8 (3.07 for
+    BERT-base); full fine-tuning trains alone and is priced alone; the plan says which figures it used."""
+    spec = spec_from_dict({**GROWN, "backbone": "bert-base-uncased", "accelerator": "h100"})
+    runs = {run.method["name"]: run for run in plan(spec).runs}
+    grouped = {name: estimate_hours(run, spec) for name, run in runs.items()}
+    monkeypatch.setenv("ADAPTUNE_RUNS_PER_GROUP", "1")
+    alone = {name: estimate_hours(run, spec) for name, run in runs.items()}
+    assert grouped["full"] == alone["full"]
+    assert grouped["adapters"] == pytest.approx(alone["adapters"] / FUSED_SPEEDUP["bert-base-uncased"][8])
+    assert grouped["layernorm"] == pytest.approx(alone["layernorm"] / FUSED_SPEEDUP["bert-base-uncased"][8])
+    # A measured adapter step on an H100 is no cheaper than a full one (launch-bound): the table says so.
+    assert alone["adapters"] == pytest.approx(alone["full"] * MEASURED_PARAMETER_EFFICIENT_STEP_COST[("bert-base-uncased", "NVIDIA_H100_80GB")])
+    assert "fused" not in plan(spec).estimate_source()  # one run at a time: nothing fused to price
+    monkeypatch.setenv("ADAPTUNE_RUNS_PER_GROUP", "4")  # smaller than any measured group: priced one at a time
+    assert estimate_hours(runs["adapters"], spec) == alone["adapters"]
+    monkeypatch.delenv("ADAPTUNE_RUNS_PER_GROUP")
+    assert "6 run(s) that train fused 8 at a time priced at bench-gpu's measured fused speedup" in plan(spec).estimate_source()

@@ -36,8 +36,23 @@ THROUGHPUT: dict[tuple[str, str], float] = {
     ("bert-base-uncased", "TPU_V5_LITEPOD"): 200.0,
     ("bert-large-uncased", "TPU_V5_LITEPOD"): 70.0,
 }
-# Frozen weights need no weight gradients: a parameter-efficient step costs about 2/3 of a full one.
+# Frozen weights need no weight gradients: a parameter-efficient step costs about 2/3 of a full one's FLOPs.
 PARAMETER_EFFICIENT_STEP_COST = 0.65
+# ... but where a GPU was measured, a step is bound by the host launching kernels, not by FLOPs: the
+# adapter (m=64) step over the full step, both at batch 32 padded to 128 as the THROUGHPUT rows
+# (bench/gpu.json, H100 2026-11-23: 47.1 / 46.0 ms and 76.1 / 89.2 ms).
+MEASURED_PARAMETER_EFFICIENT_STEP_COST: dict[tuple[str, str], float] = {
+    ("bert-base-uncased", "NVIDIA_H100_80GB"): 1.02,
+    ("bert-large-uncased", "NVIDIA_H100_80GB"): 0.85,
+}
+# Fused run groups on a GPU (bench/gpu.json "h200_2026_11_26"): training examples/s of a group of k
+# adapter runs (m=64, eager, one shared optimizer step) over the trainer's own one-run step, on the same
+# 64 real length-grouped GLUE batches, bf16. Measured on a lent H200 and applied to every GPU: a slower
+# host (the H100 VM's) makes a lone step more launch-bound, so fusing gains there at least as much.
+FUSED_SPEEDUP: dict[str, dict[int, float]] = {
+    "bert-base-uncased": {8: 3.07, 16: 3.25},
+    "bert-large-uncased": {8: 2.90, 16: 2.76},
+}
 EVALUATION_OVERHEAD = 1.1  # per-epoch validation adds roughly a tenth
 # Public GLUE / SQuAD training-set sizes, for tasks whose registry entry has no paper_sizes.
 KNOWN_TRAIN_SIZES = {
@@ -51,6 +66,16 @@ def planned_group_size(run: TrainConfig, spec: ExperimentSpec) -> int:
     (A shard's last group of a kind may be smaller; the estimate does not count on that.)"""
     fused = runs_per_group(spec.accelerator)
     return fused if fused > 1 and group_key(run) is not None else 1
+
+
+def table_fused_speedup(run: TrainConfig, spec: ExperimentSpec) -> float:
+    """How much faster a run trains in its planned group than alone, from FUSED_SPEEDUP: at the largest
+    measured group size that is not larger than the planned one; 1 where nothing was measured."""
+    size = planned_group_size(run, spec)
+    if spec.accelerator.family != "gpu" or size <= 1:
+        return 1.0
+    measured = {k: speedup for k, speedup in FUSED_SPEEDUP.get(backbone_key(run.backbone), {}).items() if k <= size}
+    return measured[max(measured)] if measured else 1.0
 
 
 def measurement_for(run: TrainConfig, spec: ExperimentSpec, measured: dict[ThroughputKey, Measured]
@@ -69,7 +94,7 @@ def measurement_for(run: TrainConfig, spec: ExperimentSpec, measured: dict[Throu
 def estimate_hours(run: TrainConfig, spec: ExperimentSpec, measured: dict[ThroughputKey, Measured] | None = None) -> float:
     """Estimated accelerator-hours of one run: examples x epochs / throughput, the throughput measured
     by the store's records where `measured` has it (wall time, evaluation included, shared among a fused
-    group's runs), else THROUGHPUT (one run at a time)."""
+    group's runs), else THROUGHPUT (one run at a time, times the measured FUSED_SPEEDUP of its group on a GPU)."""
     task = get_task(run.task)
     train_size = task.paper_sizes[0] if task.paper_sizes else KNOWN_TRAIN_SIZES.get(task.name, 10_000)
     if run.max_train_examples:
@@ -83,5 +108,6 @@ def estimate_hours(run: TrainConfig, spec: ExperimentSpec, measured: dict[Throug
         per_second = THROUGHPUT.get(("bert-base-uncased", spec.accelerator.label), THROUGHPUT[("bert-base-uncased", "cpu")])
     per_second *= REFERENCE_MAX_LENGTH / run.max_length
     if run.method["name"] != "full":
-        per_second /= PARAMETER_EFFICIENT_STEP_COST
+        per_second /= MEASURED_PARAMETER_EFFICIENT_STEP_COST.get((backbone, spec.accelerator.label), PARAMETER_EFFICIENT_STEP_COST)
+    per_second *= table_fused_speedup(run, spec)
     return train_size * run.epochs / per_second * EVALUATION_OVERHEAD / 3600

@@ -58,6 +58,10 @@ H100 = Accelerator(
     tolerations=("nvidia.com/gpu",),
     cpu_limit="12",
     memory_limit="96G",
+    # 8 adapter-style runs per forward pass: 3.1x (BERT-base) and 2.9x (BERT-large) the trainer's one-run
+    # step, 2.8x the runs per hour of a small RTE shard; peak 18 and 47 GiB (16 BERT-large runs need 93 GiB).
+    # bench/gpu.json "h200_2026_11_26".
+    runs_per_group=8,
 )
 # KFP on GKE: a pod asking for a whole node's CPUs or memory stays Pending (the node keeps some for the
 # kubelet and system pods), so each preset asks for what its smallest node leaves allocatable.
@@ -68,6 +72,7 @@ A100 = dataclasses.replace(
     node_selector=(("cloud.google.com/gke-accelerator", "nvidia-tesla-a100"),),
     cpu_limit="10",
     memory_limit="64G",
+    runs_per_group=1,  # 40 GB: 8 BERT-large runs need 47 GiB, and no A100 has measured a group
 )
 # One v5e chip (a 1x1 slice): devices.py trains on a single XLA device (no SPMD, no one process per
 # chip), so a larger slice (the paper's 4 Cloud TPUs would be a 2x2) would leave chips idle and bill them.

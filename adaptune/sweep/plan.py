@@ -19,7 +19,7 @@ from adaptune.model.layouts import BackboneError, backbone_layers, backbone_layo
 from adaptune.train.config import TrainConfig, method_label
 from adaptune.sweep.experiments import PAPER_EPOCHS, Ablation, ExperimentSpec, Sweep
 from adaptune.data.tasks import Task, UnknownTaskError, get_task
-from adaptune.sweep.cost import estimate_hours, measurement_for, planned_group_size
+from adaptune.sweep.cost import estimate_hours, measurement_for, planned_group_size, table_fused_speedup
 from adaptune.sweep.throughput import Measured, ThroughputKey, throughput_key
 
 
@@ -149,16 +149,20 @@ class Plan:
         """Which throughputs the estimate used: the store's measurements (with their run counts and the
         group size they were fused at) or the table, and where fused runs were priced one at a time."""
         table = "adaptune.sweep.cost.THROUGHPUT (published figures, not a measurement)"
-        keys, unpriced_groups = set(), Counter()
+        keys, unpriced_groups, table_groups = set(), Counter(), Counter()
         for run in self.runs:
             found = measurement_for(run, self.spec, self.measured)
             planned = planned_group_size(run, self.spec)
             keys.add(found[0] if found else throughput_key(run.backbone, self.spec.accelerator.label, run.method))
-            if planned > 1 and (found is None or found[0][3] != planned):
+            if planned > 1 and found is None and table_fused_speedup(run, self.spec) > 1:
+                table_groups[planned] += 1
+            elif planned > 1 and (found is None or found[0][3] != planned):
                 unpriced_groups[planned] += 1
         used = {key: self.measured[key] for key in sorted(keys) if key in self.measured}
-        fused_note = "".join(f"; {count:,} run(s) that train fused {size} at a time priced one run at a time (no store "
-                             f"measurement at that group size yet)" for size, count in sorted(unpriced_groups.items()))
+        fused_note = "".join(f"; {count:,} run(s) that train fused {size} at a time priced at bench-gpu's measured fused speedup "
+                             f"(adaptune.sweep.cost.FUSED_SPEEDUP)" for size, count in sorted(table_groups.items()))
+        fused_note += "".join(f"; {count:,} run(s) that train fused {size} at a time priced one run at a time (no "
+                              f"measurement at that group size yet)" for size, count in sorted(unpriced_groups.items()))
         if not used:
             return f"throughput from {table}{fused_note}"
         measured = "; ".join(f"{backbone} {method}{f' fused {size} at a time' if size > 1 else ''} on {label}: "
