@@ -31,15 +31,26 @@ part() {  # name, seconds at most (or "rest"), arguments of adaptune.bench.gpu
     log "part $name ended: exit $?"
 }
 NONE=(--shard "" --shard-groups "")
-# 1. BERT-base: the solo step (full and adapters, the baseline on this card), then the fused step at k = 1..16.
-part base 110 --backbones bert-base --variants now "${NONE[@]}" --fused 1,4,8,16 --fused-methods adapters64,layernorm \
-    --fused-optimizer together --fused-masks generator
-# 2. BERT-large: the same, adapters only.
-part large 90 --backbones bert-large --variants now "${NONE[@]}" --fused 1,4,8,16 --fused-methods adapters64 \
-    --fused-optimizer together --fused-masks generator
-# 3. Runs per GPU-hour on one shard of 18 RTE adapter runs: one at a time, 4 side by side, fused 4 and 16 per group.
-part shard 200 --backbones bert-base --variants "" --fused "" --shard 1,4 --shard-groups 4,16 --shard-train-rows 640
-# 4. The fused step of 16 compiled, and replayed as CUDA graphs (counter masks: no graph break), against eager.
-part compiled rest --backbones bert-base --variants "" "${NONE[@]}" --fused 16 --fused-methods adapters64 \
-    --fused-optimizer together --fused-masks counter --fused-compile eager,graphs,compiled
+run_part() {
+    case $1 in
+    # Where the fused step's time goes at the H100 preset's group size: kernels per step, the device's busy share.
+    profile) part profile 90 --backbones bert-base,bert-large --variants "" "${NONE[@]}" --fused "" --fused-profile 8 \
+        --fused-methods adapters64 --fused-masks generator ;;
+    # The solo step (the baseline on this card) and the fused step at k = 1..16, BERT-base adapters and LayerNorm-only.
+    base) part base 110 --backbones bert-base --variants now "${NONE[@]}" --fused 1,4,8,16 --fused-methods adapters64,layernorm \
+        --fused-optimizer together --fused-masks generator ;;
+    # The same for BERT-large, adapters only.
+    large) part large 90 --backbones bert-large --variants now "${NONE[@]}" --fused 1,4,8,16 --fused-methods adapters64 \
+        --fused-optimizer together --fused-masks generator ;;
+    # Runs per GPU-hour on 9 RTE adapter runs: one at a time, 4 side by side, fused 8 per group.
+    shard) part shard 200 --backbones bert-base --variants "" --fused "" --shard 1,4 --shard-groups 8 --shard-train-rows 640 ;;
+    # The fused group of 8 replayed as CUDA graphs and compiled (counter masks: no graph break), against eager.
+    compiled) part compiled rest --backbones bert-base --variants "" "${NONE[@]}" --fused 8 --fused-methods adapters64 \
+        --fused-optimizer together --fused-masks counter --fused-compile eager,graphs,compiled ;;
+    *) log "no part $1" ;;
+    esac
+}
+# The 2026-11-26 H200 call ran base, large, shard (1 at a time, fused 4 and 16: its runs failed, since fixed)
+# and compiled (k = 16: still compiling after 170 s); what it left open comes first.
+for name in ${PARTS:-profile shard compiled base large}; do run_part "$name"; done
 log "done"

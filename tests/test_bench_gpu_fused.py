@@ -10,7 +10,7 @@ import torch
 
 from adaptune.bench.gpu import REHEARSAL
 from adaptune.bench.gpu import main as bench_gpu
-from adaptune.bench.gpu_fused import _group, group_batches, measure_fused
+from adaptune.bench.gpu_fused import _group, group_batches, measure_fused, profile_fused
 from adaptune.core.devices import pick_device
 from adaptune.train.group_loop import stack_run_batches
 
@@ -74,3 +74,15 @@ def test_every_group_size_is_timed_on_every_task_alike() -> None:
         assert sorted(int(step[0]["task"]) for step in steps) == [0, 0, 1, 1, 2, 2, 3, 3]
         first_task = [int(b["index"]) for step in steps if int(step[0]["task"]) == 0 for b in step]
         assert len(set(first_task)) == min(2 * k, per_task)  # a task's turns take its batches in order, wrapping
+
+
+def test_the_fused_step_profile_names_where_its_time_goes() -> None:
+    """--fused-profile's row on the CPU: aten operators per step, the heaviest by self time, no kernel
+    figures without CUDA (a lent GPU adds kernels per step and the device's busy share)."""
+    device, batches = pick_device(), _batches((12, 20, 16, 9))
+    row = profile_fused(TINY, "tiny", "adapters64", batches, 2, device, steps=2, top=5)
+    assert (row["k"], row["steps"], row["kernels_per_step"], row["device_busy_share"]) == (2, 2, None, None)
+    assert row["step_ms"] > 0 and row["aten_ops_per_step"] > 100  # a BERT step with its optimizer: hundreds of operators
+    times = [entry["self_ms_per_step"] for entry in row["top"]]
+    assert len(times) == 5 and times == sorted(times, reverse=True)
+    assert any(entry["name"] in ("aten::addmm", "aten::mm", "aten::bmm", "aten::linear", "aten::matmul") for entry in row["top"])

@@ -97,6 +97,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fused-masks", default="generator,counter",
                         help="the fused step's dropout mask schemes to compare: generator (the default), counter")
     parser.add_argument("--fused-compile", default="eager", help="comma-separated, of eager, compiled, graphs (as --variants)")
+    parser.add_argument("--fused-profile", default="", help="group sizes at which to profile the fused step of the first fused "
+                        "method (empty: skip): kernels per step, the device's busy share, the heaviest operators")
     parser.add_argument("--shard-train-rows", type=int, default=None,
                         help="the shard's training rows per run (default: all of RTE's 2,490): fewer fit a short GPU lease")
     parser.add_argument("--batches-cache", default=None,
@@ -112,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     started = time.perf_counter()
     variants = _names(args.variants)  # none: the solo step is not measured
-    needs_batches = bool(variants or args.fused)  # the shard tokenizes its own task
+    needs_batches = bool(variants or args.fused or _counts(args.fused_profile))  # the shard tokenizes its own task
     batch_sets = cached_batches(args.batches_cache, args.data_dir, args.tokenizer, device, scale) if needs_batches else {}
     results: dict[str, Any] = {
         "device": device.name,
@@ -158,6 +160,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                 # `keep` holds the same rows, now with their speedups against k = 1
                 out.write_text(json.dumps(results, indent=2) + "\n")
                 log(f"{backbone} {method} fused: " + ", ".join(f"k={r['k']} {r['optimizer_step']} {r['masks']} {r['compile']} {r.get('examples_per_s', r.get('error'))} ex/s MFU {r.get('mfu')}" for r in rows))
+    if _counts(args.fused_profile):
+        from adaptune.bench.gpu_fused import profile_fused
+
+        results["fused_profile"] = []
+        for backbone in args.backbones.split(","):
+            for k in _counts(args.fused_profile):
+                row = profile_fused(scale.configs[backbone], backbone, _names(args.fused_methods)[0], batch_sets["length_grouped"], k, device,
+                                    masks=_names(args.fused_masks)[0], compile_mode=_names(args.fused_compile)[0], task_count=len(TASKS))
+                results["fused_profile"].append(row)
+                out.write_text(json.dumps(results, indent=2) + "\n")
+                log(f"profile {backbone} k={k}: {row['step_ms']} ms a step, {row['kernels_per_step']} kernels, "
+                    f"device busy {row['device_busy_share']}, heaviest {row['top'][0]['name']}")
     if args.shard or args.shard_groups:
         import tempfile
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import gc
 import itertools
 import statistics
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -88,6 +89,44 @@ def measure_fused(config: dict[str, Any], size: str, method: str, batches: list[
                 if cuda:
                     torch.cuda.empty_cache()
     return _with_speedups(rows)
+
+
+def profile_fused(config: dict[str, Any], size: str, method: str, batches: list[Batch], k: int, device: Device, steps: int = 4,
+                  masks: str = "generator", compile_mode: str = "eager", task_count: int = 1, top: int = 25) -> dict[str, Any]:
+    """Where a fused step's time goes: one warm pass of `steps` fused steps at k under torch.profiler. Per
+    step: kernels launched and the share of the wall time the device was busy (low: launch-bound),
+    aten operators, and the `top` operators by self device time (CPU time on a CPU)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.kind == "cuda"
+    fused = [stack_run_batches(group_batches(batches, task_count, step, k), 0, device.torch_device) for step in range(steps)]
+    model, randomness, runs, _ = _group(config, FUSED_METHODS[method], k, device, fused, masks)
+    runner = training_forward(model, compile_mode)
+
+    def one_pass() -> None:
+        for inputs, labels, weights, layout in fused:
+            fused_step(runner, randomness, inputs, labels, weights, layout, "classification", runs, device, True)
+
+    one_pass()  # warm-up (and compilation)
+    device.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]) as profiler:
+        started = time.perf_counter()
+        one_pass()
+        device.synchronize()
+        wall = time.perf_counter() - started
+    events = profiler.events()
+    kernels = [event for event in events if event.device_type == DeviceType.CUDA]
+    operators = [event for event in events if event.device_type == DeviceType.CPU and event.name.startswith("aten::")]
+    self_time = (lambda event: event.self_device_time_total) if cuda else (lambda event: event.self_cpu_time_total)  # noqa: E731
+    heaviest = sorted(profiler.key_averages(), key=self_time, reverse=True)[:top]
+    return {"backbone": size, "method": method, "k": k, "masks": masks, "compile": compile_mode, "steps": steps,
+            "step_ms": round(1000 * wall / steps, 2),
+            "kernels_per_step": round(len(kernels) / steps) if cuda else None,
+            "device_busy_share": round(sum(kernel.device_time_total for kernel in kernels) / 1e6 / wall, 3) if cuda else None,
+            "aten_ops_per_step": round(len(operators) / steps),
+            "top": [{"name": event.key[:120], "calls_per_step": round(event.count / steps, 1),
+                     "self_ms_per_step": round(self_time(event) / 1000 / steps, 3)} for event in heaviest]}
 
 
 def group_batches(batches: list[Batch], task_count: int, step: int, k: int) -> list[Batch]:
