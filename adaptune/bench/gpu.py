@@ -45,6 +45,8 @@ MAX_LENGTH = 128
 TASKS = ("cola", "sst2", "mrpc", "rte")
 BATCHES_PER_TASK = 16
 SAMPLE_ROWS = 8192  # per task: a seeded random sample, many length-grouped mega-batches of 50 batches
+
+
 @dataclass(frozen=True)
 class Scale:
     """The backbones' shapes and how many real rows feed them: the paper's, or a rehearsal's."""
