@@ -42,12 +42,12 @@ def test_fused_rows_count_every_runs_examples_and_flops() -> None:
     assert len(runs) == 2 and run_flops == solo[3]  # batch 1 is the longer: both runs pay its length
 
 
-def test_rehearsal_runs_the_gpu_calls_parts_on_the_cpu(tmp_path) -> None:
+def test_rehearsal_runs_the_gpu_calls_parts_on_the_cpu(tmp_path, shared_data_dir) -> None:
     """`--rehearse` runs bench-gpu's solo and fused parts here on a tiny BERT and real rows, writing the JSON a
     lent GPU's call would (bench/gpu_session.sh rehearses the whole call the same way); the tokenized
     batches are kept in the cache and read back by the next call."""
     out, cache = tmp_path / "gpu.json", tmp_path / "batches.pt"
-    args = ["--rehearse", "--batches-cache", str(cache), "--backbones", "bert-base", "--batch-sets", "length_grouped",
+    args = ["--rehearse", "--data-dir", str(shared_data_dir), "--batches-cache", str(cache), "--backbones", "bert-base", "--batch-sets", "length_grouped",
             "--variants", "now", "--repeats", "1", "--fused", "1,2", "--fused-methods", "layernorm", "--fused-optimizer", "together",
             "--fused-masks", "generator", "--shard", "", "--shard-groups", ""]
     assert bench_gpu(["--out", str(out), *args]) == 0
