@@ -132,24 +132,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     log(f"batches ready after {time.perf_counter() - started:.0f} s")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:  # after every measurement: a cut-off run keeps what it measured
+        results["elapsed_s"] = round(time.perf_counter() - started, 1)
+        out.write_text(json.dumps(results, indent=2) + "\n")
+
     for backbone in args.backbones.split(",") if variants else ():
         for batches_name in args.batch_sets.split(","):
             for method in METHODS:
                 results["runs"] += measure(scale.configs[backbone], backbone, method, batches_name, batch_sets[batches_name], variants, device,
                                            args.repeats)
                 results["summary"] = summarize(results["runs"])
-                results["elapsed_s"] = round(time.perf_counter() - started, 1)
-                out.write_text(json.dumps(results, indent=2) + "\n")  # after every measurement: a cut-off run keeps what it measured
+                save()
                 log(f"{backbone} {method} {batches_name}: " + ", ".join(f"{r['variant']} {r['step_ms']} ms MFU {r['mfu']}" for r in results["runs"][-len(variants):]))
     if args.fused:
         from adaptune.bench.gpu_fused import measure_fused
 
         results["fused"] = []
 
-        def keep(row: dict[str, Any]) -> None:  # after every row: a cut-off run keeps what it measured
+        def keep(row: dict[str, Any]) -> None:
             results["fused"].append(row)
-            results["elapsed_s"] = round(time.perf_counter() - started, 1)
-            out.write_text(json.dumps(results, indent=2) + "\n")
+            save()
             log(f"fused {row['backbone']} {row['method']} k={row['k']} {row['optimizer_step']} {row['masks']} {row['compile']}: "
                 f"{row.get('examples_per_s', row.get('error'))} ex/s, MFU {row.get('mfu')}, peak {row.get('peak_gib')} GiB")
 
@@ -159,8 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      args.repeats, peak_flops(device), optimizer_steps=_names(args.fused_optimizer),
                                      mask_schemes=_names(args.fused_masks), compile_modes=_names(args.fused_compile), on_row=keep,
                                      task_count=len(TASKS))
-                # `keep` holds the same rows, now with their speedups against k = 1
-                out.write_text(json.dumps(results, indent=2) + "\n")
+                save()  # `keep` holds the same rows, now with their speedups against k = 1
                 log(f"{backbone} {method} fused: " + ", ".join(f"k={r['k']} {r['optimizer_step']} {r['masks']} {r['compile']} {r.get('examples_per_s', r.get('error'))} ex/s MFU {r.get('mfu')}" for r in rows))
     if _counts(args.fused_profile):
         from adaptune.bench.gpu_fused import profile_fused
@@ -171,17 +173,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 row = profile_fused(scale.configs[backbone], backbone, _names(args.fused_methods)[0], batch_sets["length_grouped"], k, device,
                                     masks=_names(args.fused_masks)[0], compile_mode=_names(args.fused_compile)[0], task_count=len(TASKS))
                 results["fused_profile"].append(row)
-                out.write_text(json.dumps(results, indent=2) + "\n")
+                save()
                 log(f"profile {backbone} k={k}: {row['step_ms']} ms a step, {row['kernels_per_step']} kernels, "
                     f"device busy {row['device_busy_share']}, heaviest {row['top'][0]['name']}")
     if args.shard or args.shard_groups:
         import tempfile
 
         with tempfile.TemporaryDirectory() as work:
-            def keep_shard(shard: dict[str, Any]) -> None:  # after every attempt: a cut-off run keeps what it measured
+            def keep_shard(shard: dict[str, Any]) -> None:
                 results["shard"] = shard
-                results["elapsed_s"] = round(time.perf_counter() - started, 1)
-                out.write_text(json.dumps(results, indent=2) + "\n")
+                save()
 
             rows = scale.shard_train_rows or args.shard_train_rows
             shard_throughput(args.data_dir, args.tokenizer or _embedded_tokenizer_dir(), _counts(args.shard) or [1], Path(work),

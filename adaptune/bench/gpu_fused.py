@@ -15,6 +15,7 @@ is counted as work, as it is for one run's padding.
 
 from __future__ import annotations
 
+import functools
 import gc
 import itertools
 import statistics
@@ -49,42 +50,39 @@ def measure_fused(config: dict[str, Any], size: str, method: str, batches: list[
     memory is recorded so and ends the sweep."""
     rows: list[dict[str, Any]] = []
     cuda = device.kind == "cuda"  # the CPU runs it too, for a check, without memory figures
+
+    def keep(row: dict[str, Any]) -> None:
+        rows.append(row)
+        if on_row:
+            on_row(row)
+
     for k in group_sizes:
-        fused = [stack_run_batches(group_batches(batches, task_count, step, k), 0, device.torch_device) for step in range(steps)]
+        fused = _fused_steps(batches, task_count, k, steps, device)
         examples = sum(sum(layout.rows) for *_, layout in fused)
         # A fresh group for each variant: its own optimizer state and memory peak.
         for optimizer_step, masks, compile_mode in itertools.product(optimizer_steps, mask_schemes, compile_modes):
             variant = {"optimizer_step": optimizer_step, "masks": masks, "compile": compile_mode}
-            model = randomness = runs = one_pass = None
+            model = randomness = runs = runner = one_pass = None
             try:
                 model, randomness, runs, run_flops = _group(config, FUSED_METHODS[method], k, device, fused, masks)
-                together = optimizer_step == "together"
                 runner = training_forward(model, compile_mode)
-
-                def one_pass(model: Any = runner, randomness: Any = randomness, runs: Any = runs, together: bool = together) -> None:
-                    for inputs, labels, weights, layout in fused:
-                        fused_step(model, randomness, inputs, labels, weights, layout, "classification", runs, device, together)
-
+                one_pass = functools.partial(_train_pass, runner, randomness, runs, fused, device, optimizer_step == "together")
                 one_pass()  # warm-up: kernels chosen, AdamW state allocated
                 if cuda:
                     torch.cuda.reset_peak_memory_stats()
                 seconds = statistics.median(timed_pass(lambda _: one_pass(), [None], device) for _ in range(repeats))
-                rows.append({"backbone": size, "method": method, "k": k, **variant,
-                             "step_ms": round(1000 * seconds / steps, 2), "examples_per_s": round(examples / seconds, 1),
-                             "model_tflops_per_s": round(k * run_flops / seconds / 1e12, 1),
-                             "mfu": round(k * run_flops / seconds / peak, 3) if peak else None,
-                             "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None})
-                if on_row:
-                    on_row(rows[-1])
+                keep({"backbone": size, "method": method, "k": k, **variant,
+                      "step_ms": round(1000 * seconds / steps, 2), "examples_per_s": round(examples / seconds, 1),
+                      "model_tflops_per_s": round(k * run_flops / seconds / 1e12, 1),
+                      "mfu": round(k * run_flops / seconds / peak, 3) if peak else None,
+                      "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None})
             except Exception as error:
                 if not is_out_of_memory(error):
                     raise
-                rows.append({"backbone": size, "method": method, "k": k, **variant, "error": "out of memory"})
-                if on_row:
-                    on_row(rows[-1])
+                keep({"backbone": size, "method": method, "k": k, **variant, "error": "out of memory"})
                 return _with_speedups(rows)
             finally:
-                del model, randomness, runs, one_pass, runner  # the closure holds the group too
+                del model, randomness, runs, one_pass, runner  # the partial holds the group too
                 gc.collect()
                 if cuda:
                     torch.cuda.empty_cache()
@@ -100,14 +98,9 @@ def profile_fused(config: dict[str, Any], size: str, method: str, batches: list[
     from torch.profiler import ProfilerActivity, profile
 
     cuda = device.kind == "cuda"
-    fused = [stack_run_batches(group_batches(batches, task_count, step, k), 0, device.torch_device) for step in range(steps)]
+    fused = _fused_steps(batches, task_count, k, steps, device)
     model, randomness, runs, _ = _group(config, FUSED_METHODS[method], k, device, fused, masks)
-    runner = training_forward(model, compile_mode)
-
-    def one_pass() -> None:
-        for inputs, labels, weights, layout in fused:
-            fused_step(runner, randomness, inputs, labels, weights, layout, "classification", runs, device, True)
-
+    one_pass = functools.partial(_train_pass, training_forward(model, compile_mode), randomness, runs, fused, device, True)
     one_pass()  # warm-up (and compilation)
     device.synchronize()
     with profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]) as profiler:
@@ -127,6 +120,17 @@ def profile_fused(config: dict[str, Any], size: str, method: str, batches: list[
             "aten_ops_per_step": round(len(operators) / steps),
             "top": [{"name": event.key[:120], "calls_per_step": round(event.count / steps, 1),
                      "self_ms_per_step": round(self_time(event) / 1000 / steps, 3)} for event in heaviest]}
+
+
+def _fused_steps(batches: list[Batch], task_count: int, k: int, steps: int, device: Device) -> list[tuple]:
+    """`steps` fused steps' stacked inputs for a group of k, as group_loop stacks them."""
+    return [stack_run_batches(group_batches(batches, task_count, step, k), 0, device.torch_device) for step in range(steps)]
+
+
+def _train_pass(model: Any, randomness: Any, runs: list[_Run], fused: list[tuple], device: Device, together: bool) -> None:
+    """One training pass of the group over the fused steps, as the trainer steps it."""
+    for inputs, labels, weights, layout in fused:
+        fused_step(model, randomness, inputs, labels, weights, layout, "classification", runs, device, together)
 
 
 def group_batches(batches: list[Batch], task_count: int, step: int, k: int) -> list[Batch]:
