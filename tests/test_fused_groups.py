@@ -92,7 +92,14 @@ METHODS = {
     "layernorm": {"name": "layernorm"},
     "lora": {"name": "lora", "r": 4},
     "ia3": {"name": "ia3"},
+    "top_k": {"name": "top_k", "k": 2},  # the top 2 of the embedded backbone's 6 layers, stacked per run
 }
+
+
+# At 3e-3 two whole layers train chaotically on these 40 rows (dev F1 falls to 0.21): there a one-ulp
+# change of the head's initial weights alone moves a solo run's final logits by 2.8e-4, as much as
+# fusing's reduction order does (2.0e-4), so top_k's runs take rates where noise stays noise.
+LEARNING_RATES = {"top_k": (1e-3, 3e-4, 1e-4)}
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
@@ -100,7 +107,7 @@ def test_each_run_of_a_group_matches_its_solo_training_step_by_step(method: str,
                                                                     without_dropout: None, step_losses: list[list[float]]) -> None:
     # Three learning rates and seeds; MRPC's 40 rows at batch 16 end every epoch on a batch of 8, at a
     # different step per seed: the short blocks are padded and weighted out.
-    configs = [_config(METHODS[method], lr, seed) for lr, seed in ((1e-3, 0), (3e-4, 1), (3e-3, 2))]
+    configs = [_config(METHODS[method], lr, seed) for lr, seed in zip(LEARNING_RATES.get(method, (1e-3, 3e-4, 3e-3)), range(3))]
     assert len({group_key(config) for config in configs}) == 1
     fused = train_group(configs, [tmp_path / "group" / config.run_id for config in configs], data_dir=shared_data_dir)
     fused_losses = list(step_losses)
@@ -197,7 +204,11 @@ def test_group_key_groups_only_runs_that_can_share_a_step() -> None:
     assert group_key(base) != group_key(_config(adapters, 3e-4, 0, epochs=20))  # other step count
     assert group_key(base) != group_key(_config(adapters, 3e-4, 0, task="rte"))
     assert group_key(_config({"name": "full"}, 3e-4, 0)) is None
-    assert group_key(_config({"name": "top_k", "k": 2}, 3e-4, 0)) is None
+    top_2 = {"name": "top_k", "k": 2}
+    assert group_key(_config(top_2, 3e-4, 0)) == group_key(_config(top_2, 3e-3, 1)) != group_key(_config({"name": "top_k", "k": 3}, 3e-4, 0))
+    assert group_key(_config({"name": "top_k", "k": 6}, 3e-4, 0)) is None  # every layer of the 6: the embeddings train too
+    assert group_key(_config({"name": "top_k", "k": 12}, 3e-4, 0, backbone="bert-base-uncased")) is None
+    assert group_key(_config({"name": "top_k", "k": 11}, 3e-4, 0, backbone="bert-base-uncased")) is not None
     assert group_key(TrainConfig(task="squad", method=adapters)) is None
     with pytest.raises(ValueError, match="cannot train as one group"):
         train_group([base, _config({"name": "full"}, 3e-4, 1)], ["x", "y"])

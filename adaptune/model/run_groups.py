@@ -6,13 +6,15 @@ module that holds trained tensors applies run i's to block i:
   Linear (adapter projections, LoRA's A and B, the task head)  one batched matmul (baddbmm)
   LayerNorm                                                    shared normalisation, each run's scale and shift broadcast
   (IA)3 scaling vectors                                        each run's vector broadcast over its block
+top_k's whole top layers are these same Linear and LayerNorm modules, stacked per run as HFTA (Wang et
+al., MLSys 2021) fuses whole models; the layers below them stay frozen and shared.
 Rows never mix (BERT has no batch-wise operator), so a run's outputs and gradients are its own.
 
 Each run's tensors stay separate leaf parameters, stacked in the forward pass. A grouped parameter is
 named as in the solo model plus ".<run index>" (`classifier.weight.3`), so run i's tensors map to the
 solo names one for one (`run_parameters`): each run gets the solo trainer's own AdamW and schedule, and
-writes the solo run's state and checkpoint. What other modules a method trains (whole layers:
-top_k, full) is refused with `GroupingError`; those runs train alone.
+writes the solo run's state and checkpoint. Any other module a method trains (the embeddings of full
+fine-tuning and of top_k over every layer) is refused with `GroupingError`; those runs train alone.
 """
 
 from __future__ import annotations

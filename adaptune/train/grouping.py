@@ -4,21 +4,35 @@ shapes and count, differing only in learning rate, seed and init std."""
 
 from __future__ import annotations
 
+from adaptune.core.backbones import BackboneError
 from adaptune.data.tasks import get_task
+from adaptune.model.layouts import backbone_layers
 from adaptune.train.config import TrainConfig
 
-# Methods whose trained tensors adaptune.model.run_groups splits by run (whole layers it does not).
-GROUPABLE_METHODS = frozenset({"adapters", "pfeiffer", "layernorm", "lora", "ia3"})
+# Methods whose trained tensors adaptune.model.run_groups splits by run: small tensors beside a frozen
+# backbone, or (top_k) whole top layers, stacked per run as HFTA does, under a frozen bottom.
+GROUPABLE_METHODS = frozenset({"adapters", "pfeiffer", "layernorm", "lora", "ia3", "top_k"})
 # What may differ between the runs of a group: nothing else changes a step's shapes or count.
 _FREE_FIELDS = frozenset({"lr", "seed", "experiment", "checkpoint_every_steps"})
 _FREE_METHOD_FIELDS = frozenset({"init_std"})
 
 
 def group_key(config: TrainConfig) -> tuple | None:
-    """Runs with equal keys can train as one group; None for a run that trains alone (full fine-tuning,
-    top_k, span tasks: their trained tensors are whole layers, or their batches are not one row per example)."""
+    """Runs with equal keys can train as one group; None for a run that trains alone: full fine-tuning
+    and top_k over every layer (the embeddings train too, and nothing below is frozen to share), and span
+    tasks (their batches are not one row per example)."""
     if config.method.get("name") not in GROUPABLE_METHODS or get_task(config.task).kind == "span":
+        return None
+    if config.method["name"] == "top_k" and not _frozen_below(config):
         return None
     fields = tuple(sorted((name, str(value)) for name, value in config.to_dict().items() if name not in _FREE_FIELDS and name != "method"))
     method = tuple(sorted((name, str(value)) for name, value in config.method.items() if name not in _FREE_METHOD_FIELDS))
     return fields + method
+
+
+def _frozen_below(config: TrainConfig) -> bool:
+    """Whether a top_k run leaves layers frozen below its trained ones (k < the backbone's depth)."""
+    try:
+        return int(config.method["k"]) < backbone_layers(config.backbone)
+    except BackboneError:  # planning refuses such a backbone first; a run that gets here trains alone
+        return False
