@@ -20,7 +20,7 @@ $(VENV)/.installed: pyproject.toml requirements.lock
 venv: $(VENV)/.installed
 
 test: venv
-	$(PY) -m pytest -n 2 --dist loadgroup -q
+	$(PY) -m pytest -n 2 --dist loadgroup -q --durations=30
 
 demo: venv
 	$(PY) -m pipelines run smoke --out $(OUT)/smoke

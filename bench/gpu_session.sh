@@ -44,6 +44,9 @@ run_part() {
         --fused-optimizer together --fused-masks generator ;;
     # Runs per GPU-hour on 9 RTE adapter runs: one at a time, 4 side by side, fused 8 per group.
     shard) part shard 200 --backbones bert-base --variants "" --fused "" --shard 1,4 --shard-groups 8 --shard-train-rows 640 ;;
+    # top_k 3 (the top 3 layers stacked per run, never measured fused on a GPU): the solo step and fused 1 and 8, BERT-base.
+    topk) part topk 90 --backbones bert-base --variants now --methods top_k3 "${NONE[@]}" --fused 1,8 --fused-methods top_k3 \
+        --fused-optimizer together --fused-masks generator ;;
     # The fused group of 8 replayed as CUDA graphs and compiled (counter masks: no graph break), against eager.
     compiled) part compiled rest --backbones bert-base --variants "" "${NONE[@]}" --fused 8 --fused-methods adapters64 \
         --fused-optimizer together --fused-masks counter --fused-compile eager,graphs,compiled ;;
@@ -51,6 +54,6 @@ run_part() {
     esac
 }
 # The 2026-11-26 H200 call ran base, large, shard (1 at a time, fused 4 and 16: its runs failed, since fixed)
-# and compiled (k = 16: still compiling after 170 s); what it left open comes first.
-for name in ${PARTS:-profile shard compiled base large}; do run_part "$name"; done
+# and compiled (k = 16: still compiling after 170 s); what it left open comes first, then top_k's groups (new).
+for name in ${PARTS:-profile shard topk compiled base large}; do run_part "$name"; done
 log "done"

@@ -48,13 +48,14 @@ def test_rehearsal_runs_the_gpu_calls_parts_on_the_cpu(tmp_path, shared_data_dir
     batches are kept in the cache and read back by the next call."""
     out, cache = tmp_path / "gpu.json", tmp_path / "batches.pt"
     args = ["--rehearse", "--data-dir", str(shared_data_dir), "--batches-cache", str(cache), "--backbones", "bert-base", "--batch-sets", "length_grouped",
-            "--variants", "now", "--repeats", "1", "--fused", "1,2", "--fused-methods", "layernorm", "--fused-optimizer", "together",
+            "--variants", "now", "--repeats", "1", "--fused", "1,2", "--fused-methods", "layernorm,top_k3", "--fused-optimizer", "together",
             "--fused-masks", "generator", "--shard", "", "--shard-groups", ""]
     assert bench_gpu(["--out", str(out), *args]) == 0
     result = json.loads(out.read_text())
     assert "rehearsal" in result and result["batches"]["length_grouped"]["count"] == 4 * REHEARSAL.batches_per_task
     assert [(row["method"], row["variant"]) for row in result["runs"]] == [("full", "now"), ("adapters64", "now")]
-    assert [(row["k"], row["speedup_vs_k1"] > 0) for row in result["fused"]] == [(1, True), (2, True)]
+    assert [(row["method"], row["k"], row["speedup_vs_k1"] > 0) for row in result["fused"]] == [
+        ("layernorm", 1, True), ("layernorm", 2, True), ("top_k3", 1, True), ("top_k3", 2, True)]  # top 3 of the rehearsal's 4 layers
     assert all(row["real_tokens_per_s"] > 0 and row["peak_gib"] is None for row in result["runs"])  # no CUDA: no memory figure
     cached = torch.load(cache, weights_only=True)["length_grouped"]
     assert sum(b["input_ids"].numel() for b in cached) == result["batches"]["length_grouped"]["computed_tokens"]

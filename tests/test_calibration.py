@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from adaptune.sweep.experiments import spec_from_dict
-from adaptune.sweep.cost import FUSED_SPEEDUP, MEASURED_PARAMETER_EFFICIENT_STEP_COST, estimate_hours
+from adaptune.sweep.cost import FUSED_SPEEDUP, MEASURED_PARAMETER_EFFICIENT_STEP_COST, estimate_hours, planned_group_size, table_fused_speedup
 from adaptune.sweep.plan import plan
 from adaptune.sweep.status_cache import store_summaries
 from adaptune.sweep.shard_runner import run_shard
@@ -132,3 +132,15 @@ def test_a_gpu_plan_prices_planned_groups_at_the_measured_fused_speedup(monkeypa
     assert estimate_hours(runs["adapters"], spec) == alone["adapters"]
     monkeypatch.delenv("ADAPTUNE_RUNS_PER_GROUP")
     assert "6 run(s) that train fused 8 at a time priced at bench-gpu's measured fused speedup" in plan(spec).estimate_source()
+
+
+def test_a_gpu_plan_prices_top_k_groups_one_run_at_a_time_until_measured() -> None:
+    """top_k below the full depth trains fused on the H100 preset, but no GPU measured its stacked layers:
+    it is priced one run at a time and the plan says so; top_k over every layer trains alone."""
+    spec = spec_from_dict({**GROWN, "backbone": "bert-base-uncased", "accelerator": "h100",
+                           "sweeps": [{**GROWN["sweeps"][0], "methods": ["top_k:3", "top_k:12"]}]})
+    runs = plan(spec).runs
+    assert {planned_group_size(run, spec) for run in runs if run.method["k"] == 3} == {8}
+    assert {planned_group_size(run, spec) for run in runs if run.method["k"] == 12} == {1}
+    assert all(table_fused_speedup(run, spec) == 1.0 for run in runs)
+    assert "3 run(s) that train fused 8 at a time priced one run at a time (no fused measurement for their method" in plan(spec).estimate_source()

@@ -21,9 +21,10 @@ import adaptune.train.loop as loop
 from adaptune.core.run_files import STATE_FILE
 from adaptune.model.checkpoint import load_task_checkpoint
 from adaptune.model.run_dropout import DROPOUT_MASKS_ENV, MASK_SCHEMES
+from adaptune.sweep.run_attempt import form_groups
 from adaptune.train.config import TrainConfig
 from adaptune.train.group_loop import train_group
-from adaptune.train.grouping import group_key
+from adaptune.train.grouping import group_capacity, group_key
 from adaptune.train.loop import train_and_evaluate
 
 TOLERANCE = 1e-4
@@ -81,9 +82,21 @@ def _assert_same_run(fused: dict[str, Any], alone: dict[str, Any], fused_losses:
     assert [point["train_loss"] for point in fused["curve"]] == pytest.approx([point["train_loss"] for point in alone["curve"]], abs=TOLERANCE)
     fused_model, _, _ = load_task_checkpoint(fused["checkpoint_dir"])
     alone_model, _, _ = load_task_checkpoint(alone["checkpoint_dir"])
+    assert torch.allclose(_final_outputs(fused_model), _final_outputs(alone_model), atol=TOLERANCE)
+
+
+def _final_outputs(model: torch.nn.Module) -> torch.Tensor:
+    """A trained model's outputs on one sentence pair: its logits, or (a span task) its start and end logits
+    up to a constant, all a span's softmax over positions sees. (The span head's bias gets a gradient that
+    is zero but for rounding, which AdamW turns into full-size steps: it drifts by the learning rate,
+    alone or fused, and shifts every position alike.)"""
     ids = torch.tensor([[101, 2023, 2003, 1037, 3231, 102, 2178, 6251, 102]])
     with torch.no_grad():
-        assert torch.allclose(fused_model(input_ids=ids).logits, alone_model(input_ids=ids).logits, atol=TOLERANCE)
+        output = model(input_ids=ids)
+    if hasattr(output, "logits"):
+        return output.logits
+    spans = torch.cat([output.start_logits, output.end_logits])
+    return spans - spans.mean(dim=1, keepdim=True)
 
 
 METHODS = {
@@ -118,6 +131,24 @@ def test_each_run_of_a_group_matches_its_solo_training_step_by_step(method: str,
     for index in range(3):
         _assert_same_run(fused[index], alone[index], fused_losses[index], alone_losses[index])
     assert len({round(losses[-1], 6) for losses in fused_losses}) == 3  # the runs really differ
+
+
+def test_squad_runs_of_a_group_match_their_solo_training(tmp_path: Path, shared_data_dir: Path, without_dropout: None,
+                                                         step_losses: list[list[float]]) -> None:
+    # SQuAD's rows are windows of unequal length, and a span's softmax runs over every position of a run's
+    # batch: the positions a longer run's batch adds to a fused step must not reach a run's loss. At 256
+    # tokens the runs' windows differ in length within a step (at 96 all are full): unmasked, the losses differ.
+    configs = [_config(METHODS["adapters"], lr, seed, task="squad", epochs=1, max_length=256, doc_stride=64, max_train_examples=12,
+                       max_eval_examples=6, batch_size=4) for lr, seed in ((1e-3, 0), (3e-3, 1))]
+    assert len({group_key(config) for config in configs}) == 1
+    fused = train_group(configs, [tmp_path / "group" / config.run_id for config in configs], data_dir=shared_data_dir)
+    fused_losses = list(step_losses)
+    alone = [train_and_evaluate(config, data_dir=shared_data_dir, out_dir=tmp_path / "alone" / config.run_id, progress=False)
+             for config in configs]
+    assert [record["group_size"] for record in fused] == [2, 2]
+    for index in range(2):
+        _assert_same_run(fused[index], alone[index], fused_losses[index], step_losses[2 + index])
+    assert set(fused[0]["val_metrics"]) >= {"exact_match", "f1"}
 
 
 @pytest.mark.parametrize("masks", MASK_SCHEMES)
@@ -209,9 +240,20 @@ def test_group_key_groups_only_runs_that_can_share_a_step() -> None:
     assert group_key(_config({"name": "top_k", "k": 6}, 3e-4, 0)) is None  # every layer of the 6: the embeddings train too
     assert group_key(_config({"name": "top_k", "k": 12}, 3e-4, 0, backbone="bert-base-uncased")) is None
     assert group_key(_config({"name": "top_k", "k": 11}, 3e-4, 0, backbone="bert-base-uncased")) is not None
-    assert group_key(TrainConfig(task="squad", method=adapters)) is None
+    assert group_key(TrainConfig(task="squad", method=adapters)) is not None  # span tasks too
     with pytest.raises(ValueError, match="cannot train as one group"):
         train_group([base, _config({"name": "full"}, 3e-4, 1)], ["x", "y"])
+
+
+def test_a_group_takes_fewer_runs_where_a_step_holds_more_tokens() -> None:
+    """runs_per_group is measured at batch 32 x 128 tokens: SQuAD's 384-token steps take a third of the
+    memory's runs, smaller steps no more than runs_per_group; the shard runner forms groups so."""
+    adapters = {"name": "adapters", "size": 64}
+    glue, squad = _config(adapters, 3e-4, 0, max_length=128, batch_size=32), TrainConfig(task="squad", method=adapters, max_length=384)
+    assert (group_capacity(glue, 8), group_capacity(squad, 8), group_capacity(squad, 2)) == (8, 2, 1)
+    assert group_capacity(_config(adapters, 3e-4, 0, max_length=64, batch_size=16), 8) == 8
+    squads = [TrainConfig(task="squad", method=adapters, max_length=384, seed=seed) for seed in range(5)]
+    assert [len(group) for group in form_groups(squads, 8)] == [2, 2, 1]
 
 
 def test_a_shard_trains_its_groupable_runs_as_groups_and_each_run_is_published_as_alone(tmp_path: Path, shared_data_dir: Path) -> None:
@@ -236,3 +278,35 @@ def test_a_shard_trains_its_groupable_runs_as_groups_and_each_run_is_published_a
     assert not list((tmp_path / "store").rglob("lease-*.json"))  # every lease released
     again = run_shard(spec, shard.id, store, data_dir=shared_data_dir, group_size=4)
     assert again == {"reused": 4}
+
+
+def test_a_group_that_runs_out_of_memory_trains_as_halves(tmp_path: Path, shared_data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Group sizes come from memory measured on other steps: where a group of 4 runs out of memory the
+    shard trains it as two groups of 2 (here every group above 2 runs out), and no run is lost."""
+    import dataclasses
+
+    from adaptune.sweep.experiments import Sweep, get_experiment
+    from adaptune.sweep.plan import plan
+    from adaptune.sweep.shard_runner import run_shard
+    from adaptune.sweep.store import RunStore
+
+    real = group_loop.train_group
+    tried: list[int] = []
+
+    def train_group_within_memory(configs: Any, *args: Any, **kwargs: Any) -> Any:
+        tried.append(len(configs))
+        if len(configs) > 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(configs, *args, **kwargs)
+
+    monkeypatch.setattr(group_loop, "train_group", train_group_within_memory)
+    spec = dataclasses.replace(
+        get_experiment("smoke"), name="oom_test", ablation=None, shard_size=4, max_train_examples=16, max_eval_examples=8,
+        sweeps=(Sweep(tasks=("mrpc",), methods=({"name": "layernorm"},), learning_rates=(1e-3, 3e-3), epochs=(1,), seeds=(0, 1),
+                      max_length=32),),
+    )
+    (shard,) = plan(spec).shards
+    store = RunStore(str(tmp_path / "store"))
+    outcomes = run_shard(spec, shard.id, store, data_dir=shared_data_dir, group_size=4)
+    assert tried == [4, 2, 2] and sum(outcomes.values()) == 4 and not outcomes["failed"]
+    assert [store.record(run.run_id)["group_size"] for run in shard.runs] == [2, 2, 2, 2]

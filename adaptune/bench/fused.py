@@ -1,5 +1,6 @@
 """Fused run groups on the CPU (part of `make bench`): operators launched per training example and
-training examples per second for a group of k = 1, 4, 16 adapter runs, each k side by side in one run.
+training examples per second for a group of k = 1, 4, 16 adapter runs (and top_k runs, their top layers
+stacked per run), each k side by side in one run.
 
 Two backbones: the embedded all-MiniLM-L6-v2 (real cost on this CPU), and an overhead-bound proxy, the
 same 6-layer BERT at width 32 (2 heads), where each operator's fixed cost dominates as kernel launches
@@ -39,6 +40,8 @@ GROUP_SIZES = (1, 4, 16)
 # (optimizer step, dropout masks' scheme): the trainer's default, the per-run optimizer step before it, counter masks.
 VARIANTS = (("per_run", "generator"), ("together", "generator"), ("together", "counter"))
 ADAPTERS = {"name": "adapters", "size": 64}
+# top_k's series: the top 3 of 6 layers trained, stacked per run (HFTA's way), the trainer's default variant.
+TOP_K = {"name": "top_k", "k": 3}
 
 
 class _CountOps(TorchDispatchMode):
@@ -52,25 +55,27 @@ class _CountOps(TorchDispatchMode):
 
 
 class _Run:
-    def __init__(self, params: dict[str, torch.nn.Parameter], decayed: set[str], seed: int) -> None:
+    def __init__(self, params: dict[str, torch.nn.Parameter], decayed: set[str], seed: int, method: dict[str, Any] = ADAPTERS) -> None:
         self.params = params
-        self.config = TrainConfig(task="sst2", method=ADAPTERS, lr=1e-4 * (seed + 1), seed=seed)
+        self.config = TrainConfig(task="sst2", method=method, lr=1e-4 * (seed + 1), seed=seed)
         self.optimizer = adamw(params, decayed, self.config.lr, 0.01)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: 1.0)
 
 
-def _group(backbone: str, k: int, device: Device, bf16: bool = False, masks: str = "generator") -> tuple[torch.nn.Module, Any, list[_Run]]:
+def _group(backbone: str, k: int, device: Device, bf16: bool = False, masks: str = "generator",
+           method: dict[str, Any] = ADAPTERS) -> tuple[torch.nn.Module, Any, list[_Run]]:
     trained, model = [], None
     for seed in range(k):
         torch.manual_seed(seed)
         model = load_model(backbone, "classification", num_labels=2)
-        apply_method(model, method_from_dict(ADAPTERS))
+        apply_method(model, method_from_dict(method))
         trained.append(trained_tensors(model))
-    return grouped_runs(model, trained, device, torch.bfloat16 if bf16 else None, masks)
+    return grouped_runs(model, trained, device, torch.bfloat16 if bf16 else None, masks, method)
 
 
 def grouped_runs(model: torch.nn.Module, trained: list[dict[str, torch.Tensor]], device: Device,
-                 frozen_dtype: torch.dtype | None, masks: str = "generator") -> tuple[torch.nn.Module, Any, list[_Run]]:
+                 frozen_dtype: torch.dtype | None, masks: str = "generator", method: dict[str, Any] = ADAPTERS
+                 ) -> tuple[torch.nn.Module, Any, list[_Run]]:
     """A solo model (its method applied) made a training group of one run per `trained` tensor set, on
     the device, frozen matmuls stored in `frozen_dtype` (None: as they are), each run with its own
     dropout stream (drawn with the `masks` scheme), AdamW and lr (the CPU and GPU fused benchmarks'
@@ -81,7 +86,7 @@ def grouped_runs(model: torch.nn.Module, trained: list[dict[str, torch.Tensor]],
     model.to(device.torch_device).train()
     if frozen_dtype is not None:
         keep_frozen_matmuls_in(model, frozen_dtype)
-    return model, randomness, [_Run(params, decayed, seed) for seed, params in enumerate(run_parameters(model))]
+    return model, randomness, [_Run(params, decayed, seed, method) for seed, params in enumerate(run_parameters(model))]
 
 
 def _stacked(batch: dict[str, torch.Tensor], k: int) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor, RowLayout]:
@@ -92,8 +97,8 @@ def _stacked(batch: dict[str, torch.Tensor], k: int) -> tuple[dict[str, torch.Te
 
 
 def _step_fn(backbone: str, k: int, device: Device, batch: dict[str, torch.Tensor], bf16: bool = False,
-             together: bool = True, masks: str = "generator") -> Any:
-    model, randomness, runs = _group(backbone, k, device, bf16, masks)
+             together: bool = True, masks: str = "generator", method: dict[str, Any] = ADAPTERS) -> Any:
+    model, randomness, runs = _group(backbone, k, device, bf16, masks, method)
     inputs, labels, weights, layout = _stacked(batch, k)
     autocast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
 
@@ -190,13 +195,21 @@ def measure_fused_groups(batch: dict[str, torch.Tensor], device: Device, repeats
             steps = {(k, optimizer, masks): _step_fn(backbone, k, device, batch, together=optimizer == "together", masks=masks)
                      for k, optimizer, masks in variants}
             measured = _compare(steps, {variant: rows * variant[0] for variant in variants}, repeats, 3 if proxy else 1)
+            name = "tiny-bert-w32 (proxy)" if proxy else DEFAULT_BACKBONE
             for (k, optimizer, masks), (per_s, ops) in measured.items():
-                entries.append({"k": k, "backbone": "tiny-bert-w32 (proxy)" if proxy else DEFAULT_BACKBONE, "proxy": proxy,
+                entries.append({"k": k, "backbone": name, "proxy": proxy, "method": "adapters64",
                                 "optimizer_step": optimizer, "masks": masks, "ops_per_example": round(ops, 2),
                                 "examples_per_s": round(per_s, 1),
                                 "speedup_vs_k1_per_run": round(per_s / measured[(1, *VARIANTS[0])][0], 2),
                                 "speedup_vs_per_run": round(per_s / measured[(k, *VARIANTS[0])][0], 2)})
             del steps
+            top_k = {k: _step_fn(backbone, k, device, batch, method=TOP_K) for k in GROUP_SIZES}
+            measured_top_k = _compare(top_k, {k: rows * k for k in GROUP_SIZES}, repeats, 3 if proxy else 1)
+            for k, (per_s, ops) in measured_top_k.items():
+                entries.append({"k": k, "backbone": name, "proxy": proxy, "method": f"top_k{TOP_K['k']}",
+                                "optimizer_step": VARIANTS[1][0], "masks": VARIANTS[1][1], "ops_per_example": round(ops, 2),
+                                "examples_per_s": round(per_s, 1), "speedup_vs_k1": round(per_s / measured_top_k[1][0], 2)})
+            del top_k
     timed = _compare({"float32": _step_fn(DEFAULT_BACKBONE, 1, device, batch),
                       "bfloat16": _step_fn(DEFAULT_BACKBONE, 1, device, batch, bf16=True)}, {"float32": rows, "bfloat16": rows}, repeats, 2)
     bf16_entry: dict[str, Any] = {name: round(per_s, 1) for name, (per_s, _) in timed.items()}
@@ -205,7 +218,8 @@ def measure_fused_groups(batch: dict[str, torch.Tensor], device: Device, repeats
     bf16_entry["native_bf16"] = native_cpu_bf16()
     bf16_entry["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
     return {"fused_groups": entries, **mask_site_kernels(), "frozen_backbone_bf16_examples_per_s": bf16_entry,
-            "fused_groups_note": ("k runs of adapters 64 on the same SST-2 batch of "
+            "fused_groups_note": ("k runs of adapters 64 (and of top_k 3: the top 3 of 6 layers trained, stacked per "
+                                  "run, the trainer's step) on the same SST-2 batch of "
                                   f"{rows} rows each (batch x k rows per step); optimizer_step 'together' is the group's "
                                   "multi-tensor clipping and AdamW for all runs (the trainer's), 'per_run' each run's own "
                                   "clip_grad_norm_ and AdamW in turn; masks 'generator' draws each run's dropout masks "

@@ -64,9 +64,9 @@ CONFIGS = {
 FULL_SCALE = Scale(CONFIGS, SAMPLE_ROWS, BATCHES_PER_TASK)
 # Every part on this machine (the CPU too) in a minute or two: a check that the benchmark runs before a
 # lent GPU's minutes go to it; its figures measure nothing.
-_TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
+_TINY = {"hidden_size": 32, "num_hidden_layers": 4, "num_attention_heads": 2, "intermediate_size": 64}
 REHEARSAL = Scale({name: _TINY for name in CONFIGS}, sample_rows=256, batches_per_task=2, shard_train_rows=32)
-METHODS = {"full": {"name": "full"}, "adapters64": {"name": "adapters", "size": 64}}
+METHODS = {"full": {"name": "full"}, "adapters64": {"name": "adapters", "size": 64}, "top_k3": {"name": "top_k", "k": 3}}
 # Dense bf16 tensor-core peaks (FLOP/s) from the vendors' data sheets, matched on the device name.
 PEAK_BF16_FLOPS = (
     ("H200", 989e12),
@@ -88,12 +88,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tokenizer", default=None, help="a BERT uncased tokenizer (default: the embedded MiniLM's)")
     parser.add_argument("--backbones", default=",".join(CONFIGS), help=f"comma-separated, of {', '.join(CONFIGS)}")
     parser.add_argument("--variants", default="before,now", help="comma-separated, of before, now, compiled, graphs")
+    parser.add_argument("--methods", default="full,adapters64", help=f"the solo step's methods, comma-separated, of {', '.join(METHODS)}")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--batch-sets", default="length_grouped,padded_128")
     parser.add_argument("--shard", default="1,4", help="runs at a time to compare on one shard (empty: skip)")
     parser.add_argument("--shard-groups", default="4,16", help="runs fused per group to compare on the same shard (empty: skip)")
     parser.add_argument("--fused", default="1,4,8,16", help="group sizes of the fused step to measure (empty: skip)")
-    parser.add_argument("--fused-methods", default="adapters64,layernorm", help="comma-separated, of adapters64, layernorm")
+    parser.add_argument("--fused-methods", default="adapters64,layernorm", help="comma-separated, of adapters64, layernorm, top_k3")
     parser.add_argument("--fused-optimizer", default="together,per_run",
                         help="the fused step's optimizer steps to compare: together (the trainer's), per_run")
     parser.add_argument("--fused-masks", default="generator,counter",
@@ -106,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batches-cache", default=None,
                         help="a file to keep the tokenized batches in: read if there, else written (saves re-tokenizing per call)")
     parser.add_argument("--rehearse", action="store_true",
-                        help="every part on this machine (the CPU too) with a 2-layer width-32 BERT and few rows: a check that the "
+                        help="every part on this machine (the CPU too) with a 4-layer width-32 BERT and few rows: a check that the "
                              "benchmark runs, before a lent GPU's minutes go to it; its figures measure nothing")
     args = parser.parse_args(argv)
     device = pick_device()
@@ -127,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "batches": {name: describe(batches) for name, batches in batch_sets.items()},
         "repeats": args.repeats,
         "runs": [],
-        **({"rehearsal": "a 2-layer width-32 BERT on few rows: a check of the flow, not a measurement"} if args.rehearse else {}),
+        **({"rehearsal": "a 4-layer width-32 BERT on few rows: a check of the flow, not a measurement"} if args.rehearse else {}),
     }
     log(f"batches ready after {time.perf_counter() - started:.0f} s")
     out = Path(args.out)
@@ -139,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     for backbone in args.backbones.split(",") if variants else ():
         for batches_name in args.batch_sets.split(","):
-            for method in METHODS:
+            for method in _names(args.methods):
                 results["runs"] += measure(scale.configs[backbone], backbone, method, batches_name, batch_sets[batches_name], variants, device,
                                            args.repeats)
                 results["summary"] = summarize(results["runs"])

@@ -34,7 +34,8 @@ from adaptune.train.compiling import training_forward
 from adaptune.train.group_loop import fused_step, stack_run_batches
 
 GROUP_SIZES = (1, 4, 8, 16)
-FUSED_METHODS = {"adapters64": {"name": "adapters", "size": 64}, "layernorm": {"name": "layernorm"}}
+FUSED_METHODS = {"adapters64": {"name": "adapters", "size": 64}, "layernorm": {"name": "layernorm"},
+                 "top_k3": {"name": "top_k", "k": 3}}  # the top 3 layers stacked per run
 Batch = dict[str, torch.Tensor]
 
 

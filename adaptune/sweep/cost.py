@@ -11,7 +11,7 @@ from adaptune.sweep.device_sharing import runs_per_group
 from adaptune.sweep.experiments import ExperimentSpec
 from adaptune.sweep.throughput import REFERENCE_MAX_LENGTH, Measured, ThroughputKey, backbone_key, throughput_key
 from adaptune.train.config import TrainConfig
-from adaptune.train.grouping import group_key
+from adaptune.train.grouping import group_capacity, group_key
 
 # Training throughput in examples per second for full fine-tuning at max_length 128, batch 32,
 # per backbone and accelerator (Vertex AI accelerator type, or "cpu"), for one run. These are
@@ -53,6 +53,9 @@ FUSED_SPEEDUP: dict[str, dict[int, float]] = {
     "bert-base-uncased": {8: 3.07, 16: 3.25},
     "bert-large-uncased": {8: 2.90, 16: 2.76},
 }
+# The methods it prices: those whose whole backbone is frozen, so a group's step launches what an adapter
+# group's does. Not top_k: its stacked top layers were never measured fused on a GPU.
+FUSED_SPEEDUP_METHODS = frozenset({"adapters", "pfeiffer", "layernorm", "lora", "ia3"})
 EVALUATION_OVERHEAD = 1.1  # per-epoch validation adds roughly a tenth
 # Public GLUE / SQuAD training-set sizes, for tasks whose registry entry has no paper_sizes.
 KNOWN_TRAIN_SIZES = {
@@ -62,17 +65,18 @@ KNOWN_TRAIN_SIZES = {
 
 
 def planned_group_size(run: TrainConfig, spec: ExperimentSpec) -> int:
-    """The fused group a run will train in: `runs_per_group` where it can share a forward pass, else 1.
+    """The fused group a run will train in: `runs_per_group` where it can share a forward pass (fewer for
+    longer steps: group_capacity), else 1.
     (A shard's last group of a kind may be smaller; the estimate does not count on that.)"""
     fused = runs_per_group(spec.accelerator)
-    return fused if fused > 1 and group_key(run) is not None else 1
+    return group_capacity(run, fused) if fused > 1 and group_key(run) is not None else 1
 
 
 def table_fused_speedup(run: TrainConfig, spec: ExperimentSpec) -> float:
     """How much faster a run trains in its planned group than alone, from FUSED_SPEEDUP: at the largest
-    measured group size that is not larger than the planned one; 1 where nothing was measured."""
+    measured group size that is not larger than the planned one; 1 where nothing was measured (top_k)."""
     size = planned_group_size(run, spec)
-    if spec.accelerator.family != "gpu" or size <= 1:
+    if spec.accelerator.family != "gpu" or size <= 1 or run.method["name"] not in FUSED_SPEEDUP_METHODS:
         return 1.0
     measured = {k: speedup for k, speedup in FUSED_SPEEDUP.get(backbone_key(run.backbone), {}).items() if k <= size}
     return measured[max(measured)] if measured else 1.0

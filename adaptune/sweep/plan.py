@@ -162,7 +162,7 @@ class Plan:
         fused_note = "".join(f"; {count:,} run(s) that train fused {size} at a time priced at bench-gpu's measured fused speedup "
                              f"(adaptune.sweep.cost.FUSED_SPEEDUP)" for size, count in sorted(table_groups.items()))
         fused_note += "".join(f"; {count:,} run(s) that train fused {size} at a time priced one run at a time (no "
-                              f"measurement at that group size yet)" for size, count in sorted(unpriced_groups.items()))
+                              f"fused measurement for their method at that group size yet)" for size, count in sorted(unpriced_groups.items()))
         if not used:
             return f"throughput from {table}{fused_note}"
         measured = "; ".join(f"{backbone} {method}{f' fused {size} at a time' if size > 1 else ''} on {label}: "

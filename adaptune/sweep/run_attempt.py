@@ -19,7 +19,7 @@ from adaptune.sweep.store import CHECKPOINT_DIR, RECORD_FILE, RUNS_DIR, RunDir, 
 from adaptune.sweep.transient import backoff_s, is_transient
 from adaptune.train.config import TrainConfig
 from adaptune.train.event_log import write_run_summary
-from adaptune.train.grouping import group_key
+from adaptune.train.grouping import group_capacity, group_key
 from adaptune.train.record import failed_run_record, is_stale, one_line_reason, save_traceback, with_provenance
 
 
@@ -32,8 +32,9 @@ def train_runs(configs: Iterable[TrainConfig], shard_id: str, store: RunStore, o
 
 
 def form_groups(configs: list[TrainConfig], runs_per_group: int) -> list[list[TrainConfig]]:
-    """Runs with equal group keys (adaptune.train.grouping.group_key), in plan order, up to `runs_per_group` a group;
-    every other run alone. A stand-in trainer ($ADAPTUNE_TRAINER) trains runs alone."""
+    """Runs with equal group keys (adaptune.train.grouping.group_key), in plan order, up to `runs_per_group` a
+    group (fewer for longer steps: group_capacity); every other run alone. A stand-in trainer
+    ($ADAPTUNE_TRAINER) trains runs alone."""
     if runs_per_group <= 1 or os.environ.get(TRAINER_ENV):
         return [[config] for config in configs]
     groups: list[list[TrainConfig]] = []
@@ -44,7 +45,7 @@ def form_groups(configs: list[TrainConfig], runs_per_group: int) -> list[list[Tr
             groups.append([config])
             continue
         group = open_groups.get(key)
-        if group is None or len(group) >= runs_per_group:
+        if group is None or len(group) >= group_capacity(config, runs_per_group):
             group = open_groups[key] = []
             groups.append(group)
         group.append(config)
@@ -222,12 +223,23 @@ def _take_lease(run_id: str, store: RunStore, owner: str | None, wait: bool, sle
 
 def _train_group_with_retries(configs: list[TrainConfig], store: RunStore, data_dir: Any, max_transient_failures: int,
                               progress: bool, sleep: Callable[[float], None]) -> list[dict[str, Any]]:
-    """Runs that share their steps (adaptune.train.group_loop): a transient failure counts against every one."""
+    """Runs that share their steps (adaptune.train.group_loop): a transient failure counts against every one.
+    A group that runs out of memory trains as two halves, in turn, down to runs alone (each run resumes
+    from what it saved): group sizes are chosen from memory measured on other steps, not this one's."""
+    from adaptune.core.devices import is_out_of_memory
     from adaptune.train.group_loop import train_group
 
-    def train(works: list[RunDir]) -> list[dict[str, Any]]:
-        return train_group(configs, [work.path for work in works], data_dir=data_dir, cache_dir=store.cache_dir(),
-                           progress=progress, on_state_saved=[work.sync for work in works], write_record=False)
+    def train(works: list[RunDir], part: list[TrainConfig] = configs) -> list[dict[str, Any]]:
+        try:
+            return train_group(part, [work.path for work in works], data_dir=data_dir, cache_dir=store.cache_dir(),
+                               progress=progress, on_state_saved=[work.sync for work in works], write_record=False)
+        except Exception as error:
+            if len(part) == 1 or not is_out_of_memory(error):
+                raise
+        half = len(part) // 2
+        print(f"a group of {len(part)} ({part[0].run_id}, ...) ran out of memory: training it as groups of {half} and "
+              f"{len(part) - half}", flush=True)
+        return train(works[:half], part[:half]) + train(works[half:], part[half:])
 
     return _with_retries(configs, store, data_dir, max_transient_failures, sleep, train)
 

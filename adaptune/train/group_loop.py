@@ -60,6 +60,10 @@ from adaptune.train.record import record_in_run_dir, run_record, with_provenance
 from adaptune.train.state import load_state, resume_point
 
 _PAD_VALUES = {"attention_mask": 0, "token_type_ids": 0}
+# What a collated batch holds besides the model's inputs: a label per row, or (span tasks) the answer's
+# first and last token, stacked as a step's labels (rows x 2).
+_LABELS = ("labels",)
+_SPAN_LABELS = ("start_positions", "end_positions")
 
 
 def train_group(
@@ -277,8 +281,12 @@ def stack_run_batches(per_run: list[dict[str, torch.Tensor]], pad_token_id: int,
             if tensor.shape[0] < block:
                 tensor = torch.cat([tensor, tensor[:1].expand(block - tensor.shape[0], *tensor.shape[1:])])
             stacked.setdefault(name, []).append(tensor)
-    inputs = {name: torch.cat(parts).to(target, non_blocking=True) for name, parts in stacked.items() if name != "labels"}
-    labels = torch.cat(stacked["labels"]).to(target, non_blocking=True)
+    inputs = {name: torch.cat(parts).to(target, non_blocking=True) for name, parts in stacked.items() if name not in (*_LABELS, *_SPAN_LABELS)}
+    if "labels" in stacked:
+        labels = torch.cat(stacked["labels"])
+    else:
+        labels = torch.stack([torch.cat(stacked[name]) for name in _SPAN_LABELS], dim=1)
+    labels = labels.to(target, non_blocking=True)
     weights = torch.tensor([[1.0] * size + [0.0] * (block - size) for size in sizes], device=target)
     layout = RowLayout(block, sizes, [collated["input_ids"].shape[1] for collated in per_run])
     return inputs, labels, weights, layout
@@ -303,22 +311,38 @@ def fused_step(model: Callable[..., Any], randomness: RunRandomness, inputs: dic
     benchmark times this."""
     randomness.layout = layout
     with device.autocast():
-        logits = model(**inputs).logits
-    losses = _run_losses(kind, logits, labels, weights, len(runs))
+        output = model(**inputs)
+    losses = _run_losses(kind, output, labels, weights, layout)
     losses.sum().backward()
     results = clip_and_step(runs, losses.detach().unbind(), device.kind == "cpu", together)
     device.mark_step()
     return results
 
 
-def _run_losses(kind: str, logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, runs: int) -> torch.Tensor:
-    """Each run's mean loss over its real rows (a vector of `runs`): what the model computes alone."""
-    if kind == "regression":
-        per_row = (logits.float().reshape(-1) - labels.float().reshape(-1)) ** 2
+def _run_losses(kind: str, output: Any, labels: torch.Tensor, weights: torch.Tensor, layout: RowLayout) -> torch.Tensor:
+    """Each run's mean loss over its real rows (a vector of runs): what the model computes alone."""
+    runs = len(layout.rows)
+    if kind == "span":
+        per_row = _span_losses(output.start_logits, output.end_logits, labels, layout)
+    elif kind == "regression":
+        per_row = (output.logits.float().reshape(-1) - labels.float().reshape(-1)) ** 2
     else:
+        logits = output.logits
         per_row = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none")
     per_row = per_row.reshape(runs, -1) * weights
     return per_row.sum(dim=1) / weights.sum(dim=1)
+
+
+def _span_losses(starts: torch.Tensor, ends: torch.Tensor, labels: torch.Tensor, layout: RowLayout) -> torch.Tensor:
+    """Each row's question-answering loss as BertForQuestionAnswering computes it alone (the mean of the
+    start's and the end's cross-entropy over token positions), over the positions its own run's batch
+    has: a span's softmax runs over every position of the batch, padding included, so the positions a
+    longer run's batch added to the group's are masked out."""
+    lengths = torch.tensor(layout.lengths, device=starts.device).repeat_interleave(layout.block_rows)
+    beyond = torch.arange(starts.shape[1], device=starts.device).unsqueeze(0) >= lengths.unsqueeze(1)
+    start = F.cross_entropy(starts.float().masked_fill(beyond, -math.inf), labels[:, 0], reduction="none")
+    end = F.cross_entropy(ends.float().masked_fill(beyond, -math.inf), labels[:, 1], reduction="none")
+    return (start + end) / 2
 
 
 class _FusedEvaluation:

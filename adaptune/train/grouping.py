@@ -17,17 +17,26 @@ _FREE_FIELDS = frozenset({"lr", "seed", "experiment", "checkpoint_every_steps"})
 _FREE_METHOD_FIELDS = frozenset({"init_std"})
 
 
+# An accelerator's runs_per_group is chosen from memory measured at batch 32 of up to 128 tokens.
+REFERENCE_STEP_TOKENS = 32 * 128
+
+
 def group_key(config: TrainConfig) -> tuple | None:
     """Runs with equal keys can train as one group; None for a run that trains alone: full fine-tuning
-    and top_k over every layer (the embeddings train too, and nothing below is frozen to share), and span
-    tasks (their batches are not one row per example)."""
-    if config.method.get("name") not in GROUPABLE_METHODS or get_task(config.task).kind == "span":
+    and top_k over every layer (the embeddings train too, and nothing below is frozen to share)."""
+    if config.method.get("name") not in GROUPABLE_METHODS:
         return None
     if config.method["name"] == "top_k" and not _frozen_below(config):
         return None
     fields = tuple(sorted((name, str(value)) for name, value in config.to_dict().items() if name not in _FREE_FIELDS and name != "method"))
     method = tuple(sorted((name, str(value)) for name, value in config.method.items() if name not in _FREE_METHOD_FIELDS))
     return fields + method
+
+
+def group_capacity(config: TrainConfig, runs_per_group: int) -> int:
+    """How many runs like this one a group takes: `runs_per_group` at the reference step's tokens, fewer
+    where a step holds more (a group's memory grows with its rows x tokens): SQuAD's 384 tokens, a third."""
+    return max(1, min(runs_per_group, runs_per_group * REFERENCE_STEP_TOKENS // (config.batch_size * config.max_length)))
 
 
 def _frozen_below(config: TrainConfig) -> bool:
