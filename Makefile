@@ -8,7 +8,7 @@ PIPELINE ?= smoke
 OUT ?= outputs
 export PYTHONHASHSEED := 0
 
-.PHONY: venv test demo run plan status tensorboard report compile submit stage-models bench bench-fused bench-gpu gpu-carry bench-status bench-tensorboard bench-soak images lint lock clean
+.PHONY: venv test test-heavy demo run plan status tensorboard report compile submit stage-models bench bench-fused bench-gpu gpu-carry bench-status bench-tensorboard bench-soak images lint lock clean
 
 $(VENV)/.installed: pyproject.toml requirements.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,7 +20,12 @@ $(VENV)/.installed: pyproject.toml requirements.lock
 venv: $(VENV)/.installed
 
 test: venv
-	$(PY) -m pytest -n 2 --dist loadgroup -q --durations=30
+	$(PY) -m pytest -n 2 --dist loadgroup -q --durations=30 -m "not heavy"
+
+# The heavy rehearsals make test leaves out (minutes each): the CPU image built and run in a container
+# engine, the paper_full-shaped DAG, compiled training. Run them before changing what they cover.
+test-heavy: venv
+	$(PY) -m pytest -n 2 --dist loadgroup -q --durations=30 -m heavy
 
 demo: venv
 	$(PY) -m pipelines run smoke --out $(OUT)/smoke

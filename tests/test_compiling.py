@@ -48,6 +48,7 @@ def _same_training(compiled: dict, eager: dict) -> None:
     assert compiled["test_metrics"] == pytest.approx(eager["test_metrics"], abs=TOLERANCE)
 
 
+@pytest.mark.heavy
 def test_a_compiled_run_trains_as_it_does_eagerly_alone_and_in_a_group(tmp_path: Path, shared_data_dir: Path, backend: None,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     method = METHODS["adapters"]

@@ -768,6 +768,7 @@ def in_image(image: str, *command: str, **run_args: Any) -> tuple[int, str]:
 
 
 @pytest.mark.container
+@pytest.mark.heavy
 @pytest.mark.xdist_group("containers")
 def test_cpu_image_is_healthy_as_its_non_root_user_with_exactly_the_lock(cpu_image: str) -> None:
     import docker
@@ -809,6 +810,7 @@ def test_cpu_image_is_healthy_as_its_non_root_user_with_exactly_the_lock(cpu_ima
 
 
 @pytest.mark.container
+@pytest.mark.heavy
 @pytest.mark.xdist_group("containers")
 def test_docker_runner_mounts_the_data_read_only_and_the_store_and_pipeline_root_writable(
     cpu_image: str, tmp_path: Path, shared_data_dir: Path
@@ -837,6 +839,7 @@ def test_docker_runner_mounts_the_data_read_only_and_the_store_and_pipeline_root
 
 
 @pytest.mark.container
+@pytest.mark.heavy
 @pytest.mark.xdist_group("containers")
 def test_a_missing_image_is_named_with_the_command_that_builds_it(cpu_image: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from adaptune.sweep.experiments import get_experiment
@@ -853,6 +856,7 @@ PATH_LINES = re.compile(r"^(Results|Paper values): `[^`]*`")
 
 @pytest.mark.slow
 @pytest.mark.container
+@pytest.mark.heavy
 @pytest.mark.xdist_group("containers")
 def test_smoke_dag_in_the_cpu_image_equals_the_subprocess_runner(
     cpu_image: str, tmp_path: Path, shared_data_dir: Path, smoke_run: dict[str, Path]

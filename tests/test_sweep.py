@@ -259,6 +259,7 @@ def test_a_run_killed_mid_shard_resumes_in_the_next_attempt(
 # --- the whole DAG at paper scale under kfp.local ----------------------------------------------------
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 @pytest.mark.xdist_group("pipeline")
 def test_paper_full_shaped_dag_runs_with_small_inputs_and_one_row_per_run(
