@@ -112,6 +112,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     device = pick_device()
     scale = REHEARSAL if args.rehearse else FULL_SCALE
+    if args.rehearse:  # one thread: beside a busy process, two OpenMP threads on 2 cores ran a fused step 60x slower
+        torch.set_num_threads(1)
     if device.kind != "cuda" and not args.rehearse:
         print("bench_gpu: no CUDA device here; `make bench` measures the CPU (or --rehearse checks this benchmark's flow)", file=sys.stderr)
         return 2
