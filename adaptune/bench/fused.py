@@ -55,9 +55,10 @@ class _CountOps(TorchDispatchMode):
 
 
 class _Run:
-    def __init__(self, params: dict[str, torch.nn.Parameter], decayed: set[str], seed: int, method: dict[str, Any] = ADAPTERS) -> None:
+    def __init__(self, params: dict[str, torch.nn.Parameter], decayed: set[str], seed: int) -> None:
         self.params = params
-        self.config = TrainConfig(task="sst2", method=method, lr=1e-4 * (seed + 1), seed=seed)
+        # What the group's optimizer step reads of a run (lr, max_grad_norm), whatever the method trained.
+        self.config = TrainConfig(task="sst2", method=ADAPTERS, lr=1e-4 * (seed + 1), seed=seed)
         self.optimizer = adamw(params, decayed, self.config.lr, 0.01)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: 1.0)
 
@@ -70,12 +71,11 @@ def _group(backbone: str, k: int, device: Device, bf16: bool = False, masks: str
         model = load_model(backbone, "classification", num_labels=2)
         apply_method(model, method_from_dict(method))
         trained.append(trained_tensors(model))
-    return grouped_runs(model, trained, device, torch.bfloat16 if bf16 else None, masks, method)
+    return grouped_runs(model, trained, device, torch.bfloat16 if bf16 else None, masks)
 
 
 def grouped_runs(model: torch.nn.Module, trained: list[dict[str, torch.Tensor]], device: Device,
-                 frozen_dtype: torch.dtype | None, masks: str = "generator", method: dict[str, Any] = ADAPTERS
-                 ) -> tuple[torch.nn.Module, Any, list[_Run]]:
+                 frozen_dtype: torch.dtype | None, masks: str = "generator") -> tuple[torch.nn.Module, Any, list[_Run]]:
     """A solo model (its method applied) made a training group of one run per `trained` tensor set, on
     the device, frozen matmuls stored in `frozen_dtype` (None: as they are), each run with its own
     dropout stream (drawn with the `masks` scheme), AdamW and lr (the CPU and GPU fused benchmarks'
@@ -86,7 +86,7 @@ def grouped_runs(model: torch.nn.Module, trained: list[dict[str, torch.Tensor]],
     model.to(device.torch_device).train()
     if frozen_dtype is not None:
         keep_frozen_matmuls_in(model, frozen_dtype)
-    return model, randomness, [_Run(params, decayed, seed, method) for seed, params in enumerate(run_parameters(model))]
+    return model, randomness, [_Run(params, decayed, seed) for seed, params in enumerate(run_parameters(model))]
 
 
 def _stacked(batch: dict[str, torch.Tensor], k: int) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor, RowLayout]:

@@ -11,7 +11,7 @@ from adaptune.sweep.device_sharing import runs_per_group
 from adaptune.sweep.experiments import ExperimentSpec
 from adaptune.sweep.throughput import REFERENCE_MAX_LENGTH, Measured, ThroughputKey, backbone_key, throughput_key
 from adaptune.train.config import TrainConfig
-from adaptune.train.grouping import group_capacity, group_key
+from adaptune.train.grouping import GROUPABLE_METHODS, group_capacity, group_key
 
 # Training throughput in examples per second for full fine-tuning at max_length 128, batch 32,
 # per backbone and accelerator (Vertex AI accelerator type, or "cpu"), for one run. These are
@@ -55,7 +55,7 @@ FUSED_SPEEDUP: dict[str, dict[int, float]] = {
 }
 # The methods it prices: those whose whole backbone is frozen, so a group's step launches what an adapter
 # group's does. Not top_k: its stacked top layers were never measured fused on a GPU.
-FUSED_SPEEDUP_METHODS = frozenset({"adapters", "pfeiffer", "layernorm", "lora", "ia3"})
+FUSED_SPEEDUP_METHODS = GROUPABLE_METHODS - {"top_k"}
 EVALUATION_OVERHEAD = 1.1  # per-epoch validation adds roughly a tenth
 # Public GLUE / SQuAD training-set sizes, for tasks whose registry entry has no paper_sizes.
 KNOWN_TRAIN_SIZES = {

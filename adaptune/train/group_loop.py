@@ -60,9 +60,8 @@ from adaptune.train.record import record_in_run_dir, run_record, with_provenance
 from adaptune.train.state import load_state, resume_point
 
 _PAD_VALUES = {"attention_mask": 0, "token_type_ids": 0}
-# What a collated batch holds besides the model's inputs: a label per row, or (span tasks) the answer's
+# What a span task's collated batch holds besides the model's inputs (others: "labels"): the answer's
 # first and last token, stacked as a step's labels (rows x 2).
-_LABELS = ("labels",)
 _SPAN_LABELS = ("start_positions", "end_positions")
 
 
@@ -281,7 +280,7 @@ def stack_run_batches(per_run: list[dict[str, torch.Tensor]], pad_token_id: int,
             if tensor.shape[0] < block:
                 tensor = torch.cat([tensor, tensor[:1].expand(block - tensor.shape[0], *tensor.shape[1:])])
             stacked.setdefault(name, []).append(tensor)
-    inputs = {name: torch.cat(parts).to(target, non_blocking=True) for name, parts in stacked.items() if name not in (*_LABELS, *_SPAN_LABELS)}
+    inputs = {name: torch.cat(parts).to(target, non_blocking=True) for name, parts in stacked.items() if name not in ("labels", *_SPAN_LABELS)}
     if "labels" in stacked:
         labels = torch.cat(stacked["labels"])
     else:

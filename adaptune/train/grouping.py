@@ -5,7 +5,6 @@ shapes and count, differing only in learning rate, seed and init std."""
 from __future__ import annotations
 
 from adaptune.core.backbones import BackboneError
-from adaptune.data.tasks import get_task
 from adaptune.model.layouts import backbone_layers
 from adaptune.train.config import TrainConfig
 
@@ -15,8 +14,6 @@ GROUPABLE_METHODS = frozenset({"adapters", "pfeiffer", "layernorm", "lora", "ia3
 # What may differ between the runs of a group: nothing else changes a step's shapes or count.
 _FREE_FIELDS = frozenset({"lr", "seed", "experiment", "checkpoint_every_steps"})
 _FREE_METHOD_FIELDS = frozenset({"init_std"})
-
-
 # An accelerator's runs_per_group is chosen from memory measured at batch 32 of up to 128 tokens.
 REFERENCE_STEP_TOKENS = 32 * 128
 
