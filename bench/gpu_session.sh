@@ -34,26 +34,26 @@ NONE=(--shard "" --shard-groups "")
 run_part() {
     case $1 in
     # Where the fused step's time goes at the H100 preset's group size: kernels per step, the device's busy share.
-    profile) part profile 90 --backbones bert-base,bert-large --variants "" "${NONE[@]}" --fused "" --fused-profile 8 \
+    profile) part profile 70 --backbones bert-base,bert-large --variants "" "${NONE[@]}" --fused "" --fused-profile 8 \
         --fused-methods adapters64 --fused-masks generator ;;
-    # The solo step (the baseline on this card) and the fused step at k = 1..16, BERT-base adapters and LayerNorm-only.
-    base) part base 110 --backbones bert-base --variants now "${NONE[@]}" --fused 1,4,8,16 --fused-methods adapters64,layernorm \
-        --fused-optimizer together --fused-masks generator ;;
-    # The same for BERT-large, adapters only.
-    large) part large 90 --backbones bert-large --variants now "${NONE[@]}" --fused 1,4,8,16 --fused-methods adapters64 \
-        --fused-optimizer together --fused-masks generator ;;
     # Runs per GPU-hour on 9 RTE adapter runs: one at a time, 4 side by side, fused 8 per group.
-    shard) part shard 200 --backbones bert-base --variants "" --fused "" --shard 1,4 --shard-groups 8 --shard-train-rows 640 ;;
+    shard) part shard 170 --backbones bert-base --variants "" --fused "" --shard 1,4 --shard-groups 8 --shard-train-rows 640 ;;
+    # BERT-large adapters, the MFU goal's group: the solo step and fused 4 and 8, on real lengths and padded to 128.
+    large) part large 110 --backbones bert-large --variants now --methods adapters64 --batch-sets length_grouped,padded_128 "${NONE[@]}" --fused 4,8 \
+        --fused-methods adapters64 --fused-batch-sets padded_128,length_grouped --fused-optimizer together --fused-masks generator ;;
     # top_k 3 (the top 3 layers stacked per run, never measured fused on a GPU): the solo step and fused 1 and 8, BERT-base.
-    topk) part topk 90 --backbones bert-base --variants now --methods top_k3 "${NONE[@]}" --fused 1,8 --fused-methods top_k3 \
+    topk) part topk 70 --backbones bert-base --variants now --methods top_k3 "${NONE[@]}" --fused 1,8 --fused-methods top_k3 \
         --fused-optimizer together --fused-masks generator ;;
     # The fused group of 8 replayed as CUDA graphs and compiled (counter masks: no graph break), against eager.
     compiled) part compiled rest --backbones bert-base --variants "" "${NONE[@]}" --fused 8 --fused-methods adapters64 \
         --fused-optimizer together --fused-masks counter --fused-compile eager,graphs,compiled ;;
+    # The solo step (the baseline on this card) and the fused step at k = 1..16, BERT-base adapters and LayerNorm-only.
+    base) part base 110 --backbones bert-base --variants now "${NONE[@]}" --fused 1,4,8,16 --fused-methods adapters64,layernorm \
+        --fused-optimizer together --fused-masks generator ;;
     *) log "no part $1" ;;
     esac
 }
-# The 2026-11-26 H200 call ran base, large, shard (1 at a time, fused 4 and 16: its runs failed, since fixed)
-# and compiled (k = 16: still compiling after 170 s); what it left open comes first, then top_k's groups (new).
-for name in ${PARTS:-profile shard topk compiled base large}; do run_part "$name"; done
+# The 2026-11-26 H200 call measured base and large (length-grouped) and fused 8 on the shard; what it left
+# open comes first: the profile, 4 runs side by side, BERT-large at full length, top_k's groups, compiled groups.
+for name in ${PARTS:-profile shard large topk compiled}; do run_part "$name"; done
 log "done"

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import math
 import statistics
@@ -99,6 +100,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="the fused step's optimizer steps to compare: together (the trainer's), per_run")
     parser.add_argument("--fused-masks", default="generator,counter",
                         help="the fused step's dropout mask schemes to compare: generator (the default), counter")
+    parser.add_argument("--fused-batch-sets", default="length_grouped",
+                        help="the fused step's batches, comma-separated, of length_grouped, padded_128 (the latter: MFU at full length)")
     parser.add_argument("--fused-compile", default="eager", help="comma-separated, of eager, compiled, graphs (as --variants)")
     parser.add_argument("--fused-profile", default="", help="group sizes at which to profile the fused step of the first fused "
                         "method (empty: skip): kernels per step, the device's busy share, the heaviest operators")
@@ -156,17 +159,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         def keep(row: dict[str, Any]) -> None:
             results["fused"].append(row)
             save()
-            log(f"fused {row['backbone']} {row['method']} k={row['k']} {row['optimizer_step']} {row['masks']} {row['compile']}: "
+            log(f"fused {row['backbone']} {row['method']} {row['batches']} k={row['k']} {row['optimizer_step']} {row['masks']} {row['compile']}: "
                 f"{row.get('examples_per_s', row.get('error'))} ex/s, MFU {row.get('mfu')}, peak {row.get('peak_gib')} GiB")
 
-        for backbone in args.backbones.split(","):
-            for method in args.fused_methods.split(","):
-                rows = measure_fused(scale.configs[backbone], backbone, method, batch_sets["length_grouped"], _counts(args.fused), device,
-                                     args.repeats, peak_flops(device), optimizer_steps=_names(args.fused_optimizer),
-                                     mask_schemes=_names(args.fused_masks), compile_modes=_names(args.fused_compile), on_row=keep,
-                                     task_count=len(TASKS))
-                save()  # `keep` holds the same rows, now with their speedups against k = 1
-                log(f"{backbone} {method} fused: " + ", ".join(f"k={r['k']} {r['optimizer_step']} {r['masks']} {r['compile']} {r.get('examples_per_s', r.get('error'))} ex/s MFU {r.get('mfu')}" for r in rows))
+        for backbone, method, batches_name in itertools.product(args.backbones.split(","), args.fused_methods.split(","),
+                                                                _names(args.fused_batch_sets)):
+            rows = measure_fused(scale.configs[backbone], backbone, method, batch_sets[batches_name], _counts(args.fused), device,
+                                 args.repeats, peak_flops(device), optimizer_steps=_names(args.fused_optimizer),
+                                 mask_schemes=_names(args.fused_masks), compile_modes=_names(args.fused_compile), on_row=keep,
+                                 task_count=len(TASKS), batches_name=batches_name)
+            save()  # `keep` holds the same rows, now with their speedups against k = 1
+            log(f"{backbone} {method} {batches_name} fused: " + ", ".join(f"k={r['k']} {r['optimizer_step']} {r['masks']} {r['compile']} {r.get('examples_per_s', r.get('error'))} ex/s MFU {r.get('mfu')}" for r in rows))
     if _counts(args.fused_profile):
         from adaptune.bench.gpu_fused import profile_fused
 

@@ -43,7 +43,7 @@ def measure_fused(config: dict[str, Any], size: str, method: str, batches: list[
                   device: Device, repeats: int, peak: float | None, steps: int = 8,
                   optimizer_steps: Sequence[str] = ("together",), mask_schemes: Sequence[str] = ("generator",),
                   compile_modes: Sequence[str] = ("eager",), on_row: Callable[[dict[str, Any]], None] | None = None,
-                  task_count: int = 1) -> list[dict[str, Any]]:
+                  task_count: int = 1, batches_name: str = "length_grouped") -> list[dict[str, Any]]:
     """One row per group size and variant: optimizer step ("together": the trainer's one multi-tensor
     step for all runs; "per_run": each run's own clipping and torch AdamW, fused on a GPU, in turn;
     which launches fewer kernels on a GPU depends on how many tensors one multi-tensor launch takes, so
@@ -62,7 +62,7 @@ def measure_fused(config: dict[str, Any], size: str, method: str, batches: list[
         examples = sum(sum(layout.rows) for *_, layout in fused)
         # A fresh group for each variant: its own optimizer state and memory peak.
         for optimizer_step, masks, compile_mode in itertools.product(optimizer_steps, mask_schemes, compile_modes):
-            variant = {"optimizer_step": optimizer_step, "masks": masks, "compile": compile_mode}
+            variant = {"batches": batches_name, "optimizer_step": optimizer_step, "masks": masks, "compile": compile_mode}
             model = randomness = runs = runner = one_pass = None
             try:
                 model, randomness, runs, run_flops = _group(config, FUSED_METHODS[method], k, device, fused, masks)
