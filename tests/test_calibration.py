@@ -115,7 +115,7 @@ def test_a_fused_group_is_charged_once_and_prices_the_runs_that_will_train_fused
 
 def test_a_gpu_plan_prices_planned_groups_at_the_measured_fused_speedup(monkeypatch: pytest.MonkeyPatch) -> None:
     """On the H100 preset (8 runs per group) with no store measurement, an adapter or LayerNorm-only run is
-    priced at the table's one-run throughput times bench-gpu's measured fused speedup at 8 (3.07 for
+    priced at the table's one-run throughput times bench-gpu's measured fused speedup at 8 (3.85 for
     BERT-base); full fine-tuning trains alone and is priced alone; the plan says which figures it used."""
     spec = spec_from_dict({**GROWN, "backbone": "bert-base-uncased", "accelerator": "h100"})
     runs = {run.method["name"]: run for run in plan(spec).runs}
@@ -123,8 +123,8 @@ def test_a_gpu_plan_prices_planned_groups_at_the_measured_fused_speedup(monkeypa
     monkeypatch.setenv("ADAPTUNE_RUNS_PER_GROUP", "1")
     alone = {name: estimate_hours(run, spec) for name, run in runs.items()}
     assert grouped["full"] == alone["full"]
-    assert grouped["adapters"] == pytest.approx(alone["adapters"] / FUSED_SPEEDUP["bert-base-uncased"][8])
-    assert grouped["layernorm"] == pytest.approx(alone["layernorm"] / FUSED_SPEEDUP["bert-base-uncased"][8])
+    assert grouped["adapters"] == pytest.approx(alone["adapters"] / FUSED_SPEEDUP["frozen_backbone"]["bert-base-uncased"][8])
+    assert grouped["layernorm"] == pytest.approx(alone["layernorm"] / FUSED_SPEEDUP["frozen_backbone"]["bert-base-uncased"][8])
     # A measured adapter step on an H100 is no cheaper than a full one (launch-bound): the table says so.
     assert alone["adapters"] == pytest.approx(alone["full"] * MEASURED_PARAMETER_EFFICIENT_STEP_COST[("bert-base-uncased", "NVIDIA_H100_80GB")])
     assert "fused" not in plan(spec).estimate_source()  # one run at a time: nothing fused to price
@@ -134,13 +134,22 @@ def test_a_gpu_plan_prices_planned_groups_at_the_measured_fused_speedup(monkeypa
     assert "6 run(s) that train fused 8 at a time priced at bench-gpu's measured fused speedup" in plan(spec).estimate_source()
 
 
-def test_a_gpu_plan_prices_top_k_groups_one_run_at_a_time_until_measured() -> None:
-    """top_k below the full depth trains fused on the H100 preset, but no GPU measured its stacked layers:
-    it is priced one run at a time and the plan says so; top_k over every layer trains alone."""
+def test_a_gpu_plan_prices_top_k_groups_as_measured_and_deeper_ones_one_run_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """top_k below the full depth trains fused on the H100 preset. A GPU measured groups of top_k 3:
+    top_k up to 3 layers is priced at that speedup; deeper top_k (more stacked layers, less shared) is
+    priced one run at a time and the plan says so; top_k over every layer trains alone."""
     spec = spec_from_dict({**GROWN, "backbone": "bert-base-uncased", "accelerator": "h100",
-                           "sweeps": [{**GROWN["sweeps"][0], "methods": ["top_k:3", "top_k:12"]}]})
+                           "sweeps": [{**GROWN["sweeps"][0], "methods": ["top_k:3", "top_k:5", "top_k:12"]}]})
     runs = plan(spec).runs
-    assert {planned_group_size(run, spec) for run in runs if run.method["k"] == 3} == {8}
-    assert {planned_group_size(run, spec) for run in runs if run.method["k"] == 12} == {1}
-    assert all(table_fused_speedup(run, spec) == 1.0 for run in runs)
-    assert "3 run(s) that train fused 8 at a time priced one run at a time (no fused measurement for their method" in plan(spec).estimate_source()
+    by_k = {k: [run for run in runs if run.method["k"] == k] for k in (3, 5, 12)}
+    assert {planned_group_size(run, spec) for run in by_k[3] + by_k[5]} == {8}
+    assert {planned_group_size(run, spec) for run in by_k[12]} == {1}
+    assert {table_fused_speedup(run, spec) for run in by_k[3]} == {FUSED_SPEEDUP["top_k"]["bert-base-uncased"][8]}
+    assert all(table_fused_speedup(run, spec) == 1.0 for run in by_k[5] + by_k[12])
+    grouped = estimate_hours(by_k[3][0], spec)
+    monkeypatch.setenv("ADAPTUNE_RUNS_PER_GROUP", "1")
+    assert grouped == pytest.approx(estimate_hours(by_k[3][0], spec) / FUSED_SPEEDUP["top_k"]["bert-base-uncased"][8])
+    monkeypatch.delenv("ADAPTUNE_RUNS_PER_GROUP")
+    source = plan(spec).estimate_source()
+    assert "3 run(s) that train fused 8 at a time priced at bench-gpu's measured fused speedup" in source
+    assert "3 run(s) that train fused 8 at a time priced one run at a time (no fused measurement for their method" in source

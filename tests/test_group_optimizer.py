@@ -21,6 +21,7 @@ from transformers import get_linear_schedule_with_warmup
 
 from adaptune.train.group_optimizer import adamw_together, clip_and_step, clip_each
 from adaptune.train.loop import adamw
+from adaptune.train.state import saved_optimizer_state
 
 SHAPES = {"down.weight": (8, 16), "up.weight": (16, 8), "down.bias": (8,), "norm.weight": (16,)}
 DECAYED = {"down.weight", "up.weight"}
@@ -74,7 +75,9 @@ def test_together_equals_each_run_stepped_alone() -> None:
 
 
 def test_state_is_torch_adamw_state_both_ways() -> None:
-    """A run's state saved after grouped steps resumes alone, and a solo state resumes in a group."""
+    """A run's state saved after grouped steps resumes alone, and a solo state resumes in a group. The
+    group shares one step count among a run's tensors; saved as the trainer saves it, each tensor gets
+    its own, which torch's AdamW increments (saved as torch.optim's state_dict, this test fails)."""
     lrs, scales = [2e-3, 5e-3], [3.0, 0.5]
     grouped, reference = _runs(lrs), _runs(lrs)
     _train(grouped, True, scales, range(5))
@@ -82,7 +85,7 @@ def test_state_is_torch_adamw_state_both_ways() -> None:
     saved = []
     for run in grouped:
         buffer = io.BytesIO()
-        torch.save({"optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict()}, buffer)
+        torch.save({"optimizer": saved_optimizer_state(run.optimizer), "scheduler": run.scheduler.state_dict()}, buffer)
         buffer.seek(0)
         saved.append(torch.load(buffer, weights_only=True))
     resumed = _runs(lrs)

@@ -45,17 +45,20 @@ MEASURED_PARAMETER_EFFICIENT_STEP_COST: dict[tuple[str, str], float] = {
     ("bert-base-uncased", "NVIDIA_H100_80GB"): 1.02,
     ("bert-large-uncased", "NVIDIA_H100_80GB"): 0.85,
 }
-# Fused run groups on a GPU (bench/gpu.json "h200_2026_11_26"): training examples/s of a group of k
-# adapter runs (m=64, eager, one shared optimizer step) over the trainer's own one-run step, on the same
-# 64 real length-grouped GLUE batches, bf16. Measured on a lent H200 and applied to every GPU: a slower
-# host (the H100 VM's) makes a lone step more launch-bound, so fusing gains there at least as much.
-FUSED_SPEEDUP: dict[str, dict[int, float]] = {
-    "bert-base-uncased": {8: 3.07, 16: 3.25},
-    "bert-large-uncased": {8: 2.90, 16: 2.76},
+# Fused run groups on a GPU (bench/gpu.json "h100_2026_11_26"): training examples/s of a group of 8 runs
+# (eager, one shared optimizer step, the trained tensors stacked per run) over the trainer's own one-run
+# step, on the same 64 real length-grouped GLUE batches, bf16, on a lent H100: BERT-base adapters
+# 2,381 / 619 examples/s (the one-run step last measured on an H100 on 2026-11-23), BERT-large adapters
+# 1,334 / 395, BERT-base top_k 3 (its top 3 layers stacked per run) 5,029 / 1,893 (the last measured
+# before the tensors were stacked, so a floor). Groups of another size price at the largest measured
+# size below theirs. A group prices as its method's kind: "frozen_backbone" (adapters, LayerNorm-only,
+# LoRA, (IA)3: a group's step launches what an adapter group's does) or "top_k" (up to
+# TOP_K_LAYERS_MEASURED layers: more stacked layers share less; deeper top_k is priced one run at a time).
+FUSED_SPEEDUP: dict[str, dict[str, dict[int, float]]] = {
+    "frozen_backbone": {"bert-base-uncased": {8: 3.85}, "bert-large-uncased": {8: 3.38}},
+    "top_k": {"bert-base-uncased": {8: 2.66}},
 }
-# The methods it prices: those whose whole backbone is frozen, so a group's step launches what an adapter
-# group's does. Not top_k: its stacked top layers were never measured fused on a GPU.
-FUSED_SPEEDUP_METHODS = GROUPABLE_METHODS - {"top_k"}
+TOP_K_LAYERS_MEASURED = 3
 EVALUATION_OVERHEAD = 1.1  # per-epoch validation adds roughly a tenth
 # Public GLUE / SQuAD training-set sizes, for tasks whose registry entry has no paper_sizes.
 KNOWN_TRAIN_SIZES = {
@@ -74,12 +77,21 @@ def planned_group_size(run: TrainConfig, spec: ExperimentSpec) -> int:
 
 def table_fused_speedup(run: TrainConfig, spec: ExperimentSpec) -> float:
     """How much faster a run trains in its planned group than alone, from FUSED_SPEEDUP: at the largest
-    measured group size that is not larger than the planned one; 1 where nothing was measured (top_k)."""
+    measured group size that is not larger than the planned one; 1 where nothing was measured (deeper top_k,
+    groups smaller than any measured, such as SQuAD's pairs)."""
     size = planned_group_size(run, spec)
-    if spec.accelerator.family != "gpu" or size <= 1 or run.method["name"] not in FUSED_SPEEDUP_METHODS:
+    kind = fused_kind(run)
+    if spec.accelerator.family != "gpu" or size <= 1 or kind is None:
         return 1.0
-    measured = {k: speedup for k, speedup in FUSED_SPEEDUP.get(backbone_key(run.backbone), {}).items() if k <= size}
+    measured = {k: speedup for k, speedup in FUSED_SPEEDUP[kind].get(backbone_key(run.backbone), {}).items() if k <= size}
     return measured[max(measured)] if measured else 1.0
+
+
+def fused_kind(run: TrainConfig) -> str | None:
+    """Which FUSED_SPEEDUP a grouped run's method prices at; None where nothing like it was measured."""
+    if run.method["name"] == "top_k":
+        return "top_k" if run.method.get("k", 0) <= TOP_K_LAYERS_MEASURED else None
+    return "frozen_backbone" if run.method["name"] in GROUPABLE_METHODS else None
 
 
 def measurement_for(run: TrainConfig, spec: ExperimentSpec, measured: dict[ThroughputKey, Measured]

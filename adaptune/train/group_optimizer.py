@@ -62,7 +62,10 @@ def adamw_together(optimizers: Sequence[torch.optim.Optimizer]) -> None:
         raise ValueError(f"optimizers stepped together must share betas and eps, without amsgrad or maximize; got {sorted(settings)}")
     ((beta1, beta2), eps, _, _), = settings
     for optimizer in optimizers:
-        step = None  # a run's tensors are always stepped together: one count (torch keeps a copy per tensor)
+        # A run's tensors are always stepped together (each gets a gradient every step), so they share one
+        # step count: one tensor per run that torch's layout lists under each of them, one increment per
+        # run instead of one per tensor (each a host operator).
+        run_step: torch.Tensor | None = None
         for group in optimizer.param_groups:
             lr, weight_decay = float(group["lr"]), float(group["weight_decay"])
             for param in group["params"]:
@@ -70,18 +73,21 @@ def adamw_together(optimizers: Sequence[torch.optim.Optimizer]) -> None:
                     continue
                 state = optimizer.state[param]
                 if not state:  # as torch initialises it; the step on the host, so reading it never syncs
-                    state["step"] = torch.tensor(0.0)
+                    state["step"] = run_step if run_step is not None else torch.tensor(0.0)
                     state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
                     state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
                 elif state["step"].device.type != "cpu":  # a state torch's fused AdamW kept on the device
                     state["step"] = state["step"].cpu()
-                if step is None:
-                    step = float(state["step"]) + 1
+                if run_step is None:
+                    run_step = state["step"]
+                    step = float(run_step) + 1
+                    steps.append(run_step)
+                elif state["step"] is not run_step:  # a loaded state holds a copy per tensor
+                    state["step"] = run_step
                 params.append(param)
                 grads.append(param.grad)
                 exp_avgs.append(state["exp_avg"])
                 exp_avg_sqs.append(state["exp_avg_sq"])
-                steps.append(state["step"])
                 step_sizes.append(-lr / (1 - beta1**step))
                 bias_correction2_sqrts.append((1 - beta2**step) ** 0.5)
                 if weight_decay != 0:

@@ -46,6 +46,16 @@ def trained_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
     return {name: parameter for name, parameter in model.named_parameters() if parameter.requires_grad}
 
 
+def saved_optimizer_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer's state_dict as a run saves it. A fused group's run shares one step count among its
+    tensors (group_optimizer.adamw_together), and torch's AdamW, which a resumed run may train with
+    alone, increments every tensor's count in place: the saved state gives each tensor its own copy
+    (the live optimizer's state is left as it is)."""
+    optimizer_state = optimizer.state_dict()
+    return {**optimizer_state, "state": {index: {**state, "step": state["step"].clone()} if torch.is_tensor(state.get("step")) else state
+                                         for index, state in optimizer_state["state"].items()}}
+
+
 def save_state(
     out_dir: Path, run_id: str, trained: Mapping[str, torch.Tensor], optimizer: torch.optim.Optimizer, scheduler: Any,
     progress: Progress, dropout: torch.Generator | CounterStream | None = None,
@@ -55,7 +65,7 @@ def save_state(
     state = {
         "run_id": run_id,
         "trained": {name: p.detach().cpu().clone() for name, p in trained.items()},
-        "optimizer": optimizer.state_dict(),
+        "optimizer": saved_optimizer_state(optimizer),
         "scheduler": scheduler.state_dict(),
         "rng_cpu": torch.get_rng_state(),
         "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
