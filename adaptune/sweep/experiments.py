@@ -58,9 +58,10 @@ H100 = Accelerator(
     tolerations=("nvidia.com/gpu",),
     cpu_limit="12",
     memory_limit="96G",
-    # 8 adapter-style runs per forward pass: 3.1x (BERT-base) and 2.9x (BERT-large) the trainer's one-run
-    # step, 2.8x the runs per hour of a small RTE shard; peak 18 and 47 GiB (16 BERT-large runs need 93 GiB).
-    # bench/gpu.json "h200_2026_11_26".
+    # 8 adapter-style runs per forward pass: 3.85x (BERT-base) and 3.4x (BERT-large) the trainer's one-run
+    # step on an H100, peak 18 and 47 GiB (bench/gpu.json "h100_2026_11_26"; 16 BERT-large runs need 93 GiB
+    # and a small RTE shard ran 2.8x the runs per hour fused, "h200_2026_11_26"). Runs side by side in
+    # processes stay at 1: four of them were no faster than one at a time ("h100_2026_11_26" shard).
     runs_per_group=8,
 )
 # KFP on GKE: a pod asking for a whole node's CPUs or memory stays Pending (the node keeps some for the
