@@ -87,6 +87,7 @@ gpu-carry: venv
 	  for task in CoLA SST-2 MRPC RTE; do cp -r "$$data/glue/$$task" .devcarry/data/glue/; done
 	tokenizer=$$($(PY) -c 'from adaptune.bench.gpu import _embedded_tokenizer_dir; print(_embedded_tokenizer_dir())'); \
 	  cp "$$tokenizer"/{vocab.txt,tokenizer.json,tokenizer_config.json,special_tokens_map.json} .devcarry/tokenizer/
+	rm -f .devcarry/batches.pt && $(PY) -m adaptune.bench.gpu --write-batches .devcarry/batches.pt --data-dir .devcarry/data --tokenizer .devcarry/tokenizer
 	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl $(GPU_WHEELS)
 	du -sh .devcarry .whl

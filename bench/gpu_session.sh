@@ -17,7 +17,9 @@ fi
 log() { echo "[$(date +%T)] $*" | tee -a "$OUT/log.txt"; }
 log "$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tail -1)"
 log "$($PY -c 'import torch, transformers, datasets; print("torch", torch.__version__, "transformers", transformers.__version__, "datasets", datasets.__version__)' 2>&1 | tail -1)"
-if [ -z "${BATCHES:-}" ]; then  # tokenized once per call, read by every part (or given: tokenized here beforehand)
+if [ -z "${BATCHES:-}" ] && [ -f .devcarry/batches.pt ]; then
+    BATCHES=$PWD/.devcarry/batches.pt  # tokenized here beforehand by make gpu-carry: no device time spent on it
+elif [ -z "${BATCHES:-}" ]; then  # tokenized once per call by the first part, read by the others
     BATCHES=/tmp/adaptune_gpu_batches.pt
     rm -f "$BATCHES"
 fi
@@ -42,16 +44,18 @@ run_part() {
     # The H100 preset's group, BERT-base and BERT-large adapters, eager: the figure a change to the fused step moves.
     fused8) part fused8 70 --backbones bert-base,bert-large --variants "" "${NONE[@]}" --fused 8 --fused-methods adapters64 \
         --fused-optimizer together --fused-masks generator ;;
-    # Runs per GPU-hour on 9 RTE adapter runs: one at a time, 4 side by side, fused 8 per group.
-    shard) part shard 170 --backbones bert-base --variants "" --fused "" --shard 1,4 --shard-groups 8 --shard-train-rows 640 ;;
+    # Runs per GPU-hour on 9 RTE adapter runs: one at a time and fused 8 per group (4 processes side by side
+    # were no faster than one at a time on the H100, 2026-11-26).
+    shard) part shard 150 --backbones bert-base --variants "" --fused "" --shard 1 --shard-groups 8 --shard-train-rows 640 ;;
     # BERT-large adapters, the MFU goal's group: the solo step and fused 4 and 8, on real lengths and padded to 128.
     large) part large 110 --backbones bert-large --variants now --methods adapters64 --batch-sets length_grouped,padded_128 "${NONE[@]}" --fused 4,8 \
         --fused-methods adapters64 --fused-batch-sets padded_128,length_grouped --fused-optimizer together --fused-masks generator ;;
     # top_k 3 (the top 3 layers stacked per run, never measured fused on a GPU): the solo step and fused 1 and 8, BERT-base.
     topk) part topk 70 --backbones bert-base --variants now --methods top_k3 "${NONE[@]}" --fused 1,8 --fused-methods top_k3 \
         --fused-optimizer together --fused-masks generator ;;
-    # The fused group of 8 replayed as CUDA graphs and compiled (counter masks: no graph break), against eager.
-    compiled) part compiled rest --backbones bert-base --variants "" "${NONE[@]}" --fused 8 --fused-methods adapters64 \
+    # The fused group of 8 replayed as CUDA graphs and compiled (counter masks: no graph break), against eager;
+    # compiled by layer since 2026-11-26 (whole, it never finished compiling in 170 s).
+    compiled) part compiled 200 --backbones bert-base --variants "" "${NONE[@]}" --fused 8 --fused-methods adapters64 \
         --fused-optimizer together --fused-masks counter --fused-compile eager,graphs,compiled ;;
     # The solo step (the baseline on this card) and the fused step at k = 1..16, BERT-base adapters and LayerNorm-only.
     base) part base 110 --backbones bert-base --variants now "${NONE[@]}" --fused 1,4,8,16 --fused-methods adapters64,layernorm \
@@ -59,7 +63,8 @@ run_part() {
     *) log "no part $1" ;;
     esac
 }
-# The 2026-11-26 H200 call measured base and large (length-grouped) and fused 8 on the shard; what it left
-# open comes first: the profile, 4 runs side by side, BERT-large at full length, top_k's groups, compiled groups.
-for name in ${PARTS:-profile shard large topk compiled}; do run_part "$name"; done
+# The 2026-11-26 H100 calls measured the profile, 4 runs side by side, BERT-large at full length, top_k's groups
+# and fused 8 before and after stacking; open next: compiled groups (now by layer), the shard fused with stacked
+# tensors, BERT-base's one-run step beside its groups on an H100, top_k after stacking, the profile again.
+for name in ${PARTS:-compiled shard base topk profile}; do run_part "$name"; done
 log "done"

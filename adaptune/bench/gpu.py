@@ -45,6 +45,7 @@ BATCH_SIZE = 32
 MAX_LENGTH = 128
 TASKS = ("cola", "sst2", "mrpc", "rte")
 BATCHES_PER_TASK = 16
+CUDA_PAD_MULTIPLE = 8  # adaptune.core.devices.Device.pad_multiple on a GPU
 SAMPLE_ROWS = 8192  # per task: a seeded random sample, many length-grouped mega-batches of 50 batches
 
 
@@ -109,11 +110,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="the shard's training rows per run (default: all of RTE's 2,490): fewer fit a short GPU lease")
     parser.add_argument("--batches-cache", default=None,
                         help="a file to keep the tokenized batches in: read if there, else written (saves re-tokenizing per call)")
+    parser.add_argument("--write-batches", default=None, metavar="PATH",
+                        help="only tokenize the batches, padded as on a CUDA device, into PATH (make gpu-carry: no device minutes spent on it)")
     parser.add_argument("--rehearse", action="store_true",
                         help="every part on this machine (the CPU too) with a 4-layer width-32 BERT and few rows: a check that the "
                              "benchmark runs, before a lent GPU's minutes go to it; its figures measure nothing")
     args = parser.parse_args(argv)
     device = pick_device()
+    if args.write_batches:
+        batch_sets = cached_batches(args.write_batches, args.data_dir, args.tokenizer, device, pad_multiple=CUDA_PAD_MULTIPLE)
+        print(json.dumps({name: describe(batches) for name, batches in batch_sets.items()}), file=sys.stderr)
+        return 0
     scale = REHEARSAL if args.rehearse else FULL_SCALE
     if args.rehearse:  # one thread: beside a busy process, two OpenMP threads on 2 cores ran a fused step 60x slower
         torch.set_num_threads(1)
@@ -200,21 +207,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def cached_batches(cache: str | None, data_dir: str | None, tokenizer_name: str | None, device: Device, scale: Scale = FULL_SCALE
-                   ) -> dict[str, list[Batch]]:
+def cached_batches(cache: str | None, data_dir: str | None, tokenizer_name: str | None, device: Device, scale: Scale = FULL_SCALE,
+                   pad_multiple: int | None = None) -> dict[str, list[Batch]]:
     """real_batches, kept in `cache` (a torch file) when one is named: the same batches for every call."""
     if cache and Path(cache).is_file():
         return {name: [{k: v.to(device.torch_device) for k, v in b.items()} for b in batches]
                 for name, batches in torch.load(cache, weights_only=True).items()}
-    batch_sets = real_batches(data_dir, tokenizer_name, device, scale)
+    batch_sets = real_batches(data_dir, tokenizer_name, device, scale, pad_multiple)
     if cache:
         torch.save({name: [{k: v.cpu() for k, v in b.items()} for b in batches] for name, batches in batch_sets.items()}, cache)
     return batch_sets
 
 
-def real_batches(data_dir: str | None, tokenizer_name: str | None, device: Device, scale: Scale = FULL_SCALE) -> dict[str, list[Batch]]:
-    """Length-grouped, dynamically padded batches of real training rows (as training draws them), and
-    the same rows padded to MAX_LENGTH."""
+def real_batches(data_dir: str | None, tokenizer_name: str | None, device: Device, scale: Scale = FULL_SCALE,
+                 pad_multiple: int | None = None) -> dict[str, list[Batch]]:
+    """Length-grouped, dynamically padded batches of real training rows (as training draws them, to the
+    device's pad multiple or `pad_multiple`), and the same rows padded to MAX_LENGTH."""
     from datasets import DatasetDict
 
     from adaptune.model.backbone import load_tokenizer
@@ -224,7 +232,7 @@ def real_batches(data_dir: str | None, tokenizer_name: str | None, device: Devic
     from adaptune.data.tasks import get_task
 
     tokenizer = load_tokenizer(tokenizer_name or DEFAULT_BACKBONE)
-    dynamic = make_collator(tokenizer, pad_to_multiple_of=device.pad_multiple)
+    dynamic = make_collator(tokenizer, pad_to_multiple_of=pad_multiple or device.pad_multiple)
     padded = make_collator(tokenizer, pad_to_length=MAX_LENGTH)
     grouped, fixed = [], []
     generator = torch.Generator().manual_seed(0)
