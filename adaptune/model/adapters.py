@@ -78,8 +78,9 @@ class DropoutThenAdapter(nn.Module):
         return self.adapter(self.dropout(hidden_states))
 
 
-def encoder_layers(model: nn.Module) -> list[nn.Module]:
-    """The Transformer layers of a BERT-family model, lowest first; UnsupportedModelError otherwise."""
+def encoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The Transformer layers of a BERT-family model, lowest first (the model's own ModuleList);
+    UnsupportedModelError otherwise."""
     base = getattr(model, "base_model", model)
     layers = getattr(getattr(base, "encoder", None), "layer", None)
     if not isinstance(layers, nn.ModuleList) or len(layers) == 0:
@@ -93,7 +94,7 @@ def encoder_layers(model: nn.Module) -> list[nn.Module]:
                     f"{type(model).__name__} is not supported: layer {index} ({type(layer).__name__}) does not match "
                     f"{SUPPORTED_LAYOUT}"
                 )
-    return list(layers)
+    return layers
 
 
 def _sublayer_outputs_or_none(layer: nn.Module) -> tuple[nn.Module | None, nn.Module | None]:

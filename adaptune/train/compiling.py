@@ -66,10 +66,9 @@ def training_forward(model: torch.nn.Module, mode: str) -> Callable[..., Any]:
 def _layer_list(model: torch.nn.Module) -> torch.nn.ModuleList | None:
     base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft's wrapper
     try:
-        encoder_layers(base)  # checks the layout
+        return encoder_layers(base)
     except UnsupportedModelError:
         return None
-    return getattr(base, "base_model", base).encoder.layer
 
 
 def _with_layers(model: torch.nn.Module, layers: torch.nn.ModuleList, compiled: list[torch.nn.Module], *args: Any, **kwargs: Any) -> Any:
