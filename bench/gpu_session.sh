@@ -60,11 +60,23 @@ run_part() {
     # The solo step (the baseline on this card) and the fused step at k = 1..16, BERT-base adapters and LayerNorm-only.
     base) part base 110 --backbones bert-base --variants now "${NONE[@]}" --fused 1,4,8,16 --fused-methods adapters64,layernorm \
         --fused-optimizer together --fused-masks generator ;;
+    # The whole fused step captured as CUDA graphs (ADAPTUNE_COMPILE=step_graphs, new 2026-11-26): first whether a
+    # replay trains as the same step does eagerly (losses, trained tensors), then its speed.
+    graphcheck) part graphcheck 80 --backbones bert-base --variants "" "${NONE[@]}" --fused "" --graph-check 8 --fused-methods adapters64 ;;
+    # The one-run trainer step (this card's baseline) beside fused 1 and 8, eager and as step graphs, counter masks,
+    # BERT-base and BERT-large, on real lengths and padded to 128 (the MFU goal's figure).
+    graphs) part graphs 210 --backbones bert-base,bert-large --variants now --methods adapters64 --batch-sets length_grouped "${NONE[@]}" \
+        --fused 1,8 --fused-methods adapters64 --fused-batch-sets length_grouped,padded_128 --fused-optimizer together --fused-masks counter \
+        --fused-compile eager,step_graphs ;;
+    # Runs per GPU-hour on the RTE shard through the real trainer: one at a time, then fused 8 replayed as step graphs.
+    shardgraphs) ADAPTUNE_COMPILE=step_graphs ADAPTUNE_DROPOUT_MASKS=counter part shardgraphs 170 --backbones bert-base --variants "" \
+        --fused "" --shard 1 --shard-groups 8 --shard-train-rows 640 ;;
+    # Where the replayed step's time goes: kernels per step and the device's busy share.
+    profilegraphs) part profilegraphs 60 --backbones bert-base --variants "" "${NONE[@]}" --fused "" --fused-profile 8 \
+        --fused-methods adapters64 --fused-masks counter --fused-compile step_graphs ;;
     *) log "no part $1" ;;
     esac
 }
-# The 2026-11-26 H100 calls measured the profile, 4 runs side by side, BERT-large at full length, top_k's groups
-# and fused 8 before and after stacking; open next: compiled groups (now by layer), the shard fused with stacked
-# tensors, BERT-base's one-run step beside its groups on an H100, top_k after stacking, the profile again.
-for name in ${PARTS:-compiled shard base topk profile}; do run_part "$name"; done
+# Earlier parts (compiled, shard, base, topk, profile, fused8, large) stay for later calls: PARTS="..." picks them.
+for name in ${PARTS:-graphcheck graphs shardgraphs profilegraphs}; do run_part "$name"; done
 log "done"

@@ -22,10 +22,12 @@ from adaptune.core.run_files import STATE_FILE
 from adaptune.model.checkpoint import load_task_checkpoint
 from adaptune.model.run_dropout import DROPOUT_MASKS_ENV, MASK_SCHEMES
 from adaptune.sweep.run_attempt import form_groups
+from adaptune.train.compiling import COMPILE_ENV
 from adaptune.train.config import TrainConfig
 from adaptune.train.group_loop import train_group
 from adaptune.train.grouping import group_capacity, group_key
 from adaptune.train.loop import train_and_evaluate
+from adaptune.train.step_graphs import STEP_GRAPHS
 
 TOLERANCE = 1e-4
 SMALL = dict(task="mrpc", epochs=2, max_length=48, max_train_examples=40, max_eval_examples=24, batch_size=16)
@@ -167,6 +169,23 @@ def test_with_dropout_a_run_gives_the_same_result_in_any_group_and_alone(masks: 
     _assert_same_run(first[0], second[2], in_first, in_second)
     _assert_same_run(first[0], alone, in_first, step_losses[-1])
     assert alone["dropout_masks"] == first[0]["dropout_masks"] == masks
+
+
+def test_a_group_stepped_for_cuda_graphs_trains_as_it_does_eagerly(tmp_path: Path, shared_data_dir: Path, step_losses: list[list[float]],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """ADAPTUNE_COMPILE=step_graphs on a CPU: the step a CUDA graph would hold (inputs padded to a 32-token
+    bucket, each run's own AdamW step, the schedule stepped after) with counter masks and dropout on. The
+    capture itself needs a GPU: `make bench-gpu`'s step_graphs check compares replays with eager steps."""
+    monkeypatch.setenv(DROPOUT_MASKS_ENV, "counter")
+    method = METHODS["adapters"]
+    runs = [_config(method, 1e-3, 0), _config(method, 3e-4, 1)]
+    monkeypatch.setenv(COMPILE_ENV, STEP_GRAPHS)
+    graphed = train_group(runs, [tmp_path / "graphs" / name for name in ("a", "b")], data_dir=shared_data_dir)
+    monkeypatch.setenv(COMPILE_ENV, "eager")
+    eager = train_group(runs, [tmp_path / "eager" / name for name in ("a", "b")], data_dir=shared_data_dir)
+    assert [record["compile"] for record in graphed + eager] == [STEP_GRAPHS] * 2 + ["eager"] * 2
+    for index in range(2):
+        _assert_same_run(graphed[index], eager[index], step_losses[index], step_losses[2 + index])
 
 
 def test_a_diverging_run_is_recorded_as_failed_and_the_others_go_on(tmp_path: Path, shared_data_dir: Path,

@@ -103,7 +103,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="the fused step's dropout mask schemes to compare: generator (the default), counter")
     parser.add_argument("--fused-batch-sets", default="length_grouped",
                         help="the fused step's batches, comma-separated, of length_grouped, padded_128 (the latter: MFU at full length)")
-    parser.add_argument("--fused-compile", default="eager", help="comma-separated, of eager, compiled, graphs (as --variants)")
+    parser.add_argument("--fused-compile", default="eager",
+                        help="comma-separated, of eager, compiled, graphs (as --variants), step_graphs (the whole step as CUDA graphs)")
+    parser.add_argument("--graph-check", default="", help="group sizes at which to check that the step replayed as CUDA graphs "
+                        "(--fused-compile step_graphs) trains as it does eagerly, first fused method (empty: skip)")
     parser.add_argument("--fused-profile", default="", help="group sizes at which to profile the fused step of the first fused "
                         "method (empty: skip): kernels per step, the device's busy share, the heaviest operators")
     parser.add_argument("--shard-train-rows", type=int, default=None,
@@ -129,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     started = time.perf_counter()
     variants = _names(args.variants)  # none: the solo step is not measured
-    needs_batches = bool(variants or args.fused or _counts(args.fused_profile))  # the shard tokenizes its own task
+    needs_batches = bool(variants or args.fused or _counts(args.fused_profile) or _counts(args.graph_check))  # the shard tokenizes its own task
     batch_sets = cached_batches(args.batches_cache, args.data_dir, args.tokenizer, device, scale) if needs_batches else {}
     results: dict[str, Any] = {
         "device": device.name,
@@ -177,6 +180,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  task_count=len(TASKS), batches_name=batches_name)
             save()  # `keep` holds the same rows, now with their speedups against k = 1
             log(f"{backbone} {method} {batches_name} fused: " + ", ".join(f"k={r['k']} {r['optimizer_step']} {r['masks']} {r['compile']} {r.get('examples_per_s', r.get('error'))} ex/s MFU {r.get('mfu')}" for r in rows))
+    if _counts(args.graph_check):
+        from adaptune.bench.gpu_fused import check_step_graphs
+
+        results["step_graphs_check"] = []
+        for backbone in args.backbones.split(","):
+            for k in _counts(args.graph_check):
+                row = check_step_graphs(scale.configs[backbone], backbone, _names(args.fused_methods)[0], batch_sets["length_grouped"], k,
+                                        device, task_count=len(TASKS))
+                results["step_graphs_check"].append(row)
+                save()
+                log(f"step graphs check {backbone} k={k}: graphs {row['graphs']}, eager {row['eager']}")
     if _counts(args.fused_profile):
         from adaptune.bench.gpu_fused import profile_fused
 

@@ -31,7 +31,8 @@ from adaptune.core.devices import Device, is_out_of_memory
 from adaptune.model.methods import apply_method, method_from_dict
 from adaptune.model.run_groups import trained_tensors
 from adaptune.train.compiling import training_forward
-from adaptune.train.group_loop import fused_step, stack_run_batches
+from adaptune.train.group_loop import run_losses, fused_step, stack_run_batches
+from adaptune.train.step_graphs import STEP_GRAPHS, WARMUP_STEPS, GraphedFusedStep
 
 GROUP_SIZES = (1, 4, 8, 16)
 FUSED_METHODS = {"adapters64": {"name": "adapters", "size": 64}, "layernorm": {"name": "layernorm"},
@@ -66,9 +67,10 @@ def measure_fused(config: dict[str, Any], size: str, method: str, batches: list[
             model = randomness = runs = runner = one_pass = None
             try:
                 model, randomness, runs, run_flops = _group(config, FUSED_METHODS[method], k, device, fused, masks)
-                runner = training_forward(model, compile_mode)
-                one_pass = functools.partial(_train_pass, runner, randomness, runs, fused, device, optimizer_step == "together")
-                one_pass()  # warm-up: kernels chosen, AdamW state allocated
+                runner = _step_function(model, randomness, compile_mode, device, optimizer_step == "together")
+                one_pass = functools.partial(_train_pass, runner, runs, fused)
+                for _ in range(_warmup_passes(compile_mode)):  # kernels chosen, AdamW state allocated, graphs captured
+                    one_pass()
                 if cuda:
                     torch.cuda.reset_peak_memory_stats()
                 seconds = statistics.median(timed_pass(lambda _: one_pass(), [None], device) for _ in range(repeats))
@@ -76,7 +78,8 @@ def measure_fused(config: dict[str, Any], size: str, method: str, batches: list[
                       "step_ms": round(1000 * seconds / steps, 2), "examples_per_s": round(examples / seconds, 1),
                       "model_tflops_per_s": round(k * run_flops / seconds / 1e12, 1),
                       "mfu": round(k * run_flops / seconds / peak, 3) if peak else None,
-                      "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None})
+                      "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
+                      **({"graphs_captured": runner.captured} if isinstance(runner, GraphedFusedStep) else {})})
             except Exception as error:
                 if not is_out_of_memory(error):
                     raise
@@ -101,8 +104,9 @@ def profile_fused(config: dict[str, Any], size: str, method: str, batches: list[
     cuda = device.kind == "cuda"
     fused = _fused_steps(batches, task_count, k, steps, device)
     model, randomness, runs, _ = _group(config, FUSED_METHODS[method], k, device, fused, masks)
-    one_pass = functools.partial(_train_pass, training_forward(model, compile_mode), randomness, runs, fused, device, True)
-    one_pass()  # warm-up (and compilation)
+    one_pass = functools.partial(_train_pass, _step_function(model, randomness, compile_mode, device, True), runs, fused)
+    for _ in range(_warmup_passes(compile_mode)):  # warm-up (and compilation or capture)
+        one_pass()
     device.synchronize()
     with profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]) as profiler:
         started = time.perf_counter()
@@ -128,10 +132,59 @@ def _fused_steps(batches: list[Batch], task_count: int, k: int, steps: int, devi
     return [stack_run_batches(group_batches(batches, task_count, step, k), 0, device.torch_device) for step in range(steps)]
 
 
-def _train_pass(model: Any, randomness: Any, runs: list[_Run], fused: list[tuple], device: Device, together: bool) -> None:
-    """One training pass of the group over the fused steps, as the trainer steps it."""
-    for inputs, labels, weights, layout in fused:
-        fused_step(model, randomness, inputs, labels, weights, layout, "classification", runs, device, together)
+def _step_function(model: Any, randomness: Any, compile_mode: str, device: Device, together: bool) -> Callable[..., Any]:
+    """The group's step as the trainer runs it in `compile_mode`: (inputs, labels, weights, layout, runs) -> results."""
+    runner = training_forward(model, compile_mode)
+    if compile_mode == STEP_GRAPHS:
+        return GraphedFusedStep(runner, randomness, "classification", device, run_losses)
+    return functools.partial(_eager_step, runner, randomness, device, together)
+
+
+def _eager_step(model: Any, randomness: Any, device: Device, together: bool, inputs: Any, labels: Any, weights: Any, layout: Any,
+                runs: Any) -> Any:
+    return fused_step(model, randomness, inputs, labels, weights, layout, "classification", runs, device, together)
+
+
+def _warmup_passes(compile_mode: str) -> int:
+    """Untimed passes first: one, or, for step graphs, enough for every shape's eager steps and its capture."""
+    return WARMUP_STEPS + 1 if compile_mode == STEP_GRAPHS else 1
+
+
+def _train_pass(step: Callable[..., Any], runs: list[_Run], fused: list[tuple]) -> list[Any]:
+    """One training pass of the group over the fused steps, as the trainer steps it; each step's results."""
+    return [step(inputs, labels, weights, layout, runs) for inputs, labels, weights, layout in fused]
+
+
+def check_step_graphs(config: dict[str, Any], size: str, method: str, batches: list[Batch], k: int, device: Device,
+                      steps: int = 8, passes: int = 4, task_count: int = 1) -> dict[str, Any]:
+    """Whether replaying the step as CUDA graphs trains as the same step does eagerly: three groups from the
+    same initial tensors, counter masks, over `passes` passes of `steps` fused steps: (a) the step-graphs
+    step with capture turned off (eager, the same padding and optimizer path), (b) with capture, (c) the
+    default eager fused step (no padding, every run's AdamW at once). Largest differences of the step
+    losses and of the trained tensors at the end, (b) and (c) against (a)."""
+    fused = _fused_steps(batches, task_count, k, steps, device)
+    trained: dict[str, tuple[list[float], list[torch.Tensor], int]] = {}
+    for name, mode, capture in (("eager_padded", STEP_GRAPHS, False), ("graphs", STEP_GRAPHS, True), ("eager", "eager", False)):
+        model, randomness, runs, _ = _group(config, FUSED_METHODS[method], k, device, fused, "counter")
+        step = _step_function(model, randomness, mode, device, True)
+        if isinstance(step, GraphedFusedStep):
+            step.capturing_allowed = capture
+        losses = [float(loss) for _ in range(passes) for results in _train_pass(step, runs, fused) for loss, _ in results]
+        tensors = [p.detach().float().cpu().clone() for run in runs for p in run.params.values()]
+        trained[name] = (losses, tensors, step.captured if isinstance(step, GraphedFusedStep) else 0)
+        del model, randomness, runs, step
+        gc.collect()
+    reference_losses, reference_tensors, _ = trained["eager_padded"]
+
+    def differences(name: str) -> dict[str, Any]:
+        losses, tensors, captured = trained[name]
+        return {"graphs_captured": captured,
+                "max_loss_difference": max(abs(a - b) for a, b in zip(losses, reference_losses, strict=True)),
+                "max_tensor_difference": max(float((a - b).abs().max()) for a, b in zip(tensors, reference_tensors, strict=True))}
+
+    return {"backbone": size, "method": method, "k": k, "steps": steps * passes, "masks": "counter",
+            "reference": "eager_padded", "graphs": differences("graphs"), "eager": differences("eager"),
+            "first_losses": reference_losses[:k], "last_losses": reference_losses[-k:]}
 
 
 def group_batches(batches: list[Batch], task_count: int, step: int, k: int) -> list[Batch]:

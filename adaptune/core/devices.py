@@ -21,12 +21,13 @@ class Device:
     autocast_dtype: torch.dtype | None  # bf16 on CUDA/TPU; None (fp32) on CPU unless $ADAPTUNE_CPU_BF16=1
 
     @contextlib.contextmanager
-    def autocast(self) -> Iterator[None]:
-        """Mixed precision where it pays (bf16 needs no loss scaling); a no-op on a float32 CPU."""
+    def autocast(self, cache: bool = True) -> Iterator[None]:
+        """Mixed precision where it pays (bf16 needs no loss scaling); a no-op on a float32 CPU. `cache`
+        False for a step captured as a CUDA graph, which must not keep casts between replays."""
         if self.autocast_dtype is None:
             yield
             return
-        with torch.autocast(device_type=self.kind, dtype=self.autocast_dtype):
+        with torch.autocast(device_type=self.kind, dtype=self.autocast_dtype, cache_enabled=cache):
             yield
 
     @property

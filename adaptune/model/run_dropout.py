@@ -258,8 +258,15 @@ def use_run_dropout(model: nn.Module, streams: list[torch.Generator | CounterStr
 def _set_attention(model: nn.Module) -> None:
     if RUN_DROPOUT_ATTENTION not in AttentionInterface._global_mapping:
         AttentionInterface.register(RUN_DROPOUT_ATTENTION, run_dropout_attention)
-        ALL_MASK_ATTENTION_FUNCTIONS.register(RUN_DROPOUT_ATTENTION, eager_mask)  # additive masks: both branches read them
+        ALL_MASK_ATTENTION_FUNCTIONS.register(RUN_DROPOUT_ATTENTION, additive_mask)
     model.set_attn_implementation(RUN_DROPOUT_ATTENTION)
+
+
+def additive_mask(**kwargs) -> torch.Tensor | None:
+    """transformers' eager (additive) mask, which both branches of run_dropout_attention read, built even
+    where no row has padding: deciding to skip it reads the padding mask on the host (a device sync per
+    forward pass, and no CUDA graph can hold one); a mask of zeros changes no score."""
+    return eager_mask(**{**kwargs, "allow_is_bidirectional_skip": False})
 
 
 def run_dropout_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

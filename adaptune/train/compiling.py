@@ -20,7 +20,9 @@ import torch
 from adaptune.model.adapters import UnsupportedModelError, encoder_layers
 
 COMPILE_ENV = "ADAPTUNE_COMPILE"
-COMPILE_MODES: dict[str, str | None] = {"eager": None, "compiled": "default", "graphs": "reduce-overhead"}  # torch.compile's mode
+# torch.compile's mode; "step_graphs": a fused group's whole step captured as CUDA graphs, the model eager
+# (adaptune.train.step_graphs; a run trained alone runs eagerly in that mode).
+COMPILE_MODES: dict[str, str | None] = {"eager": None, "compiled": "default", "graphs": "reduce-overhead", "step_graphs": None}
 
 
 def compile_mode() -> str:

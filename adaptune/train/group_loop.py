@@ -41,6 +41,7 @@ from adaptune.train.compiling import compile_mode, training_forward
 from adaptune.train.config import TrainConfig
 from adaptune.train.evaluate import evaluate_runs
 from adaptune.train.group_optimizer import clip_and_step
+from adaptune.train.step_graphs import STEP_GRAPHS, GraphedFusedStep
 from adaptune.train.grouping import GROUPABLE_METHODS, group_key
 from adaptune.train.loop import (
     Evaluator,
@@ -193,6 +194,7 @@ class _Group:
             member.curve_log.start(member.progress.global_step)
         self.model, self.collator, self.tokenizer = model, make_collator(tokenizer, pad_to_multiple_of=device.pad_multiple), tokenizer
         self.forward = training_forward(model, self.compile_mode)  # evaluation calls the model itself
+        self.graphed = self._graphed_step()
         lengths = [len(row["input_ids"]) for row in data.train_rows]
         while self.members and self.members[0].progress.epoch < first.epochs:
             epoch, start = self.members[0].progress.epoch, self.members[0].progress.step_in_epoch
@@ -234,9 +236,17 @@ class _Group:
         for member in self.members:
             member._finish()
 
+    def _graphed_step(self) -> GraphedFusedStep | None:
+        if self.compile_mode != STEP_GRAPHS:
+            return None
+        return GraphedFusedStep(self.forward, self.randomness, self.task.kind, self.device, run_losses)
+
     def _step(self, batches: list[list[int]], rows: list[dict[str, Any]]) -> None:
         inputs, labels, weights, layout = self._fused_batch(batches, rows)
-        results = fused_step(self.forward, self.randomness, inputs, labels, weights, layout, self.task.kind, self.members, self.device)
+        if self.graphed is not None:
+            results = self.graphed(inputs, labels, weights, layout, self.members)
+        else:
+            results = fused_step(self.forward, self.randomness, inputs, labels, weights, layout, self.task.kind, self.members, self.device)
         for member, result in zip(self.members, results, strict=True):
             member.guard.add(result)
 
@@ -261,6 +271,8 @@ class _Group:
         self.members = [self.members[index] for index in kept]
         for member, params in zip(self.members, run_parameters(self.model), strict=True):
             member.params = params
+        if self.graphed is not None:  # its graphs hold the old stacks
+            self.graphed = self._graphed_step()
         return [plans[index] for index in kept]
 
 
@@ -311,14 +323,14 @@ def fused_step(model: Callable[..., Any], randomness: RunRandomness, inputs: dic
     randomness.layout = layout
     with device.autocast():
         output = model(**inputs)
-    losses = _run_losses(kind, output, labels, weights, layout)
+    losses = run_losses(kind, output, labels, weights, layout)
     losses.sum().backward()
     results = clip_and_step(runs, losses.detach().unbind(), device.kind == "cpu", together)
     device.mark_step()
     return results
 
 
-def _run_losses(kind: str, output: Any, labels: torch.Tensor, weights: torch.Tensor, layout: RowLayout) -> torch.Tensor:
+def run_losses(kind: str, output: Any, labels: torch.Tensor, weights: torch.Tensor, layout: RowLayout) -> torch.Tensor:
     """Each run's mean loss over its real rows (a vector of runs): what the model computes alone."""
     runs = len(layout.rows)
     if kind == "span":

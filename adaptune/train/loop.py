@@ -29,6 +29,7 @@ from adaptune.model.backbone import load_model, load_tokenizer
 from adaptune.data.batching import epoch_batches, iterate_batches, make_collator
 from adaptune.model.checkpoint import save_task_checkpoint
 from adaptune.train.compiling import compile_mode, training_forward
+from adaptune.train.step_graphs import STEP_GRAPHS
 from adaptune.train.config import TrainConfig
 from adaptune.train.epoch_log import report_epoch
 from adaptune.train.event_log import CurveLog, write_run_summary
@@ -137,7 +138,8 @@ class _Run:
         model.to(device.torch_device)
         if device.autocast_dtype is not None:
             keep_frozen_matmuls_in(model, device.autocast_dtype)
-        self.record["compile"] = mode = compile_mode()
+        mode = compile_mode()
+        self.record["compile"] = mode = "eager" if mode == STEP_GRAPHS else mode  # step graphs are a fused group's
         forward = training_forward(model, mode)  # evaluation calls the model itself
         counts = count_parameters(model)
         self.record.update(trained_params=counts.trained, total_params=counts.total)
@@ -201,7 +203,7 @@ class _Run:
         p.epoch_loss_sum += total
         p.epoch_loss_steps += steps
         if steps:
-            self.curve_log.train_step(p.global_step, total / steps, self.scheduler.get_last_lr()[0])
+            self.curve_log.train_step(p.global_step, total / steps, float(self.scheduler.get_last_lr()[0]))  # a tensor under step graphs
 
     def _evaluator(self, model: nn.Module, collator: Any) -> Evaluator:
         return lambda task, split: evaluate_split(model, task, split, self.device, collator)

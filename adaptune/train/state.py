@@ -52,7 +52,10 @@ def saved_optimizer_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     alone, increments every tensor's count in place: the saved state gives each tensor its own copy
     (the live optimizer's state is left as it is)."""
     optimizer_state = optimizer.state_dict()
-    return {**optimizer_state, "state": {index: {**state, "step": state["step"].clone()} if torch.is_tensor(state.get("step")) else state
+    # A step replayed as a CUDA graph (step_graphs) holds its learning rate in a device tensor: saved as a number.
+    groups = [{**group, "lr": float(group["lr"]), "capturable": False} if torch.is_tensor(group["lr"]) else group
+              for group in optimizer_state["param_groups"]]
+    return {**optimizer_state, "param_groups": groups, "state": {index: {**state, "step": state["step"].clone()} if torch.is_tensor(state.get("step")) else state
                                          for index, state in optimizer_state["state"].items()}}
 
 

@@ -1,0 +1,164 @@
+"""A fused group's whole training step replayed as one CUDA graph (`ADAPTUNE_COMPILE=step_graphs`).
+
+On an H100 the fused step of 8 BERT-base adapter runs launched 2,718 kernels from 15,710 host
+operators and kept the device busy 40% of the time (bench/gpu.json "h100_2026_11_26"): the host was the
+bottleneck. Captured once per input shape, a step is one launch: forward, backward, every run's
+clipping and AdamW update. No compiler is involved (torch.compile's CUDA graphs never finished
+compiling a group in a GPU call), so capture costs about one eager step.
+
+What a replay needs, and how the step provides it:
+- fixed shapes: token axes padded up to a multiple of `LENGTH_BUCKET` (a handful of graphs per run
+  group); a shape seen fewer than `warmup` + 1 times just runs eagerly (an epoch's short last step);
+- no host work inside the step: counter dropout masks (adaptune.model.run_dropout, "counter"), whose
+  draw counts live on the device; each run's torch AdamW (fused, capturable) reading its learning rate
+  from a device tensor that the host-side schedule fills between replays; no host sync in the model
+  (run_dropout's attention never asks whether a mask has padding);
+- warm-up steps on the capture's own stream, so optimizer state and library workspaces exist before
+  capture (PyTorch's CUDA graph notes: "whole-network capture").
+A group drawing generator masks, or a span task (its loss reads each run's length on the host), trains
+eagerly in this mode. On a CPU the mode is the eager fused step with the same padding, so every path
+stays testable there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.nn import functional as F
+
+from adaptune.core.devices import Device
+from adaptune.model.run_dropout import RowLayout, RunRandomness
+from adaptune.train.group_optimizer import clip_each
+
+STEP_GRAPHS = "step_graphs"
+LENGTH_BUCKET = 32  # tokens: BERT batches of up to 128 tokens need at most 4 graphs
+WARMUP_STEPS = 2  # eager steps of a shape before it is captured
+StepResult = tuple[torch.Tensor, torch.Tensor]
+
+
+def pad_to_bucket(inputs: dict[str, torch.Tensor], bucket: int = LENGTH_BUCKET) -> dict[str, torch.Tensor]:
+    """The inputs with their token axis right-padded with zeros (attention mask 0: padding no real
+    position reads) up to a multiple of `bucket`."""
+    length = next(iter(inputs.values())).shape[1]
+    extra = -length % bucket
+    if not extra:
+        return inputs
+    return {name: F.pad(tensor, (0, extra), value=0) for name, tensor in inputs.items()}
+
+
+@dataclasses.dataclass
+class _Captured:
+    graph: Any  # torch.cuda.CUDAGraph
+    inputs: dict[str, torch.Tensor]
+    labels: torch.Tensor
+    weights: torch.Tensor
+    results: torch.Tensor  # runs x (loss, gradient norm), overwritten by each replay
+
+    def load(self, inputs: dict[str, torch.Tensor], labels: torch.Tensor, weights: torch.Tensor) -> None:
+        for name, tensor in inputs.items():
+            self.inputs[name].copy_(tensor, non_blocking=True)
+        self.labels.copy_(labels, non_blocking=True)
+        self.weights.copy_(weights, non_blocking=True)
+
+
+class GraphedFusedStep:
+    """A group's fused training step (group_loop.fused_step's contract: one optimizer step of every run,
+    each run's (loss, gradient norm) returned on the device), captured per input shape on CUDA."""
+
+    def __init__(self, model: Callable[..., Any], randomness: RunRandomness, kind: str, device: Device,
+                 losses: Callable[..., torch.Tensor], warmup: int = WARMUP_STEPS, bucket: int = LENGTH_BUCKET) -> None:
+        self.model, self.randomness, self.kind, self.device, self.losses = model, randomness, kind, device, losses
+        self.warmup, self.bucket = warmup, bucket
+        self.capturing_allowed = device.kind == "cuda" and randomness.scheme == "counter" and kind != "span"
+        self.graphs: dict[tuple, _Captured] = {}
+        self.seen: dict[tuple, int] = {}
+        self._capturable: set[int] = set()
+        if device.kind == "cuda":
+            self.stream = torch.cuda.Stream(device.torch_device)
+            self.pool = torch.cuda.graph_pool_handle()  # one pool: the graphs never run at once
+
+    @property
+    def captured(self) -> int:
+        return len(self.graphs)
+
+    def __call__(self, inputs: dict[str, torch.Tensor], labels: torch.Tensor, weights: torch.Tensor, layout: RowLayout,
+                 runs: Sequence[Any]) -> list[StepResult]:
+        inputs = pad_to_bucket(inputs, self.bucket)
+        if self.device.kind != "cuda":
+            return self._after(self._step(inputs, labels, weights, layout, runs, skip_non_finite=True), runs)
+        self._make_capturable(runs)
+        key = (tuple((name, tuple(tensor.shape)) for name, tensor in sorted(inputs.items())), tuple(labels.shape))
+        captured = self.graphs.get(key)
+        if captured is None:
+            self.seen[key] = self.seen.get(key, 0) + 1
+            if not self.capturing_allowed or self.seen[key] <= self.warmup:
+                results = self._on_stream(lambda: self._step(inputs, labels, weights, layout, runs))
+                return self._after(results, runs)
+            captured = self.graphs[key] = self._capture(inputs, labels, weights, layout, runs)
+        captured.load(inputs, labels, weights)
+        captured.graph.replay()
+        return self._after(captured.results.clone(), runs)
+
+    def _step(self, inputs: dict[str, torch.Tensor], labels: torch.Tensor, weights: torch.Tensor, layout: RowLayout,
+              runs: Sequence[Any], skip_non_finite: bool = False) -> torch.Tensor:
+        """Forward, backward, each run's clipping and AdamW: what a graph holds. Runs x (loss, norm). With
+        `skip_non_finite` (the CPU, where reading costs nothing) a diverged run is not updated, as alone."""
+        self.randomness.layout = layout
+        with self.device.autocast(cache=False):  # a graph cannot keep autocast's cast cache between replays
+            output = self.model(**inputs)
+        losses = self.losses(self.kind, output, labels, weights, layout)
+        losses.sum().backward()
+        norms = clip_each(runs)
+        results = torch.stack([losses.detach().float(), torch.stack(norms).float()], dim=1)
+        finite = results.isfinite().all(dim=1).tolist() if skip_non_finite else [True] * len(runs)
+        for run, stepping in zip(runs, finite, strict=True):
+            if stepping:
+                run.optimizer.step()
+            run.optimizer.zero_grad(set_to_none=True)
+        return results
+
+    def _on_stream(self, work: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """Eager steps run on the capture's stream, so what it needs (workspaces, optimizer state) exists first."""
+        self.stream.wait_stream(torch.cuda.current_stream(self.device.torch_device))
+        with torch.cuda.stream(self.stream):
+            results = work()
+        torch.cuda.current_stream(self.device.torch_device).wait_stream(self.stream)
+        return results
+
+    def _capture(self, inputs: dict[str, torch.Tensor], labels: torch.Tensor, weights: torch.Tensor, layout: RowLayout,
+                 runs: Sequence[Any]) -> _Captured:
+        static_inputs = {name: tensor.clone() for name, tensor in inputs.items()}
+        static_labels, static_weights = labels.clone(), weights.clone()
+        graph = torch.cuda.CUDAGraph()
+        torch.cuda.current_stream(self.device.torch_device).synchronize()
+        torch.cuda.empty_cache()  # the eager steps' cached blocks: a capture cannot free them if it runs short
+        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
+            results = self._step(static_inputs, static_labels, static_weights, layout, runs)
+        return _Captured(graph, static_inputs, static_labels, static_weights, results)
+
+    def _after(self, results: torch.Tensor, runs: Sequence[Any]) -> list[StepResult]:
+        """Each run's schedule steps on the host (filling its learning-rate tensor: no sync)."""
+        for run in runs:
+            run.optimizer._opt_called = True  # type: ignore[attr-defined]  # what optimizer.step() marks for its scheduler
+            run.scheduler.step()
+        return [(row[0], row[1]) for row in results.unbind(0)]
+
+    def _make_capturable(self, runs: Sequence[Any]) -> None:
+        """Each run's AdamW as a graph replays it: fused, capturable, its learning rate a device tensor the
+        schedule fills in place, each tensor's step count its own device tensor (adamw_together shares one
+        per run on the host). Once per optimizer; saving turns them back (state.saved_optimizer_state)."""
+        for run in runs:
+            optimizer = run.optimizer
+            if id(optimizer) in self._capturable:
+                continue
+            for group in optimizer.param_groups:
+                group["lr"] = torch.tensor(float(group["lr"]), dtype=torch.float32, device=self.device.torch_device)
+                group["capturable"], group["fused"], group["foreach"] = True, True, None
+                for param in group["params"]:
+                    state = optimizer.state.get(param)
+                    if state and torch.is_tensor(state.get("step")):
+                        state["step"] = torch.tensor(float(state["step"]), dtype=torch.float32, device=self.device.torch_device)
+            self._capturable.add(id(optimizer))
