@@ -74,6 +74,13 @@ run_part() {
     # Where the replayed step's time goes: kernels per step and the device's busy share.
     profilegraphs) part profilegraphs 60 --backbones bert-base --variants "" "${NONE[@]}" --fused "" --fused-profile 8 \
         --fused-methods adapters64 --fused-masks counter --fused-compile step_graphs ;;
+    # Step graphs with the counter masks as one kernel each (run_dropout.fused_counter_keep_mask): BERT-base at
+    # k = 8 and 16, BERT-large at k = 8 on real lengths and padded to 128.
+    graphsfused) part graphsfused 170 --backbones bert-base,bert-large --variants "" "${NONE[@]}" --fused 8,16 --fused-methods adapters64 \
+        --fused-batch-sets length_grouped,padded_128 --fused-optimizer together --fused-masks counter --fused-compile step_graphs ;;
+    # The RTE shard fused 8 as step graphs through the trainer (its one-at-a-time figure: the call before, same kind).
+    shardfused) ADAPTUNE_COMPILE=step_graphs ADAPTUNE_DROPOUT_MASKS=counter part shardfused 60 --backbones bert-base --variants "" \
+        --fused "" --shard "" --shard-groups 8 --shard-train-rows 640 ;;
     *) log "no part $1" ;;
     esac
 }

@@ -29,6 +29,7 @@ from adaptune.bench.fused import _Run, grouped_runs
 from adaptune.bench.step_cost import timed_pass, training_flops
 from adaptune.core.devices import Device, is_out_of_memory
 from adaptune.model.methods import apply_method, method_from_dict
+from adaptune.model.run_dropout import counter_keep_mask, fused_counter_keep_mask
 from adaptune.model.run_groups import trained_tensors
 from adaptune.train.compiling import training_forward
 from adaptune.train.group_loop import run_losses, fused_step, stack_run_batches
@@ -183,6 +184,7 @@ def check_step_graphs(config: dict[str, Any], size: str, method: str, batches: l
                 "max_tensor_difference": max(float((a - b).abs().max()) for a, b in zip(tensors, reference_tensors, strict=True))}
 
     return {"backbone": size, "method": method, "k": k, "steps": steps * passes, "masks": "counter",
+            "fused_mask_equals_eager": _fused_mask_equals_eager(k, device),
             "reference": "eager_padded", "graphs": differences("graphs"), "eager": differences("eager"),
             "first_losses": reference_losses[:k], "last_losses": reference_losses[-k:]}
 
@@ -194,6 +196,15 @@ def group_batches(batches: list[Batch], task_count: int, step: int, k: int) -> l
     per_task = len(batches) // task_count
     task, turn = step % task_count, step // task_count
     return [batches[task * per_task + (turn * k + i) % per_task] for i in range(k)]
+
+
+def _fused_mask_equals_eager(k: int, device: Device) -> bool:
+    """Whether the counter masks' one-kernel form (run_dropout.fused_counter_keep_mask) draws the eager
+    form's bits, at every block rank a BERT's dropout sites have."""
+    keys = torch.randint(0, 2**32, (k, 2), dtype=torch.int64, device=device.torch_device)
+    draws = torch.arange(k, dtype=torch.int64, device=device.torch_device) * 7919
+    shapes = [(k, 32, 768), (k, 32, 12, 64, 64), (k, 32, 48, 768), (k, 32)]
+    return all(torch.equal(fused_counter_keep_mask()(keys, draws, shape, 0.1), counter_keep_mask(keys, draws, shape, 0.1)) for shape in shapes)
 
 
 def _with_speedups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
