@@ -124,3 +124,26 @@ def test_refuses_optimizers_that_differ_beyond_lr_and_decay() -> None:
     clip_each(runs)
     with pytest.raises(ValueError, match="share betas and eps"):
         adamw_together([run.optimizer for run in runs])
+
+
+def test_a_state_saved_from_a_step_replayed_as_cuda_graphs_resumes_alone() -> None:
+    """Step graphs (adaptune.train.step_graphs) hold each run's learning rate in a device tensor and mark its
+    AdamW capturable; the run saves plain numbers, so it resumes in a trainer whose AdamW is neither."""
+    lrs, scales = [2e-3, 5e-3], [3.0, 0.5]
+    graphed, reference = _runs(lrs), _runs(lrs)
+    _train(graphed, False, scales, range(5))
+    _train(reference, False, scales, range(5))
+    resumed = _runs(lrs)
+    for run, source in zip(resumed, graphed, strict=True):
+        for group in source.optimizer.param_groups:  # as step_graphs leaves them (a CPU tensor here)
+            group["lr"], group["capturable"] = torch.tensor(group["lr"]), True
+        state = saved_optimizer_state(source.optimizer)
+        assert all(type(group["lr"]) is float and group["capturable"] is False for group in state["param_groups"])
+        with torch.no_grad():
+            for name in SHAPES:
+                run.params[name].copy_(source.params[name])
+        run.optimizer.load_state_dict(state)
+        run.scheduler.load_state_dict(source.scheduler.state_dict())
+    _train(resumed, False, scales, range(5, STEPS))
+    _train(reference, False, scales, range(5, STEPS))
+    _assert_same(resumed, reference)

@@ -18,8 +18,10 @@ from adaptune.model.run_dropout import (
     CounterStream,
     RunDropout,
     RunRandomness,
+    additive_mask,
     counter_keep_mask,
     dropout_stream,
+    fused_counter_keep_mask,
     mask_scheme,
     saved_scheme,
 )
@@ -59,6 +61,28 @@ def test_a_runs_counter_mask_does_not_depend_on_its_block_nor_on_the_other_runs(
     assert torch.equal(reordered[1], group[1])
     hidden = _mask((7,), 3, (1, 20, 30, 384))  # rows, tokens, features
     assert torch.equal(hidden[0, :8, :10], _mask((7,), 3, (1, 8, 10, 384))[0])
+
+
+def test_the_one_kernel_form_draws_the_same_bits() -> None:
+    """What a GPU draws (torch.compile's inductor, here for the CPU: the same integer operators)."""
+    keys = torch.tensor([CounterStream(seed).keys for seed in (5, 7, 9)], dtype=torch.int64)
+    draws = torch.tensor([3, 0, 11])
+    for shape in (ATTENTION, (3, 32, 40, 384)):
+        fused = fused_counter_keep_mask()(keys, draws, torch.empty(shape, device="meta"), P)
+        assert torch.equal(fused, counter_keep_mask(keys, draws, shape, P))
+
+
+def test_the_attention_mask_is_built_without_asking_whether_a_batch_has_padding() -> None:
+    """transformers skips the mask of a batch without padding, which reads the mask on the host (a device sync
+    per forward pass, and what no CUDA graph can hold); run_dropout's attention always gets one: zeros there."""
+    from transformers.masking_utils import bidirectional_mask_function
+
+    mask = additive_mask(batch_size=2, q_length=5, kv_length=5, mask_function=bidirectional_mask_function,
+                         attention_mask=torch.ones(2, 5, dtype=torch.bool), allow_is_bidirectional_skip=True, dtype=torch.float32)
+    assert mask is not None and mask.shape == (2, 1, 5, 5) and not mask.any()
+    padded = additive_mask(batch_size=1, q_length=3, kv_length=3, mask_function=bidirectional_mask_function,
+                           attention_mask=torch.tensor([[True, True, False]]), dtype=torch.float32)
+    assert (padded[0, 0, :, 2] < -1e30).all() and not padded[0, 0, :, :2].any()
 
 
 def test_run_dropout_draws_counter_masks_and_advances_each_runs_count() -> None:

@@ -139,11 +139,17 @@ def counter_keep_mask(keys: torch.Tensor, draws: torch.Tensor, shape: torch.Size
 
 @functools.cache
 def fused_counter_keep_mask() -> Callable[..., torch.Tensor]:
-    """counter_keep_mask as one kernel (torch.compile; the same integers, so the same bits): eagerly it is
-    ~16 int64 elementwise kernels per site over the site's whole block, 57% of a fused group's step on
-    an H100 once the step was replayed as a CUDA graph (bench/gpu.json). Compiled once per block rank,
-    with dynamic sizes; used on GPUs, where the step is device-bound."""
-    return torch.compile(counter_keep_mask, dynamic=True)
+    """counter_keep_mask as one kernel (torch.compile; the same integers, so the same bits), the mask's
+    shape given as a meta tensor's, whose sizes compile as symbols (a tuple of ints recompiled per size
+    until dynamo's limit): (keys, draws, like, p) -> mask. Eagerly the mask is ~16 int64 elementwise
+    kernels per site over the site's whole block, 57% of a fused group's step on an H100 once the step
+    was replayed as a CUDA graph (bench/gpu.json); compiled, 20%. Used on GPUs, where that step is
+    device-bound."""
+    return torch.compile(_keep_mask_like, dynamic=True)
+
+
+def _keep_mask_like(keys: torch.Tensor, draws: torch.Tensor, like: torch.Tensor, p: float) -> torch.Tensor:
+    return counter_keep_mask(keys, draws, like.shape, p)
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:
@@ -208,7 +214,10 @@ class RunRandomness(nn.Module):
 
     def counter_mask(self, shape: torch.Size, p: float) -> torch.Tensor:
         """Every run's mask for one site (counter_keep_mask); each run's count advances by one draw."""
-        mask = (fused_counter_keep_mask() if self.keys.is_cuda else counter_keep_mask)(self.keys, self.draws, shape, p)
+        if self.keys.is_cuda:
+            mask = fused_counter_keep_mask()(self.keys, self.draws, torch.empty(shape, device="meta"), p)
+        else:
+            mask = counter_keep_mask(self.keys, self.draws, shape, p)
         self.draws.add_(1)
         return mask
 
