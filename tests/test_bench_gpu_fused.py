@@ -10,7 +10,7 @@ import torch
 
 from adaptune.bench.gpu import REHEARSAL
 from adaptune.bench.gpu import main as bench_gpu
-from adaptune.bench.gpu_fused import _group, group_batches, measure_fused, profile_fused
+from adaptune.bench.gpu_fused import _group, check_step_graphs, group_batches, measure_fused, profile_fused
 from adaptune.core.devices import pick_device
 from adaptune.train.group_loop import stack_run_batches
 
@@ -40,6 +40,20 @@ def test_fused_rows_count_every_runs_examples_and_flops() -> None:
     _, _, runs, run_flops = _group(TINY, {"name": "layernorm"}, 2, device, fused)
     solo = _group(TINY, {"name": "layernorm"}, 1, device, [stack_run_batches(batches[1:2], 0, device.torch_device)])
     assert len(runs) == 2 and run_flops == solo[3]  # batch 1 is the longer: both runs pay its length
+
+
+def test_the_step_graphs_rows_and_check_run_here_as_the_eager_step() -> None:
+    """No CUDA here: the step-graphs step runs eagerly (padded to its bucket, each run's own AdamW), so its
+    check finds nothing captured and the replay column equal to its reference, and the default eager step
+    within float32 reduction noise of it (tests/test_fused_groups.py's bound)."""
+    device, batches = pick_device(), _batches((12, 20, 16, 9))
+    rows = measure_fused(TINY, "tiny", "adapters64", batches, (2,), device, repeats=1, peak=1e12, steps=2, mask_schemes=("counter",),
+                         compile_modes=("eager", "step_graphs"))
+    assert [(row["compile"], row.get("graphs_captured")) for row in rows] == [("eager", None), ("step_graphs", 0)]
+    check = check_step_graphs(TINY, "tiny", "adapters64", batches, 2, device, steps=2, passes=2)
+    assert check["graphs"] == {"graphs_captured": 0, "max_loss_difference": 0.0, "max_tensor_difference": 0.0}
+    assert check["eager"]["max_loss_difference"] < 1e-4 and check["eager"]["max_tensor_difference"] < 1e-4
+    assert check["fused_mask_equals_eager"] is None and len(check["first_losses"]) == 2
 
 
 def test_rehearsal_runs_the_gpu_calls_parts_on_the_cpu(tmp_path, shared_data_dir) -> None:

@@ -198,9 +198,12 @@ def group_batches(batches: list[Batch], task_count: int, step: int, k: int) -> l
     return [batches[task * per_task + (turn * k + i) % per_task] for i in range(k)]
 
 
-def _fused_mask_equals_eager(k: int, device: Device) -> bool:
+def _fused_mask_equals_eager(k: int, device: Device) -> bool | None:
     """Whether the counter masks' one-kernel form (run_dropout.fused_counter_keep_mask) draws the eager
-    form's bits, at every block rank a BERT's dropout sites have."""
+    form's bits, at every block rank a BERT's dropout sites have; None off a GPU, where training draws
+    them eagerly (tests/test_run_dropout.py compares the two forms on the CPU)."""
+    if device.kind != "cuda":
+        return None
     keys = torch.randint(0, 2**32, (k, 2), dtype=torch.int64, device=device.torch_device)
     draws = torch.arange(k, dtype=torch.int64, device=device.torch_device) * 7919
     shapes = [(k, 32, 768), (k, 32, 12, 64, 64), (k, 32, 48, 768), (k, 32)]
