@@ -41,7 +41,6 @@ from adaptune.train.compiling import compile_mode, training_forward
 from adaptune.train.config import TrainConfig
 from adaptune.train.evaluate import evaluate_runs
 from adaptune.train.group_optimizer import clip_and_step
-from adaptune.train.step_graphs import STEP_GRAPHS, GraphedFusedStep
 from adaptune.train.grouping import GROUPABLE_METHODS, group_key
 from adaptune.train.loop import (
     Evaluator,
@@ -59,6 +58,7 @@ from adaptune.train.loop import (
 )
 from adaptune.train.record import record_in_run_dir, run_record, with_provenance
 from adaptune.train.state import load_state, resume_point
+from adaptune.train.step_graphs import STEP_GRAPHS, GraphedFusedStep
 
 _PAD_VALUES = {"attention_mask": 0, "token_type_ids": 0}
 # What a span task's collated batch holds besides the model's inputs (others: "labels"): the answer's
