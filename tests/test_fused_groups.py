@@ -299,6 +299,36 @@ def test_a_shard_trains_its_groupable_runs_as_groups_and_each_run_is_published_a
     assert again == {"reused": 4}
 
 
+def test_under_step_graphs_a_groupable_run_alone_trains_as_a_group_of_one(tmp_path: Path, shared_data_dir: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    import dataclasses
+
+    from adaptune.sweep.experiments import Sweep, get_experiment
+    from adaptune.sweep.plan import plan
+    from adaptune.sweep.shard_runner import run_shard
+    from adaptune.sweep.store import RunStore
+
+    monkeypatch.setenv(DROPOUT_MASKS_ENV, "counter")
+    monkeypatch.setenv(COMPILE_ENV, STEP_GRAPHS)
+    spec = dataclasses.replace(
+        get_experiment("smoke"), name="graphs_alone_test", ablation=None, shard_size=2, max_train_examples=32, max_eval_examples=16,
+        sweeps=(Sweep(tasks=("mrpc",), methods=({"name": "layernorm"}, {"name": "full"}), learning_rates=(1e-3,),
+                      epochs=(1,), seeds=(0,), max_length=32),),
+    )
+    (shard,) = plan(spec).shards
+    store = RunStore(str(tmp_path / "store"))
+    outcomes = run_shard(spec, shard.id, store, data_dir=shared_data_dir, group_size=1)
+    assert sum(outcomes.values()) == 2 and not outcomes["failed"]  # 32 rows, one epoch: a run may predict one class
+    records = {run.method["name"]: store.record(run.run_id) for run in shard.runs}
+    assert (records["layernorm"]["compile"], records["full"]["compile"]) == (STEP_GRAPHS, "eager")  # full fine-tuning: never grouped
+    monkeypatch.setenv(COMPILE_ENV, "eager")
+    layernorm = next(run for run in shard.runs if run.method["name"] == "layernorm")
+    alone = train_and_evaluate(layernorm, data_dir=shared_data_dir, out_dir=tmp_path / "alone", progress=False)
+    assert records["layernorm"]["val_metrics"] == pytest.approx(alone["val_metrics"], abs=TOLERANCE)
+    assert [point["train_loss"] for point in records["layernorm"]["curve"]] == pytest.approx(
+        [point["train_loss"] for point in alone["curve"]], abs=TOLERANCE)
+
+
 def test_a_group_that_runs_out_of_memory_trains_as_halves(tmp_path: Path, shared_data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Group sizes come from memory measured on other steps: where a group of 4 runs out of memory the
     shard trains it as two groups of 2 (here every group above 2 runs out), and no run is lost."""

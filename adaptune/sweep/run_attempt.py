@@ -58,7 +58,7 @@ def train_groups(groups: Iterable[list[TrainConfig]], shard_id: str, store: RunS
     by_run: dict[str, str] = {}
     deferred = []
     for group in groups:
-        if len(group) == 1:
+        if len(group) == 1 and not _graphed_alone(group[0]):
             outcomes = {group[0].run_id: run_in_store(group[0], store, wait=False, owner=owner, **options)}
         else:
             outcomes = group_in_store(group, store, owner, **options)
@@ -74,6 +74,18 @@ def train_groups(groups: Iterable[list[TrainConfig]], shard_id: str, store: RunS
         by_run[config.run_id] = run_in_store(config, store, wait=True, owner=owner, **options)
         print(f"{shard_id}: {config.run_id} {by_run[config.run_id]}", flush=True)
     return by_run
+
+
+def _graphed_alone(config: TrainConfig) -> bool:
+    """Under step graphs (adaptune.train.step_graphs) a groupable run without companions trains as a
+    group of one, its step replayed as a CUDA graph: on an H100 that step ran 2.2x the solo trainer's
+    (BERT-base adapters, bench/gpu.json "h100_2026_11_26_step_graphs")."""
+    if os.environ.get(TRAINER_ENV) or group_key(config) is None:
+        return False
+    from adaptune.train.compiling import compile_mode  # torch's: imported only where runs train
+    from adaptune.train.step_graphs import STEP_GRAPHS
+
+    return compile_mode() == STEP_GRAPHS
 
 
 class _Unreadable(str):
