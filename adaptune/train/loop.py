@@ -29,7 +29,6 @@ from adaptune.model.backbone import load_model, load_tokenizer
 from adaptune.data.batching import epoch_batches, iterate_batches, make_collator
 from adaptune.model.checkpoint import save_task_checkpoint
 from adaptune.train.compiling import compile_mode, training_forward
-from adaptune.train.step_graphs import STEP_GRAPHS
 from adaptune.train.config import TrainConfig
 from adaptune.train.epoch_log import report_epoch
 from adaptune.train.event_log import CurveLog, write_run_summary
@@ -44,6 +43,7 @@ from adaptune.core.run_files import CHECKPOINT_DIR, PREDICTIONS_FILE, RECORD_FIL
 from adaptune.data.tasks import Task, get_task, scored_companions
 from adaptune.model.run_dropout import dropout_stream, mask_scheme, use_run_dropout
 from adaptune.train.state import Progress, load_state, remove_state, resume_point, save_state, trained_parameters
+from adaptune.train.step_graphs import STEP_GRAPHS
 
 StepCallback = Callable[[int], None]
 Evaluator = Callable[[Task, EvalSplit], EvalResult]  # one run's scores on a split
