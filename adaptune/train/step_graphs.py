@@ -75,7 +75,6 @@ class GraphedFusedStep:
         self.capturing_allowed = device.kind == "cuda" and randomness.scheme == "counter" and kind != "span"
         self.graphs: dict[tuple, _Captured] = {}
         self.seen: dict[tuple, int] = {}
-        self._capturable: set[int] = set()
         if device.kind == "cuda":
             self.stream = torch.cuda.Stream(device.torch_device)
             self.pool = torch.cuda.graph_pool_handle()  # one pool: the graphs never run at once
@@ -149,10 +148,11 @@ class GraphedFusedStep:
     def _make_capturable(self, runs: Sequence[Any]) -> None:
         """Each run's AdamW as a graph replays it: fused, capturable, its learning rate a device tensor the
         schedule fills in place, each tensor's step count its own device tensor (adamw_together shares one
-        per run on the host). Once per optimizer; saving turns them back (state.saved_optimizer_state)."""
+        per run on the host). Once per optimizer (a tensor lr says it is done); saving turns them back
+        (state.saved_optimizer_state)."""
         for run in runs:
             optimizer = run.optimizer
-            if id(optimizer) in self._capturable:
+            if torch.is_tensor(optimizer.param_groups[0]["lr"]):
                 continue
             for group in optimizer.param_groups:
                 group["lr"] = torch.tensor(float(group["lr"]), dtype=torch.float32, device=self.device.torch_device)
@@ -161,4 +161,3 @@ class GraphedFusedStep:
                     state = optimizer.state.get(param)
                     if state and torch.is_tensor(state.get("step")):
                         state["step"] = torch.tensor(float(state["step"]), dtype=torch.float32, device=self.device.torch_device)
-            self._capturable.add(id(optimizer))
