@@ -81,9 +81,21 @@ run_part() {
     # The RTE shard fused 8 as step graphs through the trainer (its one-at-a-time figure: the call before, same kind).
     shardfused) ADAPTUNE_COMPILE=step_graphs ADAPTUNE_DROPOUT_MASKS=counter part shardfused 60 --backbones bert-base --variants "" \
         --fused "" --shard "" --shard-groups 8 --shard-train-rows 640 ;;
+    # Step graphs around compiled layers (ADAPTUNE_COMPILE=compiled_step_graphs, new 2026-11-26): inductor fuses each
+    # layer's elementwise work and draws the counter masks inside the kernels that apply them. First whether a replay
+    # trains as the same compiled step does uncaptured (the compile happens here, once per backbone), then its speed
+    # beside the eager-layer step graphs and the one-run trainer step, same card, same call.
+    compiledcheck) part compiledcheck 200 --backbones bert-base --variants "" "${NONE[@]}" --fused "" --graph-check 8 \
+        --fused-methods adapters64 --fused-compile compiled_step_graphs ;;
+    compiledgraphs) part compiledgraphs 260 --backbones bert-base,bert-large --variants now --methods adapters64 --batch-sets length_grouped \
+        "${NONE[@]}" --fused 8 --fused-methods adapters64 --fused-batch-sets length_grouped,padded_128 --fused-optimizer together \
+        --fused-masks counter --fused-compile step_graphs,compiled_step_graphs ;;
+    profilecompiled) part profilecompiled 90 --backbones bert-base --variants "" "${NONE[@]}" --fused "" --fused-profile 8 \
+        --fused-methods adapters64 --fused-masks counter --fused-compile compiled_step_graphs ;;
     *) log "no part $1" ;;
     esac
 }
-# Earlier parts (compiled, shard, base, topk, profile, fused8, large) stay for later calls: PARTS="..." picks them.
-for name in ${PARTS:-graphcheck graphs shardgraphs profilegraphs}; do run_part "$name"; done
+# Earlier parts (graphcheck, graphs, shardgraphs, profilegraphs, graphsfused, shardfused, compiled, shard, base, topk,
+# profile, fused8, large) stay for later calls: PARTS="..." picks them.
+for name in ${PARTS:-compiledcheck compiledgraphs profilecompiled}; do run_part "$name"; done
 log "done"

@@ -104,9 +104,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fused-batch-sets", default="length_grouped",
                         help="the fused step's batches, comma-separated, of length_grouped, padded_128 (the latter: MFU at full length)")
     parser.add_argument("--fused-compile", default="eager",
-                        help="comma-separated, of eager, compiled, graphs (as --variants), step_graphs (the whole step as CUDA graphs)")
+                        help="comma-separated, of eager, compiled, graphs (as --variants), step_graphs (the whole step as CUDA graphs), "
+                             "compiled_step_graphs (the same around compiled layers)")
     parser.add_argument("--graph-check", default="", help="group sizes at which to check that the step replayed as CUDA graphs "
-                        "(--fused-compile step_graphs) trains as it does eagerly, first fused method (empty: skip)")
+                        "(the first step-graph mode of --fused-compile, else step_graphs) trains as it does uncaptured, first fused "
+                        "method (empty: skip)")
     parser.add_argument("--fused-profile", default="", help="group sizes at which to profile the fused step of the first fused "
                         "method (empty: skip): kernels per step, the device's busy share, the heaviest operators")
     parser.add_argument("--shard-train-rows", type=int, default=None,
@@ -182,15 +184,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             log(f"{backbone} {method} {batches_name} fused: " + ", ".join(f"k={r['k']} {r['optimizer_step']} {r['masks']} {r['compile']} {r.get('examples_per_s', r.get('error'))} ex/s MFU {r.get('mfu')}" for r in rows))
     if _counts(args.graph_check):
         from adaptune.bench.gpu_fused import check_step_graphs
+        from adaptune.train.step_graphs import STEP_GRAPH_MODES, STEP_GRAPHS
 
+        check_mode = next((mode for mode in _names(args.fused_compile) if mode in STEP_GRAPH_MODES), STEP_GRAPHS)
         results["step_graphs_check"] = []
         for backbone in args.backbones.split(","):
             for k in _counts(args.graph_check):
                 row = check_step_graphs(scale.configs[backbone], backbone, _names(args.fused_methods)[0], batch_sets["length_grouped"], k,
-                                        device, task_count=len(TASKS))
+                                        device, task_count=len(TASKS), mode=check_mode)
                 results["step_graphs_check"].append(row)
                 save()
-                log(f"step graphs check {backbone} k={k}: graphs {row['graphs']}, eager {row['eager']}")
+                log(f"step graphs check {check_mode} {backbone} k={k}: graphs {row['graphs']}, eager {row['eager']}")
     if _counts(args.fused_profile):
         from adaptune.bench.gpu_fused import profile_fused
 

@@ -33,7 +33,7 @@ from adaptune.model.run_dropout import counter_keep_mask, fused_counter_keep_mas
 from adaptune.model.run_groups import trained_tensors
 from adaptune.train.compiling import training_forward
 from adaptune.train.group_loop import run_losses, fused_step, stack_run_batches
-from adaptune.train.step_graphs import STEP_GRAPHS, WARMUP_STEPS, GraphedFusedStep
+from adaptune.train.step_graphs import STEP_GRAPH_MODES, STEP_GRAPHS, WARMUP_STEPS, GraphedFusedStep
 
 GROUP_SIZES = (1, 4, 8, 16)
 FUSED_METHODS = {"adapters64": {"name": "adapters", "size": 64}, "layernorm": {"name": "layernorm"},
@@ -72,7 +72,7 @@ def measure_fused(config: dict[str, Any], size: str, method: str, batches: list[
                 one_pass = functools.partial(_train_pass, runner, runs, fused)
                 for _ in range(_warmup_passes(compile_mode)):  # kernels chosen, AdamW state allocated, graphs captured
                     one_pass()
-                if cuda and compile_mode != STEP_GRAPHS:  # a graph's memory was taken at capture: its peak is the warm-up's
+                if cuda and compile_mode not in STEP_GRAPH_MODES:  # a graph's memory was taken at capture: its peak is the warm-up's
                     torch.cuda.reset_peak_memory_stats()
                 seconds = statistics.median(timed_pass(lambda _: one_pass(), [None], device) for _ in range(repeats))
                 keep({"backbone": size, "method": method, "k": k, **variant,
@@ -136,7 +136,7 @@ def _fused_steps(batches: list[Batch], task_count: int, k: int, steps: int, devi
 def _step_function(model: Any, randomness: Any, compile_mode: str, device: Device, together: bool) -> Callable[..., Any]:
     """The group's step as the trainer runs it in `compile_mode`: (inputs, labels, weights, layout, runs) -> results."""
     runner = training_forward(model, compile_mode)
-    if compile_mode == STEP_GRAPHS:
+    if compile_mode in STEP_GRAPH_MODES:
         return GraphedFusedStep(runner, randomness, "classification", device, run_losses)
     return functools.partial(_eager_step, runner, randomness, device, together)
 
@@ -148,7 +148,7 @@ def _eager_step(model: Any, randomness: Any, device: Device, together: bool, inp
 
 def _warmup_passes(compile_mode: str) -> int:
     """Untimed passes first: one, or, for step graphs, enough for every shape's eager steps and its capture."""
-    return WARMUP_STEPS + 1 if compile_mode == STEP_GRAPHS else 1
+    return WARMUP_STEPS + 1 if compile_mode in STEP_GRAPH_MODES else 1
 
 
 def _train_pass(step: Callable[..., Any], runs: list[_Run], fused: list[tuple]) -> list[Any]:
@@ -157,17 +157,18 @@ def _train_pass(step: Callable[..., Any], runs: list[_Run], fused: list[tuple]) 
 
 
 def check_step_graphs(config: dict[str, Any], size: str, method: str, batches: list[Batch], k: int, device: Device,
-                      steps: int = 8, passes: int = 4, task_count: int = 1) -> dict[str, Any]:
-    """Whether replaying the step as CUDA graphs trains as the same step does eagerly: three groups from the
-    same initial tensors, counter masks, over `passes` passes of `steps` fused steps: (a) the step-graphs
-    step with capture turned off (eager, the same padding and optimizer path), (b) with capture, (c) the
-    default eager fused step (no padding, every run's AdamW at once). Largest differences of the step
-    losses and of the trained tensors at the end, (b) and (c) against (a)."""
+                      steps: int = 8, passes: int = 4, task_count: int = 1, mode: str = STEP_GRAPHS) -> dict[str, Any]:
+    """Whether replaying the step as CUDA graphs (`mode`, one of STEP_GRAPH_MODES) trains as the same step
+    does without capture: three groups from the same initial tensors, counter masks, over `passes` passes
+    of `steps` fused steps: (a) the step in `mode` with capture turned off (the same padding, optimizer
+    path and compiled layers, run as they are), (b) with capture, (c) the default eager fused step (no
+    padding, every run's AdamW at once, no compiling). Largest differences of the step losses and of the
+    trained tensors at the end, (b) and (c) against (a)."""
     fused = _fused_steps(batches, task_count, k, steps, device)
     trained: dict[str, tuple[list[float], list[torch.Tensor], int]] = {}
-    for name, mode, capture in (("eager_padded", STEP_GRAPHS, False), ("graphs", STEP_GRAPHS, True), ("eager", "eager", False)):
+    for name, step_mode, capture in (("uncaptured", mode, False), ("graphs", mode, True), ("eager", "eager", False)):
         model, randomness, runs, _ = _group(config, FUSED_METHODS[method], k, device, fused, "counter")
-        step = _step_function(model, randomness, mode, device, True)
+        step = _step_function(model, randomness, step_mode, device, True)
         if isinstance(step, GraphedFusedStep):
             step.capturing_allowed = capture
         losses = [float(loss) for _ in range(passes) for results in _train_pass(step, runs, fused) for loss, _ in results]
@@ -175,7 +176,7 @@ def check_step_graphs(config: dict[str, Any], size: str, method: str, batches: l
         trained[name] = (losses, tensors, step.captured if isinstance(step, GraphedFusedStep) else 0)
         del model, randomness, runs, step
         gc.collect()
-    reference_losses, reference_tensors, _ = trained["eager_padded"]
+    reference_losses, reference_tensors, _ = trained["uncaptured"]
 
     def differences(name: str) -> dict[str, Any]:
         losses, tensors, captured = trained[name]
@@ -183,9 +184,9 @@ def check_step_graphs(config: dict[str, Any], size: str, method: str, batches: l
                 "max_loss_difference": max(abs(a - b) for a, b in zip(losses, reference_losses, strict=True)),
                 "max_tensor_difference": max(float((a - b).abs().max()) for a, b in zip(tensors, reference_tensors, strict=True))}
 
-    return {"backbone": size, "method": method, "k": k, "steps": steps * passes, "masks": "counter",
+    return {"backbone": size, "method": method, "k": k, "steps": steps * passes, "masks": "counter", "compile": mode,
             "fused_mask_equals_eager": _fused_mask_equals_eager(k, device),
-            "reference": "eager_padded", "graphs": differences("graphs"), "eager": differences("eager"),
+            "reference": "uncaptured", "graphs": differences("graphs"), "eager": differences("eager"),
             "first_losses": reference_losses[:k], "last_losses": reference_losses[-k:]}
 
 

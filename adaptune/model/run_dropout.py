@@ -214,7 +214,7 @@ class RunRandomness(nn.Module):
 
     def counter_mask(self, shape: torch.Size, p: float) -> torch.Tensor:
         """Every run's mask for one site (counter_keep_mask); each run's count advances by one draw."""
-        if self.keys.is_cuda:
+        if self.keys.is_cuda and not torch.compiler.is_compiling():  # compiled, the layer's own kernels draw it
             mask = fused_counter_keep_mask()(self.keys, self.draws, torch.empty(shape, device="meta"), p)
         else:
             mask = counter_keep_mask(self.keys, self.draws, shape, p)

@@ -20,9 +20,11 @@ import torch
 from adaptune.model.adapters import UnsupportedModelError, encoder_layers
 
 COMPILE_ENV = "ADAPTUNE_COMPILE"
-# torch.compile's mode; "step_graphs": a fused group's whole step captured as CUDA graphs, the model eager
-# (adaptune.train.step_graphs; a run that cannot be grouped, full fine-tuning, runs eagerly in that mode).
-COMPILE_MODES: dict[str, str | None] = {"eager": None, "compiled": "default", "graphs": "reduce-overhead", "step_graphs": None}
+# torch.compile's mode; "step_graphs": a fused group's whole step captured as CUDA graphs, the model eager;
+# "compiled_step_graphs": the same capture around the compiled layers (adaptune.train.step_graphs; a run that
+# cannot be grouped, full fine-tuning, runs eagerly in those modes).
+COMPILE_MODES: dict[str, str | None] = {"eager": None, "compiled": "default", "graphs": "reduce-overhead", "step_graphs": None,
+                                        "compiled_step_graphs": "default"}
 
 
 def compile_mode() -> str:

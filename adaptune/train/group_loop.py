@@ -58,7 +58,7 @@ from adaptune.train.loop import (
 )
 from adaptune.train.record import record_in_run_dir, run_record, with_provenance
 from adaptune.train.state import load_state, resume_point
-from adaptune.train.step_graphs import STEP_GRAPHS, GraphedFusedStep
+from adaptune.train.step_graphs import STEP_GRAPH_MODES, GraphedFusedStep
 
 _PAD_VALUES = {"attention_mask": 0, "token_type_ids": 0}
 # What a span task's collated batch holds besides the model's inputs (others: "labels"): the answer's
@@ -237,7 +237,7 @@ class _Group:
             member._finish()
 
     def _graphed_step(self) -> GraphedFusedStep | None:
-        if self.compile_mode != STEP_GRAPHS:
+        if self.compile_mode not in STEP_GRAPH_MODES:
             return None
         return GraphedFusedStep(self.forward, self.randomness, self.task.kind, self.device, run_losses)
 

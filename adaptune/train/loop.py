@@ -43,7 +43,7 @@ from adaptune.core.run_files import CHECKPOINT_DIR, PREDICTIONS_FILE, RECORD_FIL
 from adaptune.data.tasks import Task, get_task, scored_companions
 from adaptune.model.run_dropout import dropout_stream, mask_scheme, use_run_dropout
 from adaptune.train.state import Progress, load_state, remove_state, resume_point, save_state, trained_parameters
-from adaptune.train.step_graphs import STEP_GRAPHS
+from adaptune.train.step_graphs import STEP_GRAPH_MODES
 
 StepCallback = Callable[[int], None]
 Evaluator = Callable[[Task, EvalSplit], EvalResult]  # one run's scores on a split
@@ -139,7 +139,7 @@ class _Run:
         if device.autocast_dtype is not None:
             keep_frozen_matmuls_in(model, device.autocast_dtype)
         mode = compile_mode()
-        self.record["compile"] = mode = "eager" if mode == STEP_GRAPHS else mode  # step graphs are a fused group's
+        self.record["compile"] = mode = "eager" if mode in STEP_GRAPH_MODES else mode  # step graphs are a fused group's
         forward = training_forward(model, mode)  # evaluation calls the model itself
         counts = count_parameters(model)
         self.record.update(trained_params=counts.trained, total_params=counts.total)

@@ -1,4 +1,5 @@
-"""A fused group's whole training step replayed as one CUDA graph (`ADAPTUNE_COMPILE=step_graphs`).
+"""A fused group's whole training step replayed as one CUDA graph (`ADAPTUNE_COMPILE=step_graphs`, or
+`compiled_step_graphs` with the model's layers compiled inside the captured step).
 
 On an H100 the fused step of 8 BERT-base adapter runs launched 2,718 kernels from 15,710 host
 operators and kept the device busy 40% of the time (bench/gpu.json "h100_2026_11_26"): the host was the
@@ -34,6 +35,11 @@ from adaptune.model.run_dropout import RowLayout, RunRandomness
 from adaptune.train.group_optimizer import clip_each
 
 STEP_GRAPHS = "step_graphs"
+# The same capture around the model with its Transformer layers compiled (adaptune.train.compiling): inductor
+# fuses each layer's elementwise work (casts, residuals, bias and GELU, softmax) and draws the counter masks
+# inside the kernels that apply them, where the eager replay spends most of its device time (bench/gpu.json).
+COMPILED_STEP_GRAPHS = "compiled_step_graphs"
+STEP_GRAPH_MODES = (STEP_GRAPHS, COMPILED_STEP_GRAPHS)
 LENGTH_BUCKET = 32  # tokens: BERT batches of up to 128 tokens need at most 4 graphs
 WARMUP_STEPS = 2  # eager steps of a shape before it is captured
 StepResult = tuple[torch.Tensor, torch.Tensor]
