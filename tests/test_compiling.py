@@ -25,7 +25,7 @@ from adaptune.train.compiling import COMPILE_ENV, compile_mode
 from adaptune.train.group_loop import train_group
 from adaptune.train.loop import train_and_evaluate
 from adaptune.train.step_graphs import COMPILED_STEP_GRAPHS
-from tests.test_fused_groups import METHODS, TOLERANCE, _assert_same_run, _config, step_losses  # noqa: F401  (a fixture)
+from tests.test_fused_groups import METHODS, TOLERANCE, _config, assert_a_group_in_mode_trains_as_eager, step_losses  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.slow
 
@@ -75,16 +75,7 @@ def test_a_group_stepped_for_cuda_graphs_around_compiled_layers_trains_as_it_doe
     layers (dynamo traces each run's counter masks inside the layer, so a GPU's inductor draws them in the
     kernels that apply them), padded to its bucket, dropout on: the eager group's training. The capture
     itself needs a GPU (`make bench-gpu`'s graph check with --fused-compile compiled_step_graphs)."""
-    monkeypatch.setenv(DROPOUT_MASKS_ENV, "counter")
-    method = METHODS["adapters"]
-    runs = [_config(method, 1e-3, 0), _config(method, 3e-4, 1)]
-    monkeypatch.setenv(COMPILE_ENV, COMPILED_STEP_GRAPHS)
-    graphed = train_group(runs, [tmp_path / "graphs" / name for name in ("a", "b")], data_dir=shared_data_dir)
-    monkeypatch.setenv(COMPILE_ENV, "eager")
-    eager = train_group(runs, [tmp_path / "eager" / name for name in ("a", "b")], data_dir=shared_data_dir)
-    assert [record["compile"] for record in graphed + eager] == [COMPILED_STEP_GRAPHS] * 2 + ["eager"] * 2
-    for index in range(2):
-        _assert_same_run(graphed[index], eager[index], step_losses[index], step_losses[2 + index])
+    assert_a_group_in_mode_trains_as_eager(COMPILED_STEP_GRAPHS, tmp_path, shared_data_dir, step_losses, monkeypatch)
 
 
 def test_the_compile_mode_is_a_setting_checked_at_once(monkeypatch: pytest.MonkeyPatch) -> None:

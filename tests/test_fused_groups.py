@@ -176,16 +176,23 @@ def test_a_group_stepped_for_cuda_graphs_trains_as_it_does_eagerly(tmp_path: Pat
     """ADAPTUNE_COMPILE=step_graphs on a CPU: the step a CUDA graph would hold (inputs padded to a 32-token
     bucket, each run's own AdamW step, the schedule stepped after) with counter masks and dropout on. The
     capture itself needs a GPU: `make bench-gpu`'s step_graphs check compares replays with eager steps."""
+    assert_a_group_in_mode_trains_as_eager(STEP_GRAPHS, tmp_path, shared_data_dir, step_losses, monkeypatch)
+
+
+def assert_a_group_in_mode_trains_as_eager(mode: str, tmp_path: Path, shared_data_dir: Path, step_losses: list[list[float]],
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two adapter runs on MRPC with counter masks and dropout on, trained as a group under ADAPTUNE_COMPILE=`mode`
+    and as an eager group: the same runs, step by step."""
     monkeypatch.setenv(DROPOUT_MASKS_ENV, "counter")
     method = METHODS["adapters"]
     runs = [_config(method, 1e-3, 0), _config(method, 3e-4, 1)]
-    monkeypatch.setenv(COMPILE_ENV, STEP_GRAPHS)
-    graphed = train_group(runs, [tmp_path / "graphs" / name for name in ("a", "b")], data_dir=shared_data_dir)
+    monkeypatch.setenv(COMPILE_ENV, mode)
+    in_mode = train_group(runs, [tmp_path / mode / name for name in ("a", "b")], data_dir=shared_data_dir)
     monkeypatch.setenv(COMPILE_ENV, "eager")
     eager = train_group(runs, [tmp_path / "eager" / name for name in ("a", "b")], data_dir=shared_data_dir)
-    assert [record["compile"] for record in graphed + eager] == [STEP_GRAPHS] * 2 + ["eager"] * 2
+    assert [record["compile"] for record in in_mode + eager] == [mode] * 2 + ["eager"] * 2
     for index in range(2):
-        _assert_same_run(graphed[index], eager[index], step_losses[index], step_losses[2 + index])
+        _assert_same_run(in_mode[index], eager[index], step_losses[index], step_losses[2 + index])
 
 
 def test_a_diverging_run_is_recorded_as_failed_and_the_others_go_on(tmp_path: Path, shared_data_dir: Path,
