@@ -92,10 +92,13 @@ run_part() {
         --fused-masks counter --fused-compile step_graphs,compiled_step_graphs ;;
     profilecompiled) part profilecompiled 90 --backbones bert-base --variants "" "${NONE[@]}" --fused "" --fused-profile 8 \
         --fused-methods adapters64 --fused-masks counter --fused-compile compiled_step_graphs ;;
+    # The RTE shard fused 8 through the trainer in that mode (runs per GPU-hour; one at a time: the shardgraphs part).
+    shardcompiled) ADAPTUNE_COMPILE=compiled_step_graphs ADAPTUNE_DROPOUT_MASKS=counter part shardcompiled 170 --backbones bert-base \
+        --variants "" --fused "" --shard "" --shard-groups 8 --shard-train-rows 640 ;;
     *) log "no part $1" ;;
     esac
 }
-# Earlier parts (graphcheck, graphs, shardgraphs, profilegraphs, graphsfused, shardfused, compiled, shard, base, topk,
+# Other parts (shardcompiled, graphcheck, graphs, shardgraphs, profilegraphs, graphsfused, shardfused, compiled, shard, base, topk,
 # profile, fused8, large) stay for later calls: PARTS="..." picks them.
 for name in ${PARTS:-compiledcheck compiledgraphs profilecompiled}; do run_part "$name"; done
 log "done"
