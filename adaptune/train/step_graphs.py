@@ -4,8 +4,9 @@
 On an H100 the fused step of 8 BERT-base adapter runs launched 2,718 kernels from 15,710 host
 operators and kept the device busy 40% of the time (bench/gpu.json "h100_2026_11_26"): the host was the
 bottleneck. Captured once per input shape, a step is one launch: forward, backward, every run's
-clipping and AdamW update. No compiler is involved (torch.compile's CUDA graphs never finished
-compiling a group in a GPU call), so capture costs about one eager step.
+clipping and AdamW update. In `step_graphs` no compiler is involved (torch.compile's CUDA graphs never
+finished compiling a group in a GPU call), so capture costs about one eager step; in
+`compiled_step_graphs` the layers compile during a shape's first eager steps, never inside a capture.
 
 What a replay needs, and how the step provides it:
 - fixed shapes: token axes padded up to a multiple of `LENGTH_BUCKET` (a handful of graphs per run
