@@ -63,6 +63,42 @@ def test_a_runs_counter_mask_does_not_depend_on_its_block_nor_on_the_other_runs(
     assert torch.equal(hidden[0, :8, :10], _mask((7,), 3, (1, 8, 10, 384))[0])
 
 
+def _defined_keep_mask(keys: torch.Tensor, draws: torch.Tensor, shape: tuple[int, ...], p: float) -> torch.Tensor:
+    """The counter scheme's definition, written out apart from run_dropout: saved runs resume on these bits,
+    so any faster form of counter_keep_mask must draw exactly them."""
+    m32 = (1 << 32) - 1
+
+    def mix32(x: torch.Tensor) -> torch.Tensor:
+        x = x ^ (x >> 16)
+        x = (x * 0x45D9F3B) & m32
+        x = x ^ (x >> 16)
+        x = (x * 0x45D9F3B) & m32
+        return x ^ (x >> 16)
+
+    widths = {1: (32,), 2: (20, 12), 3: (11, 9, 12), 4: (8, 6, 9, 9)}[len(shape) - 1]
+    index, shift = torch.zeros((), dtype=torch.int64), 32
+    for axis, (size, width) in enumerate(zip(shape[1:], widths, strict=True)):
+        shift -= width
+        index = index + (torch.arange(size, dtype=torch.int64) << shift).view(size, *([1] * (len(widths) - axis - 1)))
+    per_run = (-1, *([1] * len(widths)))
+    first = (keys[:, 0] ^ mix32(draws & m32)).view(per_run)
+    second = (keys[:, 1] ^ mix32((draws & m32) ^ 0x5BD1E995)).view(per_run)
+    return mix32(mix32(index.unsqueeze(0) ^ first) ^ second) >= round(p * (1 << 32))
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.73, 1e-9])
+def test_the_masks_are_the_schemes_defined_bits(p: float) -> None:
+    """counter_keep_mask draws the definition's bits at every block rank, on rows whose index sets the top
+    bit of the 32-bit word and at thresholds above 2^31 (p >= 0.5): where a narrower-integer form would
+    go wrong first."""
+    keys = torch.tensor([CounterStream(seed).keys for seed in (0, 5, 2**40 + 3)], dtype=torch.int64)
+    draws = torch.tensor([0, 7, 2**33 + 1])
+    for shape in ((3, 4096), (3, 1500, 40), (3, 2048, 3, 24), (3, 256, 2, 5, 9)):
+        mask = counter_keep_mask(keys, draws, shape, p)
+        assert torch.equal(mask, _defined_keep_mask(keys, draws, shape, p)), shape
+    assert not counter_keep_mask(keys, draws, (3, 8), 1.0).any()
+
+
 def test_the_one_kernel_form_draws_the_same_bits() -> None:
     """What a GPU draws (torch.compile's inductor, here for the CPU: the same integer operators)."""
     keys = torch.tensor([CounterStream(seed).keys for seed in (5, 7, 9)], dtype=torch.int64)
