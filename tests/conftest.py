@@ -59,3 +59,18 @@ def stub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv(TRAINER_ENV, "tests.stub_trainer:train")
     monkeypatch.setenv(BACKOFF_ENV, "0")
     return control
+
+
+def _group_lost(item: pytest.Item) -> bool:
+    """Under --dist loadgroup a test marked xdist_group carries its group in its node id: that is how
+    pytest-xdist sends a group to one worker. pytest 9.2 moved the node id where xdist 3.8 writes it, and
+    the groups were silently ignored: each worker trained the shared fixtures again (minutes of make test)."""
+    grouping = item.config.getoption("loadgroup", default=False)  # set on xdist's workers under loadgroup
+    return bool(grouping and item.get_closest_marker("xdist_group") and "@" not in item.nodeid)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if _group_lost(item):  # fail before its fixtures build, in one line (a worker's own exit shows no message)
+        pytest.fail(f"--dist loadgroup ignored this test's xdist_group under pytest {pytest.__version__}: "
+                    "install the versions in requirements.lock (make venv)", pytrace=False)
