@@ -19,7 +19,7 @@ from adaptune.train.run_data import prepare_run_data  # noqa: E402
 from adaptune.data.tasks import get_task  # noqa: E402
 from adaptune.train.loop import train_and_evaluate  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ablation_run")]  # one worker trains `trained` once
 
 RUN = TrainConfig(
     task="sst2", method={"name": "adapters", "size": 32}, lr=3e-3, epochs=2, max_length=48, max_train_examples=128, max_eval_examples=64

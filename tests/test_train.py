@@ -23,6 +23,7 @@ from adaptune.train.state import STATE_FILE  # noqa: E402
 from adaptune.train.event_log import CURVE_FILE, read_events  # noqa: E402
 
 pytestmark = pytest.mark.slow
+SST2_RUN_GROUP = pytest.mark.xdist_group("sst2_run")  # the tests that read `sst2_run`: one worker trains it once
 
 # A few hundred real SST-2 sentences: 8 steps per epoch, 3 epochs, a state save every 3 steps.
 SST2_RUN = TrainConfig(
@@ -52,6 +53,7 @@ def sst2_run(tmp_path_factory: pytest.TempPathFactory, shared_data_dir: Path, ca
     return train_and_evaluate(SST2_RUN, data_dir=shared_data_dir, out_dir=out, cache_dir=cache_dir, progress=False), out
 
 
+@SST2_RUN_GROUP
 def test_short_real_run_learns_and_writes_record_and_checkpoint(sst2_run: tuple[dict, Path], shared_data_dir: Path) -> None:
     record, out = sst2_run
     assert record["status"] == "ok", record["reason"]
@@ -98,6 +100,7 @@ def _scalars(out: Path, tag: str) -> list[tuple[int, float]]:
     return [(event.step, event.value) for event in events.Scalars(tag)]
 
 
+@SST2_RUN_GROUP
 def test_interrupted_run_resumes_to_the_same_result(sst2_run: tuple[dict, Path], tmp_path: Path, shared_data_dir: Path, cache_dir: Path) -> None:
     uninterrupted, _ = sst2_run
 
@@ -240,6 +243,7 @@ def test_frozen_matmuls_stored_in_bf16_give_the_logits_autocast_gives() -> None:
     assert torch.equal(before, after)  # autocast casts a float32 weight to exactly these bf16 values
 
 
+@SST2_RUN_GROUP
 def test_cpu_bf16_is_opt_in_refused_without_native_bf16_and_named_in_the_record(
     sst2_run: tuple[dict, Path], tmp_path: Path, shared_data_dir: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
