@@ -106,6 +106,9 @@ def test_the_one_kernel_form_draws_the_same_bits() -> None:
     for shape in (ATTENTION, (3, 32, 40, 384)):
         fused = fused_counter_keep_mask()(keys, draws, torch.empty(shape, device="meta"), P)
         assert torch.equal(fused, counter_keep_mask(keys, draws, shape, P))
+    top_bit_rows = (3, 256, 2, 5, 9)  # and a threshold above 2^31: the generated code's int32 words wrap as eager's do
+    fused = fused_counter_keep_mask()(keys, draws, torch.empty(top_bit_rows, device="meta"), 0.73)
+    assert torch.equal(fused, _defined_keep_mask(keys, draws, top_bit_rows, 0.73))
 
 
 def test_the_attention_mask_is_built_without_asking_whether_a_batch_has_padding() -> None:

@@ -46,6 +46,7 @@ _DROPOUT_STREAM = 1_000_002
 
 
 _M32, _M64 = (1 << 32) - 1, (1 << 64) - 1
+_SIGN = -(1 << 31)  # the top bit of an int32 word
 _COUNTER_STATE_TAG = 0x5EED  # a counter stream's saved state: [tag, draws]
 # Bits of a position's index per axis of a run's block (rows first), by the block's rank: 32 in all.
 _COORDINATE_BITS = {
@@ -118,33 +119,42 @@ def counter_keep_mask(keys: torch.Tensor, draws: torch.Tensor, shape: torch.Size
     """Every run's keep-mask for one dropout site at once: bool, `shape` = (runs, *block). Position c of
     run i is kept iff hash(keys[i], draws[i], c) >= p * 2^32, with c the position's coordinates in the
     run's block (row, token, feature, ...): the same bits for the same run, draw and position in any
-    block. `keys`: (runs, 2) and `draws`: (runs,), int64 on the mask's device."""
+    block. `keys`: (runs, 2) 32-bit values and `draws`: (runs,), int64 on the mask's device.
+
+    Computed in int32, whose products wrap modulo 2^32 on every backend torch has (two's complement): the
+    words of the unsigned 32-bit definition, held as signed. Half the bytes of an int64 form and, on a GPU,
+    no emulated 64-bit multiplies; tests/test_run_dropout.py holds the definition this must equal."""
     own = tuple(shape[1:])
     widths = _COORDINATE_BITS.get(len(own))
     if widths is None or any(size > 1 << width for size, width in zip(own, widths, strict=True)):
         raise ValueError(f"counter dropout masks take blocks of rank 1-4 whose axes fit {widths or _COORDINATE_BITS} bits; "
                          f"got {own}: use {DROPOUT_MASKS_ENV}=generator")
+    threshold = round(p * (1 << 32))
+    if threshold > _M32:  # p = 1: no 32-bit word reaches it
+        return torch.zeros(shape, dtype=torch.bool, device=keys.device)
     device, dims = keys.device, len(own)
     index, shift = None, 32
     for axis, (size, width) in enumerate(zip(own, widths, strict=True)):
         shift -= width
-        term = (torch.arange(size, device=device, dtype=torch.int64) << shift).view(size, *([1] * (dims - axis - 1)))
+        term = (torch.arange(size, device=device, dtype=torch.int32) << shift).view(size, *([1] * (dims - axis - 1)))
         index = term if index is None else index + term
     per_run = (-1, *([1] * dims))
-    first = (keys[:, 0] ^ _mix32(draws & _M32)).view(per_run)
-    second = (keys[:, 1] ^ _mix32((draws & _M32) ^ 0x5BD1E995)).view(per_run)
+    keys, draws = _as_int32(keys), _as_int32(draws)
+    first = (keys[:, 0] ^ _mix32(draws)).view(per_run)
+    second = (keys[:, 1] ^ _mix32(draws ^ 0x5BD1E995)).view(per_run)
     bits = _mix32(_mix32(index.unsqueeze(0) ^ first) ^ second)
-    return bits >= round(p * (1 << 32))
+    # unsigned bits >= threshold, in signed int32: flipping the top bit maps unsigned order onto signed order
+    return (bits ^ _SIGN) >= _signed32(threshold ^ (1 << 31))
 
 
 @functools.cache
 def fused_counter_keep_mask() -> Callable[..., torch.Tensor]:
     """counter_keep_mask as one kernel (torch.compile; the same integers, so the same bits), the mask's
     shape given as a meta tensor's, whose sizes compile as symbols (a tuple of ints recompiled per size
-    until dynamo's limit): (keys, draws, like, p) -> mask. Eagerly the mask is ~16 int64 elementwise
-    kernels per site over the site's whole block, 57% of a fused group's step on an H100 once the step
-    was replayed as a CUDA graph (bench/gpu.json); compiled, 20%. Used on GPUs, where that step is
-    device-bound."""
+    until dynamo's limit): (keys, draws, like, p) -> mask. Eagerly the mask is ~16 elementwise kernels
+    per site over the site's whole block; in the int64 form the masks had until 2026-11-26, 57% of a
+    fused group's step on an H100 once the step was replayed as a CUDA graph (bench/gpu.json), and
+    compiled, 20%. Used on GPUs, where that step is device-bound."""
     return torch.compile(_keep_mask_like, dynamic=True)
 
 
@@ -153,12 +163,23 @@ def _keep_mask_like(keys: torch.Tensor, draws: torch.Tensor, like: torch.Tensor,
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit integer hash (xor-shift-multiply; multiplier < 2^27, so int64 products never overflow)."""
-    x = x ^ (x >> 16)
-    x = (x * 0x45D9F3B) & _M32
-    x = x ^ (x >> 16)
-    x = (x * 0x45D9F3B) & _M32
-    return x ^ (x >> 16)
+    """A 32-bit integer hash (xor-shift-multiply) on int32 words: products wrap modulo 2^32, and the
+    `& 0xFFFF` makes each arithmetic shift a logical one."""
+    x = x ^ ((x >> 16) & 0xFFFF)
+    x = x * 0x45D9F3B
+    x = x ^ ((x >> 16) & 0xFFFF)
+    x = x * 0x45D9F3B
+    return x ^ ((x >> 16) & 0xFFFF)
+
+
+def _as_int32(words: torch.Tensor) -> torch.Tensor:
+    """The low 32 bits of int64 values as int32 words (brought into int32's range first: no narrowing
+    cast of an out-of-range value, whose result C++ leaves to the implementation)."""
+    return (((words + (1 << 31)) & _M32) - (1 << 31)).to(torch.int32)
+
+
+def _signed32(word: int) -> int:
+    return word - (1 << 32) if word >= 1 << 31 else word
 
 
 def _splitmix64(value: int) -> int:
