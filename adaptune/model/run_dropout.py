@@ -119,7 +119,7 @@ def counter_keep_mask(keys: torch.Tensor, draws: torch.Tensor, shape: torch.Size
     """Every run's keep-mask for one dropout site at once: bool, `shape` = (runs, *block). Position c of
     run i is kept iff hash(keys[i], draws[i], c) >= p * 2^32, with c the position's coordinates in the
     run's block (row, token, feature, ...): the same bits for the same run, draw and position in any
-    block. `keys`: (runs, 2) 32-bit values and `draws`: (runs,), int64 on the mask's device.
+    block. `keys`: (runs, 2) 32-bit words and `draws`: (runs,), int64 or int32 on the mask's device.
 
     Computed in int32, whose products wrap modulo 2^32 on every backend torch has (two's complement): the
     words of the unsigned 32-bit definition, held as signed. Half the bytes of an int64 form and, on a GPU,
@@ -175,6 +175,8 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
 def _as_int32(words: torch.Tensor) -> torch.Tensor:
     """The low 32 bits of int64 values as int32 words (brought into int32's range first: no narrowing
     cast of an out-of-range value, whose result C++ leaves to the implementation)."""
+    if words.dtype == torch.int32:
+        return words
     return (((words + (1 << 31)) & _M32) - (1 << 31)).to(torch.int32)
 
 
@@ -221,7 +223,8 @@ class RunRandomness(nn.Module):
             return
         counters: list[CounterStream] = streams  # type: ignore[assignment]
         draws = [stream.draws for stream in counters]
-        self.register_buffer("keys", torch.tensor([stream.keys for stream in counters], dtype=torch.int64, device=device), persistent=False)
+        keys = [[_signed32(key) for key in stream.keys] for stream in counters]  # as counter_keep_mask reads them
+        self.register_buffer("keys", torch.tensor(keys, dtype=torch.int32, device=device), persistent=False)
         self.register_buffer("draws", torch.tensor(draws, dtype=torch.int64, device=device), persistent=False)
         for index, stream in enumerate(counters):
             stream._held = (self, index)
