@@ -12,6 +12,7 @@ import math
 
 import pytest
 import torch
+from transformers import BertConfig, BertForSequenceClassification
 
 from adaptune.model.run_dropout import (
     DROPOUT_MASKS_ENV,
@@ -24,6 +25,7 @@ from adaptune.model.run_dropout import (
     fused_counter_keep_mask,
     mask_scheme,
     saved_scheme,
+    use_run_dropout,
 )
 
 P = 0.1
@@ -127,19 +129,51 @@ def test_the_attention_mask_is_built_without_asking_whether_a_batch_has_padding(
 def test_run_dropout_draws_counter_masks_and_advances_each_runs_count() -> None:
     streams = [CounterStream(0), CounterStream(1)]
     dropout = RunDropout(P, RunRandomness(streams)).train()
-    x = torch.ones(2 * 4, 6, 16)
+    randomness, x = dropout.randomness, torch.ones(2 * 4, 6, 16)
+    randomness.advance()  # what use_run_dropout's model does before each training forward pass
     out = dropout(x)
     expected = _mask((0, 1), 0, (2, 4, 6, 16)).reshape(x.shape) / (1 - P)
     assert torch.equal(out, expected)
     assert [stream.draws for stream in streams] == [1, 1]  # counted on the device, read back on demand
-    assert not torch.equal(dropout(x), out)  # the next draw is another mask
+    with pytest.raises(RuntimeError, match="dropout site 0 drew a second mask in one forward pass: call advance"):
+        dropout(x)  # the same site again before the next pass would repeat its mask
+    randomness.advance()
+    assert not torch.equal(dropout(x), out)  # the next pass draws another mask
     restored = CounterStream(0)
     restored.set_state(streams[0].get_state())
     assert restored.draws == 2 and saved_scheme(streams[0].get_state()) == "counter"
     streams[1].set_state(torch.tensor([streams[1].get_state()[0], 0]))  # a resumed run's count goes to the device
-    dropout.randomness.keep([1])  # run 0 left the group: run 1 goes on from its own count
+    randomness.keep([1])  # run 0 left the group: run 1 goes on from its own count
+    randomness.advance()
     assert torch.equal(dropout(x[4:]), out[4:]) and streams[1].draws == 1 and streams[0].draws == 2
     assert saved_scheme(torch.Generator().get_state()) == "generator" and saved_scheme(None) is None
+
+
+def test_a_bert_forward_pass_reaches_its_sites_in_order_and_draws_each_runs_next_masks() -> None:
+    """The sites are numbered in the order a BERT forward pass reaches them, so pass t of a run draws masks
+    t * sites + 0, 1, ... in that order: the numbers a count advanced at every draw gave. Evaluation draws none."""
+    config = BertConfig(vocab_size=100, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32)
+    model = BertForSequenceClassification(config)
+    streams = [CounterStream(3), CounterStream(8)]
+    randomness = use_run_dropout(model, streams)
+    reached: list[tuple[RunDropout, torch.Tensor, torch.Tensor]] = []
+    for module in model.modules():
+        if isinstance(module, RunDropout):
+            module.register_forward_hook(lambda module, args, out: reached.append((module, args[0], out)))
+    inputs = torch.randint(0, 100, (2 * 2, 5))
+    model.train()
+    for passed in range(2):
+        reached.clear()
+        model(input_ids=inputs)
+        assert [module.site for module, _, _ in reached] == list(range(8)) and randomness.sites == 8
+        for module, x, out in reached:
+            blocks = x.reshape(2, -1, *x.shape[1:])
+            mask = counter_keep_mask(randomness.keys, torch.full((2,), passed * 8 + module.site), blocks.shape, module.p)
+            assert torch.equal(out, (blocks * mask).reshape(x.shape) / (1 - module.p)), module.site
+        assert [stream.draws for stream in streams] == [8 * (passed + 1)] * 2
+    model.eval()
+    model(input_ids=inputs)
+    assert [stream.draws for stream in streams] == [16, 16]
 
 
 def test_the_mask_scheme_is_a_setting_checked_at_once(monkeypatch: pytest.MonkeyPatch) -> None:

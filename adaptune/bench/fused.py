@@ -139,7 +139,7 @@ def _compare(steps: dict[Any, Any], examples: dict[Any, int], repeats: int, step
 
 def mask_site_kernels(group_sizes: tuple[int, ...] = GROUP_SIZES) -> dict[str, Any]:
     """How many kernels torch.compile (inductor, here its CPU backend) makes of one dropout site with
-    counter-based masks (hash, mask, scale, the runs' counts advanced) at each k, and whether its output
+    counter-based masks (hash, mask, scale) at each k, and whether its output
     equals the eager one: what a compiled GPU step launches per site, against 2k + 1 launches for the
     generator masks' draws and copies."""
     from torch._inductor import metrics

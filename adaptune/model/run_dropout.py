@@ -30,6 +30,7 @@ import dataclasses
 import functools
 import os
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -205,8 +206,15 @@ class RunRandomness(nn.Module):
     """What every RunDropout of one model shares: each run's stream (all generators or all counter
     streams), and the current step's layout (None: the rows are one block per run, at their full
     shape, as when a run trains alone; counter masks need no layout). A module, so that the counter
-    streams' keys and counts (buffers, not saved with the model) move with the model to its device and
-    a compiled forward reads and advances them without leaving the device."""
+    streams' keys and counts (buffers, not saved with the model) move with the model to its device.
+
+    Counter masks: each dropout site of the model has an ordinal (RunDropout.site), and a training
+    forward pass draws mask `base + site` at it, where `base` is each run's count before the pass;
+    `advance()` (the model's forward pre-hook, use_run_dropout) moves the counts on by the number of
+    sites, before the pass. Those are the numbers a count advanced at each draw gave, since the sites are
+    numbered in the order a BERT forward pass reaches them. Nothing is written during the forward pass, so
+    a compiled layer's backward may draw a mask again from the counts (instead of keeping it, one byte
+    per element) and find them as they were."""
 
     def __init__(self, streams: list[torch.Generator | CounterStream]) -> None:
         super().__init__()
@@ -215,7 +223,21 @@ class RunRandomness(nn.Module):
             raise ValueError("the runs of a group must draw their dropout masks with one scheme")
         self.scheme = schemes.pop()
         self.layout: RowLayout | None = None
+        self.sites = 0
+        self._drawn: set[int] = set()  # sites drawn since the last advance (checked eagerly)
         self._hold(streams, device=None)
+
+    def add_site(self) -> int:
+        """A new dropout site's ordinal."""
+        self.sites += 1
+        return self.sites - 1
+
+    def advance(self) -> None:
+        """Start a training forward pass: every run's count moves past the masks of the pass before."""
+        self._drawn.clear()
+        if self.scheme == "counter":
+            self.base.copy_(_as_int32(self.draws))
+            self.draws.add_(self.sites)
 
     def _hold(self, streams: list[torch.Generator | CounterStream], device: torch.device | None) -> None:
         self.streams = streams
@@ -226,6 +248,8 @@ class RunRandomness(nn.Module):
         keys = [[_signed32(key) for key in stream.keys] for stream in counters]  # as counter_keep_mask reads them
         self.register_buffer("keys", torch.tensor(keys, dtype=torch.int32, device=device), persistent=False)
         self.register_buffer("draws", torch.tensor(draws, dtype=torch.int64, device=device), persistent=False)
+        # The counts before this pass (advance) as the hash reads them, int32 words: one conversion a pass, not one a site.
+        self.register_buffer("base", _as_int32(self.draws), persistent=False)
         for index, stream in enumerate(counters):
             stream._held = (self, index)
 
@@ -236,14 +260,18 @@ class RunRandomness(nn.Module):
                 stream._draws, stream._held = stream.draws, None  # type: ignore[union-attr]
         self._hold(kept, self.draws.device if self.scheme == "counter" else None)
 
-    def counter_mask(self, shape: torch.Size, p: float) -> torch.Tensor:
-        """Every run's mask for one site (counter_keep_mask); each run's count advances by one draw."""
+    def counter_mask(self, shape: torch.Size, p: float, site: int, ordinal: torch.Tensor) -> torch.Tensor:
+        """Every run's mask for one site (counter_keep_mask): draw `base + site`, the site's ordinal also
+        given as a tensor (`ordinal`), so that one compiled layer serves every layer's sites."""
+        if not torch.compiler.is_compiling():
+            if site in self._drawn:
+                raise RuntimeError(f"dropout site {site} drew a second mask in one forward pass: call advance() before each "
+                                   "training forward (use_run_dropout's model does), and reach each site once per pass")
+            self._drawn.add(site)
+        draws = self.base + ordinal
         if self.keys.is_cuda and not torch.compiler.is_compiling():  # compiled, the layer's own kernels draw it
-            mask = fused_counter_keep_mask()(self.keys, self.draws, torch.empty(shape, device="meta"), p)
-        else:
-            mask = counter_keep_mask(self.keys, self.draws, shape, p)
-        self.draws.add_(1)
-        return mask
+            return fused_counter_keep_mask()(self.keys, draws, torch.empty(shape, device="meta"), p)
+        return counter_keep_mask(self.keys, draws, shape, p)
 
 
 class RunDropout(nn.Module):
@@ -254,6 +282,8 @@ class RunDropout(nn.Module):
         super().__init__()
         self.p = p
         self.randomness = randomness
+        self.site = randomness.add_site() if p > 0 else -1
+        self.register_buffer("ordinal", torch.tensor(self.site, dtype=torch.int32), persistent=False)  # a graph input, not a constant
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0:
@@ -261,7 +291,7 @@ class RunDropout(nn.Module):
         randomness = self.randomness
         blocks = x.reshape(len(randomness.streams), -1, *x.shape[1:])
         if randomness.scheme == "counter":
-            return (blocks * randomness.counter_mask(blocks.shape, self.p)).reshape(x.shape) / (1 - self.p)
+            return (blocks * randomness.counter_mask(blocks.shape, self.p, self.site, self.ordinal)).reshape(x.shape) / (1 - self.p)
         layout = randomness.layout
         mask = blocks.new_ones(blocks.shape) if layout is not None else torch.empty_like(blocks)
         for run, generator in enumerate(randomness.streams):
@@ -291,12 +321,21 @@ def use_run_dropout(model: nn.Module, streams: list[torch.Generator | CounterStr
     generators or all counter streams), and route attention through RUN_DROPOUT_ATTENTION; in place.
     Returns the shared RunRandomness."""
     randomness = RunRandomness(streams)
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Dropout):
-                setattr(parent, name, RunDropout(child.p, randomness).train(child.training))
+    # Depth first, in module order: the order a BERT forward pass reaches them (embeddings, each layer's
+    # attention probabilities, attention output and output, the head's), which numbers their sites.
+    dropouts = [(name, module) for name, module in model.named_modules(remove_duplicate=False) if isinstance(module, nn.Dropout)]
+    for name, dropout in dropouts:
+        parent, _, attribute = name.rpartition(".")
+        setattr(model.get_submodule(parent), attribute, RunDropout(dropout.p, randomness).train(dropout.training))
     _set_attention(model)
+    model.register_forward_pre_hook(functools.partial(_advance_before_training, randomness))
     return randomness
+
+
+@torch.compiler.disable  # outside any compiled graph: the counts change between passes, never within one
+def _advance_before_training(randomness: RunRandomness, model: nn.Module, args: Any) -> None:
+    if model.training:
+        randomness.advance()
 
 
 def _set_attention(model: nn.Module) -> None:
