@@ -152,10 +152,10 @@ def counter_keep_mask(keys: torch.Tensor, draws: torch.Tensor, shape: torch.Size
 def fused_counter_keep_mask() -> Callable[..., torch.Tensor]:
     """counter_keep_mask as one kernel (torch.compile; the same integers, so the same bits), the mask's
     shape given as a meta tensor's, whose sizes compile as symbols (a tuple of ints recompiled per size
-    until dynamo's limit): (keys, draws, like, p) -> mask. Eagerly the mask is ~16 elementwise kernels
-    per site over the site's whole block; in the int64 form the masks had until 2026-11-26, 57% of a
-    fused group's step on an H100 once the step was replayed as a CUDA graph (bench/gpu.json), and
-    compiled, 20%. Used on GPUs, where that step is device-bound."""
+    until dynamo's limit): (keys, draws, like, p) -> mask. Eagerly the mask is about 25 elementwise
+    kernels per site over the site's whole block. In the int64 form the masks had until 2026-11-26, they
+    took 57% of a fused group's step on an H100 once the step was replayed as a CUDA graph
+    (bench/gpu.json), and compiled, 20%. Used on GPUs, where that step is device-bound."""
     return torch.compile(_keep_mask_like, dynamic=True)
 
 
