@@ -485,6 +485,25 @@ glue_local = _register(
     )
 )
 
+# What the CPU's native bf16 (ADAPTUNE_CPU_BF16=1) does to scores: glue_local's 3-epoch adapter runs on
+# CoLA and MRPC (both rates, 3 seeds), the same run ids, trained again in bf16 into a store of their own
+# and compared run by run with glue_local's float32 records (`python -m pipelines compare`). Its plan
+# is precision-free: the precision is the machine's ($ADAPTUNE_CPU_BF16), named in each record's device.
+bf16_local = _register(
+    dataclasses.replace(
+        glue_local,
+        name="bf16_local",
+        description="glue_local's 3-epoch adapter runs on CoLA and MRPC (3e-4, 3e-3; 3 seeds), to be trained with "
+        "ADAPTUNE_CPU_BF16=1 and compared run by run with their float32 records",
+        grid_left_out="adapters 64 at 3 epochs on CoLA and MRPC only: the runs the bf16 check pairs",
+        sweeps=tuple(
+            Sweep(tasks=("cola", "mrpc"), methods=GLUE_LOCAL_ADAPTERS, learning_rates=(lr,), seeds=(seed,))
+            for seed in GLUE_LOCAL_SEEDS
+            for lr in (3e-4, 3e-3)
+        ),
+    )
+)
+
 # Beyond the paper: today's PEFT methods under the paper's GLUE protocol (§3.2) on BERT-base, beside
 # its adapters: the adapter grid (lr {3e-5, 3e-4, 3e-3}, epochs {3, 20}) for every parameter-efficient
 # method, Devlin et al.'s grid for full fine-tuning, 5 seeds, best run on validation (Table 1's rule).
