@@ -1,4 +1,4 @@
-"""`python -m pipelines run NAME --out DIR | plan NAME | status NAME | report NAME | compile | submit NAME | stage-models NAME`
+"""`python -m pipelines run NAME --out DIR | plan NAME | status NAME | report NAME | compare A B | compile | submit NAME | stage-models NAME`
 (what the Makefile calls)."""
 
 from __future__ import annotations
@@ -61,6 +61,38 @@ def _report(args: argparse.Namespace) -> int:
     share = "all" if summary["runs"] == summary["planned"] else "partial:"
     print(f"{share} {summary['runs']:,} of {summary['planned']:,} runs ({summary['ok']} ok, {summary['degenerate']} degenerate, "
           f"{summary['failed']} failed); Parquet, tables, figures and {report} in {out}")
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    """The runs two stores both hold, run by run (adaptune.report.compare.paired_runs) and summed up."""
+    import pandas as pd
+
+    from adaptune.report.compare import paired_runs, paired_summary
+    from adaptune.report.results import run_row
+    from adaptune.sweep.store import RunStore
+
+    sides = [pd.DataFrame([run_row(record) for record in RunStore(root).require_existing().records().values()])
+             for root in (args.runs_a, args.runs_b)]
+    if any(side.empty for side in sides):
+        print(f"error: {args.runs_a if sides[0].empty else args.runs_b} holds no run records: nothing to compare", file=sys.stderr)
+        return 2
+    pairs = paired_runs(*sides)
+    if pairs.empty:
+        print(f"error: {args.runs_a} and {args.runs_b} share no run id: nothing to compare", file=sys.stderr)
+        return 2
+    summary = paired_summary(pairs)
+    shown = ["run_id", "device_a", "device_b", "status_a", "status_b", "val_a", "val_b", "test_a", "test_b", "test_delta", "speed_ratio"]
+    print(pairs[shown].to_markdown(index=False, floatfmt=".2f"))
+    print()
+    print(summary.to_markdown(index=False, floatfmt=".2f"))
+    print(f"\n{len(pairs)} runs in both (b minus a, percent points; intervals: {len(pairs)} pairs resampled)")
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        pairs.to_parquet(out / "paired_runs.parquet", index=False)
+        summary.to_parquet(out / "paired_summary.parquet", index=False)
+        print(f"paired_runs.parquet and paired_summary.parquet in {out}")
     return 0
 
 
@@ -187,6 +219,11 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--out", default=None, help="where the Parquet, tables, figures and report.md land (default: outputs/<name>)")
     report.add_argument("--data-dir", default=None, help="local data mirror, for the majority-class baselines (default: shared/data found next to the tree)")
     report.set_defaults(handler=_report)
+    compare = commands.add_parser("compare", help="the runs two stores both hold (same run id), run by run: status, scores, speed")
+    compare.add_argument("runs_a", help="a run store (a directory or gs://bucket/prefix)")
+    compare.add_argument("runs_b", help="another; deltas are b minus a")
+    compare.add_argument("--out", default=None, help="also write paired_runs.parquet and paired_summary.parquet here")
+    compare.set_defaults(handler=_compare)
     board = commands.add_parser("tensorboard", help="serve one sweep's runs in TensorBoard: curves, and the HParams table of the whole grid")
     board.add_argument("name", help="a named experiment or a sweep file (.yaml/.json)")
     board.add_argument("--runs-root", default=None, help=RUNS_ROOT_HELP)

@@ -1,4 +1,5 @@
-"""Compare two sweeps: per task and method label, the best-on-validation score of each and the delta."""
+"""Compare two sweeps: per task and method label, the best-on-validation score of each and the delta;
+and run by run, the runs both trained (the same configuration on another precision, device or code)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from adaptune.report.claims import bootstrap_ci
 from adaptune.report.selection import best_configuration, to_percent, usable_runs
 from adaptune.report.results import read_results
 
@@ -50,3 +52,41 @@ def _presence(row: pd.Series) -> str:
     if pd.isna(row["val_b"]):
         return "a only"
     return "both"
+
+
+# ---- the same runs trained twice: another precision, device or code version --------------------
+
+PAIR_KEYS = ["run_id", "task", "method_label", "lr", "epochs", "seed"]
+
+
+def paired_runs(runs_a: pd.DataFrame, runs_b: pd.DataFrame) -> pd.DataFrame:
+    """The runs both sweeps trained (same run id, so the same configuration), side by side: device,
+    status and scores (percent) of each, `val_delta` and `test_delta` b minus a, and `speed_ratio`
+    (b's training examples/s over a's). Runs only one side has are left out: there is nothing to pair."""
+    columns = ["device", "status", "val_score", "test_score", "train_examples_per_s"]
+    merged = runs_a[PAIR_KEYS + columns].merge(runs_b[["run_id"] + columns], on="run_id", suffixes=("_a", "_b"))
+    for split in ("val", "test"):
+        for side in ("a", "b"):
+            merged[f"{split}_{side}"] = to_percent(merged.pop(f"{split}_score_{side}"))
+        merged[f"{split}_delta"] = merged[f"{split}_b"] - merged[f"{split}_a"]
+    merged["speed_ratio"] = merged.pop("train_examples_per_s_b") / merged.pop("train_examples_per_s_a")
+    return merged.sort_values(["task", "method_label", "lr", "epochs", "seed"]).reset_index(drop=True)
+
+
+def paired_summary(pairs: pd.DataFrame) -> pd.DataFrame:
+    """Per task and over all pairs: how many, how many changed status (ok, degenerate, failed), the
+    mean test and validation deltas with a percentile bootstrap interval over the pairs, the largest
+    |test delta|, and beside them the seed spread of side a (the standard deviation of its test scores
+    across seeds of one configuration, averaged): what a delta that size means."""
+    rows = []
+    for task, group in [*pairs.groupby("task", sort=True), ("all", pairs)]:
+        row: dict = {"task": task, "pairs": len(group), "status_changed": int((group["status_a"] != group["status_b"]).sum())}
+        for split in ("test", "val"):
+            deltas = group[f"{split}_delta"].dropna().to_numpy()
+            low, high = bootstrap_ci([deltas], lambda means: means[..., 0])
+            row |= {f"{split}_delta": deltas.mean() if len(deltas) else None, f"{split}_low": low, f"{split}_high": high}
+        row["max_abs_test_delta"] = group["test_delta"].abs().max()
+        row["seed_spread_a"] = group.groupby(["method_label", "lr", "epochs"])["test_a"].std().mean()
+        row["speed_ratio"] = group["speed_ratio"].median()
+        rows.append(row)
+    return pd.DataFrame(rows)

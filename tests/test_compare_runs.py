@@ -1,0 +1,87 @@
+"""The same runs trained twice (another precision, device or code), compared run by run: `python -m
+pipelines compare A B` and adaptune.report.compare.paired_runs, on the records kept in analysis/measured."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from adaptune.report.compare import paired_runs, paired_summary
+from adaptune.report.results import run_row
+from adaptune.sweep.store import RunStore
+from pipelines.__main__ import main
+
+MEASURED = Path(__file__).resolve().parents[1] / "analysis" / "measured"
+GLUE_LOCAL = MEASURED / "glue_local"
+
+
+def _rows(records: list[dict]) -> pd.DataFrame:
+    return pd.DataFrame([run_row(record) for record in records])
+
+
+@pytest.fixture(scope="module")
+def float32_records() -> list[dict]:
+    records = RunStore(str(GLUE_LOCAL)).records()
+    return [records[run_id] for run_id in sorted(records) if records[run_id]["epochs"] == 3 and records[run_id]["task"] == "mrpc"]
+
+
+def test_pairs_are_the_runs_both_sides_trained_with_b_minus_a(float32_records: list[dict]) -> None:
+    a = float32_records
+    b = [json.loads(json.dumps(record)) for record in a[1:]]  # the first run only a has
+    for record in b:
+        record["device"], record["train_examples_per_s"] = "cpu:bf16", 2 * record["train_examples_per_s"]
+    lowered, flipped = b[0], b[1]
+    lowered["test_metrics"]["f1"] -= 0.02
+    flipped["status"] = "degenerate" if flipped["status"] == "ok" else "ok"
+    only_b = json.loads(json.dumps(a[0]))
+    only_b["run_id"] = "mrpc-adapters64-s9-0000000000"
+    pairs = paired_runs(_rows(a), _rows([*b, only_b]))
+
+    assert sorted(pairs["run_id"]) == sorted(record["run_id"] for record in b)
+    assert set(pairs["device_a"]) == {"cpu"} and set(pairs["device_b"]) == {"cpu:bf16"}
+    by_id = pairs.set_index("run_id")
+    assert by_id.loc[lowered["run_id"], "test_delta"] == pytest.approx(-2.0)
+    assert (by_id.drop(index=lowered["run_id"])["test_delta"] == 0).all() and (pairs["val_delta"] == 0).all()
+    assert pairs["speed_ratio"].to_numpy() == pytest.approx(2.0)
+
+    summary = paired_summary(pairs).set_index("task")
+    overall = summary.loc["all"]
+    assert overall["pairs"] == len(b) and overall["status_changed"] == 1
+    assert overall["test_delta"] == pytest.approx(-2.0 / len(b))
+    assert overall["test_low"] <= overall["test_delta"] <= overall["test_high"] <= 0  # no pair moved up
+    assert overall["max_abs_test_delta"] == pytest.approx(2.0)
+    assert overall["seed_spread_a"] > 0  # the same configuration's seeds differ: the scale a delta is read on
+
+
+def _store(root: Path, records: list[dict]) -> Path:
+    for record in records:
+        (root / "runs" / record["run_id"]).mkdir(parents=True)
+        (root / "runs" / record["run_id"] / "record.json").write_text(json.dumps(record))
+    return root
+
+
+def test_compare_command_prints_and_writes_the_pairs(float32_records: list[dict], tmp_path: Path, capsys) -> None:
+    a = _store(tmp_path / "a", float32_records)
+    b = shutil.copytree(a, tmp_path / "b")
+    out = tmp_path / "out"
+    assert main(["compare", str(a), str(b), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"{len(float32_records)} runs in both" in printed and float32_records[0]["run_id"] in printed
+    written = pd.read_parquet(out / "paired_runs.parquet")
+    assert len(written) == len(float32_records) and (written["test_delta"] == 0).all()
+    assert list(pd.read_parquet(out / "paired_summary.parquet")["task"]) == ["mrpc", "all"]
+
+
+def test_compare_command_says_in_one_line_when_nothing_pairs(float32_records: list[dict], tmp_path: Path, capsys) -> None:
+    a = _store(tmp_path / "a", float32_records[:1])
+    b = _store(tmp_path / "b", float32_records[1:])
+    assert main(["compare", str(a), str(b)]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0 and "share no run id" in error and str(a) in error
+    (tmp_path / "empty" / "runs").mkdir(parents=True)
+    assert main(["compare", str(a), str(tmp_path / "empty")]) == 2
+    assert "holds no run records" in capsys.readouterr().err
