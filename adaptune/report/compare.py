@@ -86,7 +86,7 @@ def paired_summary(pairs: pd.DataFrame) -> pd.DataFrame:
             low, high = bootstrap_ci([deltas], lambda means: means[..., 0])
             row |= {f"{split}_delta": deltas.mean() if len(deltas) else None, f"{split}_low": low, f"{split}_high": high}
         row["max_abs_test_delta"] = group["test_delta"].abs().max()
-        row["seed_spread_a"] = group.groupby(["method_label", "lr", "epochs"])["test_a"].std().mean()
+        row["seed_spread_a"] = group.groupby(["task", "method_label", "lr", "epochs"])["test_a"].std().mean()
         row["speed_ratio"] = group["speed_ratio"].median()
         rows.append(row)
     return pd.DataFrame(rows)
