@@ -19,12 +19,13 @@ import os
 from pathlib import Path
 from typing import Any
 
+from adaptune.core.precision import CPU_BF16_ENV
 from adaptune.data.loading import DATA_DIR_ENV, HUB
 from adaptune.sweep.experiments import ExperimentSpec
 from adaptune.sweep.store import RunStore
 from components.images import image_for
 
-# What the components see of this environment: thread counts, hashing, offline switches, debug.
+# What the components see of this environment: thread counts, hashing, offline switches, debug, precision.
 # No host path (ADAPTUNE_CACHE_DIR): the containers get the store as a parameter, and the data mount as
 # data_dir and $ADAPTUNE_DATA_DIR (set below).
 PASSED_ENVIRONMENT = (
@@ -36,6 +37,7 @@ PASSED_ENVIRONMENT = (
     "HF_DATASETS_OFFLINE",
     "TRANSFORMERS_OFFLINE",
     "ADAPTUNE_DEBUG",
+    CPU_BF16_ENV,  # the CPU precision setting (the containers run on this CPU), where the experiment leaves it to the machine
 )
 ENGINE_HINT = (
     "start Docker, or set DOCKER_HOST to a Docker-compatible socket "
@@ -102,6 +104,16 @@ def is_within(path: Path, root: Path) -> bool:
     return path == root or root in path.parents
 
 
+def passed_environment(spec: ExperimentSpec) -> dict[str, str]:
+    """What of this environment the containers get. kfp.local lets a DockerRunner's environment override
+    a task's own variables (task_dispatcher._prepare_runner_and_env_vars), so an experiment that pins
+    its CPU precision (a task variable) does not get this machine's setting, which would override it."""
+    passed = {name: os.environ[name] for name in PASSED_ENVIRONMENT if name in os.environ}
+    if spec.accelerator.cpu_precision != "auto":
+        passed.pop(CPU_BF16_ENV, None)
+    return passed
+
+
 def docker_runner(spec: ExperimentSpec, pipeline_root: Path, store: RunStore, data_root: Path | None) -> Any:
     """The DockerRunner for `spec`: its images checked present, the store and data mounted, the environment passed."""
     from docker.types import DeviceRequest, Mount
@@ -130,7 +142,7 @@ def docker_runner(spec: ExperimentSpec, pipeline_root: Path, store: RunStore, da
     if data_root is not None:
         data_root = Path(data_root).resolve()
         mounts.append(Mount(target=str(data_root), source=str(data_root), type="bind", read_only=True))
-    environment = {name: os.environ[name] for name in PASSED_ENVIRONMENT if name in os.environ}
+    environment = passed_environment(spec)
     # The mirror for the steps that take no data_dir parameter (the report's majority-class baselines),
     # which in the subprocess runner find ../shared/data beside the working tree.
     environment[DATA_DIR_ENV] = str(data_root) if data_root is not None else HUB

@@ -27,6 +27,7 @@ from typing import Any, Callable, NamedTuple
 
 from kfp import dsl, kubernetes
 
+from adaptune.core.precision import CPU_BF16_ENV, cpu_bf16_env_value
 from adaptune.sweep.experiments import Accelerator, ExperimentSpec, spec_to_json
 from adaptune.sweep.plan import plan, within_fanout
 from components import make_components
@@ -47,6 +48,8 @@ def configure_accelerator(task: Any, accelerator: Accelerator, retries: int, tar
     """Resources, placement, device, timeout and retries of a heavy task (train_shard, ablate_runs)."""
     task.set_cpu_limit(accelerator.cpu_limit).set_memory_limit(accelerator.memory_limit)
     task.set_env_variable("ADAPTUNE_IMAGE", image_for(accelerator.family))  # provenance of every record
+    if accelerator.family == "cpu" and accelerator.cpu_precision != "auto":  # auto: the machine's (adaptune.core.devices)
+        task.set_env_variable(CPU_BF16_ENV, cpu_bf16_env_value(accelerator.cpu_precision))
     if accelerator.family != "cpu":
         resource = accelerator.type if target == "vertex" else KUBERNETES_RESOURCES[accelerator.family]
         task.set_accelerator_type(resource).set_accelerator_limit(accelerator.count)

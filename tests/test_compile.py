@@ -31,3 +31,19 @@ def test_checked_in_specs_are_up_to_date_and_compilation_is_deterministic(tmp_pa
     assert not stale, f"stale compiled specs {stale}: run `make compile` and commit them"
     # pipeline.yaml is the compiled paper_full.
     assert (tmp_path / "pipeline.yaml").read_bytes() == (tmp_path / COMPILED_DIR / "paper_full.yaml").read_bytes()
+
+
+def _train_env(name: str) -> list[dict]:
+    import yaml
+
+    compiled = next(yaml.safe_load_all((REPO_ROOT / COMPILED_DIR / f"{name}.yaml").read_text()))
+    return compiled["deploymentSpec"]["executors"]["exec-train-shard"]["container"].get("env", [])
+
+
+def test_an_experiment_that_pins_its_cpu_precision_carries_it_and_auto_leaves_it_to_the_machine() -> None:
+    """glue_local was begun in float32 and stays so on a CPU with native bf16; bf16_local is bf16; the rest
+    ("auto") set nothing, so the machine's $ADAPTUNE_CPU_BF16 or its CPU decides (adaptune.core.devices)."""
+    assert {"name": "ADAPTUNE_CPU_BF16", "value": "0"} in _train_env("glue_local")
+    assert {"name": "ADAPTUNE_CPU_BF16", "value": "0"} in _train_env("peft_local")  # shares glue_local's runs
+    assert {"name": "ADAPTUNE_CPU_BF16", "value": "1"} in _train_env("bf16_local")
+    assert not [env for env in _train_env("smoke") if env["name"] == "ADAPTUNE_CPU_BF16"]

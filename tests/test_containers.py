@@ -809,6 +809,19 @@ def test_cpu_image_is_healthy_as_its_non_root_user_with_exactly_the_lock(cpu_ima
     assert "adaptune @ file:///opt/adaptune" in out.splitlines()
 
 
+def test_the_containers_get_this_machines_cpu_precision_unless_the_experiment_pins_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kfp.local lets a DockerRunner's environment override a task's own variables: a pinned precision
+    (glue_local's float32) must not be overridden by this machine's setting; smoke's "auto" takes it."""
+    from adaptune.sweep.experiments import get_experiment
+    from pipelines.container_runner import passed_environment
+
+    monkeypatch.setenv("ADAPTUNE_CPU_BF16", "1")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert passed_environment(get_experiment("smoke"))["ADAPTUNE_CPU_BF16"] == "1"
+    pinned = passed_environment(get_experiment("glue_local"))
+    assert "ADAPTUNE_CPU_BF16" not in pinned and pinned["OMP_NUM_THREADS"] == "1"
+
+
 @pytest.mark.container
 @pytest.mark.heavy
 @pytest.mark.xdist_group("containers")

@@ -10,6 +10,8 @@ from collections.abc import Iterator
 
 import torch
 
+from adaptune.core.precision import CPU_PRECISIONS, cpu_precision_setting
+
 
 @dataclasses.dataclass(frozen=True)
 class Device:
@@ -18,7 +20,7 @@ class Device:
     kind: str  # "cuda" | "xla" | "cpu"
     torch_device: torch.device
     name: str  # human/record label, e.g. "cuda:NVIDIA H100 80GB HBM3", "xla:TPU", "cpu"
-    autocast_dtype: torch.dtype | None  # bf16 on CUDA/TPU; None (fp32) on CPU unless $ADAPTUNE_CPU_BF16=1
+    autocast_dtype: torch.dtype | None  # bf16 on CUDA/TPU, and on a CPU with native bf16 unless pinned to float32
 
     @contextlib.contextmanager
     def autocast(self, cache: bool = True) -> Iterator[None]:
@@ -54,12 +56,13 @@ class Device:
             xm.mark_step()
 
 
-def pick_device(prefer: str | None = None) -> Device:
+def pick_device(prefer: str | None = None, cpu_precision: str | None = None) -> Device:
     """CUDA when present, else TPU when torch_xla is importable, else CPU.
 
     `prefer` (or $ADAPTUNE_DEVICE) forces one of "cuda", "xla", "cpu"; asking for one that is not
-    available is an error, not a silent fallback. On the CPU, $ADAPTUNE_CPU_BF16=1 runs the frozen
-    backbone in bf16 under autocast, as on a GPU (named "cpu:bf16" in records); the default stays float32.
+    available is an error, not a silent fallback. On the CPU the frozen backbone runs in bf16 under
+    autocast, as on a GPU (named "cpu:bf16" in records), where the CPU multiplies bf16 natively, and in
+    float32 elsewhere; `cpu_precision` (else $ADAPTUNE_CPU_BF16) pins one (cpu_precision_setting).
     """
     choice = (prefer or os.environ.get("ADAPTUNE_DEVICE") or "").strip().lower() or None
     if choice not in (None, "cuda", "xla", "tpu", "cpu"):
@@ -76,31 +79,28 @@ def pick_device(prefer: str | None = None) -> Device:
         return Device("xla", xla_device, f"xla:{xm.xla_device_hw(xla_device)}", torch.bfloat16)
     if choice in ("cuda", "xla"):
         raise RuntimeError(f"device {choice!r} was requested but is not available here; unset ADAPTUNE_DEVICE to use what is")
-    if cpu_bf16():
-        if not native_cpu_bf16():
-            raise CpuBf16Unsupported(
-                f"ADAPTUNE_CPU_BF16=1 but this CPU ({torch.backends.cpu.get_cpu_capability()}) has no native bf16 "
-                "(avx512_bf16 or AMX): its bf16 matmuls are emulated, about 17x slower than float32; unset ADAPTUNE_CPU_BF16")
+    precision = cpu_precision or cpu_precision_setting()
+    if precision not in CPU_PRECISIONS:
+        raise ValueError(f"unknown CPU precision {precision!r}: use one of {', '.join(CPU_PRECISIONS)}")
+    native = native_cpu_bf16()
+    if precision == "bf16" and not native:
+        raise CpuBf16Unsupported(
+            f"bf16 was asked for (ADAPTUNE_CPU_BF16=1 or the experiment's cpu_precision) but this CPU "
+            f"({torch.backends.cpu.get_cpu_capability()}) has no native bf16 (avx512_bf16 or AMX): its bf16 matmuls are "
+            "emulated, about 17x slower than float32; use auto or float32")
+    if precision == "bf16" or (precision == "auto" and native):
         return Device("cpu", torch.device("cpu"), "cpu:bf16", torch.bfloat16)
     return Device("cpu", torch.device("cpu"), "cpu", None)
 
 
 class CpuBf16Unsupported(RuntimeError):
-    """$ADAPTUNE_CPU_BF16=1 on a CPU that would emulate bf16: a setting to unset, not a missing accelerator."""
+    """bf16 asked for on a CPU that would emulate it: a setting to change, not a missing accelerator."""
 
 
 def native_cpu_bf16() -> bool:
     """Whether this CPU multiplies bf16 natively (avx512_bf16 or AMX), as oneDNN dispatches it. Without,
     a bf16 matmul is emulated: measured 17x slower than float32 on an AVX2-only AMD EPYC."""
     return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
-
-
-def cpu_bf16() -> bool:
-    """$ADAPTUNE_CPU_BF16: "1"/"true"/"yes" for bf16 autocast on the CPU, unset/"0"/"false"/"no" for float32."""
-    value = os.environ.get("ADAPTUNE_CPU_BF16", "").strip().lower()
-    if value not in ("", "0", "1", "true", "false", "yes", "no"):
-        raise ValueError(f"ADAPTUNE_CPU_BF16={value!r}: use 1 (bf16 autocast on the CPU) or 0 (float32, the default)")
-    return value in ("1", "true", "yes")
 
 
 def is_out_of_memory(error: BaseException) -> bool:

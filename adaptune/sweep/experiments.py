@@ -42,6 +42,10 @@ class Accelerator:
     memory_limit: str = "16G"
     runs_per_device: int = 1  # runs trained side by side on the one device (adaptune.sweep.shard_runner; measured in bench/gpu.json)
     runs_per_group: int = 1  # runs fused into one forward pass (adaptune.train.group_loop; measured in bench/results.json)
+    # The frozen backbone's precision on a CPU (adaptune.core.devices.CPU_PRECISIONS): "auto" leaves it to the
+    # machine (bf16 where the CPU has it natively; $ADAPTUNE_CPU_BF16); an experiment whose records must stay
+    # comparable pins "float32" (or "bf16").
+    cpu_precision: str = "auto"
 
     @property
     def label(self) -> str:
@@ -464,7 +468,7 @@ glue_local = _register(
         "training sets (SST-2 capped at 8,000), full 1e-4 x 3 epochs vs adapters 64 (3e-4, 3e-3) x epochs {3, 20} vs "
         "LayerNorm-only 3e-3 (3 epochs; 20 on CoLA), 3 seeds; runs in parts through the store",
         backbone=DEFAULT_BACKBONE,
-        accelerator=CPU,
+        accelerator=dataclasses.replace(CPU, cpu_precision="float32"),  # begun in float32: its runs stay comparable
         parallelism=2,
         shard_size=3,
         retries=0,
@@ -485,17 +489,18 @@ glue_local = _register(
     )
 )
 
-# What the CPU's native bf16 (ADAPTUNE_CPU_BF16=1) does to scores: glue_local's 3-epoch adapter runs on
-# CoLA and MRPC (both rates, 3 seeds), the same run ids, trained again in bf16 into a store of their own
-# and compared run by run with glue_local's float32 records (`python -m pipelines compare`). Its plan
-# is precision-free: the precision is the machine's ($ADAPTUNE_CPU_BF16), named in each record's device.
+# What the CPU's native bf16 does to scores: glue_local's 3-epoch adapter runs on CoLA and MRPC (both
+# rates, 3 seeds), the same run ids (precision is not in a run id: it is the device's, named in each
+# record), trained again in bf16 into a store of their own and compared run by run with glue_local's
+# float32 records (`python -m pipelines compare`).
 bf16_local = _register(
     dataclasses.replace(
         glue_local,
         name="bf16_local",
-        description="glue_local's 3-epoch adapter runs on CoLA and MRPC (3e-4, 3e-3; 3 seeds), to be trained with "
-        "ADAPTUNE_CPU_BF16=1 and compared run by run with their float32 records",
+        description="glue_local's 3-epoch adapter runs on CoLA and MRPC (3e-4, 3e-3; 3 seeds) in bf16 on the CPU, "
+        "compared run by run with their float32 records (a CPU with native bf16 only)",
         grid_left_out="adapters 64 at 3 epochs on CoLA and MRPC only: the runs the bf16 check pairs",
+        accelerator=dataclasses.replace(CPU, cpu_precision="bf16"),
         sweeps=tuple(
             Sweep(tasks=("cola", "mrpc"), methods=GLUE_LOCAL_ADAPTERS, learning_rates=(lr,), seeds=(seed,))
             for seed in GLUE_LOCAL_SEEDS

@@ -19,6 +19,7 @@ from adaptune.model.layouts import BackboneError, backbone_layers, backbone_layo
 from adaptune.train.config import TrainConfig, method_label
 from adaptune.sweep.experiments import PAPER_EPOCHS, Ablation, ExperimentSpec, Sweep
 from adaptune.data.tasks import Task, UnknownTaskError, get_task
+from adaptune.core.precision import CPU_PRECISIONS
 from adaptune.sweep.cost import estimate_hours, measurement_for, planned_group_size, table_fused_speedup
 from adaptune.sweep.throughput import Measured, ThroughputKey, throughput_key
 
@@ -307,6 +308,8 @@ def _check_spec_values(spec: ExperimentSpec, problems: list[str]) -> None:
         problems.append(f"accelerator family must be cpu, gpu or tpu, got {accel.family!r}")
     elif accel.family != "cpu" and (not accel.type or accel.count < 1):
         problems.append(f"a {accel.family} accelerator needs a type (e.g. NVIDIA_H100_80GB) and count >= 1")
+    if accel.cpu_precision not in CPU_PRECISIONS:
+        problems.append(f"accelerator cpu_precision must be one of {', '.join(CPU_PRECISIONS)}, got {accel.cpu_precision!r}")
 
 
 def _expand(spec: ExperimentSpec, sweep: Sweep, where: str, problems: list[str]) -> list[TrainConfig]:
