@@ -88,3 +88,16 @@ def test_compare_command_says_in_one_line_when_nothing_pairs(float32_records: li
     (tmp_path / "empty" / "runs").mkdir(parents=True)
     assert main(["compare", str(a), str(tmp_path / "empty")]) == 2
     assert "holds no run records" in capsys.readouterr().err
+
+
+def test_the_kept_bf16_check_pairs_every_run_with_its_float32_record(tmp_path: Path, capsys) -> None:
+    """analysis/measured/bf16_local (the README's bf16 check) holds glue_local's runs trained again in
+    bf16: each pairs with its float32 record, and the command reads the two kept stores as they are."""
+    from adaptune.sweep.experiments import get_experiment
+    from adaptune.sweep.plan import plan
+
+    assert main(["compare", str(GLUE_LOCAL), str(MEASURED / "bf16_local"), "--out", str(tmp_path)]) == 0
+    pairs = pd.read_parquet(tmp_path / "paired_runs.parquet")
+    assert sorted(pairs["run_id"]) == sorted(config.run_id for config in plan(get_experiment("bf16_local")).runs)
+    assert set(pairs["device_a"]) == {"cpu"} and set(pairs["device_b"]) == {"cpu:bf16"}
+    assert f"{len(pairs)} runs in both" in capsys.readouterr().out
