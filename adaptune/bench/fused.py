@@ -182,6 +182,20 @@ def measure_group_runs(data_dir: str | None, k: int = 4) -> dict[str, Any]:
                                  "speedup": round(alone / grouped, 2)}}
 
 
+def measure_cpu_bf16(batch: dict[str, torch.Tensor], device: Device, repeats: int) -> dict[str, Any]:
+    """One adapters-64 training step on the embedded backbone, the frozen matmuls in bf16 under autocast
+    against float32, side by side, in examples/s (`make bench-bf16` measures only this)."""
+    rows = batch["input_ids"].shape[0]
+    timed = _compare({"float32": _step_fn(DEFAULT_BACKBONE, 1, device, batch),
+                      "bfloat16": _step_fn(DEFAULT_BACKBONE, 1, device, batch, bf16=True)}, {"float32": rows, "bfloat16": rows}, repeats, 2)
+    entry: dict[str, Any] = {name: round(per_s, 1) for name, (per_s, _) in timed.items()}
+    entry["speedup"] = round(entry["bfloat16"] / entry["float32"], 2)
+    # The speed-up is the CPU's: native bf16 (avx512_bf16/AMX) or emulated (AVX2 only), as oneDNN dispatches.
+    entry["native_bf16"] = native_cpu_bf16()
+    entry["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+    return {"frozen_backbone_bf16_examples_per_s": entry}
+
+
 def measure_fused_groups(batch: dict[str, torch.Tensor], device: Device, repeats: int) -> dict[str, Any]:
     """Each group size k with the group's optimizer step done for all runs at once ("together", the
     trainer's) and one run after another ("per_run", as before), and with counter-based dropout masks
@@ -210,14 +224,7 @@ def measure_fused_groups(batch: dict[str, torch.Tensor], device: Device, repeats
                                 "optimizer_step": VARIANTS[1][0], "masks": VARIANTS[1][1], "ops_per_example": round(ops, 2),
                                 "examples_per_s": round(per_s, 1), "speedup_vs_k1": round(per_s / measured_top_k[1][0], 2)})
             del top_k
-    timed = _compare({"float32": _step_fn(DEFAULT_BACKBONE, 1, device, batch),
-                      "bfloat16": _step_fn(DEFAULT_BACKBONE, 1, device, batch, bf16=True)}, {"float32": rows, "bfloat16": rows}, repeats, 2)
-    bf16_entry: dict[str, Any] = {name: round(per_s, 1) for name, (per_s, _) in timed.items()}
-    bf16_entry["speedup"] = round(bf16_entry["bfloat16"] / bf16_entry["float32"], 2)
-    # The speed-up is the CPU's: native bf16 (avx512_bf16/AMX) or emulated (AVX2 only), as oneDNN dispatches.
-    bf16_entry["native_bf16"] = native_cpu_bf16()
-    bf16_entry["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
-    return {"fused_groups": entries, **mask_site_kernels(), "frozen_backbone_bf16_examples_per_s": bf16_entry,
+    return {"fused_groups": entries, **mask_site_kernels(), **measure_cpu_bf16(batch, device, repeats),
             "fused_groups_note": ("k runs of adapters 64 (and of top_k 3: the top 3 of 6 layers trained, stacked per "
                                   "run, the trainer's step) on the same SST-2 batch of "
                                   f"{rows} rows each (batch x k rows per step); optimizer_step 'together' is the group's "
