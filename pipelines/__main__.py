@@ -66,17 +66,17 @@ def _report(args: argparse.Namespace) -> int:
 
 def _compare(args: argparse.Namespace) -> int:
     """The runs two stores both hold, run by run (adaptune.report.compare.paired_runs) and summed up."""
-    import pandas as pd
-
     from adaptune.report.compare import paired_runs, paired_summary
-    from adaptune.report.results import run_row
+    from adaptune.serve.selection import SelectionError, store_runs
     from adaptune.sweep.store import RunStore
 
-    sides = [pd.DataFrame([run_row(record) for record in RunStore(root).require_existing().records().values()])
-             for root in (args.runs_a, args.runs_b)]
-    if any(side.empty for side in sides):
-        print(f"error: {args.runs_a if sides[0].empty else args.runs_b} holds no run records: nothing to compare", file=sys.stderr)
-        return 2
+    sides = []
+    for root in (args.runs_a, args.runs_b):
+        try:
+            sides.append(store_runs(RunStore(root)))  # its current records as runs.parquet rows
+        except SelectionError:  # none at all
+            print(f"error: {root} holds no run records: nothing to compare", file=sys.stderr)
+            return 2
     pairs = paired_runs(*sides)
     if pairs.empty:
         print(f"error: {args.runs_a} and {args.runs_b} share no run id: nothing to compare", file=sys.stderr)

@@ -61,9 +61,9 @@ def test_pairs_are_the_runs_both_sides_trained_with_b_minus_a(float32_records: l
 
 
 def _store(root: Path, records: list[dict]) -> Path:
+    store = RunStore(str(root))
     for record in records:
-        (root / "runs" / record["run_id"]).mkdir(parents=True)
-        (root / "runs" / record["run_id"] / "record.json").write_text(json.dumps(record))
+        assert store.publish_record(record)
     return root
 
 
