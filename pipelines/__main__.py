@@ -23,14 +23,14 @@ def _run(args: argparse.Namespace) -> int:
 def _plan(args: argparse.Namespace) -> int:
     from adaptune.sweep.experiments import get_experiment
     from adaptune.sweep.plan import plan
-    from adaptune.sweep.throughput import measure_throughput
+    from adaptune.sweep.throughput import measure_on
 
     spec = get_experiment(args.name)
     measured = None
     if args.runs_root:  # the store's own records calibrate the estimate (every record there, not only this grid's)
         from adaptune.sweep.status_cache import store_summaries
 
-        measured = measure_throughput(store_summaries(_store_for(args.name, args.runs_root, Path())).values(), spec.accelerator.label)
+        measured = measure_on(store_summaries(_store_for(args.name, args.runs_root, Path())).values(), spec.accelerator)
     print(plan(spec, measured).summary())
     if not args.runs_root:
         print("(pass --runs-root, or RUNS_ROOT= to make, to estimate from the throughput a run store's records measured)")

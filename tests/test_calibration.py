@@ -13,7 +13,7 @@ from adaptune.sweep.plan import plan
 from adaptune.sweep.status_cache import store_summaries
 from adaptune.sweep.shard_runner import run_shard
 from adaptune.sweep.store import RunStore
-from adaptune.sweep.throughput import Measured, accelerator_hours, measure_throughput, runs_on
+from adaptune.sweep.throughput import Measured, accelerator_hours, measure_on, measure_throughput, runs_on
 from pipelines.__main__ import main
 
 SWEEP = {
@@ -82,10 +82,24 @@ def test_a_record_counts_for_the_accelerator_it_ran_on(device: str | None, label
     assert runs_on(device, label) is expected
 
 
-def _record(method: str, wall_s: float, group_size: int | None = None) -> dict:
-    record = {"status": "ok", "backbone": "all-MiniLM-L6-v2", "method": {"name": method}, "device": "cpu", "epochs": 2,
+def _record(method: str, wall_s: float, group_size: int | None = None, device: str = "cpu") -> dict:
+    record = {"status": "ok", "backbone": "all-MiniLM-L6-v2", "method": {"name": method}, "device": device, "epochs": 2,
               "wall_time_s": wall_s, "split_sizes": {"train": 1000}, "config": {"max_length": 128}}
     return record if group_size is None else {**record, "group_size": group_size}
+
+
+@pytest.mark.parametrize(("cpu_precision", "env", "expected"), [
+    ("bf16", "0", 80.0), ("float32", "1", 40.0), ("auto", "1", 80.0), ("auto", "0", 40.0),
+])
+def test_a_cpu_plan_is_priced_by_the_records_of_the_precision_its_runs_will_train_in(
+    cpu_precision: str, env: str, expected: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same adapter run in float32 (50 s) and in bf16 (25 s, "cpu:bf16"): an experiment pinned to a
+    precision is priced by that precision's record, one left to the machine by the machine's setting."""
+    monkeypatch.setenv("ADAPTUNE_CPU_BF16", env)
+    spec = spec_from_dict({**SWEEP, "accelerator": {"cpu_precision": cpu_precision}})
+    records = [_record("adapters", 50.0), _record("adapters", 25.0, device="cpu:bf16")]
+    assert measure_on(records, spec.accelerator) == {("all-MiniLM-L6-v2", "cpu", "adapters", 1): Measured(pytest.approx(expected), 1)}
 
 
 def test_a_fused_group_is_charged_once_and_prices_the_runs_that_will_train_fused(monkeypatch: pytest.MonkeyPatch) -> None:

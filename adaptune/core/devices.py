@@ -79,18 +79,27 @@ def pick_device(prefer: str | None = None, cpu_precision: str | None = None) -> 
         return Device("xla", xla_device, f"xla:{xm.xla_device_hw(xla_device)}", torch.bfloat16)
     if choice in ("cuda", "xla"):
         raise RuntimeError(f"device {choice!r} was requested but is not available here; unset ADAPTUNE_DEVICE to use what is")
+    if resolved_cpu_precision(cpu_precision) == "bf16":
+        if not native_cpu_bf16():
+            raise CpuBf16Unsupported(
+                f"bf16 was asked for (ADAPTUNE_CPU_BF16=1 or the experiment's cpu_precision) but this CPU "
+                f"({torch.backends.cpu.get_cpu_capability()}) has no native bf16 (avx512_bf16 or AMX): its bf16 matmuls are "
+                "emulated, about 17x slower than float32; use auto or float32")
+        return Device("cpu", torch.device("cpu"), CPU_DEVICE_NAMES["bf16"], torch.bfloat16)
+    return Device("cpu", torch.device("cpu"), CPU_DEVICE_NAMES["float32"], None)
+
+
+CPU_DEVICE_NAMES = {"float32": "cpu", "bf16": "cpu:bf16"}  # a record's `device` for each CPU precision
+
+
+def resolved_cpu_precision(cpu_precision: str | None = None) -> str:
+    """"bf16" or "float32": `cpu_precision` (else $ADAPTUNE_CPU_BF16), auto resolved by this CPU's native bf16."""
     precision = cpu_precision or cpu_precision_setting()
     if precision not in CPU_PRECISIONS:
         raise ValueError(f"unknown CPU precision {precision!r}: use one of {', '.join(CPU_PRECISIONS)}")
-    native = native_cpu_bf16()
-    if precision == "bf16" and not native:
-        raise CpuBf16Unsupported(
-            f"bf16 was asked for (ADAPTUNE_CPU_BF16=1 or the experiment's cpu_precision) but this CPU "
-            f"({torch.backends.cpu.get_cpu_capability()}) has no native bf16 (avx512_bf16 or AMX): its bf16 matmuls are "
-            "emulated, about 17x slower than float32; use auto or float32")
-    if precision == "bf16" or (precision == "auto" and native):
-        return Device("cpu", torch.device("cpu"), "cpu:bf16", torch.bfloat16)
-    return Device("cpu", torch.device("cpu"), "cpu", None)
+    if precision == "auto":
+        return "bf16" if native_cpu_bf16() else "float32"
+    return precision
 
 
 class CpuBf16Unsupported(RuntimeError):

@@ -22,7 +22,7 @@ from adaptune.sweep.plan import Plan, plan
 from adaptune.sweep.status_cache import record_summaries
 from adaptune.train.record import is_stale
 from adaptune.sweep.store import RECORD_FILE, RUNS_DIR, STATE_FILE, RunStore
-from adaptune.sweep.throughput import accelerator_hours, measure_throughput
+from adaptune.sweep.throughput import accelerator_hours, measure_on
 
 FINISHED = ("ok", "degenerate", "failed")
 RUNNING, NOT_STARTED, STALE, UNREADABLE = "running", "not started", "stale", "unreadable"
@@ -141,7 +141,7 @@ def _costs(planned: Plan, records: dict[str, dict[str, Any]], states: dict[str, 
     per_run = max(planned.spec.accelerator.count, 1)
     current = [record for run_id, record in records.items() if states[run_id] != STALE]
     spent = accelerator_hours(current, per_run)
-    calibrated = planned.calibrated(measure_throughput(current, planned.spec.accelerator.label))
+    calibrated = planned.calibrated(measure_on(current, planned.spec.accelerator))
     left = {run_id for run_id, state in states.items() if state in (RUNNING, NOT_STARTED, UNREADABLE)}
     return {
         "spent_hours": spent,

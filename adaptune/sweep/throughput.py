@@ -50,13 +50,15 @@ def accelerator_seconds(record: dict[str, Any]) -> float:
     return float(record.get("wall_time_s") or 0.0) / group_size(record)
 
 
-def runs_on(device: str | None, accelerator_label: str) -> bool:
-    """Whether a record's `device` ("cpu", "cuda:NVIDIA H100 80GB HBM3", "xla:TPU", adaptune.core.devices)
-    is the accelerator a spec names (its label: "cpu", "NVIDIA_H100_80GB", "TPU_V5_LITEPOD")."""
+def runs_on(device: str | None, accelerator_label: str, cpu_device: str = "cpu") -> bool:
+    """Whether a record's `device` ("cpu", "cpu:bf16", "cuda:NVIDIA H100 80GB HBM3", "xla:TPU",
+    adaptune.core.devices) is the accelerator a spec names (its label: "cpu", "NVIDIA_H100_80GB",
+    "TPU_V5_LITEPOD"). On a CPU, `cpu_device` names the precision its runs will train in (bf16 steps
+    twice as fast as float32 where native: one precision's records do not price the other's runs)."""
     if not device:
         return False
     if accelerator_label == "cpu":
-        return device == "cpu"
+        return device == cpu_device
     if accelerator_label.startswith("TPU"):
         return device.startswith("xla")
     # The GPU's model (H100, A100, L4) is the label's token that reads letters then digits.
@@ -80,18 +82,36 @@ def accelerator_hours(records: Iterable[dict[str, Any]], accelerators_per_run: i
     return sum(accelerator_seconds(record) for record in records) / 3600 * max(accelerators_per_run, 1)
 
 
-def measure_throughput(records: Iterable[dict[str, Any]], accelerator_label: str) -> dict[ThroughputKey, Measured]:
+def planned_cpu_device(cpu_precision: str) -> str:
+    """The `device` an experiment's CPU runs will record when trained here: its pinned `cpu_precision`'s,
+    else this machine's ($ADAPTUNE_CPU_BF16, then whether the CPU multiplies bf16 natively)."""
+    from adaptune.core.devices import CPU_DEVICE_NAMES, resolved_cpu_precision  # torch: only for a CPU plan
+
+    return CPU_DEVICE_NAMES[resolved_cpu_precision(None if cpu_precision == "auto" else cpu_precision)]
+
+
+def measure_throughput(records: Iterable[dict[str, Any]], accelerator_label: str,
+                       cpu_device: str = "cpu") -> dict[ThroughputKey, Measured]:
     """Per (backbone, accelerator, method name, group size), the throughput of the records trained on that
-    accelerator: all their examples over all their seconds (a long run weighs more than a short one)."""
+    accelerator (on a CPU, in `cpu_device`'s precision: planned_cpu_device): all their examples over all
+    their seconds (a long run weighs more than a short one)."""
     examples: dict[ThroughputKey, float] = {}
     seconds: dict[ThroughputKey, float] = {}
     runs: dict[ThroughputKey, int] = {}
     for record in records:
         rate = record_rate(record)
-        if rate is None or not runs_on(record.get("device"), accelerator_label):
+        if rate is None or not runs_on(record.get("device"), accelerator_label, cpu_device):
             continue
         key = throughput_key(record["backbone"], accelerator_label, record["method"], group_size(record))
         examples[key] = examples.get(key, 0.0) + rate[0]
         seconds[key] = seconds.get(key, 0.0) + rate[1]
         runs[key] = runs.get(key, 0) + 1
     return {key: Measured(examples[key] / seconds[key], runs[key]) for key in runs}
+
+
+def measure_on(records: Iterable[dict[str, Any]], accelerator: Any) -> dict[ThroughputKey, Measured]:
+    """measure_throughput for a spec's accelerator (experiments.Accelerator): its label, and on a CPU the
+    precision its runs will train in."""
+    cpu_device = planned_cpu_device(accelerator.cpu_precision) if accelerator.label == "cpu" else "cpu"
+    return measure_throughput(records, accelerator.label, cpu_device)
+
