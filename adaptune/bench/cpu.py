@@ -111,7 +111,10 @@ def run_benchmark(data_dir: str | None, cache_dir: str | None, repeats: int, sam
         "repeats": repeats,
     }
     if only_fused or only_bf16:
-        results.update((measure_cpu_bf16 if only_bf16 else measure_fused_groups)(grouped_batches[0], device, repeats))
+        if only_bf16:
+            results.update(measure_cpu_bf16(grouped_batches[0], device, repeats, whole_runs=True, data_dir=data_dir))
+        else:
+            results.update(measure_fused_groups(grouped_batches[0], device, repeats))
         return results
     results.update(_method_step_times(device, grouped_batches, repeats))
     results.update(_padding_speedup(device, grouped_batches, padded_batches, repeats))

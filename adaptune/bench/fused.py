@@ -16,6 +16,8 @@ float32, adapters 64 on the embedded backbone, in examples/s.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import os
 import statistics
 import tempfile
 import time
@@ -32,6 +34,7 @@ from adaptune.model.backbone import load_model
 from adaptune.model.methods import apply_method, method_from_dict
 from adaptune.model.run_dropout import RowLayout, dropout_stream, use_run_dropout
 from adaptune.model.run_groups import group_model, run_parameters, trained_tensors
+from adaptune.sweep.device_sharing import CPU_BF16_RUNS_PER_GROUP
 from adaptune.train.config import TrainConfig
 from adaptune.train.group_loop import fused_step
 from adaptune.train.loop import adamw, decayed_names, keep_frozen_matmuls_in
@@ -161,31 +164,86 @@ def mask_site_kernels(group_sizes: tuple[int, ...] = GROUP_SIZES) -> dict[str, A
 
 
 def measure_group_runs(data_dir: str | None, k: int = 4) -> dict[str, Any]:
-    """Whole runs: k adapter runs (lr and seed differ) on MRPC trained as one group, and one after another
-    alone, wall clock each (data preparation, model building, training, evaluation, checkpoints)."""
+    """Whole runs (`make bench`, float32): k small MRPC adapter runs trained as one group, and one after another."""
+    timed = time_whole_runs(data_dir, k, WholeRuns(task="mrpc", train_rows=128, eval_rows=64, epochs=2, max_length=64), "float32")
+    return {"fused_group_runs": {"runs": k, "task": "mrpc: 128 training rows, 64 validation, 2 epochs, adapters 64, batch 32",
+                                 "group_wall_s": timed["group_wall_s"], "alone_wall_s": timed["alone_wall_s"],
+                                 "speedup": timed["speedup"]}}
+
+
+@dataclasses.dataclass(frozen=True)
+class WholeRuns:
+    """The runs a whole-run timing trains: adapters 64 on `task`, batch 32, lr and seed differing."""
+
+    task: str
+    train_rows: int | None  # None: the task's whole training split
+    eval_rows: int | None
+    epochs: int
+    max_length: int = 128
+
+    def configs(self, k: int) -> list[TrainConfig]:
+        return [TrainConfig(task=self.task, method=ADAPTERS, lr=lr, seed=seed, epochs=self.epochs, max_length=self.max_length,
+                            max_train_examples=self.train_rows, max_eval_examples=self.eval_rows, batch_size=32)
+                for seed, lr in zip(range(k), (3e-4, 1e-3, 3e-3, 1e-4) * k)]
+
+
+# CoLA adapter runs as glue_local trains them, on a quarter of the training split, 1 epoch: minutes each way.
+WHOLE_RUNS_BENCH = WholeRuns(task="cola", train_rows=2048, eval_rows=None, epochs=1)
+
+
+def time_whole_runs(data_dir: str | None, k: int, runs: WholeRuns, precision: str, repeats: int = 1) -> dict[str, Any]:
+    """Wall clock of k whole runs (data preparation, model building, training, per-epoch evaluation,
+    test, checkpoints) trained as one group and one after another alone, in `precision` on the CPU;
+    with repeats > 1 in ABBA order (group, alone, alone, group, ...) so that a drifting load hits both
+    alike; medians. Each run's test score too: grouped and alone must agree (bf16: to reduction order)."""
     from adaptune.train.group_loop import train_group
     from adaptune.train.loop import train_and_evaluate
 
-    configs = [TrainConfig(task="mrpc", method={"name": "adapters", "size": 64}, lr=lr, seed=seed, epochs=2, max_length=64,
-                           max_train_examples=128, max_eval_examples=64, batch_size=32)
-               for seed, lr in zip(range(k), (3e-4, 1e-3, 3e-3, 1e-4) * k)]
-    with tempfile.TemporaryDirectory() as tmp:
-        started = time.perf_counter()
-        train_group(configs, [Path(tmp) / "group" / config.run_id for config in configs], data_dir=data_dir)
-        grouped = time.perf_counter() - started
-        started = time.perf_counter()
-        for config in configs:
-            train_and_evaluate(config, data_dir=data_dir, out_dir=Path(tmp) / "alone" / config.run_id, progress=False)
-        alone = time.perf_counter() - started
-    return {"fused_group_runs": {"runs": k, "task": "mrpc: 128 training rows, 64 validation, 2 epochs, adapters 64, batch 32",
-                                 "group_wall_s": round(grouped, 1), "alone_wall_s": round(alone, 1),
-                                 "speedup": round(alone / grouped, 2)}}
+    configs = runs.configs(k)
+    walls: dict[str, list[float]] = {"group": [], "alone": []}
+    scores: dict[str, list[float | None]] = {}
+    order = [("group", "alone") if repeat % 2 == 0 else ("alone", "group") for repeat in range(repeats)]
+    with tempfile.TemporaryDirectory() as tmp, _cpu_precision(precision):
+        for repeat, pair in enumerate(order):
+            for how in pair:
+                outs = [Path(tmp) / f"{how}{repeat}" / config.run_id for config in configs]
+                started = time.perf_counter()
+                if how == "group":
+                    records = train_group(configs, outs, data_dir=data_dir)
+                else:
+                    records = [train_and_evaluate(config, data_dir=data_dir, out_dir=out, progress=False) for config, out in zip(configs, outs)]
+                walls[how].append(time.perf_counter() - started)
+                scores[how] = [(record.get("test_metrics") or {}).get(record.get("primary_metric")) for record in records]
+    group, alone = statistics.median(walls["group"]), statistics.median(walls["alone"])
+    differences = [abs(a - b) for a, b in zip(scores["group"], scores["alone"]) if a is not None and b is not None]
+    return {"runs": k, "precision": precision, "group_wall_s": round(group, 1), "alone_wall_s": round(alone, 1),
+            "speedup": round(alone / group, 2), "repeats": repeats,
+            "group_walls_s": [round(wall, 1) for wall in walls["group"]], "alone_walls_s": [round(wall, 1) for wall in walls["alone"]],
+            "largest_test_score_difference": round(max(differences), 4) if differences else None}
 
 
-def measure_cpu_bf16(batch: dict[str, torch.Tensor], device: Device, repeats: int) -> dict[str, Any]:
+@contextlib.contextmanager
+def _cpu_precision(precision: str) -> Any:
+    """Pin the CPU precision (adaptune.core.precision) of the runs trained inside, as an experiment's spec does."""
+    from adaptune.core.precision import CPU_BF16_ENV, cpu_bf16_env_value
+
+    before = os.environ.get(CPU_BF16_ENV)
+    os.environ[CPU_BF16_ENV] = cpu_bf16_env_value(precision)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(CPU_BF16_ENV, None)
+        else:
+            os.environ[CPU_BF16_ENV] = before
+
+
+def measure_cpu_bf16(batch: dict[str, torch.Tensor], device: Device, repeats: int, whole_runs: bool = False,
+                     data_dir: str | None = None) -> dict[str, Any]:
     """One adapters-64 training step on the embedded backbone, the frozen matmuls in bf16 under autocast
     against float32, side by side, in examples/s; and, where the CPU has native bf16, groups of k such
-    runs in bf16 (`make bench-bf16` measures only this)."""
+    runs in bf16, and with `whole_runs` whole runs fused against alone in each precision (`make bench-bf16`
+    measures all of this)."""
     rows = batch["input_ids"].shape[0]
     timed = _compare({"float32": _step_fn(DEFAULT_BACKBONE, 1, device, batch),
                       "bfloat16": _step_fn(DEFAULT_BACKBONE, 1, device, batch, bf16=True)}, {"float32": rows, "bfloat16": rows}, repeats, 2)
@@ -200,6 +258,12 @@ def measure_cpu_bf16(batch: dict[str, torch.Tensor], device: Device, repeats: in
                            {k: rows * k for k in GROUP_SIZES}, repeats, 1)
         entry["fused_groups_bfloat16"] = [{"k": k, "examples_per_s": round(per_s, 1), "speedup_vs_k1": round(per_s / grouped[1][0], 2)}
                                           for k, (per_s, _) in grouped.items()]
+    if entry["native_bf16"] and whole_runs:
+        # Whether a step's gain survives whole runs (loading, evaluation, checkpoints, each run's own batch
+        # lengths): the CPU's default group (device_sharing.CPU_BF16_RUNS_PER_GROUP) rests on this.
+        entry["whole_runs"] = {"runs": dataclasses.asdict(WHOLE_RUNS_BENCH),
+                               **{precision: time_whole_runs(data_dir, CPU_BF16_RUNS_PER_GROUP, WHOLE_RUNS_BENCH, precision, repeats=2)
+                                  for precision in ("bf16", "float32")}}
     return {"frozen_backbone_bf16_examples_per_s": entry}
 
 
