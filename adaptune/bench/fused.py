@@ -34,7 +34,6 @@ from adaptune.model.backbone import load_model
 from adaptune.model.methods import apply_method, method_from_dict
 from adaptune.model.run_dropout import RowLayout, dropout_stream, use_run_dropout
 from adaptune.model.run_groups import group_model, run_parameters, trained_tensors
-from adaptune.sweep.device_sharing import CPU_BF16_RUNS_PER_GROUP
 from adaptune.train.config import TrainConfig
 from adaptune.train.group_loop import fused_step
 from adaptune.train.loop import adamw, decayed_names, keep_frozen_matmuls_in
@@ -187,8 +186,11 @@ class WholeRuns:
                 for seed, lr in zip(range(k), (3e-4, 1e-3, 3e-3, 1e-4) * k)]
 
 
-# CoLA adapter runs as glue_local trains them, on a quarter of the training split, 1 epoch: minutes each way.
-WHOLE_RUNS_BENCH = WholeRuns(task="cola", train_rows=2048, eval_rows=None, epochs=1)
+# Adapter runs as glue_local trains them, on part of the training split, 1 epoch: minutes each way. CoLA's
+# single sentences average 11 tokens, MRPC's pairs 53 (the embedded tokenizer).
+WHOLE_RUNS_BENCH = (WholeRuns(task="cola", train_rows=1024, eval_rows=512, epochs=1),
+                    WholeRuns(task="mrpc", train_rows=512, eval_rows=256, epochs=1))
+WHOLE_RUNS_K = 4
 
 
 def time_whole_runs(data_dir: str | None, k: int, runs: WholeRuns, precision: str, repeats: int = 1) -> dict[str, Any]:
@@ -259,11 +261,11 @@ def measure_cpu_bf16(batch: dict[str, torch.Tensor], device: Device, repeats: in
         entry["fused_groups_bfloat16"] = [{"k": k, "examples_per_s": round(per_s, 1), "speedup_vs_k1": round(per_s / grouped[1][0], 2)}
                                           for k, (per_s, _) in grouped.items()]
     if entry["native_bf16"] and whole_runs:
-        # Whether a step's gain survives whole runs (loading, evaluation, checkpoints, each run's own batch
-        # lengths): the CPU's default group (device_sharing.CPU_BF16_RUNS_PER_GROUP) rests on this.
-        entry["whole_runs"] = {"runs": dataclasses.asdict(WHOLE_RUNS_BENCH),
-                               **{precision: time_whole_runs(data_dir, CPU_BF16_RUNS_PER_GROUP, WHOLE_RUNS_BENCH, precision, repeats=2)
-                                  for precision in ("bf16", "float32")}}
+        # Whether a step's gain survives whole runs (loading, evaluation, checkpoints), on short single
+        # sentences and on longer sentence pairs, in each precision: the CPU's runs_per_group rests on this.
+        entry["whole_runs"] = [{"task": runs.task, "train_rows": runs.train_rows, "eval_rows": runs.eval_rows, "epochs": runs.epochs,
+                                **time_whole_runs(data_dir, WHOLE_RUNS_K, runs, precision, repeats=2)}
+                               for runs in WHOLE_RUNS_BENCH for precision in ("bf16", "float32")]
     return {"frozen_backbone_bf16_examples_per_s": entry}
 
 

@@ -41,9 +41,7 @@ class Accelerator:
     cpu_limit: str = "4"
     memory_limit: str = "16G"
     runs_per_device: int = 1  # runs trained side by side on the one device (adaptune.sweep.shard_runner; measured in bench/gpu.json)
-    # Runs fused into one forward pass (adaptune.train.group_loop); None: the measured default for the
-    # accelerator (adaptune.sweep.device_sharing.default_runs_per_group: 4 on a CPU that trains in bf16, else 1).
-    runs_per_group: int | None = None
+    runs_per_group: int = 1  # runs fused into one forward pass (adaptune.train.group_loop; measured in bench/results.json)
     # The frozen backbone's precision on a CPU (adaptune.core.devices.CPU_PRECISIONS): "auto" leaves it to the
     # machine (bf16 where the CPU has it natively; $ADAPTUNE_CPU_BF16); an experiment whose records must stay
     # comparable pins "float32" (or "bf16").
@@ -505,8 +503,7 @@ bf16_local = _register(
         "float32 records (a CPU with native bf16 only)",
         grid_left_out="glue_local's 20-epoch runs at 3e-3 (all degenerate in float32 but SST-2's two), its 20-epoch "
         "LayerNorm-only runs and SST-2's 20-epoch adapter runs: the runs the bf16 check pairs are the rest",
-        # Alone, as their float32 pairs trained: the check compares precisions, not groups.
-        accelerator=dataclasses.replace(CPU, cpu_precision="bf16", runs_per_group=1),
+        accelerator=dataclasses.replace(CPU, cpu_precision="bf16"),
         sweeps=tuple(
             Sweep(tasks=tasks, methods=methods, learning_rates=(lr,), seeds=(seed,))
             for tasks in (("cola", "mrpc"), ("sst2",))

@@ -308,9 +308,10 @@ def _check_spec_values(spec: ExperimentSpec, problems: list[str]) -> None:
         problems.append(f"accelerator family must be cpu, gpu or tpu, got {accel.family!r}")
     elif accel.family != "cpu" and (not accel.type or accel.count < 1):
         problems.append(f"a {accel.family} accelerator needs a type (e.g. NVIDIA_H100_80GB) and count >= 1")
-    if accel.runs_per_group is not None and not (isinstance(accel.runs_per_group, int) and accel.runs_per_group >= 1):
-        problems.append(f"accelerator runs_per_group must be a whole number >= 1, or None for the accelerator's measured "
-                        f"default, got {accel.runs_per_group!r}")
+    for field in ("runs_per_device", "runs_per_group"):
+        value = getattr(accel, field)
+        if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            problems.append(f"accelerator {field} must be a whole number >= 1, got {value!r}")
     if accel.cpu_precision not in CPU_PRECISIONS:
         problems.append(f"accelerator cpu_precision must be one of {', '.join(CPU_PRECISIONS)}, got {accel.cpu_precision!r}")
 
