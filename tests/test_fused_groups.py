@@ -378,3 +378,20 @@ def test_a_group_that_runs_out_of_memory_trains_as_halves(tmp_path: Path, shared
     outcomes = run_shard(spec, shard.id, store, data_dir=shared_data_dir, group_size=4)
     assert tried == [4, 2, 2] and sum(outcomes.values()) == 4 and not outcomes["failed"]
     assert [store.record(run.run_id)["group_size"] for run in shard.runs] == [2, 2, 2, 2]
+
+
+def test_the_whole_run_timing_trains_the_same_runs_fused_and_alone_in_the_precision_it_pins(shared_data_dir: Path,
+                                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """adaptune.bench.fused.time_whole_runs (make bench-bf16's whole runs): each way twice, in ABBA order, the
+    runs' scores equal fused and alone (float32), and the caller's precision setting restored afterwards."""
+    import os
+
+    from adaptune.bench.fused import WholeRuns, time_whole_runs
+
+    monkeypatch.setenv("ADAPTUNE_CPU_BF16", "auto")
+    timed = time_whole_runs(str(shared_data_dir), 2, WholeRuns(task="mrpc", train_rows=32, eval_rows=16, epochs=1, max_length=32),
+                            "float32", repeats=2)
+    assert os.environ["ADAPTUNE_CPU_BF16"] == "auto"
+    assert timed["runs"] == 2 and timed["precision"] == "float32"
+    assert len(timed["group_walls_s"]) == len(timed["alone_walls_s"]) == 2 and timed["speedup"] > 0
+    assert timed["largest_test_score_difference"] is not None and timed["largest_test_score_difference"] < 1e-6
