@@ -149,6 +149,41 @@ def test_run_dropout_draws_counter_masks_and_advances_each_runs_count() -> None:
     assert saved_scheme(torch.Generator().get_state()) == "generator" and saved_scheme(None) is None
 
 
+def test_a_generator_mask_is_the_runs_own_bits_drawn_in_place_where_the_run_fills_its_block() -> None:
+    """Each run draws its mask from its own generator at its own shape, whatever its block: a run as long
+    as its block draws straight into it (no copy, no fill: on a GPU each is a kernel launch per run and
+    site); a shorter one draws at its own shape and its padding stays unmasked."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from adaptune.model.run_dropout import RowLayout
+
+    class Ops(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.names: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+            self.names.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    runs, rows, length, features = 3, 4, 6, 8
+    x = torch.ones(runs * rows, length, features)
+    for lengths in ((6, 6, 6), (6, 4, 6)):
+        alone = [torch.empty(rows, own, features).bernoulli_(1 - P, generator=torch.Generator().manual_seed(seed)) / (1 - P)
+                 for seed, own in enumerate(lengths)]
+        randomness = RunRandomness([torch.Generator().manual_seed(seed) for seed in range(runs)])
+        dropout = RunDropout(P, randomness).train()
+        randomness.layout = RowLayout(rows, [rows] * runs, list(lengths))
+        with Ops() as ops:
+            out = dropout(x).reshape(runs, rows, length, features)
+        for run, own in enumerate(lengths):
+            assert torch.equal(out[run, :, :own], alone[run])
+            assert torch.equal(out[run, :, own:], torch.full_like(out[run, :, own:], 1 / (1 - P)))  # padding: unmasked
+        padded = sum(own < length for own in lengths)
+        assert ops.names.count("bernoulli_") == runs and ops.names.count("copy_") == padded
+        assert ops.names.count("fill_") + ops.names.count("ones") + ops.names.count("new_ones") == (1 if padded else 0)
+
+
 def test_a_bert_forward_pass_reaches_its_sites_in_order_and_draws_each_runs_next_masks() -> None:
     """The sites are numbered in the order a BERT forward pass reaches them, so pass t of a run draws masks
     t * sites + 0, 1, ... in that order: the numbers a count advanced at every draw gave. Evaluation draws none."""

@@ -292,15 +292,18 @@ class RunDropout(nn.Module):
         blocks = x.reshape(len(randomness.streams), -1, *x.shape[1:])
         if randomness.scheme == "counter":
             return (blocks * randomness.counter_mask(blocks.shape, self.p, self.site, self.ordinal)).reshape(x.shape) / (1 - self.p)
-        layout = randomness.layout
-        mask = blocks.new_ones(blocks.shape) if layout is not None else torch.empty_like(blocks)
-        for run, generator in enumerate(randomness.streams):
-            if layout is None:
+        layout, block = randomness.layout, tuple(blocks.shape[1:])
+        owns = [block if layout is None else _own_shape(blocks.shape[1:], layout.rows[run], layout.lengths[run])
+                for run in range(len(randomness.streams))]
+        # A run that fills its block draws its mask in place; one with padding draws at its own shape (the
+        # same bits as alone) into a copy that lands in its region, its padding kept whole (one fill for all).
+        mask = blocks.new_ones(blocks.shape) if any(own != block for own in owns) else torch.empty_like(blocks)
+        for run, (generator, own) in enumerate(zip(randomness.streams, owns, strict=True)):
+            if own == block:
                 mask[run].bernoulli_(1 - self.p, generator=generator)
-                continue
-            own = _own_shape(blocks.shape[1:], layout.rows[run], layout.lengths[run])
-            region = tuple(slice(0, size) for size in own)
-            mask[run][region] = torch.empty(own, device=x.device, dtype=x.dtype).bernoulli_(1 - self.p, generator=generator)
+            else:
+                region = tuple(slice(0, size) for size in own)
+                mask[run][region] = torch.empty(own, device=x.device, dtype=x.dtype).bernoulli_(1 - self.p, generator=generator)
         return (blocks * mask).reshape(x.shape) / (1 - self.p)
 
     def extra_repr(self) -> str:
