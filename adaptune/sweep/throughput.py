@@ -114,4 +114,3 @@ def measure_on(records: Iterable[dict[str, Any]], accelerator: Any) -> dict[Thro
     precision its runs will train in."""
     cpu_device = planned_cpu_device(accelerator.cpu_precision) if accelerator.label == "cpu" else "cpu"
     return measure_throughput(records, accelerator.label, cpu_device)
-
