@@ -37,6 +37,7 @@ import pyarrow as pa
 from datasets.table import InMemoryTable
 
 from adaptune.core.files import write_json
+from adaptune.data.batching import column_values
 from adaptune.data.readers import READERS, RawRow, read_header
 from adaptune.data.tasks import DATA_SPLITS, SQUAD_STANDIN, STANDARD_SPLIT, Task, get_task  # noqa: F401 (split names, read here too)
 
@@ -707,8 +708,8 @@ def _label_distribution(task: Task, dataset: datasets.Dataset) -> dict[str, Any]
     if task.kind == "span":
         return {}
     if task.kind == "regression":
-        values = dataset["label"]
+        values = column_values(dataset, "label")
         return {"min": float(min(values)), "max": float(max(values)), "mean": float(sum(values) / len(values))}
     names = dataset.features["label"].names
-    counts = Counter(dataset["label"])
+    counts = Counter(column_values(dataset, "label"))
     return {names[i]: counts.get(i, 0) for i in range(len(names))}

@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from adaptune.data.batching import column_values
+
 N_BEST = 20
 MAX_ANSWER_LENGTH = 30
 MAX_LENGTH = 384
@@ -120,8 +122,8 @@ def postprocess_predictions(
     after its start and be at most `max_answer_length` tokens; among the `n_best` top starts x
     `n_best` top ends of every window, the highest start + end logit wins (v1.1: always an answer).
     """
-    example_ids = list(features["example_id"])
-    offset_maps = list(features["offset_mapping"])
+    example_ids = column_values(features, "example_id")
+    offset_maps = column_values(features, "offset_mapping")
     if len(example_ids) != len(start_logits) or len(example_ids) != len(end_logits):
         raise ValueError(f"{len(example_ids)} features but {len(start_logits)} start / {len(end_logits)} end logit rows")
     features_of_example: dict[str, list[int]] = collections.defaultdict(list)
@@ -129,7 +131,7 @@ def postprocess_predictions(
         features_of_example[example_id].append(feature_index)
 
     predictions: dict[str, str] = {}
-    for example_id, context in zip(examples["id"], examples["context"], strict=True):
+    for example_id, context in zip(column_values(examples, "id"), column_values(examples, "context"), strict=True):
         best_score, best_text = -np.inf, ""
         for feature_index in features_of_example.get(example_id, []):
             offsets = offset_maps[feature_index]

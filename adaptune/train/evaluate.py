@@ -11,7 +11,7 @@ from datasets import Dataset
 from torch import nn
 from transformers import DataCollatorWithPadding
 
-from adaptune.data.batching import evaluation_batches, iterate_batches
+from adaptune.data.batching import column_values, evaluation_batches, iterate_batches
 from adaptune.core.devices import Device
 from adaptune.train.metrics import compute_metrics, squad_scores
 from adaptune.data.squad import postprocess_predictions
@@ -92,7 +92,8 @@ def _scored(task: Task, split: EvalSplit, outputs: list[Any]) -> EvalResult:
         predictions = postprocess_predictions(
             split.examples, split.features, [start for start, _ in outputs], [end for _, end in outputs]
         )
-        answers = {example_id: answer["text"] for example_id, answer in zip(split.examples["id"], split.examples["answers"], strict=True)}
+        answers = {example_id: answer["text"] for example_id, answer in
+                   zip(column_values(split.examples, "id"), column_values(split.examples, "answers"), strict=True)}
         return EvalResult(metrics=dict(squad_scores(predictions, answers)), predicted_classes=None, predictions=predictions)
 
     logits = np.stack(outputs)

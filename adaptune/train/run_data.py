@@ -9,7 +9,7 @@ from typing import Any
 
 from datasets import Dataset, DatasetDict
 
-from adaptune.data.batching import model_rows, subsample
+from adaptune.data.batching import column_values, model_rows, subsample
 from adaptune.data.loading import STANDARD_SPLIT, load_task_splits, quiet_datasets, tokenize_task
 from adaptune.train.evaluate import EvalSplit
 from adaptune.data.squad import check_window, prepare_features
@@ -67,7 +67,7 @@ def prepare_run_data(
     eval_splits = {}
     for name in EVAL_SPLITS:
         if name in tokenized and _has_labels(tokenized[name]):
-            eval_splits[name] = EvalSplit(name, model_rows(tokenized[name]), references=list(tokenized[name]["labels"]))
+            eval_splits[name] = EvalSplit(name, model_rows(tokenized[name]), references=column_values(tokenized[name], "labels"))
     sizes = {name: len(split) for name, split in tokenized.items()}
     return RunData(train_rows=model_rows(tokenized["train"]) if with_train else [], eval_splits=eval_splits,
                    split_sizes=sizes, **labels)
@@ -81,8 +81,7 @@ def _has_labels(split: Dataset) -> bool:
     """A split is scored only when it carries real labels (GLUE-style hidden test labels are -1 or None)."""
     if "labels" not in split.column_names or len(split) == 0:
         return False
-    labels = split["labels"]
-    return all(label is not None and label != -1 for label in labels)
+    return all(label is not None and label != -1 for label in column_values(split, "labels"))
 
 
 def _span_data(splits: DatasetDict, tokenizer: Any, max_length: int, doc_stride: int) -> RunData:
