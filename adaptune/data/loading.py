@@ -587,12 +587,15 @@ def default_cache_dir() -> Path:
 
 
 def dataset_fingerprint(dataset_dict: datasets.DatasetDict) -> str:
-    """A content hash of every split (Arrow IPC bytes), so equal data gives an equal cache key."""
+    """A content hash of every split (Arrow IPC bytes of its rows in one record batch), so equal data gives
+    an equal cache key however it is chunked."""
     digest = hashlib.sha256()
     for split in sorted(dataset_dict):
         table = dataset_dict[split].with_format(None).data.table
-        if dataset_dict[split]._indices is not None:  # a select()ed view: hash the rows it shows
-            table = dataset_dict[split].flatten_indices().data.table
+        indices = dataset_dict[split]._indices
+        if indices is not None:  # a select()ed view: the rows it shows, taken in Arrow (flatten_indices
+            table = table.take(indices.column(0))  # rewrote them row by row: 9 s for SST-2's, on every run)
+        table = table.combine_chunks()
         sink = io.BytesIO()
         with pa.ipc.new_stream(sink, table.schema) as writer:
             writer.write_table(table)
