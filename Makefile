@@ -8,7 +8,7 @@ PIPELINE ?= smoke
 OUT ?= outputs
 export PYTHONHASHSEED := 0
 
-.PHONY: venv test test-heavy demo run plan status tensorboard report compile submit stage-models bench bench-fused bench-bf16 bench-gpu gpu-carry bench-status bench-tensorboard bench-soak images lint lock clean
+.PHONY: venv test test-heavy demo run plan status tensorboard report compile submit stage-models bench bench-fused bench-bf16 bench-data bench-gpu gpu-carry bench-status bench-tensorboard bench-soak images lint lock clean
 
 $(VENV)/.installed: pyproject.toml requirements.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -74,6 +74,10 @@ bench-fused: venv
 # The frozen backbone in bf16 against float32 on this CPU (native bf16 or emulated: the entry says which).
 bench-bf16: venv
 	$(PY) -m adaptune.bench.cpu --only-bf16 --out bench/cpu_bf16.json
+
+# The host time a run spends preparing its data (rows from the tokenized cache), per task (bench/data_prep.json).
+bench-data: venv
+	$(PY) -m adaptune.bench.cpu --only-data --out bench/data_prep.json
 
 # On a CUDA machine: BERT-base/-large training speed and MFU, and runs side by side on one GPU (bench/gpu.json).
 bench-gpu: venv

@@ -68,11 +68,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--only-fused", action="store_true", help="only the fused run groups and bf16 entries (make bench-fused)")
     parser.add_argument("--only-bf16", action="store_true", help="only the bf16 frozen backbone against float32 (make bench-bf16)")
+    parser.add_argument("--only-data", action="store_true", help="only the time a run takes to prepare its data, per task")
     args = parser.parse_args(argv)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     started = time.perf_counter()
-    results = run_benchmark(args.data_dir, args.cache_dir, args.repeats, only_fused=args.only_fused, only_bf16=args.only_bf16)
+    if args.only_data:
+        results = data_preparation_times(args.data_dir, args.cache_dir)
+    else:
+        results = run_benchmark(args.data_dir, args.cache_dir, args.repeats, only_fused=args.only_fused, only_bf16=args.only_bf16)
     results["elapsed_s"] = round(time.perf_counter() - started, 1)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -121,7 +125,29 @@ def run_benchmark(data_dir: str | None, cache_dir: str | None, repeats: int, sam
     results.update(_checkpoint_sizes())
     results.update(measure_fused_groups(grouped_batches[0], device, repeats))
     results.update(measure_group_runs(data_dir))
+    results.update(data_preparation_times(data_dir, cache_dir))
     return results
+
+
+DATA_PREPARATION_TASKS = (("rte", None), ("mrpc", None), ("sst2", 8000), ("sst2", None))
+
+
+def data_preparation_times(data_dir: str | None, cache_dir: str | None) -> dict[str, Any]:
+    """Seconds a run spends preparing its data (every split turned into rows; the tokenized cache warm, as
+    for every run after a task's first), per task: host time that every run pays, on a GPU machine too."""
+    from adaptune.train.run_data import prepare_run_data
+
+    tokenizer = load_tokenizer(DEFAULT_BACKBONE)
+    times = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, rows in DATA_PREPARATION_TASKS:
+            arguments = (get_task(name), tokenizer, 128, 128, rows, None)
+            options = dict(data_dir=data_dir, cache_dir=cache_dir or tmp, eval_only=("validation", "test"))
+            prepare_run_data(*arguments, **options)  # the task's first run: tokenizes and caches
+            started = time.perf_counter()
+            prepared = prepare_run_data(*arguments, **options)
+            times.append({"task": name, "train_rows": len(prepared.train_rows), "seconds": round(time.perf_counter() - started, 3)})
+    return {"run_data_preparation": times}
 
 
 def _method_step_times(device: Device, batches: list[Batch], repeats: int) -> dict[str, Any]:
