@@ -360,3 +360,20 @@ def test_tokenizing_shows_no_datasets_progress_bars(shared_data_dir: Path, backb
     err = capfd.readouterr().err
     assert "tokenize rte" not in err and "Saving the dataset" not in err, err
     assert datasets.is_progress_bar_enabled()  # the caller's own setting comes back afterwards
+
+
+def test_a_splits_cache_key_is_its_rows_whether_selected_flattened_or_chunked_otherwise() -> None:
+    """The tokenized cache's key hashes the rows a split shows: a select()ed view (as carved validation
+    splits are), the same rows written out, and the same rows in other record batches key alike; other
+    rows key otherwise. Columns read as lists give the view's rows in its order."""
+    from adaptune.data.batching import column_values, model_rows
+
+    base = datasets.Dataset.from_dict({"input_ids": [[i, i + 1] for i in range(50)], "label": [i % 2 for i in range(50)]})
+    view = base.select([7, 3, 42, 0])
+    written = datasets.Dataset.from_dict({"input_ids": [[7, 8], [3, 4], [42, 43], [0, 1]], "label": [1, 1, 0, 0]})
+    rechunked = datasets.concatenate_datasets([written.select(range(2)).flatten_indices(), written.select(range(2, 4)).flatten_indices()])
+    keys = {data_module.dataset_fingerprint(datasets.DatasetDict(train=split)) for split in (view, view.flatten_indices(), written, rechunked)}
+    assert len(keys) == 1
+    assert data_module.dataset_fingerprint(datasets.DatasetDict(train=base.select([3, 7, 42, 0]))) not in keys
+    assert column_values(view, "label") == [1, 1, 0, 0] and column_values({"label": (1, 0)}, "label") == [1, 0]
+    assert model_rows(view) == [{"input_ids": ids} for ids in ([7, 8], [3, 4], [42, 43], [0, 1])]

@@ -587,19 +587,21 @@ def default_cache_dir() -> Path:
 
 
 def dataset_fingerprint(dataset_dict: datasets.DatasetDict) -> str:
-    """A content hash of every split (Arrow IPC bytes of its rows in one record batch), so equal data gives
-    an equal cache key however it is chunked."""
+    """A content hash of every split (its features, and the Arrow IPC bytes of its rows in one record batch,
+    without the schema's metadata, where datasets keeps a fingerprint of how the table was made), so equal
+    data gives an equal cache key however it was selected or chunked."""
     digest = hashlib.sha256()
     for split in sorted(dataset_dict):
-        table = dataset_dict[split].with_format(None).data.table
-        indices = dataset_dict[split]._indices
-        if indices is not None:  # a select()ed view: the rows it shows, taken in Arrow (flatten_indices
-            table = table.take(indices.column(0))  # rewrote them row by row: 9 s for SST-2's, on every run)
-        table = table.combine_chunks()
+        dataset = dataset_dict[split]
+        table = dataset.with_format(None).data.table
+        if dataset._indices is not None:  # a select()ed view: the rows it shows, taken in Arrow (flatten_indices
+            table = table.take(dataset._indices.column(0))  # rewrote them row by row: 9 s for SST-2's, every run)
+        table = table.combine_chunks().replace_schema_metadata(None)
         sink = io.BytesIO()
         with pa.ipc.new_stream(sink, table.schema) as writer:
             writer.write_table(table)
-        digest.update(split.encode() + b"\0" + sink.getvalue())
+        features = json.dumps(dataset.features.to_dict(), sort_keys=True)
+        digest.update(split.encode() + b"\0" + features.encode() + b"\0" + sink.getvalue())
     return digest.hexdigest()
 
 
