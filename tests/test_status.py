@@ -125,3 +125,16 @@ def test_a_second_status_reads_only_the_records_written_since(store: RunStore, m
     status = sweep_status(spec, store)
     assert sorted(parts[1] for parts in reads if parts[-1] == "record.json") == sorted([runs[4].run_id, runs[11].run_id])
     assert (status.count("ok"), status.count("failed"), status.count("not started")) == (5, 2, 2)
+
+
+@pytest.mark.parametrize(("cpu_precision", "measured"), [("bf16", True), ("float32", False)])
+def test_a_bf16_sweeps_status_learns_from_its_own_records(cpu_precision: str, measured: bool, tmp_path: Path) -> None:
+    """Records made in bf16 on the CPU ("cpu:bf16") price the rest of a sweep pinned to bf16, not one
+    pinned to float32, whose runs step half as fast (throughput.measure_on)."""
+    store = RunStore(tmp_path / "store")
+    spec = spec_from_dict({**SWEEP, "accelerator": {"cpu_precision": cpu_precision}})
+    for config in plan(spec).runs[:3]:
+        store.publish_record({**finished(config), "device": "cpu:bf16"})
+    status = sweep_status(spec, store)
+    assert ("measured by the run store's records" in status.estimate_basis) is measured
+    assert ("full on cpu: 0.8 examples/s from 3 run(s)" in status.estimate_basis) is measured
