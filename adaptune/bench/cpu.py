@@ -114,12 +114,10 @@ def run_benchmark(data_dir: str | None, cache_dir: str | None, repeats: int, sam
         "batch_size": BATCH_SIZE,
         "repeats": repeats,
     }
-    if only_fused or only_bf16:
-        if only_bf16:
-            results.update(measure_cpu_bf16(grouped_batches[0], device, repeats, whole_runs=True, data_dir=data_dir))
-        else:
-            results.update(measure_fused_groups(grouped_batches[0], device, repeats))
-        return results
+    if only_bf16:
+        return {**results, **measure_cpu_bf16(grouped_batches[0], device, repeats, whole_runs=True, data_dir=data_dir)}
+    if only_fused:
+        return {**results, **measure_fused_groups(grouped_batches[0], device, repeats)}
     results.update(_method_step_times(device, grouped_batches, repeats))
     results.update(_padding_speedup(device, grouped_batches, padded_batches, repeats))
     results.update(_checkpoint_sizes())

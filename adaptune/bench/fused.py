@@ -23,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -30,6 +31,7 @@ from transformers import BertConfig, BertForSequenceClassification
 
 from adaptune.core.backbones import DEFAULT_BACKBONE
 from adaptune.core.devices import Device, native_cpu_bf16
+from adaptune.core.precision import CPU_BF16_ENV, cpu_bf16_env_value
 from adaptune.model.backbone import load_model
 from adaptune.model.methods import apply_method, method_from_dict
 from adaptune.model.run_dropout import RowLayout, dropout_stream, use_run_dropout
@@ -224,20 +226,9 @@ def time_whole_runs(data_dir: str | None, k: int, runs: WholeRuns, precision: st
             "largest_test_score_difference": round(max(differences), 4) if differences else None}
 
 
-@contextlib.contextmanager
 def _cpu_precision(precision: str) -> Any:
     """Pin the CPU precision (adaptune.core.precision) of the runs trained inside, as an experiment's spec does."""
-    from adaptune.core.precision import CPU_BF16_ENV, cpu_bf16_env_value
-
-    before = os.environ.get(CPU_BF16_ENV)
-    os.environ[CPU_BF16_ENV] = cpu_bf16_env_value(precision)
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(CPU_BF16_ENV, None)
-        else:
-            os.environ[CPU_BF16_ENV] = before
+    return mock.patch.dict(os.environ, {CPU_BF16_ENV: cpu_bf16_env_value(precision)})
 
 
 def measure_cpu_bf16(batch: dict[str, torch.Tensor], device: Device, repeats: int, whole_runs: bool = False,

@@ -36,8 +36,7 @@ def model_rows(dataset: Dataset) -> list[dict[str, Any]]:
     columns = [name for name in MODEL_INPUTS if name in dataset.column_names]
     if "input_ids" not in columns:
         raise ValueError(f"dataset has no input_ids column (columns: {dataset.column_names}); tokenize it first")
-    data = dataset.select_columns(columns).to_dict()
-    return [{name: data[name][i] for name in columns} for i in range(len(dataset))]
+    return dataset.select_columns(columns).to_list()  # one Arrow read (column_values: why not per row)
 
 
 def column_values(dataset: Dataset | Mapping[str, Sequence[Any]], name: str) -> list[Any]:
