@@ -10,10 +10,11 @@ export PYTHONHASHSEED := 0
 
 .PHONY: venv test test-heavy demo run plan status tensorboard report compile submit stage-models bench bench-fused bench-bf16 bench-data bench-gpu gpu-carry bench-status bench-tensorboard bench-soak images lint lock clean
 
-$(VENV)/.installed: pyproject.toml requirements.lock
+$(VENV)/.installed: pyproject.toml requirements.lock requirements-kernel-tests.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.lock
+	$(PY) -m pip install --quiet --no-deps -r requirements-kernel-tests.txt
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $@
 
@@ -120,7 +121,7 @@ lint: venv
 	$(MAKE) -C containers lint HADOLINT=$(CURDIR)/$(VENV)/bin/hadolint
 
 lock: venv
-	{ grep '^#' requirements.lock; $(PY) -m pip freeze --exclude-editable | sed 's/+cpu//'; } > requirements.lock.new
+	{ grep '^#' requirements.lock; $(PY) -m pip freeze --exclude-editable --exclude triton | sed 's/+cpu//'; } > requirements.lock.new
 	mv requirements.lock.new requirements.lock
 
 clean:

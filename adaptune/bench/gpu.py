@@ -106,6 +106,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fused-compile", default="eager",
                         help="comma-separated, of eager, compiled, graphs (as --variants), step_graphs (the whole step as CUDA graphs), "
                              "compiled_step_graphs (the same around compiled layers)")
+    parser.add_argument("--fused-attention", default="eager",
+                        help="comma-separated, of eager, kernel (adaptune.model.attention_kernel: counter masks drawn inside one "
+                             "attention kernel; groups drawing generator masks stay eager)")
+    parser.add_argument("--attention-check", default="", help="group sizes at which to check that the attention kernel computes "
+                        "what eager attention does (one call: mask bits, output, gradients; a group trained both ways), first fused "
+                        "method, first --fused-compile mode (empty: skip)")
     parser.add_argument("--graph-check", default="", help="group sizes at which to check that the step replayed as CUDA graphs "
                         "(the first step-graph mode of --fused-compile, else step_graphs) trains as it does uncaptured, first fused "
                         "method (empty: skip)")
@@ -134,7 +140,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     started = time.perf_counter()
     variants = _names(args.variants)  # none: the solo step is not measured
-    needs_batches = bool(variants or args.fused or _counts(args.fused_profile) or _counts(args.graph_check))  # the shard tokenizes its own task
+    needs_batches = bool(variants or args.fused or _counts(args.fused_profile) or _counts(args.graph_check)
+                         or _counts(args.attention_check))  # the shard tokenizes its own task
     batch_sets = cached_batches(args.batches_cache, args.data_dir, args.tokenizer, device, scale) if needs_batches else {}
     results: dict[str, Any] = {
         "device": device.name,
@@ -171,7 +178,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         def keep(row: dict[str, Any]) -> None:
             results["fused"].append(row)
             save()
-            log(f"fused {row['backbone']} {row['method']} {row['batches']} k={row['k']} {row['optimizer_step']} {row['masks']} {row['compile']}: "
+            log(f"fused {row['backbone']} {row['method']} {row['batches']} k={row['k']} {row['optimizer_step']} {row['masks']} {row['compile']} "
+                f"attention {row['attention']}: "
                 f"{row.get('examples_per_s', row.get('error'))} ex/s, MFU {row.get('mfu')}, peak {row.get('peak_gib')} GiB")
 
         for backbone, method, batches_name in itertools.product(args.backbones.split(","), args.fused_methods.split(","),
@@ -179,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows = measure_fused(scale.configs[backbone], backbone, method, batch_sets[batches_name], _counts(args.fused), device,
                                  args.repeats, peak_flops(device), optimizer_steps=_names(args.fused_optimizer),
                                  mask_schemes=_names(args.fused_masks), compile_modes=_names(args.fused_compile), on_row=keep,
-                                 task_count=len(TASKS), batches_name=batches_name)
+                                 task_count=len(TASKS), batches_name=batches_name, attention_modes=_names(args.fused_attention))
             save()  # `keep` holds the same rows, now with their speedups against k = 1
             log(f"{backbone} {method} {batches_name} fused: " + ", ".join(f"k={r['k']} {r['optimizer_step']} {r['masks']} {r['compile']} {r.get('examples_per_s', r.get('error'))} ex/s MFU {r.get('mfu')}" for r in rows))
     if _counts(args.graph_check):
@@ -195,6 +203,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                 results["step_graphs_check"].append(row)
                 save()
                 log(f"step graphs check {check_mode} {backbone} k={k}: graphs {row['graphs']}, eager {row['eager']}")
+    if _counts(args.attention_check):
+        from adaptune.bench.gpu_fused import check_attention_kernel
+
+        results["attention_check"] = []
+        for backbone in args.backbones.split(","):
+            for k in _counts(args.attention_check):
+                row = check_attention_kernel(scale.configs[backbone], backbone, _names(args.fused_methods)[0], batch_sets["length_grouped"],
+                                             k, device, task_count=len(TASKS), mode=_names(args.fused_compile)[0])
+                results["attention_check"].append(row)
+                save()
+                log(f"attention kernel check {backbone} k={k}: one call {row['attention_call']}, trained {row['kernel']}, "
+                    f"{row['kernel_calls']} kernel calls")
     if _counts(args.fused_profile):
         from adaptune.bench.gpu_fused import profile_fused
 
@@ -202,7 +222,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for backbone in args.backbones.split(","):
             for k in _counts(args.fused_profile):
                 row = profile_fused(scale.configs[backbone], backbone, _names(args.fused_methods)[0], batch_sets["length_grouped"], k, device,
-                                    masks=_names(args.fused_masks)[0], compile_mode=_names(args.fused_compile)[0], task_count=len(TASKS))
+                                    masks=_names(args.fused_masks)[0], compile_mode=_names(args.fused_compile)[0], task_count=len(TASKS),
+                                    attention=_names(args.fused_attention)[0])
                 results["fused_profile"].append(row)
                 save()
                 log(f"profile {backbone} k={k}: {row['step_ms']} ms a step, {row['kernels_per_step']} kernels, "

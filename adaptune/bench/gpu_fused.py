@@ -18,18 +18,22 @@ from __future__ import annotations
 import functools
 import gc
 import itertools
+import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
+from unittest import mock
 
 import torch
 
 from adaptune.bench.fused import _Run, grouped_runs
 from adaptune.bench.step_cost import timed_pass, training_flops
 from adaptune.core.devices import Device, is_out_of_memory
+from adaptune.model import attention_kernel
+from adaptune.model.attention_kernel import ATTENTION_ENV
 from adaptune.model.methods import apply_method, method_from_dict
-from adaptune.model.run_dropout import counter_keep_mask, fused_counter_keep_mask
+from adaptune.model.run_dropout import CounterStream, counter_keep_mask, fused_counter_keep_mask, keep_threshold, run_words
 from adaptune.model.run_groups import trained_tensors
 from adaptune.train.compiling import training_forward
 from adaptune.train.group_loop import run_losses, fused_step, stack_run_batches
@@ -45,11 +49,13 @@ def measure_fused(config: dict[str, Any], size: str, method: str, batches: list[
                   device: Device, repeats: int, peak: float | None, steps: int = 8,
                   optimizer_steps: Sequence[str] = ("together",), mask_schemes: Sequence[str] = ("generator",),
                   compile_modes: Sequence[str] = ("eager",), on_row: Callable[[dict[str, Any]], None] | None = None,
-                  task_count: int = 1, batches_name: str = "length_grouped") -> list[dict[str, Any]]:
+                  task_count: int = 1, batches_name: str = "length_grouped", attention_modes: Sequence[str] = ("eager",)
+                  ) -> list[dict[str, Any]]:
     """One row per group size and variant: optimizer step ("together": the trainer's one multi-tensor
     step for all runs; "per_run": each run's own clipping and torch AdamW, fused on a GPU, in turn;
     which launches fewer kernels on a GPU depends on how many tensors one multi-tensor launch takes, so
-    it is measured) x dropout mask scheme x compile mode (adaptune.train.compiling, as the trainer runs it). A size that runs out of
+    it is measured) x dropout mask scheme x compile mode (adaptune.train.compiling, as the trainer runs it) x attention
+    (adaptune.model.attention_kernel: eager, or the kernel, which only counter masks use). A size that runs out of
     memory is recorded so and ends the sweep."""
     rows: list[dict[str, Any]] = []
     cuda = device.kind == "cuda"  # the CPU runs it too, for a check, without memory figures
@@ -63,39 +69,44 @@ def measure_fused(config: dict[str, Any], size: str, method: str, batches: list[
         fused = _fused_steps(batches, task_count, k, steps, device)
         examples = sum(sum(layout.rows) for *_, layout in fused)
         # A fresh group for each variant: its own optimizer state and memory peak.
-        for optimizer_step, masks, compile_mode in itertools.product(optimizer_steps, mask_schemes, compile_modes):
-            variant = {"batches": batches_name, "optimizer_step": optimizer_step, "masks": masks, "compile": compile_mode}
+        for optimizer_step, masks, compile_mode, attention in itertools.product(optimizer_steps, mask_schemes, compile_modes,
+                                                                                 attention_modes):
+            variant = {"batches": batches_name, "optimizer_step": optimizer_step, "masks": masks, "compile": compile_mode,
+                       "attention": attention}
             model = randomness = runs = runner = one_pass = None
-            try:
-                model, randomness, runs, run_flops = _group(config, FUSED_METHODS[method], k, device, fused, masks)
-                runner = _step_function(model, randomness, compile_mode, device, optimizer_step == "together")
-                one_pass = functools.partial(_train_pass, runner, runs, fused)
-                for _ in range(_warmup_passes(compile_mode)):  # kernels chosen, AdamW state allocated, graphs captured
-                    one_pass()
-                if cuda and compile_mode not in STEP_GRAPH_MODES:  # a graph's memory was taken at capture: its peak is the warm-up's
-                    torch.cuda.reset_peak_memory_stats()
-                seconds = statistics.median(timed_pass(lambda _: one_pass(), [None], device) for _ in range(repeats))
-                keep({"backbone": size, "method": method, "k": k, **variant,
-                      "step_ms": round(1000 * seconds / steps, 2), "examples_per_s": round(examples / seconds, 1),
-                      "model_tflops_per_s": round(k * run_flops / seconds / 1e12, 1),
-                      "mfu": round(k * run_flops / seconds / peak, 3) if peak else None,
-                      "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
-                      **({"graphs_captured": runner.captured} if isinstance(runner, GraphedFusedStep) else {})})
-            except Exception as error:
-                if not is_out_of_memory(error):
-                    raise
-                keep({"backbone": size, "method": method, "k": k, **variant, "error": "out of memory"})
-                return _with_speedups(rows)
-            finally:
-                del model, randomness, runs, one_pass, runner  # the partial holds the group too
-                gc.collect()
-                if cuda:
-                    torch.cuda.empty_cache()
+            with mock.patch.dict(os.environ, {ATTENTION_ENV: attention}), _counting_kernel_calls() as kernel_calls:
+                try:
+                    model, randomness, runs, run_flops = _group(config, FUSED_METHODS[method], k, device, fused, masks)
+                    runner = _step_function(model, randomness, compile_mode, device, optimizer_step == "together")
+                    one_pass = functools.partial(_train_pass, runner, runs, fused)
+                    for _ in range(_warmup_passes(compile_mode)):  # kernels chosen, AdamW state allocated, graphs captured
+                        one_pass()
+                    if cuda and compile_mode not in STEP_GRAPH_MODES:  # a graph's memory was taken at capture: its peak is the warm-up's
+                        torch.cuda.reset_peak_memory_stats()
+                    seconds = statistics.median(timed_pass(lambda _: one_pass(), [None], device) for _ in range(repeats))
+                    keep({"backbone": size, "method": method, "k": k, **variant,
+                          "step_ms": round(1000 * seconds / steps, 2), "examples_per_s": round(examples / seconds, 1),
+                          "model_tflops_per_s": round(k * run_flops / seconds / 1e12, 1),
+                          "mfu": round(k * run_flops / seconds / peak, 3) if peak else None,
+                          "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
+                          **({"graphs_captured": runner.captured} if isinstance(runner, GraphedFusedStep) else {}),
+                          **({"kernel_calls": kernel_calls.call_count} if attention == "kernel" else {})})
+                except Exception as error:
+                    if not is_out_of_memory(error):
+                        raise
+                    keep({"backbone": size, "method": method, "k": k, **variant, "error": "out of memory"})
+                    return _with_speedups(rows)
+                finally:
+                    del model, randomness, runs, one_pass, runner  # the partial holds the group too
+                    gc.collect()
+                    if cuda:
+                        torch.cuda.empty_cache()
     return _with_speedups(rows)
 
 
 def profile_fused(config: dict[str, Any], size: str, method: str, batches: list[Batch], k: int, device: Device, steps: int = 4,
-                  masks: str = "generator", compile_mode: str = "eager", task_count: int = 1, top: int = 25) -> dict[str, Any]:
+                  masks: str = "generator", compile_mode: str = "eager", task_count: int = 1, top: int = 25,
+                  attention: str = "eager") -> dict[str, Any]:
     """Where a fused step's time goes: one warm pass of `steps` fused steps at k under torch.profiler. Per
     step: kernels launched and the share of the wall time the device was busy (low: launch-bound),
     aten operators, and the `top` operators by self device time (CPU time on a CPU)."""
@@ -103,23 +114,24 @@ def profile_fused(config: dict[str, Any], size: str, method: str, batches: list[
     from torch.profiler import ProfilerActivity, profile
 
     cuda = device.kind == "cuda"
-    fused = _fused_steps(batches, task_count, k, steps, device)
-    model, randomness, runs, _ = _group(config, FUSED_METHODS[method], k, device, fused, masks)
-    one_pass = functools.partial(_train_pass, _step_function(model, randomness, compile_mode, device, True), runs, fused)
-    for _ in range(_warmup_passes(compile_mode)):  # warm-up (and compilation or capture)
-        one_pass()
-    device.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]) as profiler:
-        started = time.perf_counter()
-        one_pass()
+    with mock.patch.dict(os.environ, {ATTENTION_ENV: attention}):
+        fused = _fused_steps(batches, task_count, k, steps, device)
+        model, randomness, runs, _ = _group(config, FUSED_METHODS[method], k, device, fused, masks)
+        one_pass = functools.partial(_train_pass, _step_function(model, randomness, compile_mode, device, True), runs, fused)
+        for _ in range(_warmup_passes(compile_mode)):  # warm-up (and compilation or capture)
+            one_pass()
         device.synchronize()
-        wall = time.perf_counter() - started
+        with profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]) as profiler:
+            started = time.perf_counter()
+            one_pass()
+            device.synchronize()
+            wall = time.perf_counter() - started
     events = profiler.events()
     kernels = [event for event in events if event.device_type == DeviceType.CUDA]
     operators = [event for event in events if event.device_type == DeviceType.CPU and event.name.startswith("aten::")]
     self_time = (lambda event: event.self_device_time_total) if cuda else (lambda event: event.self_cpu_time_total)  # noqa: E731
     heaviest = sorted(profiler.key_averages(), key=self_time, reverse=True)[:top]
-    return {"backbone": size, "method": method, "k": k, "masks": masks, "compile": compile_mode, "steps": steps,
+    return {"backbone": size, "method": method, "k": k, "masks": masks, "compile": compile_mode, "attention": attention, "steps": steps,
             "step_ms": round(1000 * wall / steps, 2),
             "kernels_per_step": round(len(kernels) / steps) if cuda else None,
             "device_busy_share": round(sum(kernel.device_time_total for kernel in kernels) / 1e6 / wall, 3) if cuda else None,
@@ -165,29 +177,105 @@ def check_step_graphs(config: dict[str, Any], size: str, method: str, batches: l
     padding, every run's AdamW at once, no compiling). Largest differences of the step losses and of the
     trained tensors at the end, (b) and (c) against (a)."""
     fused = _fused_steps(batches, task_count, k, steps, device)
-    trained: dict[str, tuple[list[float], list[torch.Tensor], int]] = {}
-    for name, step_mode, capture in (("uncaptured", mode, False), ("graphs", mode, True), ("eager", "eager", False)):
-        model, randomness, runs, _ = _group(config, FUSED_METHODS[method], k, device, fused, "counter")
-        step = _step_function(model, randomness, step_mode, device, True)
-        if isinstance(step, GraphedFusedStep):
-            step.capturing_allowed = capture
-        losses = [float(loss) for _ in range(passes) for results in _train_pass(step, runs, fused) for loss, _ in results]
-        tensors = [p.detach().float().cpu().clone() for run in runs for p in run.params.values()]
-        trained[name] = (losses, tensors, step.captured if isinstance(step, GraphedFusedStep) else 0)
-        del model, randomness, runs, step
-        gc.collect()
-    reference_losses, reference_tensors, _ = trained["uncaptured"]
-
-    def differences(name: str) -> dict[str, Any]:
-        losses, tensors, captured = trained[name]
-        return {"graphs_captured": captured,
-                "max_loss_difference": max(abs(a - b) for a, b in zip(losses, reference_losses, strict=True)),
-                "max_tensor_difference": max(float((a - b).abs().max()) for a, b in zip(tensors, reference_tensors, strict=True))}
-
+    reference = _trained(config, method, k, device, fused, mode, passes, capture=False)
     return {"backbone": size, "method": method, "k": k, "steps": steps * passes, "masks": "counter", "compile": mode,
             "fused_mask_equals_eager": _fused_mask_equals_eager(k, device),
-            "reference": "uncaptured", "graphs": differences("graphs"), "eager": differences("eager"),
-            "first_losses": reference_losses[:k], "last_losses": reference_losses[-k:]}
+            "reference": "uncaptured", "graphs": _differences(_trained(config, method, k, device, fused, mode, passes), reference),
+            "eager": _differences(_trained(config, method, k, device, fused, "eager", passes), reference),
+            "first_losses": reference[0][:k], "last_losses": reference[0][-k:]}
+
+
+def check_attention_kernel(config: dict[str, Any], size: str, method: str, batches: list[Batch], k: int, device: Device,
+                           steps: int = 8, passes: int = 2, task_count: int = 1, mode: str = "eager") -> dict[str, Any]:
+    """Whether the attention kernel (adaptune.model.attention_kernel) computes what eager attention does:
+    (1) on one attention call, the kept positions bit for bit (counter_keep_mask's), and the output and
+    gradients against eager attention in float32 from the same inputs; (2) two groups from the same
+    initial tensors, counter masks, trained `passes` passes of `steps` fused steps in compile `mode`,
+    eager attention and the kernel: the largest differences of their step losses and trained tensors."""
+    fused = _fused_steps(batches, task_count, k, steps, device)
+    trained = {}
+    for attention in attention_kernel.ATTENTION_MODES:
+        with mock.patch.dict(os.environ, {ATTENTION_ENV: attention}), _counting_kernel_calls() as kernel_calls:
+            trained[attention] = _trained(config, method, k, device, fused, mode, passes)
+    return {"backbone": size, "method": method, "k": k, "steps": steps * passes, "masks": "counter", "compile": mode,
+            "attention_call": attention_kernel_matches(device), "reference": "eager attention",
+            "kernel": _differences(trained["kernel"], trained["eager"]), "kernel_calls": kernel_calls.call_count,
+            "first_losses": trained["eager"][0][:k], "last_losses": trained["eager"][0][-k:]}
+
+
+def attention_kernel_matches(device: Device) -> dict[str, Any]:
+    """One attention call in the kernel against eager attention, at BERT's head size and the kernel's
+    longest length on a GPU (bf16, blocks of 130 rows so that a row's index sets the hash input's top
+    bit), smaller on a CPU (float32 under Triton's interpreter). The kept positions are read exactly
+    ("mask_bits_equal"): with queries and keys 0 every probability is 1 / length, and one-hot values make
+    the output the kept pattern itself, head_size keys at a time."""
+    cuda = device.kind == "cuda"
+    runs, block, heads, length, head_size = (2, 130, 2, attention_kernel.MAX_LENGTH, 64) if cuda else (2, 130, 1, 20, 16)
+    dtype, target, p, scaling = (torch.bfloat16 if cuda else torch.float32), device.torch_device, 0.1, head_size**-0.5
+    keys = torch.tensor([CounterStream(seed).keys for seed in range(runs)], device=target)  # int64: run_words takes their low 32 bits
+    draws = torch.tensor([3, 70_001], device=target)[:runs]
+    words, threshold, rows = run_words(keys, draws), keep_threshold(p), runs * block
+    zeros = torch.zeros(rows, heads, length, head_size, device=target, dtype=dtype)
+    kept = []
+    for start in range(0, length, head_size):
+        count = min(head_size, length - start)
+        one_hot = zeros.clone()
+        one_hot[:, :, torch.arange(start, start + count), torch.arange(count)] = 1
+        out = attention_kernel.run_dropout_attention(zeros, zeros, one_hot, None, words, threshold, p, scaling)
+        kept.append(out.transpose(1, 2)[..., :count] > 0)
+    expected = counter_keep_mask(keys, draws, (runs, block, heads, length, length), p).view(rows, heads, length, length)
+    expected_values = expected
+    if not cuda:  # the interpreter's cost grows with the programs: the numbers on 3 rows a run (a block's first 3: the same bits)
+        rows = runs * 3
+        expected_values = expected.view(runs, block, heads, length, length)[:, :3].reshape(rows, heads, length, length)
+    generator = torch.Generator(device=target).manual_seed(0)
+    query, key, value = (torch.randn(rows, heads, length, head_size, device=target, generator=generator).to(dtype).requires_grad_()
+                         for _ in range(3))
+    padding = torch.arange(length, device=target) >= torch.randint(1, length + 1, (rows, 1), device=target, generator=generator)
+    additive = torch.zeros(rows, 1, length, length, device=target).masked_fill(padding[:, None, None, :], torch.finfo(torch.float32).min)
+    grad_out = torch.randn(rows, length, heads, head_size, device=target, generator=generator).to(dtype)
+    out = attention_kernel.run_dropout_attention(query, key, value, additive, words, threshold, p, scaling)
+    grads = torch.autograd.grad(out, (query, key, value), grad_out)
+    upcast = [tensor.detach().float().requires_grad_() for tensor in (query, key, value)]
+    scores = upcast[0] @ upcast[1].transpose(2, 3) * scaling + additive
+    reference = ((torch.softmax(scores, -1) * expected_values / (1 - p)) @ upcast[2]).transpose(1, 2)
+    reference_grads = torch.autograd.grad(reference, upcast, grad_out.float())
+    return {"rows": rows, "heads": heads, "length": length, "head_size": head_size, "dtype": str(dtype).removeprefix("torch."),
+            "mask_bits_equal": bool(torch.equal(torch.cat(kept, dim=-1), expected)), "kept_share": round(float(expected.float().mean()), 4),
+            "max_out_difference": float((out.detach().float() - reference.detach()).abs().max()),
+            "max_grad_difference": max(float((a.float() - b).abs().max()) for a, b in zip(grads, reference_grads, strict=True)),
+            "max_grad": max(float(b.abs().max()) for b in reference_grads)}
+
+
+def _counting_kernel_calls() -> Any:
+    """Counts the attention calls that ran in the kernel (run_dropout calls it through the module), so that
+    a row labelled "kernel" cannot be eager attention unawares (a replayed graph calls nothing: count its capture)."""
+    return mock.patch.object(attention_kernel, "run_dropout_attention", wraps=attention_kernel.run_dropout_attention)
+
+
+def _trained(config: dict[str, Any], method: str, k: int, device: Device, fused: list[tuple], mode: str, passes: int,
+             capture: bool = True) -> tuple[list[float], list[torch.Tensor], int]:
+    """A group of k runs (counter masks) trained `passes` passes over the fused steps in compile `mode`
+    (`capture` False: a step-graph mode's step without its capture): its step losses, trained tensors
+    and graphs captured."""
+    model, randomness, runs, _ = _group(config, FUSED_METHODS[method], k, device, fused, "counter")
+    step = _step_function(model, randomness, mode, device, True)
+    if isinstance(step, GraphedFusedStep):
+        step.capturing_allowed = capture
+    losses = [float(loss) for _ in range(passes) for results in _train_pass(step, runs, fused) for loss, _ in results]
+    tensors = [p.detach().float().cpu().clone() for run in runs for p in run.params.values()]
+    captured = step.captured if isinstance(step, GraphedFusedStep) else 0
+    del model, randomness, runs, step
+    gc.collect()
+    return losses, tensors, captured
+
+
+def _differences(trained: tuple[list[float], list[torch.Tensor], int], reference: tuple[list[float], list[torch.Tensor], int]
+                 ) -> dict[str, Any]:
+    losses, tensors, captured = trained
+    return {"graphs_captured": captured,
+            "max_loss_difference": max(abs(a - b) for a, b in zip(losses, reference[0], strict=True)),
+            "max_tensor_difference": max(float((a - b).abs().max()) for a, b in zip(tensors, reference[1], strict=True))}
 
 
 def group_batches(batches: list[Batch], task_count: int, step: int, k: int) -> list[Batch]:

@@ -38,6 +38,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
 
+from adaptune.model import attention_kernel
+
 RUN_DROPOUT_ATTENTION = "adaptune_run_dropout"
 DROPOUT_MASKS_ENV = "ADAPTUNE_DROPOUT_MASKS"
 MASK_SCHEMES = ("generator", "counter")
@@ -130,7 +132,7 @@ def counter_keep_mask(keys: torch.Tensor, draws: torch.Tensor, shape: torch.Size
     if widths is None or any(size > 1 << width for size, width in zip(own, widths, strict=True)):
         raise ValueError(f"counter dropout masks take blocks of rank 1-4 whose axes fit {widths or _COORDINATE_BITS} bits; "
                          f"got {own}: use {DROPOUT_MASKS_ENV}=generator")
-    threshold = round(p * (1 << 32))
+    threshold = keep_threshold(p)
     if threshold > _M32:  # p = 1: no 32-bit word reaches it
         return torch.zeros(shape, dtype=torch.bool, device=keys.device)
     device, dims = keys.device, len(own)
@@ -140,12 +142,23 @@ def counter_keep_mask(keys: torch.Tensor, draws: torch.Tensor, shape: torch.Size
         term = (torch.arange(size, device=device, dtype=torch.int32) << shift).view(size, *([1] * (dims - axis - 1)))
         index = term if index is None else index + term
     per_run = (-1, *([1] * dims))
-    keys, draws = _as_int32(keys), _as_int32(draws)
-    first = (keys[:, 0] ^ _mix32(draws)).view(per_run)
-    second = (keys[:, 1] ^ _mix32(draws ^ 0x5BD1E995)).view(per_run)
+    words = run_words(keys, draws)
+    first, second = words[:, 0].view(per_run), words[:, 1].view(per_run)
     bits = _mix32(_mix32(index.unsqueeze(0) ^ first) ^ second)
     # unsigned bits >= threshold, in signed int32: flipping the top bit maps unsigned order onto signed order
     return (bits ^ _SIGN) >= _signed32(threshold ^ (1 << 31))
+
+
+def run_words(keys: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
+    """Each run's two 32-bit words for one draw (runs, 2), int32: what counter_keep_mask hashes a
+    position's index with (adaptune.model.attention_kernel draws the same bits from them)."""
+    keys, draws = _as_int32(keys), _as_int32(draws)
+    return torch.stack([keys[:, 0] ^ _mix32(draws), keys[:, 1] ^ _mix32(draws ^ 0x5BD1E995)], dim=1)
+
+
+def keep_threshold(p: float) -> int:
+    """A position is kept iff its unsigned 32-bit hash is at least this (p = 1: above every word)."""
+    return round(p * (1 << 32))
 
 
 @functools.cache
@@ -253,6 +266,16 @@ class RunRandomness(nn.Module):
         for index, stream in enumerate(counters):
             stream._held = (self, index)
 
+    def site_draws(self, site: int, ordinal: torch.Tensor) -> torch.Tensor:
+        """Each run's draw number at a counter site in this forward pass (`base + site`), checked eagerly
+        to be the site's only draw of the pass."""
+        if not torch.compiler.is_compiling():
+            if site in self._drawn:
+                raise RuntimeError(f"dropout site {site} drew a second mask in one forward pass: call advance() before each "
+                                   "training forward (use_run_dropout's model does), and reach each site once per pass")
+            self._drawn.add(site)
+        return self.base + ordinal
+
     def keep(self, indices: list[int]) -> None:
         kept = [self.streams[i] for i in indices]
         if self.scheme == "counter":
@@ -263,12 +286,7 @@ class RunRandomness(nn.Module):
     def counter_mask(self, shape: torch.Size, p: float, site: int, ordinal: torch.Tensor) -> torch.Tensor:
         """Every run's mask for one site (counter_keep_mask): draw `base + site`, the site's ordinal also
         given as a tensor (`ordinal`), so that one compiled layer serves every layer's sites."""
-        if not torch.compiler.is_compiling():
-            if site in self._drawn:
-                raise RuntimeError(f"dropout site {site} drew a second mask in one forward pass: call advance() before each "
-                                   "training forward (use_run_dropout's model does), and reach each site once per pass")
-            self._drawn.add(site)
-        draws = self.base + ordinal
+        draws = self.site_draws(site, ordinal)
         if self.keys.is_cuda and not torch.compiler.is_compiling():  # compiled, the layer's own kernels draw it
             return fused_counter_keep_mask()(self.keys, draws, torch.empty(shape, device="meta"), p)
         return counter_keep_mask(self.keys, draws, shape, p)
@@ -322,7 +340,9 @@ def _own_shape(block_shape: torch.Size, rows: int, length: int) -> tuple[int, ..
 def use_run_dropout(model: nn.Module, streams: list[torch.Generator | CounterStream]) -> RunRandomness:
     """Replace every nn.Dropout of the model by a RunDropout drawing from `streams` (one per run: all
     generators or all counter streams), and route attention through RUN_DROPOUT_ATTENTION; in place.
-    Returns the shared RunRandomness."""
+    Returns the shared RunRandomness. $ADAPTUNE_ATTENTION is read here first, so that a misspelt value
+    fails before training."""
+    attention_kernel.attention_mode()
     randomness = RunRandomness(streams)
     # Depth first, in module order: the order a BERT forward pass reaches them (embeddings, each layer's
     # attention probabilities, attention output and output, the head's), which numbers their sites.
@@ -361,7 +381,13 @@ def run_dropout_attention(module: nn.Module, query: torch.Tensor, key: torch.Ten
     """transformers' eager attention with the layer's RunDropout on the probabilities; SDPA without dropout."""
     if dropout == 0.0 or not isinstance(getattr(module, "dropout", None), RunDropout):
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
-    scores = torch.matmul(query, key.transpose(2, 3)) * (scaling if scaling is not None else query.size(-1) ** -0.5)
+    scaling = scaling if scaling is not None else query.size(-1) ** -0.5
+    site: RunDropout = module.dropout
+    if site.randomness.scheme == "counter" and site.training and attention_kernel.kernel_applies(query, key, value, site.p):
+        words = run_words(site.randomness.keys, site.randomness.site_draws(site.site, site.ordinal))
+        return attention_kernel.run_dropout_attention(query, key, value, attention_mask, words, keep_threshold(site.p), site.p,
+                                                      scaling), None
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
     if attention_mask is not None:
         scores = scores + attention_mask
     probabilities = module.dropout(nn.functional.softmax(scores, dim=-1))

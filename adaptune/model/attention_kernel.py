@@ -1,0 +1,132 @@
+"""A fused group's attention with each run's counter dropout drawn inside one Triton kernel
+(`ADAPTUNE_ATTENTION=kernel`; eager attention is the default).
+
+Why: with the step replayed as CUDA graphs, an H100 spent a fused BERT step's time on elementwise passes
+over the attention probabilities (bench/gpu.json "h100_2026_11_26_step_graphs"): scores, the additive
+mask, a float32 softmax, the dropout mask and its product are each written out at (runs x rows) x
+heads x length x length, forward and backward. Here one program per (row, head) holds its whole
+length x length tile on chip: the scores, the softmax, the mask and the dropped probabilities never
+reach memory. The backward pass recomputes them from the log-sum-exp it saved and draws the same mask
+again (FlashAttention's recomputation, Dao et al. 2022). Each run's mask bits are
+run_dropout.counter_keep_mask's: the same hash of the run's words and the position's coordinates in
+the run's block, so a run's result still does not depend on its group.
+
+No library kernel fits: SDPA's and FlashAttention's dropout draws from one Philox seed for the whole
+batch, so a run's mask would depend on its place in the group; FlexAttention modifies scores before
+the softmax, and dropout acts after it.
+
+One tile per (row, head) bounds the length: up to `MAX_LENGTH` tokens (GLUE's 128), head sizes of 16, 32
+or 64 (MiniLM's and BERT's). Elsewhere (SQuAD's 384 tokens, evaluation, inside torch.compile, where
+inductor fuses the eager form) attention runs eagerly. On a CPU the kernel runs only under Triton's
+interpreter (TRITON_INTERPRET=1), which is how the tests check it.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+import torch
+
+ATTENTION_ENV = "ADAPTUNE_ATTENTION"
+ATTENTION_MODES = ("eager", "kernel")
+MAX_LENGTH = 128  # one program's length x length tile of float32 scores: 64 KiB at 128
+
+
+def attention_mode() -> str:
+    """$ADAPTUNE_ATTENTION: "eager" (unset) or "kernel"."""
+    mode = os.environ.get(ATTENTION_ENV) or "eager"
+    if mode not in ATTENTION_MODES:
+        raise ValueError(f"{ATTENTION_ENV}={mode!r} is not an attention mode: use one of {', '.join(ATTENTION_MODES)}")
+    return mode
+
+
+def kernel_applies(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, p: float) -> bool:
+    """Whether this attention call runs in the kernel: the mode asks for it, the shapes fit one tile,
+    and the device runs Triton (a GPU, or a CPU under the interpreter)."""
+    if attention_mode() != "kernel" or torch.compiler.is_compiling():
+        return False
+    length, head_size = query.shape[2], query.shape[3]
+    fits = (length <= MAX_LENGTH and key.shape[2] == length and head_size in (16, 32, 64) and 0 < p < 1
+            and query.dtype == key.dtype == value.dtype)
+    if not fits:
+        return False
+    if not (query.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
+        return False
+    _kernels()  # says plainly when Triton is missing
+    return True
+
+
+def run_dropout_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, additive_mask: torch.Tensor | None,
+                          words: torch.Tensor, threshold: int, p: float, scaling: float) -> torch.Tensor:
+    """softmax(query keyᵀ x scaling + mask) with each run's counter dropout, times value: (rows, heads,
+    length, head size) in, (rows, length, heads, head size) out (the layout transformers' attention
+    functions return). `words`: each run's (runs, 2) int32 words for this site (run_dropout.run_words);
+    a position is kept where its unsigned hash is at least `threshold` (run_dropout.keep_threshold(p));
+    the rows are the runs' equal blocks, run after run."""
+    return _Attention.apply(query, key, value, additive_mask, words, threshold, p, scaling)
+
+
+class _Attention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, additive_mask: torch.Tensor | None,
+                words: torch.Tensor, threshold: int, p: float, scaling: float) -> torch.Tensor:
+        query, key, value = query.contiguous(), key.contiguous(), value.contiguous()
+        rows, heads, length, head_size = query.shape
+        out = torch.empty(rows, length, heads, head_size, device=query.device, dtype=query.dtype)
+        log_sum_exp = torch.empty(rows, heads, length, device=query.device, dtype=torch.float32)
+        mask, mask_strides = _mask_and_strides(additive_mask, rows, heads, length)
+        block = _block(length)
+        forward_kernel, _ = _kernels()
+        forward_kernel[(rows * heads,)](
+            query, key, value, mask, words, out, log_sum_exp, *mask_strides, heads, length, rows // words.shape[0],
+            scaling, threshold, 1.0 / (1.0 - p),
+            HAS_MASK=additive_mask is not None, BLOCK=block, HEAD=head_size, num_warps=_warps(block))
+        ctx.save_for_backward(query, key, value, additive_mask if additive_mask is not None else query.new_empty(0), words,
+                              out, log_sum_exp)
+        ctx.has_mask, ctx.threshold, ctx.p, ctx.scaling = additive_mask is not None, threshold, p, scaling
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
+        query, key, value, additive_mask, words, out, log_sum_exp = ctx.saved_tensors
+        rows, heads, length, head_size = query.shape
+        grad_out = grad_out.contiguous()
+        grads = [torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)]
+        mask, mask_strides = _mask_and_strides(additive_mask if ctx.has_mask else None, rows, heads, length)
+        block = _block(length)
+        _, backward_kernel = _kernels()
+        backward_kernel[(rows * heads,)](
+            query, key, value, mask, words, grad_out, log_sum_exp, *grads, *mask_strides, heads, length,
+            rows // words.shape[0], ctx.scaling, ctx.threshold, 1.0 / (1.0 - ctx.p),
+            HAS_MASK=ctx.has_mask, BLOCK=block, HEAD=head_size, num_warps=_warps(block))
+        return (*grads, None, None, None, None, None)
+
+
+def _mask_and_strides(mask: torch.Tensor | None, rows: int, heads: int, length: int) -> tuple[torch.Tensor | None, tuple[int, ...]]:
+    """The additive mask broadcast to (rows, heads, length, length) as strides (0 where it broadcasts):
+    no copy of transformers' (rows, 1, length, length) mask."""
+    if mask is None:
+        return None, (0, 0, 0, 0)
+    expanded = mask.expand(rows, heads, length, length)
+    return expanded, tuple(expanded.stride())
+
+
+def _block(length: int) -> int:
+    return max(16, 1 << (length - 1).bit_length())
+
+
+def _warps(block: int) -> int:
+    return 8 if block >= 128 else 4
+
+
+@functools.cache
+def _kernels() -> tuple[Any, Any]:
+    """The forward and backward kernels (adaptune.model.attention_triton, which imports triton: loaded only
+    where the kernel runs)."""
+    try:
+        from adaptune.model import attention_triton
+    except ImportError as error:
+        raise RuntimeError(f"{ATTENTION_ENV}=kernel needs triton (CUDA builds of torch install it): {error}") from error
+    return attention_triton.forward_kernel, attention_triton.backward_kernel

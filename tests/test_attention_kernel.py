@@ -1,0 +1,106 @@
+"""The attention kernel (adaptune.model.attention_kernel) against eager attention, on the CPU under
+Triton's interpreter (TRITON_INTERPRET=1: the kernel's own code, run by numpy, program by program).
+The interpreter has no bf16 matrix product, so these run in float32 and float16; a lent GPU's call
+checks bf16 (`make bench-gpu`'s attention check, adaptune.bench.gpu_fused.attention_kernel_matches).
+
+Tolerances: float32 differs from eager attention only in summation order, ~1e-6 on values of order 1
+(observed 4e-7 to 1.5e-6); 1e-5 leaves room and still fails on any wrong mask bit, scale or term.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from adaptune.bench.gpu_fused import attention_kernel_matches, check_attention_kernel
+from adaptune.core.devices import Device
+from adaptune.model import attention_kernel
+from adaptune.model.run_dropout import CounterStream, counter_keep_mask, keep_threshold, run_words, use_run_dropout
+
+from tests.test_bench_gpu_fused import TINY, _batches
+
+pytest.importorskip("triton", reason="make venv installs triton (requirements-kernel-tests.txt)")
+
+CPU = Device("cpu", torch.device("cpu"), "cpu", None)
+P = 0.1
+
+
+@pytest.fixture
+def interpreted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel on, under the interpreter that tests/conftest.py chose before triton was imported."""
+    assert os.environ.get("TRITON_INTERPRET") == "1", "run under tests/conftest.py, which sets TRITON_INTERPRET=1"
+    monkeypatch.setenv(attention_kernel.ATTENTION_ENV, "kernel")
+
+
+def _words(seeds: list[int], draw: int) -> tuple[torch.Tensor, torch.Tensor]:
+    keys = torch.tensor([CounterStream(seed).keys for seed in seeds])
+    return keys, torch.full((len(seeds),), draw)
+
+
+def _attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, seeds: list[int], mask: torch.Tensor | None = None) -> torch.Tensor:
+    keys, draws = _words(seeds, 5)
+    return attention_kernel.run_dropout_attention(query, key, value, mask, run_words(keys, draws), keep_threshold(P), P, 0.25)
+
+
+def test_one_call_keeps_counter_keep_masks_bits_and_computes_eager_attention(interpreted: None) -> None:
+    """The kept positions bit for bit (blocks of 130 rows: a row index with the hash input's top bit), and
+    the output and all three gradients against eager float32 attention with a padding mask."""
+    checked = attention_kernel_matches(CPU)
+    assert checked["mask_bits_equal"] and 0.85 < checked["kept_share"] < 0.95
+    assert checked["max_out_difference"] < 1e-5 and checked["max_grad_difference"] < 1e-5 < checked["max_grad"]
+
+
+def test_a_runs_rows_do_not_depend_on_the_runs_beside_it(interpreted: None) -> None:
+    """Run 7's rows come out bit for bit the same whether it is the first run of a group or the second,
+    beside another run: its mask is its own words' and its rows' coordinates in its own block."""
+    generator = torch.Generator().manual_seed(1)
+    mine, other = (torch.randn(3, 2, 2, 24, 16, generator=generator) for _ in range(2))  # (q, k, v), 2 rows, 2 heads
+    first = _attend(*torch.cat([mine, other], dim=1), seeds=[7, 8])[:2]
+    second = _attend(*torch.cat([other, mine], dim=1), seeds=[9, 7])[2:]
+    assert torch.equal(first, second)
+    keys, draws = _words([7], 5)
+    alone_mask = counter_keep_mask(keys, draws, (1, 2, 2, 24, 24), P)
+    assert not alone_mask.all()  # the mask dropped something, so equality above says something
+
+
+def test_half_precision_inputs_stay_within_their_rounding(interpreted: None) -> None:
+    """float16 in and out (the kernel's low-precision casts, as bf16's on a GPU): within float16's
+    rounding of the float32 kernel's result."""
+    generator = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(4, 2, 20, 16, generator=generator) for _ in range(3))
+    exact = _attend(q, k, v, seeds=[1, 2])
+    half = _attend(q.half(), k.half(), v.half(), seeds=[1, 2])
+    assert half.dtype == torch.float16
+    assert float((half.float() - exact).abs().max()) < 1e-2 < float(exact.abs().max())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["eager", "step_graphs"])
+def test_a_group_trains_with_the_kernel_as_with_eager_attention(interpreted: None, mode: str) -> None:
+    """Two adapter runs (a tiny BERT, counter masks) trained 4 fused steps each way, in the eager fused
+    step and in the step-graph step (on a CPU: the same step padded to 32-token buckets, uncaptured):
+    every attention call ran in the kernel, and losses and trained tensors agree."""
+    checked = check_attention_kernel(TINY, "tiny", "adapters64", _batches((12, 20, 16, 9)), 2, CPU, steps=2, passes=2, mode=mode)
+    assert checked["kernel_calls"] == TINY["num_hidden_layers"] * 4
+    assert checked["kernel"]["max_loss_difference"] < 1e-5 and checked["kernel"]["max_tensor_difference"] < 1e-5
+
+
+def test_the_kernel_applies_only_where_it_fits(interpreted: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    tile = torch.zeros(2, 2, 128, 64)
+    assert attention_kernel.kernel_applies(tile, tile, tile, P)
+    longer = torch.zeros(2, 2, 129, 64)  # SQuAD's lengths: eager
+    assert not attention_kernel.kernel_applies(longer, longer, longer, P)
+    wide = torch.zeros(2, 2, 16, 80)
+    assert not attention_kernel.kernel_applies(wide, wide, wide, P)
+    monkeypatch.delenv("TRITON_INTERPRET")  # a CPU without the interpreter: eager
+    assert not attention_kernel.kernel_applies(tile, tile, tile, P)
+    monkeypatch.setenv(attention_kernel.ATTENTION_ENV, "eager")
+    assert not attention_kernel.kernel_applies(tile, tile, tile, P)
+
+
+def test_a_misspelt_attention_mode_fails_before_training(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(attention_kernel.ATTENTION_ENV, "flash")
+    with pytest.raises(ValueError, match="ADAPTUNE_ATTENTION='flash' is not an attention mode: use one of eager, kernel"):
+        use_run_dropout(torch.nn.Sequential(torch.nn.Dropout(0.1)), [CounterStream(0)])
