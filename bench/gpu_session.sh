@@ -14,6 +14,7 @@ if [ -z "${REHEARSE:-}" ] && ls .whl/*.whl >/dev/null 2>&1; then  # the packages
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
         && export PYTHONPATH=/tmp/site:$PWD
 fi
+if [ -n "${REHEARSE:-}" ]; then export TRITON_INTERPRET=1; fi  # the attention kernel on a CPU: Triton's interpreter
 log() { echo "[$(date +%T)] $*" | tee -a "$OUT/log.txt"; }
 log "$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tail -1)"
 log "$($PY -c 'import torch, transformers, datasets; print("torch", torch.__version__, "transformers", transformers.__version__, "datasets", datasets.__version__)' 2>&1 | tail -1)"
@@ -95,10 +96,24 @@ run_part() {
     # The RTE shard fused 8 through the trainer in that mode (runs per GPU-hour; one at a time: the shardgraphs part).
     shardcompiled) ADAPTUNE_COMPILE=compiled_step_graphs ADAPTUNE_DROPOUT_MASKS=counter part shardcompiled 170 --backbones bert-base \
         --variants "" --fused "" --shard "" --shard-groups 8 --shard-train-rows 640 ;;
+    # The attention kernel (ADAPTUNE_ATTENTION=kernel, new 2026-11-27): each run's counter dropout drawn inside one Triton
+    # kernel, the length x length tiles never written out. First whether it computes what eager attention does (one
+    # call in bf16: mask bits, output, gradients; a group of 8 trained both ways as step graphs), then its speed beside
+    # eager attention as step graphs, BERT-base and BERT-large, real lengths and padded to 128 (the MFU goal's figure).
+    attncheck) part attncheck 90 --backbones bert-base --variants "" "${NONE[@]}" --fused "" --attention-check 8 \
+        --fused-methods adapters64 --fused-compile step_graphs ;;
+    attngraphs) part attngraphs 200 --backbones bert-base,bert-large --variants "" "${NONE[@]}" --fused 8 --fused-methods adapters64 \
+        --fused-batch-sets length_grouped,padded_128 --fused-optimizer together --fused-masks counter --fused-compile step_graphs \
+        --fused-attention eager,kernel ;;
+    profileattn) part profileattn 60 --backbones bert-base --variants "" "${NONE[@]}" --fused "" --fused-profile 8 \
+        --fused-methods adapters64 --fused-masks counter --fused-compile step_graphs --fused-attention kernel ;;
+    # The RTE shard fused 8 as step graphs with the kernel, through the trainer (runs per GPU-hour).
+    shardattn) ADAPTUNE_COMPILE=step_graphs ADAPTUNE_DROPOUT_MASKS=counter ADAPTUNE_ATTENTION=kernel part shardattn 100 \
+        --backbones bert-base --variants "" --fused "" --shard "" --shard-groups 8 --shard-train-rows 640 ;;
     *) log "no part $1" ;;
     esac
 }
-# Other parts (shardcompiled, graphcheck, graphs, shardgraphs, profilegraphs, graphsfused, shardfused, compiled, shard, base, topk,
+# Other parts (profileattn, shardattn, profilecompiled, shardcompiled, graphcheck, graphs, shardgraphs, profilegraphs, graphsfused, shardfused, compiled, shard, base, topk,
 # profile, fused8, large) stay for later calls: PARTS="..." picks them.
-for name in ${PARTS:-compiledcheck compiledgraphs profilecompiled}; do run_part "$name"; done
+for name in ${PARTS:-attncheck attngraphs compiledcheck compiledgraphs}; do run_part "$name"; done
 log "done"

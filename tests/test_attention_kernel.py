@@ -17,7 +17,7 @@ import torch
 from adaptune.bench.gpu_fused import attention_kernel_matches, check_attention_kernel
 from adaptune.core.devices import Device
 from adaptune.model import attention_kernel
-from adaptune.model.run_dropout import CounterStream, counter_keep_mask, keep_threshold, run_words, use_run_dropout
+from adaptune.model.run_dropout import CounterStream, as_int32, counter_keep_mask, keep_threshold, use_run_dropout
 
 from tests.test_bench_gpu_fused import TINY, _batches
 
@@ -35,13 +35,13 @@ def interpreted(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _words(seeds: list[int], draw: int) -> tuple[torch.Tensor, torch.Tensor]:
-    keys = torch.tensor([CounterStream(seed).keys for seed in seeds])
-    return keys, torch.full((len(seeds),), draw)
+    """Each run's keys and draw as a group holds them: int32 words."""
+    return as_int32(torch.tensor([CounterStream(seed).keys for seed in seeds])), torch.full((len(seeds),), draw, dtype=torch.int32)
 
 
 def _attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, seeds: list[int], mask: torch.Tensor | None = None) -> torch.Tensor:
     keys, draws = _words(seeds, 5)
-    return attention_kernel.run_dropout_attention(query, key, value, mask, run_words(keys, draws), keep_threshold(P), P, 0.25)
+    return attention_kernel.run_dropout_attention(query, key, value, mask, keys, draws, keep_threshold(P), P, 0.25)
 
 
 def test_one_call_keeps_counter_keep_masks_bits_and_computes_eager_attention(interpreted: None) -> None:

@@ -33,7 +33,7 @@ from adaptune.core.devices import Device, is_out_of_memory
 from adaptune.model import attention_kernel
 from adaptune.model.attention_kernel import ATTENTION_ENV
 from adaptune.model.methods import apply_method, method_from_dict
-from adaptune.model.run_dropout import CounterStream, counter_keep_mask, fused_counter_keep_mask, keep_threshold, run_words
+from adaptune.model.run_dropout import CounterStream, as_int32, counter_keep_mask, fused_counter_keep_mask, keep_threshold
 from adaptune.model.run_groups import trained_tensors
 from adaptune.train.compiling import training_forward
 from adaptune.train.group_loop import run_losses, fused_step, stack_run_batches
@@ -212,16 +212,16 @@ def attention_kernel_matches(device: Device) -> dict[str, Any]:
     cuda = device.kind == "cuda"
     runs, block, heads, length, head_size = (2, 130, 2, attention_kernel.MAX_LENGTH, 64) if cuda else (2, 130, 1, 20, 16)
     dtype, target, p, scaling = (torch.bfloat16 if cuda else torch.float32), device.torch_device, 0.1, head_size**-0.5
-    keys = torch.tensor([CounterStream(seed).keys for seed in range(runs)], device=target)  # int64: run_words takes their low 32 bits
-    draws = torch.tensor([3, 70_001], device=target)[:runs]
-    words, threshold, rows = run_words(keys, draws), keep_threshold(p), runs * block
+    keys = as_int32(torch.tensor([CounterStream(seed).keys for seed in range(runs)], device=target))  # the low 32 bits, as a group holds them
+    draws = torch.tensor([3, 70_001], device=target, dtype=torch.int32)[:runs]
+    threshold, rows = keep_threshold(p), runs * block
     zeros = torch.zeros(rows, heads, length, head_size, device=target, dtype=dtype)
     kept = []
     for start in range(0, length, head_size):
         count = min(head_size, length - start)
         one_hot = zeros.clone()
         one_hot[:, :, torch.arange(start, start + count), torch.arange(count)] = 1
-        out = attention_kernel.run_dropout_attention(zeros, zeros, one_hot, None, words, threshold, p, scaling)
+        out = attention_kernel.run_dropout_attention(zeros, zeros, one_hot, None, keys, draws, threshold, p, scaling)
         kept.append(out.transpose(1, 2)[..., :count] > 0)
     expected = counter_keep_mask(keys, draws, (runs, block, heads, length, length), p).view(rows, heads, length, length)
     expected_values = expected
@@ -234,7 +234,7 @@ def attention_kernel_matches(device: Device) -> dict[str, Any]:
     padding = torch.arange(length, device=target) >= torch.randint(1, length + 1, (rows, 1), device=target, generator=generator)
     additive = torch.zeros(rows, 1, length, length, device=target).masked_fill(padding[:, None, None, :], torch.finfo(torch.float32).min)
     grad_out = torch.randn(rows, length, heads, head_size, device=target, generator=generator).to(dtype)
-    out = attention_kernel.run_dropout_attention(query, key, value, additive, words, threshold, p, scaling)
+    out = attention_kernel.run_dropout_attention(query, key, value, additive, keys, draws, threshold, p, scaling)
     grads = torch.autograd.grad(out, (query, key, value), grad_out)
     upcast = [tensor.detach().float().requires_grad_() for tensor in (query, key, value)]
     scores = upcast[0] @ upcast[1].transpose(2, 3) * scaling + additive

@@ -59,58 +59,57 @@ def kernel_applies(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
 
 
 def run_dropout_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, additive_mask: torch.Tensor | None,
-                          words: torch.Tensor, threshold: int, p: float, scaling: float) -> torch.Tensor:
+                          keys: torch.Tensor, draws: torch.Tensor, threshold: int, p: float, scaling: float) -> torch.Tensor:
     """softmax(query keyᵀ x scaling + mask) with each run's counter dropout, times value: (rows, heads,
     length, head size) in, (rows, length, heads, head size) out (the layout transformers' attention
-    functions return). `words`: each run's (runs, 2) int32 words for this site (run_dropout.run_words);
-    a position is kept where its unsigned hash is at least `threshold` (run_dropout.keep_threshold(p));
-    the rows are the runs' equal blocks, run after run."""
-    return _Attention.apply(query, key, value, additive_mask, words, threshold, p, scaling)
+    functions return). `keys`: each run's (runs, 2) and `draws` its (runs,) int32 words, as
+    run_dropout.counter_keep_mask takes them; a position is kept where its unsigned hash is at least
+    `threshold` (run_dropout.keep_threshold(p)); the rows are the runs' equal blocks, run after run."""
+    return _Attention.apply(query, key, value, additive_mask, keys, draws, threshold, p, scaling)
 
 
 class _Attention(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, additive_mask: torch.Tensor | None,
-                words: torch.Tensor, threshold: int, p: float, scaling: float) -> torch.Tensor:
-        query, key, value = query.contiguous(), key.contiguous(), value.contiguous()
+                keys: torch.Tensor, draws: torch.Tensor, threshold: int, p: float, scaling: float) -> torch.Tensor:
+        if not query.stride() == key.stride() == value.stride():  # transformers' three views share one layout: read in place
+            query, key, value = query.contiguous(), key.contiguous(), value.contiguous()
         rows, heads, length, head_size = query.shape
         out = torch.empty(rows, length, heads, head_size, device=query.device, dtype=query.dtype)
         log_sum_exp = torch.empty(rows, heads, length, device=query.device, dtype=torch.float32)
-        mask, mask_strides = _mask_and_strides(additive_mask, rows, heads, length)
         block = _block(length)
+        mask, *mask_strides = _mask_and_strides(additive_mask, rows, heads, length)
         forward_kernel, _ = _kernels()
         forward_kernel[(rows * heads,)](
-            query, key, value, mask, words, out, log_sum_exp, *mask_strides, heads, length, rows // words.shape[0],
-            scaling, threshold, 1.0 / (1.0 - p),
+            query, key, value, mask, keys, draws, out, log_sum_exp, *query.stride(), *mask_strides,
+            heads, length, rows // keys.shape[0], scaling, threshold, 1.0 / (1.0 - p),
             HAS_MASK=additive_mask is not None, BLOCK=block, HEAD=head_size, num_warps=_warps(block))
-        ctx.save_for_backward(query, key, value, additive_mask if additive_mask is not None else query.new_empty(0), words,
-                              out, log_sum_exp)
-        ctx.has_mask, ctx.threshold, ctx.p, ctx.scaling = additive_mask is not None, threshold, p, scaling
+        ctx.save_for_backward(query, key, value, additive_mask, keys, draws, log_sum_exp)
+        ctx.threshold, ctx.p, ctx.scaling = threshold, p, scaling
         return out
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
-        query, key, value, additive_mask, words, out, log_sum_exp = ctx.saved_tensors
+        query, key, value, additive_mask, keys, draws, log_sum_exp = ctx.saved_tensors
         rows, heads, length, head_size = query.shape
-        grad_out = grad_out.contiguous()
-        grads = [torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)]
-        mask, mask_strides = _mask_and_strides(additive_mask if ctx.has_mask else None, rows, heads, length)
+        grads = [torch.empty_strided(query.shape, query.stride(), device=query.device, dtype=query.dtype) for _ in range(3)]
         block = _block(length)
+        mask, *mask_strides = _mask_and_strides(additive_mask, rows, heads, length)
         _, backward_kernel = _kernels()
         backward_kernel[(rows * heads,)](
-            query, key, value, mask, words, grad_out, log_sum_exp, *grads, *mask_strides, heads, length,
-            rows // words.shape[0], ctx.scaling, ctx.threshold, 1.0 / (1.0 - ctx.p),
-            HAS_MASK=ctx.has_mask, BLOCK=block, HEAD=head_size, num_warps=_warps(block))
-        return (*grads, None, None, None, None, None)
+            query, key, value, mask, keys, draws, grad_out.contiguous(), log_sum_exp, *grads, *query.stride(), *mask_strides,
+            heads, length, rows // keys.shape[0], ctx.scaling, ctx.threshold,
+            1.0 / (1.0 - ctx.p), HAS_MASK=additive_mask is not None, BLOCK=block, HEAD=head_size, num_warps=_warps(block))
+        return (*grads, None, None, None, None, None, None)
 
 
-def _mask_and_strides(mask: torch.Tensor | None, rows: int, heads: int, length: int) -> tuple[torch.Tensor | None, tuple[int, ...]]:
-    """The additive mask broadcast to (rows, heads, length, length) as strides (0 where it broadcasts):
-    no copy of transformers' (rows, 1, length, length) mask."""
+def _mask_and_strides(mask: torch.Tensor | None, rows: int, heads: int, length: int) -> tuple[Any, ...]:
+    """The additive mask broadcast to (rows, heads, length, length), and its strides (0 where it
+    broadcasts): no copy of transformers' (rows, 1, length, length) mask."""
     if mask is None:
-        return None, (0, 0, 0, 0)
+        return None, 0, 0, 0, 0
     expanded = mask.expand(rows, heads, length, length)
-    return expanded, tuple(expanded.stride())
+    return expanded, *expanded.stride()
 
 
 def _block(length: int) -> int:

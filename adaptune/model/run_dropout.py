@@ -142,18 +142,12 @@ def counter_keep_mask(keys: torch.Tensor, draws: torch.Tensor, shape: torch.Size
         term = (torch.arange(size, device=device, dtype=torch.int32) << shift).view(size, *([1] * (dims - axis - 1)))
         index = term if index is None else index + term
     per_run = (-1, *([1] * dims))
-    words = run_words(keys, draws)
-    first, second = words[:, 0].view(per_run), words[:, 1].view(per_run)
+    keys, draws = as_int32(keys), as_int32(draws)
+    first = (keys[:, 0] ^ _mix32(draws)).view(per_run)
+    second = (keys[:, 1] ^ _mix32(draws ^ 0x5BD1E995)).view(per_run)
     bits = _mix32(_mix32(index.unsqueeze(0) ^ first) ^ second)
     # unsigned bits >= threshold, in signed int32: flipping the top bit maps unsigned order onto signed order
     return (bits ^ _SIGN) >= _signed32(threshold ^ (1 << 31))
-
-
-def run_words(keys: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
-    """Each run's two 32-bit words for one draw (runs, 2), int32: what counter_keep_mask hashes a
-    position's index with (adaptune.model.attention_kernel draws the same bits from them)."""
-    keys, draws = _as_int32(keys), _as_int32(draws)
-    return torch.stack([keys[:, 0] ^ _mix32(draws), keys[:, 1] ^ _mix32(draws ^ 0x5BD1E995)], dim=1)
 
 
 def keep_threshold(p: float) -> int:
@@ -186,7 +180,7 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ ((x >> 16) & 0xFFFF)
 
 
-def _as_int32(words: torch.Tensor) -> torch.Tensor:
+def as_int32(words: torch.Tensor) -> torch.Tensor:
     """The low 32 bits of int64 values as int32 words (brought into int32's range first: no narrowing
     cast of an out-of-range value, whose result C++ leaves to the implementation)."""
     if words.dtype == torch.int32:
@@ -249,7 +243,7 @@ class RunRandomness(nn.Module):
         """Start a training forward pass: every run's count moves past the masks of the pass before."""
         self._drawn.clear()
         if self.scheme == "counter":
-            self.base.copy_(_as_int32(self.draws))
+            self.base.copy_(as_int32(self.draws))
             self.draws.add_(self.sites)
 
     def _hold(self, streams: list[torch.Generator | CounterStream], device: torch.device | None) -> None:
@@ -262,7 +256,7 @@ class RunRandomness(nn.Module):
         self.register_buffer("keys", torch.tensor(keys, dtype=torch.int32, device=device), persistent=False)
         self.register_buffer("draws", torch.tensor(draws, dtype=torch.int64, device=device), persistent=False)
         # The counts before this pass (advance) as the hash reads them, int32 words: one conversion a pass, not one a site.
-        self.register_buffer("base", _as_int32(self.draws), persistent=False)
+        self.register_buffer("base", as_int32(self.draws), persistent=False)
         for index, stream in enumerate(counters):
             stream._held = (self, index)
 
@@ -384,9 +378,10 @@ def run_dropout_attention(module: nn.Module, query: torch.Tensor, key: torch.Ten
     scaling = scaling if scaling is not None else query.size(-1) ** -0.5
     site: RunDropout = module.dropout
     if site.randomness.scheme == "counter" and site.training and attention_kernel.kernel_applies(query, key, value, site.p):
-        words = run_words(site.randomness.keys, site.randomness.site_draws(site.site, site.ordinal))
-        return attention_kernel.run_dropout_attention(query, key, value, attention_mask, words, keep_threshold(site.p), site.p,
-                                                      scaling), None
+        randomness = site.randomness
+        return attention_kernel.run_dropout_attention(query, key, value, attention_mask, randomness.keys,
+                                                      randomness.site_draws(site.site, site.ordinal), keep_threshold(site.p),
+                                                      site.p, scaling), None
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling
     if attention_mask is not None:
         scores = scores + attention_mask

@@ -1,0 +1,150 @@
+"""What the attention kernel takes off a fused step's memory traffic (`make bench-attention`, JSON out), counted
+on the CPU: a proxy for a GPU, where the step replayed as CUDA graphs is bound by its elementwise passes
+(bench/gpu.json "h100_2026_11_26_step_graphs": the device busy 96.5% of the step at 7-12% MFU). Counter
+masks are counted as the one kernel each a GPU draws them with.
+
+For a fused group of BERT-base-width adapter runs (frozen matmuls in bf16 under bf16 autocast, counter
+masks), one training step's torch operators and the bytes their outputs take, eager attention against
+the kernel (adaptune.model.attention_kernel, here under Triton's interpreter, whose work inside the kernel
+is no torch operator: on a GPU it stays on chip). Per Transformer layer: the step of a 2-layer model less
+that of a 1-layer one. Bytes written are a floor on a GPU's traffic (every output is also read at least
+once); views write nothing and are not counted. Not a timing: the interpreter is slow by design.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+# The kernel runs here in Triton's interpreter, which must be chosen before triton is imported.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes  # noqa: E402
+
+from adaptune.model import attention_kernel, run_dropout  # noqa: E402
+from adaptune.model.attention_kernel import ATTENTION_ENV, ATTENTION_MODES  # noqa: E402
+
+BERT_BASE_WIDTH = {"hidden_size": 768, "num_attention_heads": 12, "intermediate_size": 3072}
+ROWS = 32  # a run's batch
+_VIEWS = {"view", "_unsafe_view", "transpose", "t", "expand", "unsqueeze", "squeeze", "select", "slice", "alias", "detach",
+          "permute", "unbind", "as_strided", "split", "reshape"}
+
+
+class _Census(TorchDispatchMode):
+    """Operators dispatched and the bytes of the tensors they return (views excluded)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.operators: Counter[str] = Counter()
+        self.bytes = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        if name not in _VIEWS:
+            self.count(name, out)
+        return out
+
+    def count(self, name: str, out: Any) -> None:
+        self.operators[name] += 1
+        results = out if isinstance(out, (tuple, list)) else [out]
+        self.bytes += sum(t.numel() * t.element_size() for t in results if isinstance(t, torch.Tensor))
+
+
+def _one_kernel_masks(census: _Census) -> Any:
+    """counter_keep_mask as a GPU runs it (run_dropout.fused_counter_keep_mask: one kernel writing the bool
+    mask), not as its ~25 eager integer operators on this CPU: counted as one operator and its mask."""
+    eager = run_dropout.counter_keep_mask
+
+    def masks(*args: Any, **kwargs: Any) -> torch.Tensor:
+        with _disable_current_modes():
+            mask = eager(*args, **kwargs)
+        census.count("counter_keep_mask", mask)
+        return mask
+
+    return mock.patch.object(run_dropout, "counter_keep_mask", masks)
+
+
+class _Uncounted:
+    """A kernel launcher whose launches the census does not see: the interpreter's own torch calls are
+    no operator of a GPU's step (there the launch is one kernel, whose outputs were allocated, and counted,
+    by torch.empty)."""
+
+    def __init__(self, kernel: Any) -> None:
+        self.kernel = kernel
+
+    def __getitem__(self, grid: Any) -> Any:
+        def launch(*args: Any, **kwargs: Any) -> Any:
+            with _disable_current_modes():
+                return self.kernel[grid](*args, **kwargs)
+        return launch
+
+
+def _uncounted_kernels(kernels: Any = attention_kernel._kernels) -> tuple[_Uncounted, _Uncounted]:
+    forward, backward = kernels()
+    return _Uncounted(forward), _Uncounted(backward)
+
+
+def step_census(layers: int, k: int, length: int, attention: str) -> tuple[int, int]:
+    """(operators, bytes written) of one warm fused step of k adapter runs at `length` tokens."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from adaptune.bench.fused import _step_fn
+    from adaptune.core.devices import Device
+
+    with (tempfile.TemporaryDirectory() as directory, mock.patch.dict(os.environ, {ATTENTION_ENV: attention}),
+          mock.patch.object(attention_kernel, "_kernels", _uncounted_kernels)):
+        torch.manual_seed(0)
+        BertForSequenceClassification(BertConfig(**BERT_BASE_WIDTH, num_hidden_layers=layers)).save_pretrained(directory)
+        ids = torch.randint(1000, 2000, (ROWS, length), generator=torch.Generator().manual_seed(0))
+        batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids),
+                 "labels": torch.randint(0, 2, (ROWS,))}
+        device = Device("cpu", torch.device("cpu"), "cpu:bf16", torch.bfloat16)  # as a GPU's step runs: bf16 autocast
+        step = _step_fn(directory, k, device, batch, bf16=True, masks="counter")
+        step()  # warm: optimizer state allocated
+        census = _Census()
+        with census, _one_kernel_masks(census):
+            step()
+    return sum(census.operators.values()), census.bytes
+
+
+def measure(k: int, lengths: tuple[int, ...]) -> list[dict[str, Any]]:
+    rows = []
+    for length in lengths:
+        per_layer = {}
+        for attention in ATTENTION_MODES:
+            one, two = step_census(1, k, length, attention), step_census(2, k, length, attention)
+            per_layer[attention] = {"operators": two[0] - one[0], "gib_written": round((two[1] - one[1]) / 2**30, 3)}
+            print(f"length {length} attention {attention}: {per_layer[attention]} per layer", file=sys.stderr)
+        rows.append({"k": k, "rows_per_run": ROWS, "length": length, "per_layer": per_layer,
+                     "written_share_left": round(per_layer["kernel"]["gib_written"] / per_layer["eager"]["gib_written"], 3)})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="bench/attention_kernel.json")
+    parser.add_argument("--k", type=int, default=2, help="runs in the group: bytes grow with k alike both ways, and Triton's "
+                        "interpreter takes about 10 ms a program (a BERT-base layer's call at k = 8: 3,072 programs)")
+    parser.add_argument("--lengths", default="40,128", help="tokens per row: GLUE's mean padded length on a GPU (39.8), and 128")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(max(1, (os.cpu_count() or 1)))
+    result = {"what": __doc__.split("\n\n")[0].replace("\n", " "), "backbone": "BERT-base width (768, 12 heads of 64), random init",
+              "proxy": True, "torch": torch.__version__,
+              "groups": measure(args.k, tuple(int(length) for length in args.lengths.split(",")))}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result["groups"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
