@@ -8,7 +8,7 @@ PIPELINE ?= smoke
 OUT ?= outputs
 export PYTHONHASHSEED := 0
 
-.PHONY: venv test test-heavy demo run plan status tensorboard report compile submit stage-models bench bench-fused bench-bf16 bench-data bench-gpu gpu-carry bench-status bench-tensorboard bench-soak images lint lock clean
+.PHONY: venv test test-heavy demo run plan status tensorboard report compile submit stage-models bench bench-fused bench-bf16 bench-data bench-attention bench-gpu gpu-carry bench-status bench-tensorboard bench-soak images lint lock clean
 
 $(VENV)/.installed: pyproject.toml requirements.lock requirements-kernel-tests.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -79,6 +79,11 @@ bench-bf16: venv
 # The host time a run spends preparing its data (rows from the tokenized cache), per task (bench/data_prep.json).
 bench-data: venv
 	$(PY) -m adaptune.bench.cpu --only-data --out bench/data_prep.json
+
+# What the attention kernel takes off a fused step's memory traffic, counted on this CPU (operators and bytes
+# written per layer, eager attention against the kernel under Triton's interpreter; bench/attention_kernel.json).
+bench-attention: venv
+	$(PY) -m adaptune.bench.attention --out bench/attention_kernel.json
 
 # On a CUDA machine: BERT-base/-large training speed and MFU, and runs side by side on one GPU (bench/gpu.json).
 bench-gpu: venv

@@ -9,17 +9,26 @@ Tolerances: float32 differs from eager attention only in summation order, ~1e-6 
 
 from __future__ import annotations
 
+import math
 import os
+from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
+from transformers import BertConfig, BertForSequenceClassification
 
 from adaptune.bench.gpu_fused import attention_kernel_matches, check_attention_kernel
 from adaptune.core.devices import Device
 from adaptune.model import attention_kernel
-from adaptune.model.run_dropout import CounterStream, as_int32, counter_keep_mask, keep_threshold, use_run_dropout
+from adaptune.model.backbone import load_tokenizer
+from adaptune.model.run_dropout import DROPOUT_MASKS_ENV, CounterStream, as_int32, counter_keep_mask, keep_threshold, use_run_dropout
+from adaptune.train.compiling import COMPILE_ENV
+from adaptune.train.group_loop import train_group
+from adaptune.train.step_graphs import STEP_GRAPHS
 
 from tests.test_bench_gpu_fused import TINY, _batches
+from tests.test_fused_groups import METHODS, SMALL, _assert_same_run, _config, step_losses  # noqa: F401  (a fixture)
 
 pytest.importorskip("triton", reason="make venv installs triton (requirements-kernel-tests.txt)")
 
@@ -85,6 +94,32 @@ def test_a_group_trains_with_the_kernel_as_with_eager_attention(interpreted: Non
     checked = check_attention_kernel(TINY, "tiny", "adapters64", _batches((12, 20, 16, 9)), 2, CPU, steps=2, passes=2, mode=mode)
     assert checked["kernel_calls"] == TINY["num_hidden_layers"] * 4
     assert checked["kernel"]["max_loss_difference"] < 1e-5 and checked["kernel"]["max_tensor_difference"] < 1e-5
+
+
+@pytest.mark.slow
+def test_the_trainer_trains_a_group_with_the_kernel_as_with_eager_attention(interpreted: None, tmp_path: Path, shared_data_dir: Path,
+                                                                          step_losses: list[list[float]],
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two adapter runs on MRPC (a tiny BERT of width 32 with the embedded backbone's vocabulary: the interpreter
+    runs a program per row and head), counter masks, dropout on, step graphs' step (uncaptured here), trained
+    by train_group with the kernel and with eager attention: the same runs within the fused tests' tolerance,
+    every training attention call in the kernel, and the records say which attention each trained with."""
+    backbone = tmp_path / "tiny-bert"
+    torch.manual_seed(0)
+    BertForSequenceClassification(BertConfig(**TINY)).save_pretrained(backbone)
+    load_tokenizer(None).save_pretrained(backbone)
+    monkeypatch.setenv(DROPOUT_MASKS_ENV, "counter")
+    monkeypatch.setenv(COMPILE_ENV, STEP_GRAPHS)
+    runs = [_config(METHODS["adapters"], lr, seed, backbone=str(backbone), epochs=1) for lr, seed in ((1e-3, 0), (3e-4, 1))]
+    with mock.patch.object(attention_kernel, "run_dropout_attention", wraps=attention_kernel.run_dropout_attention) as calls:
+        kernel = train_group(runs, [tmp_path / "kernel" / name for name in ("a", "b")], data_dir=shared_data_dir)
+    steps = math.ceil(SMALL["max_train_examples"] / SMALL["batch_size"])
+    assert calls.call_count == TINY["num_hidden_layers"] * steps
+    monkeypatch.setenv(attention_kernel.ATTENTION_ENV, "eager")
+    eager = train_group(runs, [tmp_path / "eager" / name for name in ("a", "b")], data_dir=shared_data_dir)
+    assert [record["attention"] for record in kernel + eager] == ["kernel"] * 2 + ["eager"] * 2
+    for index in range(2):
+        _assert_same_run({**kernel[index], "attention": "eager"}, eager[index], step_losses[index], step_losses[2 + index])
 
 
 def test_the_kernel_applies_only_where_it_fits(interpreted: None, monkeypatch: pytest.MonkeyPatch) -> None:

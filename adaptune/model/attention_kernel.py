@@ -42,6 +42,12 @@ def attention_mode() -> str:
     return mode
 
 
+def recorded_attention(mask_scheme: str) -> str:
+    """What a run's record says its training attention was: "kernel" where the setting asks for it and
+    the run draws counter masks (where a call does not fit the kernel, that call runs eagerly), else "eager"."""
+    return "kernel" if attention_mode() == "kernel" and mask_scheme == "counter" else "eager"
+
+
 def kernel_applies(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, p: float) -> bool:
     """Whether this attention call runs in the kernel: the mode asks for it, the shapes fit one tile,
     and the device runs Triton (a GPU, or a CPU under the interpreter)."""

@@ -32,6 +32,7 @@ from transformers import get_linear_schedule_with_warmup, set_seed
 from adaptune.core.devices import Device, is_out_of_memory, pick_device, release_memory
 from adaptune.data.batching import epoch_batches, make_collator
 from adaptune.data.tasks import get_task
+from adaptune.model.attention_kernel import recorded_attention
 from adaptune.model.backbone import load_model, load_tokenizer
 from adaptune.model.methods import apply_method, method_from_dict
 from adaptune.model.params import count_parameters
@@ -136,7 +137,8 @@ class _Group:
         ]
         self.mask_scheme, self.compile_mode = mask_scheme, compile_mode()
         for member in self.members:
-            member.record.update(group_size=len(self.members), dropout_masks=mask_scheme, compile=self.compile_mode)
+            member.record.update(group_size=len(self.members), dropout_masks=mask_scheme, compile=self.compile_mode,
+                                 attention=recorded_attention(mask_scheme))
         self.finished: dict[str, dict[str, Any]] = {}
 
     def train(self, data_dir: Any, cache_dir: Any, progress: bool, step_callback: StepCallback | None,

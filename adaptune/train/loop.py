@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup, set_seed
 from transformers.trainer_pt_utils import get_parameter_names
 
+from adaptune.model.attention_kernel import recorded_attention
 from adaptune.model.backbone import load_model, load_tokenizer
 from adaptune.data.batching import epoch_batches, iterate_batches, make_collator
 from adaptune.model.checkpoint import save_task_checkpoint
@@ -132,7 +133,7 @@ class _Run:
         model = load_model(config.backbone, task.kind, task.num_labels)
         apply_method(model, self.method_cfg)
         scheme = resume_point(self.out)[1] or mask_scheme()  # a resumed run keeps its own masks' scheme
-        self.record["dropout_masks"] = scheme
+        self.record["dropout_masks"], self.record["attention"] = scheme, recorded_attention(scheme)
         self.dropout = dropout_stream(config.seed, device.torch_device, scheme)
         use_run_dropout(model, [self.dropout])
         model.to(device.torch_device)
