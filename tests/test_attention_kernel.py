@@ -12,21 +12,20 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from unittest import mock
 
 import pytest
 import torch
 from transformers import BertConfig, BertForSequenceClassification
 
-from adaptune.bench.gpu_fused import attention_kernel_matches, check_attention_kernel
+import adaptune.train.compiling as compiling
+from adaptune.bench.gpu_fused import KernelLaunches, attention_kernel_matches, check_attention_kernel
 from adaptune.core.devices import Device
 from adaptune.model import attention_kernel
 from adaptune.model.backbone import load_tokenizer
 from adaptune.model.run_dropout import DROPOUT_MASKS_ENV, CounterStream, as_int32, counter_keep_mask, keep_threshold, use_run_dropout
 from adaptune.train.compiling import COMPILE_ENV
 from adaptune.train.group_loop import train_group
-from adaptune.train.step_graphs import STEP_GRAPHS
-
+from adaptune.train.step_graphs import COMPILED_STEP_GRAPHS, STEP_GRAPHS
 from tests.test_bench_gpu_fused import TINY, _batches
 from tests.test_fused_groups import METHODS, SMALL, _assert_same_run, _config, step_losses  # noqa: F401  (a fixture)
 
@@ -97,6 +96,19 @@ def test_a_group_trains_with_the_kernel_as_with_eager_attention(interpreted: Non
 
 
 @pytest.mark.slow
+def test_compiled_layers_hold_the_kernel_as_one_operator(interpreted: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under compiled_step_graphs each layer is compiled (here with torch.compile's aot_eager backend: dynamo's
+    and AOT autograd's tracing, no code generation) and the kernel is a custom operator inside it, with its
+    own backward: the group trains as it does with eager attention inside the same compiled layers."""
+    real = torch.compile
+    monkeypatch.setattr(compiling.torch, "compile", lambda model, dynamic, mode: real(model, dynamic=dynamic, backend="aot_eager"))
+    checked = check_attention_kernel(TINY, "tiny", "adapters64", _batches((12, 20, 16, 9)), 2, CPU, steps=2, passes=2,
+                                     mode=COMPILED_STEP_GRAPHS)
+    assert checked["kernel_calls"] == TINY["num_hidden_layers"] * 4
+    assert checked["kernel"]["max_loss_difference"] < 1e-5 and checked["kernel"]["max_tensor_difference"] < 1e-5
+
+
+@pytest.mark.slow
 def test_the_trainer_trains_a_group_with_the_kernel_as_with_eager_attention(interpreted: None, tmp_path: Path, shared_data_dir: Path,
                                                                           step_losses: list[list[float]],
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
@@ -111,10 +123,10 @@ def test_the_trainer_trains_a_group_with_the_kernel_as_with_eager_attention(inte
     monkeypatch.setenv(DROPOUT_MASKS_ENV, "counter")
     monkeypatch.setenv(COMPILE_ENV, STEP_GRAPHS)
     runs = [_config(METHODS["adapters"], lr, seed, backbone=str(backbone), epochs=1) for lr, seed in ((1e-3, 0), (3e-4, 1))]
-    with mock.patch.object(attention_kernel, "run_dropout_attention", wraps=attention_kernel.run_dropout_attention) as calls:
+    with KernelLaunches() as launches:
         kernel = train_group(runs, [tmp_path / "kernel" / name for name in ("a", "b")], data_dir=shared_data_dir)
     steps = math.ceil(SMALL["max_train_examples"] / SMALL["batch_size"])
-    assert calls.call_count == TINY["num_hidden_layers"] * steps
+    assert launches.forward == TINY["num_hidden_layers"] * steps
     monkeypatch.setenv(attention_kernel.ATTENTION_ENV, "eager")
     eager = train_group(runs, [tmp_path / "eager" / name for name in ("a", "b")], data_dir=shared_data_dir)
     assert [record["attention"] for record in kernel + eager] == ["kernel"] * 2 + ["eager"] * 2

@@ -29,7 +29,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes  # noqa: E402
 
-from adaptune.model import attention_kernel, run_dropout  # noqa: E402
+from adaptune.model import run_dropout  # noqa: E402
 from adaptune.model.attention_kernel import ATTENTION_ENV, ATTENTION_MODES  # noqa: E402
 
 BERT_BASE_WIDTH = {"hidden_size": 768, "num_attention_heads": 12, "intermediate_size": 3072}
@@ -73,35 +73,16 @@ def _one_kernel_masks(census: _Census) -> Any:
     return mock.patch.object(run_dropout, "counter_keep_mask", masks)
 
 
-class _Uncounted:
-    """A kernel launcher whose launches the census does not see: the interpreter's own torch calls are
-    no operator of a GPU's step (there the launch is one kernel, whose outputs were allocated, and counted,
-    by torch.empty)."""
-
-    def __init__(self, kernel: Any) -> None:
-        self.kernel = kernel
-
-    def __getitem__(self, grid: Any) -> Any:
-        def launch(*args: Any, **kwargs: Any) -> Any:
-            with _disable_current_modes():
-                return self.kernel[grid](*args, **kwargs)
-        return launch
-
-
-def _uncounted_kernels(kernels: Any = attention_kernel._kernels) -> tuple[_Uncounted, _Uncounted]:
-    forward, backward = kernels()
-    return _Uncounted(forward), _Uncounted(backward)
-
-
 def step_census(layers: int, k: int, length: int, attention: str) -> tuple[int, int]:
     """(operators, bytes written) of one warm fused step of k adapter runs at `length` tokens."""
     from transformers import BertConfig, BertForSequenceClassification
 
     from adaptune.bench.fused import _step_fn
+    from adaptune.bench.gpu_fused import KernelLaunches
     from adaptune.core.devices import Device
 
     with (tempfile.TemporaryDirectory() as directory, mock.patch.dict(os.environ, {ATTENTION_ENV: attention}),
-          mock.patch.object(attention_kernel, "_kernels", _uncounted_kernels)):
+          KernelLaunches(around=_disable_current_modes)):  # the interpreter's own torch calls are no operator of a GPU's step
         torch.manual_seed(0)
         BertForSequenceClassification(BertConfig(**BERT_BASE_WIDTH, num_hidden_layers=layers)).save_pretrained(directory)
         ids = torch.randint(1000, 2000, (ROWS, length), generator=torch.Generator().manual_seed(0))

@@ -15,6 +15,7 @@ is counted as work, as it is for one run's padding.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import itertools
@@ -74,7 +75,7 @@ def measure_fused(config: dict[str, Any], size: str, method: str, batches: list[
             variant = {"batches": batches_name, "optimizer_step": optimizer_step, "masks": masks, "compile": compile_mode,
                        "attention": attention}
             model = randomness = runs = runner = one_pass = None
-            with mock.patch.dict(os.environ, {ATTENTION_ENV: attention}), _counting_kernel_calls() as kernel_calls:
+            with mock.patch.dict(os.environ, {ATTENTION_ENV: attention}), KernelLaunches() as kernel_calls:
                 try:
                     model, randomness, runs, run_flops = _group(config, FUSED_METHODS[method], k, device, fused, masks)
                     runner = _step_function(model, randomness, compile_mode, device, optimizer_step == "together")
@@ -90,7 +91,7 @@ def measure_fused(config: dict[str, Any], size: str, method: str, batches: list[
                           "mfu": round(k * run_flops / seconds / peak, 3) if peak else None,
                           "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
                           **({"graphs_captured": runner.captured} if isinstance(runner, GraphedFusedStep) else {}),
-                          **({"kernel_calls": kernel_calls.call_count} if attention == "kernel" else {})})
+                          **({"kernel_calls": kernel_calls.forward} if attention == "kernel" else {})})
                 except Exception as error:
                     if not is_out_of_memory(error):
                         raise
@@ -195,11 +196,11 @@ def check_attention_kernel(config: dict[str, Any], size: str, method: str, batch
     fused = _fused_steps(batches, task_count, k, steps, device)
     trained = {}
     for attention in attention_kernel.ATTENTION_MODES:
-        with mock.patch.dict(os.environ, {ATTENTION_ENV: attention}), _counting_kernel_calls() as kernel_calls:
+        with mock.patch.dict(os.environ, {ATTENTION_ENV: attention}), KernelLaunches() as kernel_calls:
             trained[attention] = _trained(config, method, k, device, fused, mode, passes)
     return {"backbone": size, "method": method, "k": k, "steps": steps * passes, "masks": "counter", "compile": mode,
             "attention_call": attention_kernel_matches(device), "reference": "eager attention",
-            "kernel": _differences(trained["kernel"], trained["eager"]), "kernel_calls": kernel_calls.call_count,
+            "kernel": _differences(trained["kernel"], trained["eager"]), "kernel_calls": kernel_calls.forward,
             "first_losses": trained["eager"][0][:k], "last_losses": trained["eager"][0][-k:]}
 
 
@@ -247,10 +248,34 @@ def attention_kernel_matches(device: Device) -> dict[str, Any]:
             "max_grad": max(float(b.abs().max()) for b in reference_grads)}
 
 
-def _counting_kernel_calls() -> Any:
-    """Counts the attention calls that ran in the kernel (run_dropout calls it through the module), so that
-    a row labelled "kernel" cannot be eager attention unawares (a replayed graph calls nothing: count its capture)."""
-    return mock.patch.object(attention_kernel, "run_dropout_attention", wraps=attention_kernel.run_dropout_attention)
+class KernelLaunches:
+    """The attention kernel's forward launches, counted (a replayed graph launches nothing: count its capture),
+    so that a row labelled "kernel" cannot be eager attention unawares; each launch runs inside `around()`."""
+
+    def __init__(self, around: Callable[[], Any] = contextlib.nullcontext) -> None:
+        self.forward, self.around = 0, around
+
+    def __enter__(self) -> KernelLaunches:
+        real = attention_kernel._kernels
+        self._patch = mock.patch.object(attention_kernel, "_kernels", lambda: tuple(_Launcher(kernel, self, counted)
+                                                                                   for kernel, counted in zip(real(), (True, False))))
+        self._patch.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._patch.stop()
+
+
+class _Launcher:
+    def __init__(self, kernel: Any, launches: KernelLaunches, counted: bool) -> None:
+        self.kernel, self.launches, self.counted = kernel, launches, counted
+
+    def __getitem__(self, grid: Any) -> Callable[..., Any]:
+        def launch(*args: Any, **kwargs: Any) -> Any:
+            self.launches.forward += self.counted
+            with self.launches.around():
+                return self.kernel[grid](*args, **kwargs)
+        return launch
 
 
 def _trained(config: dict[str, Any], method: str, k: int, device: Device, fused: list[tuple], mode: str, passes: int,

@@ -51,17 +51,14 @@ def recorded_attention(mask_scheme: str) -> str:
 def kernel_applies(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, p: float) -> bool:
     """Whether this attention call runs in the kernel: the mode asks for it, the shapes fit one tile,
     and the device runs Triton (a GPU, or a CPU under the interpreter)."""
-    if attention_mode() != "kernel" or torch.compiler.is_compiling():
+    if attention_mode() != "kernel":
         return False
     length, head_size = query.shape[2], query.shape[3]
     fits = (length <= MAX_LENGTH and key.shape[2] == length and head_size in (16, 32, 64) and 0 < p < 1
             and query.dtype == key.dtype == value.dtype)
     if not fits:
         return False
-    if not (query.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
-        return False
-    _kernels()  # says plainly when Triton is missing
-    return True
+    return query.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"  # where triton is missing, the first call says so
 
 
 def run_dropout_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, additive_mask: torch.Tensor | None,
@@ -71,42 +68,89 @@ def run_dropout_attention(query: torch.Tensor, key: torch.Tensor, value: torch.T
     functions return). `keys`: each run's (runs, 2) and `draws` its (runs,) int32 words, as
     run_dropout.counter_keep_mask takes them; a position is kept where its unsigned hash is at least
     `threshold` (run_dropout.keep_threshold(p)); the rows are the runs' equal blocks, run after run."""
-    return _Attention.apply(query, key, value, additive_mask, keys, draws, threshold, p, scaling)
+    return _attention(query, key, value, additive_mask, keys, draws, threshold, p, scaling)[0]
 
 
-class _Attention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, additive_mask: torch.Tensor | None,
-                keys: torch.Tensor, draws: torch.Tensor, threshold: int, p: float, scaling: float) -> torch.Tensor:
-        if not query.stride() == key.stride() == value.stride():  # transformers' three views share one layout: read in place
-            query, key, value = query.contiguous(), key.contiguous(), value.contiguous()
-        rows, heads, length, head_size = query.shape
-        out = torch.empty(rows, length, heads, head_size, device=query.device, dtype=query.dtype)
-        log_sum_exp = torch.empty(rows, heads, length, device=query.device, dtype=torch.float32)
-        block = _block(length)
-        mask, *mask_strides = _mask_and_strides(additive_mask, rows, heads, length)
-        forward_kernel, _ = _kernels()
-        forward_kernel[(rows * heads,)](
-            query, key, value, mask, keys, draws, out, log_sum_exp, *query.stride(), *mask_strides,
-            heads, length, rows // keys.shape[0], scaling, threshold, 1.0 / (1.0 - p),
-            HAS_MASK=additive_mask is not None, BLOCK=block, HEAD=head_size, num_warps=_warps(block))
-        ctx.save_for_backward(query, key, value, additive_mask, keys, draws, log_sum_exp)
-        ctx.threshold, ctx.p, ctx.scaling = threshold, p, scaling
-        return out
+# Custom operators (torch.library), so that torch.compile keeps each call as one opaque node, its shapes from the
+# fake implementations, inside compiled layers (inductor launches the kernel in place; a CUDA graph captures it).
+@torch.library.custom_op("adaptune::run_dropout_attention", mutates_args=())
+def _attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, additive_mask: torch.Tensor | None, keys: torch.Tensor,
+               draws: torch.Tensor, threshold: int, p: float, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(output, log-sum-exp per query): the forward kernel."""
+    query, key, value = _one_layout(query, key, value)
+    out, log_sum_exp = _forward_outputs(query)
+    rows, heads, length, head_size = query.shape
+    block = _block(length)
+    mask, *mask_strides = _mask_and_strides(additive_mask, rows, heads, length)
+    forward_kernel, _ = _kernels()
+    forward_kernel[(rows * heads,)](
+        query, key, value, mask, keys, draws, out, log_sum_exp, *query.stride(), *mask_strides,
+        heads, length, rows // keys.shape[0], scaling, threshold, 1.0 / (1.0 - p),
+        HAS_MASK=additive_mask is not None, BLOCK=block, HEAD=head_size, num_warps=_warps(block))
+    return out, log_sum_exp
 
-    @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
-        query, key, value, additive_mask, keys, draws, log_sum_exp = ctx.saved_tensors
-        rows, heads, length, head_size = query.shape
-        grads = [torch.empty_strided(query.shape, query.stride(), device=query.device, dtype=query.dtype) for _ in range(3)]
-        block = _block(length)
-        mask, *mask_strides = _mask_and_strides(additive_mask, rows, heads, length)
-        _, backward_kernel = _kernels()
-        backward_kernel[(rows * heads,)](
-            query, key, value, mask, keys, draws, grad_out.contiguous(), log_sum_exp, *grads, *query.stride(), *mask_strides,
-            heads, length, rows // keys.shape[0], ctx.scaling, ctx.threshold,
-            1.0 / (1.0 - ctx.p), HAS_MASK=additive_mask is not None, BLOCK=block, HEAD=head_size, num_warps=_warps(block))
-        return (*grads, None, None, None, None, None, None)
+
+@_attention.register_fake
+def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, additive_mask: torch.Tensor | None, keys: torch.Tensor,
+      draws: torch.Tensor, threshold: int, p: float, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return _forward_outputs(query)
+
+
+@torch.library.custom_op("adaptune::run_dropout_attention_backward", mutates_args=())
+def _attention_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, additive_mask: torch.Tensor | None,
+                        keys: torch.Tensor, draws: torch.Tensor, grad_out: torch.Tensor, log_sum_exp: torch.Tensor, threshold: int,
+                        p: float, scaling: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The gradients of query, key and value (their layout): the backward kernel, which recomputes the tile."""
+    query, key, value = _one_layout(query, key, value)
+    grads = _gradients_like(query)
+    rows, heads, length, head_size = query.shape
+    block = _block(length)
+    mask, *mask_strides = _mask_and_strides(additive_mask, rows, heads, length)
+    _, backward_kernel = _kernels()
+    backward_kernel[(rows * heads,)](
+        query, key, value, mask, keys, draws, grad_out.contiguous(), log_sum_exp, *grads, *query.stride(), *mask_strides,
+        heads, length, rows // keys.shape[0], scaling, threshold, 1.0 / (1.0 - p),
+        HAS_MASK=additive_mask is not None, BLOCK=block, HEAD=head_size, num_warps=_warps(block))
+    return grads
+
+
+@_attention_backward.register_fake
+def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, additive_mask: torch.Tensor | None, keys: torch.Tensor,
+      draws: torch.Tensor, grad_out: torch.Tensor, log_sum_exp: torch.Tensor, threshold: int, p: float, scaling: float
+      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _gradients_like(_one_layout(query, key, value)[0])
+
+
+def _keep_for_backward(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, torch.Tensor]) -> None:
+    query, key, value, additive_mask, keys, draws, threshold, p, scaling = inputs
+    ctx.save_for_backward(query, key, value, additive_mask, keys, draws, output[1])
+    ctx.settings = (threshold, p, scaling)
+
+
+def _backward(ctx: Any, grad_out: torch.Tensor, _grad_log_sum_exp: torch.Tensor | None) -> tuple[Any, ...]:
+    query, key, value, additive_mask, keys, draws, log_sum_exp = ctx.saved_tensors
+    grads = _attention_backward(query, key, value, additive_mask, keys, draws, grad_out, log_sum_exp, *ctx.settings)
+    return (*grads, None, None, None, None, None, None)
+
+
+_attention.register_autograd(_backward, setup_context=_keep_for_backward)
+
+
+def _one_layout(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The three as the kernels read them: in place where they share one layout (transformers' head-split views do)."""
+    if query.stride() == key.stride() == value.stride():
+        return query, key, value
+    return query.contiguous(), key.contiguous(), value.contiguous()
+
+
+def _forward_outputs(query: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    rows, heads, length, head_size = query.shape
+    return (torch.empty(rows, length, heads, head_size, device=query.device, dtype=query.dtype),
+            torch.empty(rows, heads, length, device=query.device, dtype=torch.float32))
+
+
+def _gradients_like(query: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return tuple(torch.empty_strided(query.shape, query.stride(), device=query.device, dtype=query.dtype) for _ in range(3))
 
 
 def _mask_and_strides(mask: torch.Tensor | None, rows: int, heads: int, length: int) -> tuple[Any, ...]:
