@@ -16,9 +16,10 @@ batch, so a run's mask would depend on its place in the group; FlexAttention mod
 the softmax, and dropout acts after it.
 
 One tile per (row, head) bounds the length: up to `MAX_LENGTH` tokens (GLUE's 128), head sizes of 16, 32
-or 64 (MiniLM's and BERT's). Elsewhere (SQuAD's 384 tokens, evaluation, inside torch.compile, where
-inductor fuses the eager form) attention runs eagerly. On a CPU the kernel runs only under Triton's
-interpreter (TRITON_INTERPRET=1), which is how the tests check it.
+or 64 (MiniLM's and BERT's). Elsewhere (SQuAD's 384 tokens, evaluation, generator masks) attention runs
+eagerly. The kernels are torch custom operators, so a compiled layer (adaptune.train.compiling) holds each
+call as one node. On a CPU the kernel runs only under Triton's interpreter (TRITON_INTERPRET=1), which is
+how the tests check it.
 """
 
 from __future__ import annotations
