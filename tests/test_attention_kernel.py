@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import BertConfig, BertForSequenceClassification
 
+import adaptune.model
 import adaptune.train.compiling as compiling
 from adaptune.bench.gpu_fused import KernelLaunches, attention_kernel_matches, check_attention_kernel
 from adaptune.core.devices import Device
@@ -151,3 +153,12 @@ def test_a_misspelt_attention_mode_fails_before_training(monkeypatch: pytest.Mon
     monkeypatch.setenv(attention_kernel.ATTENTION_ENV, "flash")
     with pytest.raises(ValueError, match="ADAPTUNE_ATTENTION='flash' is not an attention mode: use one of eager, kernel"):
         use_run_dropout(torch.nn.Sequential(torch.nn.Dropout(0.1)), [CounterStream(0)])
+
+
+def test_without_triton_the_kernel_says_what_it_needs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A machine without triton (a CPU-only torch) that asks for the kernel gets one line saying so."""
+    monkeypatch.setitem(sys.modules, "triton", None)
+    monkeypatch.delitem(sys.modules, "adaptune.model.attention_triton", raising=False)
+    monkeypatch.delattr(adaptune.model, "attention_triton", raising=False)  # imported by an earlier test: import it anew
+    with pytest.raises(RuntimeError, match="ADAPTUNE_ATTENTION=kernel needs triton"):
+        attention_kernel._kernels.__wrapped__()

@@ -195,9 +195,10 @@ def check_attention_kernel(config: dict[str, Any], size: str, method: str, batch
     eager attention and the kernel: the largest differences of their step losses and trained tensors."""
     fused = _fused_steps(batches, task_count, k, steps, device)
     trained = {}
-    for attention in attention_kernel.ATTENTION_MODES:
-        with mock.patch.dict(os.environ, {ATTENTION_ENV: attention}), KernelLaunches() as kernel_calls:
-            trained[attention] = _trained(config, method, k, device, fused, mode, passes)
+    with KernelLaunches() as kernel_calls:  # eager attention launches none
+        for attention in attention_kernel.ATTENTION_MODES:
+            with mock.patch.dict(os.environ, {ATTENTION_ENV: attention}):
+                trained[attention] = _trained(config, method, k, device, fused, mode, passes)
     return {"backbone": size, "method": method, "k": k, "steps": steps * passes, "masks": "counter", "compile": mode,
             "attention_call": attention_kernel_matches(device), "reference": "eager attention",
             "kernel": _differences(trained["kernel"], trained["eager"]), "kernel_calls": kernel_calls.forward,
@@ -221,7 +222,7 @@ def attention_kernel_matches(device: Device) -> dict[str, Any]:
     for start in range(0, length, head_size):
         count = min(head_size, length - start)
         one_hot = zeros.clone()
-        one_hot[:, :, torch.arange(start, start + count), torch.arange(count)] = 1
+        one_hot[:, :, torch.arange(start, start + count, device=target), torch.arange(count, device=target)] = 1
         out = attention_kernel.run_dropout_attention(zeros, zeros, one_hot, None, keys, draws, threshold, p, scaling)
         kept.append(out.transpose(1, 2)[..., :count] > 0)
     expected = counter_keep_mask(keys, draws, (runs, block, heads, length, length), p).view(rows, heads, length, length)
