@@ -55,8 +55,9 @@ def _attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, seeds: 
 
 
 def test_one_call_keeps_counter_keep_masks_bits_and_computes_eager_attention(interpreted: None) -> None:
-    """The kept positions bit for bit (blocks of 130 rows: a row index with the hash input's top bit), and
-    the output and all three gradients against eager float32 attention with a padding mask."""
+    """The kept positions bit for bit (blocks of 130 rows: a row index with the hash input's top bit; and 150
+    tokens: three tiles of 64, the last one partial), and the output and all three gradients against eager
+    float32 attention with a padding mask."""
     checked = attention_kernel_matches(CPU)
     assert checked["mask_bits_equal"] and 0.85 < checked["kept_share"] < 0.95
     assert checked["max_out_difference"] < 1e-5 and checked["max_grad_difference"] < 1e-5 < checked["max_grad"]
@@ -92,7 +93,8 @@ def test_a_group_trains_with_the_kernel_as_with_eager_attention(interpreted: Non
     """Two adapter runs (a tiny BERT, counter masks) trained 4 fused steps each way, in the eager fused
     step and in the step-graph step (on a CPU: the same step padded to 32-token buckets, uncaptured):
     every attention call ran in the kernel, and losses and trained tensors agree."""
-    checked = check_attention_kernel(TINY, "tiny", "adapters64", _batches((12, 20, 16, 9)), 2, CPU, steps=2, passes=2, mode=mode)
+    checked = check_attention_kernel(TINY, "tiny", "adapters64", _batches((12, 20, 16, 9)), 2, CPU, steps=2, passes=2, mode=mode,
+                                     one_call=False)
     assert checked["kernel_calls"] == TINY["num_hidden_layers"] * 4
     assert checked["kernel"]["max_loss_difference"] < 1e-5 and checked["kernel"]["max_tensor_difference"] < 1e-5
 
@@ -105,7 +107,7 @@ def test_compiled_layers_hold_the_kernel_as_one_operator(interpreted: None, monk
     real = torch.compile
     monkeypatch.setattr(compiling.torch, "compile", lambda model, dynamic, mode: real(model, dynamic=dynamic, backend="aot_eager"))
     checked = check_attention_kernel(TINY, "tiny", "adapters64", _batches((12, 20, 16, 9)), 2, CPU, steps=2, passes=2,
-                                     mode=COMPILED_STEP_GRAPHS)
+                                     mode=COMPILED_STEP_GRAPHS, one_call=False)
     assert checked["kernel_calls"] == TINY["num_hidden_layers"] * 4
     assert checked["kernel"]["max_loss_difference"] < 1e-5 and checked["kernel"]["max_tensor_difference"] < 1e-5
 
@@ -137,16 +139,18 @@ def test_the_trainer_trains_a_group_with_the_kernel_as_with_eager_attention(inte
 
 
 def test_the_kernel_applies_only_where_it_fits(interpreted: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    tile = torch.zeros(2, 2, 128, 64)
-    assert attention_kernel.kernel_applies(tile, tile, tile, P)
-    longer = torch.zeros(2, 2, 129, 64)  # SQuAD's lengths: eager
-    assert not attention_kernel.kernel_applies(longer, longer, longer, P)
+    squad = torch.zeros(2, 2, 384, 64)
+    assert attention_kernel.kernel_applies(squad, squad, squad, P, runs=2)
+    longer = torch.zeros(2, 2, 513, 64)  # beyond the hash's 9 bits of a query's or key's position: eager
+    assert not attention_kernel.kernel_applies(longer, longer, longer, P, runs=2)
     wide = torch.zeros(2, 2, 16, 80)
-    assert not attention_kernel.kernel_applies(wide, wide, wide, P)
+    assert not attention_kernel.kernel_applies(wide, wide, wide, P, runs=2)
+    many_rows = torch.zeros(257, 2, 16, 64)  # one run's 257 rows: beyond the hash's 8 bits of a row
+    assert not attention_kernel.kernel_applies(many_rows, many_rows, many_rows, P, runs=1)
     monkeypatch.delenv("TRITON_INTERPRET")  # a CPU without the interpreter: eager
-    assert not attention_kernel.kernel_applies(tile, tile, tile, P)
+    assert not attention_kernel.kernel_applies(squad, squad, squad, P, runs=2)
     monkeypatch.setenv(attention_kernel.ATTENTION_ENV, "eager")
-    assert not attention_kernel.kernel_applies(tile, tile, tile, P)
+    assert not attention_kernel.kernel_applies(squad, squad, squad, P, runs=2)
 
 
 def test_a_misspelt_attention_mode_fails_before_training(monkeypatch: pytest.MonkeyPatch) -> None:

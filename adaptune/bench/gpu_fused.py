@@ -187,12 +187,14 @@ def check_step_graphs(config: dict[str, Any], size: str, method: str, batches: l
 
 
 def check_attention_kernel(config: dict[str, Any], size: str, method: str, batches: list[Batch], k: int, device: Device,
-                           steps: int = 8, passes: int = 2, task_count: int = 1, mode: str = "eager") -> dict[str, Any]:
+                           steps: int = 8, passes: int = 2, task_count: int = 1, mode: str = "eager", one_call: bool = True
+                           ) -> dict[str, Any]:
     """Whether the attention kernel (adaptune.model.attention_kernel) computes what eager attention does:
     (1) on one attention call, the kept positions bit for bit (counter_keep_mask's), and the output and
     gradients against eager attention in float32 from the same inputs; (2) two groups from the same
     initial tensors, counter masks, trained `passes` passes of `steps` fused steps in compile `mode`,
-    eager attention and the kernel: the largest differences of their step losses and trained tensors."""
+    eager attention and the kernel: the largest differences of their step losses and trained tensors
+    (`one_call` False: (2) only)."""
     fused = _fused_steps(batches, task_count, k, steps, device)
     trained = {}
     with KernelLaunches() as kernel_calls:  # eager attention launches none
@@ -200,23 +202,32 @@ def check_attention_kernel(config: dict[str, Any], size: str, method: str, batch
             with mock.patch.dict(os.environ, {ATTENTION_ENV: attention}):
                 trained[attention] = _trained(config, method, k, device, fused, mode, passes)
     return {"backbone": size, "method": method, "k": k, "steps": steps * passes, "masks": "counter", "compile": mode,
-            "attention_call": attention_kernel_matches(device), "reference": "eager attention",
+            **({"attention_call": attention_kernel_matches(device)} if one_call else {}), "reference": "eager attention",
             "kernel": _differences(trained["kernel"], trained["eager"]), "kernel_calls": kernel_calls.forward,
             "first_losses": trained["eager"][0][:k], "last_losses": trained["eager"][0][-k:]}
 
 
 def attention_kernel_matches(device: Device) -> dict[str, Any]:
-    """One attention call in the kernel against eager attention, at BERT's head size and the kernel's
-    longest length on a GPU (bf16, blocks of 130 rows so that a row's index sets the hash input's top
-    bit), smaller on a CPU (float32 under Triton's interpreter). The kept positions are read exactly
-    ("mask_bits_equal"): with queries and keys 0 every probability is 1 / length, and one-hot values make
-    the output the kept pattern itself, head_size keys at a time."""
+    """Attention calls in the kernel against eager attention, in bf16 on a GPU and float32 on a CPU (Triton's
+    interpreter), two shapes each: blocks of 130 rows, so that a row's index sets the hash input's top bit,
+    at one tile's length (128 tokens on a GPU, 20 here); and a few rows at several tiles' (SQuAD's 384 on a
+    GPU, 150 here). The kept positions are read exactly ("mask_bits_equal"): with queries and keys 0 every
+    probability is 1 / length, and one-hot values make the output the kept pattern itself, head_size keys at
+    a time. Output and gradients: the largest differences from eager float32 attention with a padding mask."""
     cuda = device.kind == "cuda"
-    runs, block, heads, length, head_size = (2, 130, 2, attention_kernel.MAX_LENGTH, 64) if cuda else (2, 130, 1, 20, 16)
-    dtype, target, p, scaling = (torch.bfloat16 if cuda else torch.float32), device.torch_device, 0.1, head_size**-0.5
+    shapes = [(130, 2, 128, 64), (3, 2, 384, 64)] if cuda else [(130, 1, 20, 16), (3, 1, 150, 32)]  # (block rows, heads, length, head size)
+    checks = [_one_call_matches(device.torch_device, torch.bfloat16 if cuda else torch.float32, *shape) for shape in shapes]
+    return {"shapes": [dict(zip(("block_rows", "heads", "length", "head_size"), shape, strict=True)) for shape in shapes],
+            "dtype": "bfloat16" if cuda else "float32", "mask_bits_equal": all(check["mask_bits_equal"] for check in checks),
+            **{name: max(check[name] for check in checks) for name in ("max_out_difference", "max_grad_difference", "max_grad")},
+            "kept_share": checks[0]["kept_share"]}
+
+
+def _one_call_matches(target: torch.device, dtype: torch.dtype, block: int, heads: int, length: int, head_size: int,
+                      runs: int = 2, p: float = 0.1) -> dict[str, Any]:
+    scaling, threshold, rows = head_size**-0.5, keep_threshold(p), runs * block
     keys = as_int32(torch.tensor([CounterStream(seed).keys for seed in range(runs)], device=target))  # the low 32 bits, as a group holds them
     draws = torch.tensor([3, 70_001], device=target, dtype=torch.int32)[:runs]
-    threshold, rows = keep_threshold(p), runs * block
     zeros = torch.zeros(rows, heads, length, head_size, device=target, dtype=dtype)
     kept = []
     for start in range(0, length, head_size):
@@ -226,10 +237,6 @@ def attention_kernel_matches(device: Device) -> dict[str, Any]:
         out = attention_kernel.run_dropout_attention(zeros, zeros, one_hot, None, keys, draws, threshold, p, scaling)
         kept.append(out.transpose(1, 2)[..., :count] > 0)
     expected = counter_keep_mask(keys, draws, (runs, block, heads, length, length), p).view(rows, heads, length, length)
-    expected_values = expected
-    if not cuda:  # the interpreter's cost grows with the programs: the numbers on 3 rows a run (a block's first 3: the same bits)
-        rows = runs * 3
-        expected_values = expected.view(runs, block, heads, length, length)[:, :3].reshape(rows, heads, length, length)
     generator = torch.Generator(device=target).manual_seed(0)
     query, key, value = (torch.randn(rows, heads, length, head_size, device=target, generator=generator).to(dtype).requires_grad_()
                          for _ in range(3))
@@ -240,17 +247,16 @@ def attention_kernel_matches(device: Device) -> dict[str, Any]:
     grads = torch.autograd.grad(out, (query, key, value), grad_out)
     upcast = [tensor.detach().float().requires_grad_() for tensor in (query, key, value)]
     scores = upcast[0] @ upcast[1].transpose(2, 3) * scaling + additive
-    reference = ((torch.softmax(scores, -1) * expected_values / (1 - p)) @ upcast[2]).transpose(1, 2)
+    reference = ((torch.softmax(scores, -1) * expected / (1 - p)) @ upcast[2]).transpose(1, 2)
     reference_grads = torch.autograd.grad(reference, upcast, grad_out.float())
-    return {"rows": rows, "heads": heads, "length": length, "head_size": head_size, "dtype": str(dtype).removeprefix("torch."),
-            "mask_bits_equal": bool(torch.equal(torch.cat(kept, dim=-1), expected)), "kept_share": round(float(expected.float().mean()), 4),
+    return {"mask_bits_equal": bool(torch.equal(torch.cat(kept, dim=-1), expected)), "kept_share": round(float(expected.float().mean()), 4),
             "max_out_difference": float((out.detach().float() - reference.detach()).abs().max()),
             "max_grad_difference": max(float((a.float() - b).abs().max()) for a, b in zip(grads, reference_grads, strict=True)),
             "max_grad": max(float(b.abs().max()) for b in reference_grads)}
 
 
 class KernelLaunches:
-    """The attention kernel's forward launches, counted (a replayed graph launches nothing: count its capture),
+    """The attention kernel's forward launches (the first of attention_kernel._kernels()), counted (a replayed graph launches nothing: count its capture),
     so that a row labelled "kernel" cannot be eager attention unawares; each launch runs inside `around()`."""
 
     def __init__(self, around: Callable[[], Any] = contextlib.nullcontext) -> None:
@@ -258,8 +264,8 @@ class KernelLaunches:
 
     def __enter__(self) -> KernelLaunches:
         real = attention_kernel._kernels
-        self._patch = mock.patch.object(attention_kernel, "_kernels", lambda: tuple(_Launcher(kernel, self, counted)
-                                                                                   for kernel, counted in zip(real(), (True, False))))
+        self._patch = mock.patch.object(attention_kernel, "_kernels", lambda: tuple(_Launcher(kernel, self, counted=index == 0)
+                                                                                   for index, kernel in enumerate(real())))
         self._patch.start()
         return self
 

@@ -4,10 +4,10 @@
 Why: with the step replayed as CUDA graphs, an H100 spent a fused BERT step's time on elementwise passes
 over the attention probabilities (bench/gpu.json "h100_2026_11_26_step_graphs"): scores, the additive
 mask, a float32 softmax, the dropout mask and its product are each written out at (runs x rows) x
-heads x length x length, forward and backward. Here one program per (row, head) holds its whole
-length x length tile on chip: the scores, the softmax, the mask and the dropped probabilities never
+heads x length x length, forward and backward. Here a program per (row, head, block of queries) walks
+the keys block by block on chip: the scores, the softmax, the mask and the dropped probabilities never
 reach memory. The backward pass recomputes them from the log-sum-exp it saved and draws the same mask
-again (FlashAttention's recomputation, Dao et al. 2022). Each run's mask bits are
+again (FlashAttention's tiling and recomputation, Dao et al. 2022, 2023). Each run's mask bits are
 run_dropout.counter_keep_mask's: the same hash of the run's words and the position's coordinates in
 the run's block, so a run's result still does not depend on its group.
 
@@ -15,11 +15,10 @@ No library kernel fits: SDPA's and FlashAttention's dropout draws from one Philo
 batch, so a run's mask would depend on its place in the group; FlexAttention modifies scores before
 the softmax, and dropout acts after it.
 
-One tile per (row, head) bounds the length: up to `MAX_LENGTH` tokens (GLUE's 128), head sizes of 16, 32
-or 64 (MiniLM's and BERT's). Elsewhere (SQuAD's 384 tokens, evaluation, generator masks) attention runs
-eagerly. The kernels are torch custom operators, so a compiled layer (adaptune.train.compiling) holds each
-call as one node. On a CPU the kernel runs only under Triton's interpreter (TRITON_INTERPRET=1), which is
-how the tests check it.
+Up to `MAX_LENGTH` tokens (SQuAD's 384 too), head sizes of 16, 32 or 64 (MiniLM's and BERT's); elsewhere,
+and in evaluation or with generator masks, attention runs eagerly. The kernels are torch custom operators,
+so a compiled layer (adaptune.train.compiling) holds each call as one node. On a CPU the kernel runs only
+under Triton's interpreter (TRITON_INTERPRET=1), which is how the tests check it.
 """
 
 from __future__ import annotations
@@ -32,7 +31,8 @@ import torch
 
 ATTENTION_ENV = "ADAPTUNE_ATTENTION"
 ATTENTION_MODES = ("eager", "kernel")
-MAX_LENGTH = 128  # one program's length x length tile of float32 scores: 64 KiB at 128
+MAX_LENGTH = 512  # tokens: the counter hash's coordinates give queries and keys 9 bits each
+MAX_HEADS, MAX_BLOCK_ROWS = 64, 256  # and heads 6 bits, a run's rows 8 (run_dropout._COORDINATE_BITS)
 
 
 def attention_mode() -> str:
@@ -49,14 +49,15 @@ def recorded_attention(mask_scheme: str) -> str:
     return "kernel" if attention_mode() == "kernel" and mask_scheme == "counter" else "eager"
 
 
-def kernel_applies(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, p: float) -> bool:
-    """Whether this attention call runs in the kernel: the mode asks for it, the shapes fit one tile,
-    and the device runs Triton (a GPU, or a CPU under the interpreter)."""
+def kernel_applies(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, p: float, runs: int) -> bool:
+    """Whether this attention call of `runs` runs' blocks runs in the kernel: the mode asks for it, the
+    shapes fit the counter hash's coordinates and the kernel's tiles, and the device runs Triton (a GPU, or a
+    CPU under the interpreter). Elsewhere eager attention draws the same masks (or says why it cannot)."""
     if attention_mode() != "kernel":
         return False
-    length, head_size = query.shape[2], query.shape[3]
-    fits = (length <= MAX_LENGTH and key.shape[2] == length and head_size in (16, 32, 64) and 0 < p < 1
-            and query.dtype == key.dtype == value.dtype)
+    rows, heads, length, head_size = query.shape
+    fits = (length <= MAX_LENGTH and heads <= MAX_HEADS and rows // runs <= MAX_BLOCK_ROWS and key.shape[2] == length
+            and head_size in (16, 32, 64) and 0 < p < 1 and query.dtype == key.dtype == value.dtype)
     if not fits:
         return False
     return query.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"  # where triton is missing, the first call says so
@@ -80,14 +81,10 @@ def _attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, addi
     """(output, log-sum-exp per query): the forward kernel."""
     query, key, value = _one_layout(query, key, value)
     out, log_sum_exp = _forward_outputs(query)
-    rows, heads, length, head_size = query.shape
-    block = _block(length)
-    mask, *mask_strides = _mask_and_strides(additive_mask, rows, heads, length)
-    forward_kernel, _ = _kernels()
-    forward_kernel[(rows * heads,)](
-        query, key, value, mask, keys, draws, out, log_sum_exp, *query.stride(), *mask_strides,
-        heads, length, rows // keys.shape[0], scaling, threshold, 1.0 / (1.0 - p),
-        HAS_MASK=additive_mask is not None, BLOCK=block, HEAD=head_size, num_warps=_warps(block))
+    mask, keys, draws, *strides = _common(query, additive_mask, keys, draws)
+    forward_kernel = _kernels()[0]
+    forward_kernel[_grid(query)](query, key, value, mask, keys, draws, out, log_sum_exp, *strides, scaling, threshold, 1.0 / (1.0 - p),
+                                 **_constants(query, additive_mask))
     return out, log_sum_exp
 
 
@@ -99,38 +96,39 @@ def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, additive_mask
 
 @torch.library.custom_op("adaptune::run_dropout_attention_backward", mutates_args=())
 def _attention_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, additive_mask: torch.Tensor | None,
-                        keys: torch.Tensor, draws: torch.Tensor, grad_out: torch.Tensor, log_sum_exp: torch.Tensor, threshold: int,
-                        p: float, scaling: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The gradients of query, key and value (their layout): the backward kernel, which recomputes the tile."""
+                        keys: torch.Tensor, draws: torch.Tensor, out: torch.Tensor, grad_out: torch.Tensor, log_sum_exp: torch.Tensor,
+                        threshold: int, p: float, scaling: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The gradients of query, key and value (their layout): the backward kernels, which recompute each tile."""
     query, key, value = _one_layout(query, key, value)
-    grads = _gradients_like(query)
-    rows, heads, length, head_size = query.shape
-    block = _block(length)
-    mask, *mask_strides = _mask_and_strides(additive_mask, rows, heads, length)
-    _, backward_kernel = _kernels()
-    backward_kernel[(rows * heads,)](
-        query, key, value, mask, keys, draws, grad_out.contiguous(), log_sum_exp, *grads, *query.stride(), *mask_strides,
-        heads, length, rows // keys.shape[0], scaling, threshold, 1.0 / (1.0 - p),
-        HAS_MASK=additive_mask is not None, BLOCK=block, HEAD=head_size, num_warps=_warps(block))
-    return grads
+    grad_query, grad_key, grad_value = _gradients_like(query)
+    grad_out = grad_out.contiguous()
+    delta = (grad_out.float() * out.float()).sum(-1).transpose(1, 2).contiguous()  # rowsum(dO O): (rows, heads, length)
+    mask, keys, draws, *strides = _common(query, additive_mask, keys, draws)
+    settings = (scaling, threshold, 1.0 / (1.0 - p))
+    _, key_value_kernel, query_kernel = _kernels()
+    key_value_kernel[_grid(query)](query, key, value, mask, keys, draws, grad_out, log_sum_exp, delta, grad_key, grad_value,
+                                   *strides, *settings, **_constants(query, additive_mask))
+    query_kernel[_grid(query)](query, key, value, mask, keys, draws, grad_out, log_sum_exp, delta, grad_query,
+                               *strides, *settings, **_constants(query, additive_mask))
+    return grad_query, grad_key, grad_value
 
 
 @_attention_backward.register_fake
 def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, additive_mask: torch.Tensor | None, keys: torch.Tensor,
-      draws: torch.Tensor, grad_out: torch.Tensor, log_sum_exp: torch.Tensor, threshold: int, p: float, scaling: float
-      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+      draws: torch.Tensor, out: torch.Tensor, grad_out: torch.Tensor, log_sum_exp: torch.Tensor, threshold: int, p: float,
+      scaling: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return _gradients_like(_one_layout(query, key, value)[0])
 
 
 def _keep_for_backward(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, torch.Tensor]) -> None:
     query, key, value, additive_mask, keys, draws, threshold, p, scaling = inputs
-    ctx.save_for_backward(query, key, value, additive_mask, keys, draws, output[1])
+    ctx.save_for_backward(query, key, value, additive_mask, keys, draws, *output)
     ctx.settings = (threshold, p, scaling)
 
 
 def _backward(ctx: Any, grad_out: torch.Tensor, _grad_log_sum_exp: torch.Tensor | None) -> tuple[Any, ...]:
-    query, key, value, additive_mask, keys, draws, log_sum_exp = ctx.saved_tensors
-    grads = _attention_backward(query, key, value, additive_mask, keys, draws, grad_out, log_sum_exp, *ctx.settings)
+    query, key, value, additive_mask, keys, draws, out, log_sum_exp = ctx.saved_tensors
+    grads = _attention_backward(query, key, value, additive_mask, keys, draws, out, grad_out, log_sum_exp, *ctx.settings)
     return (*grads, None, None, None, None, None, None)
 
 
@@ -154,29 +152,40 @@ def _gradients_like(query: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, to
     return tuple(torch.empty_strided(query.shape, query.stride(), device=query.device, dtype=query.dtype) for _ in range(3))
 
 
-def _mask_and_strides(mask: torch.Tensor | None, rows: int, heads: int, length: int) -> tuple[Any, ...]:
-    """The additive mask broadcast to (rows, heads, length, length), and its strides (0 where it
-    broadcasts): no copy of transformers' (rows, 1, length, length) mask."""
-    if mask is None:
-        return None, 0, 0, 0, 0
-    expanded = mask.expand(rows, heads, length, length)
-    return expanded, *expanded.stride()
+def _common(query: torch.Tensor, additive_mask: torch.Tensor | None, keys: torch.Tensor, draws: torch.Tensor) -> tuple[Any, ...]:
+    """What every kernel takes after its tensors: the additive mask broadcast to (rows, heads, length,
+    length) as strides (0 where it broadcasts: no copy of transformers' (rows, 1, length, length) mask),
+    the runs' words, the inputs' and the mask's strides, heads, length and rows per run."""
+    rows, heads, length, _ = query.shape
+    mask, mask_strides = None, (0, 0, 0, 0)
+    if additive_mask is not None:
+        mask = additive_mask.expand(rows, heads, length, length)
+        mask_strides = mask.stride()
+    return (mask, keys, draws, *query.stride(), *mask_strides, heads, length, rows // keys.shape[0])
+
+
+def _grid(query: torch.Tensor) -> tuple[int, int]:
+    """One program per (row, head) and block of queries (or keys)."""
+    rows, heads, length, _ = query.shape
+    return rows * heads, -(-length // _block(length))
+
+
+def _constants(query: torch.Tensor, additive_mask: torch.Tensor | None) -> dict[str, Any]:
+    return {"HAS_MASK": additive_mask is not None, "BLOCK": _block(query.shape[2]), "HEAD": query.shape[3], "num_warps": 4}
 
 
 def _block(length: int) -> int:
-    return max(16, 1 << (length - 1).bit_length())
-
-
-def _warps(block: int) -> int:
-    return 8 if block >= 128 else 4
+    """Tokens per tile: the length rounded up to a power of two, from 16 (tl.dot's least) to 64 (a 64 x 64
+    float32 tile of scores beside the running sums fits one program's registers)."""
+    return min(64, max(16, 1 << (length - 1).bit_length()))
 
 
 @functools.cache
-def _kernels() -> tuple[Any, Any]:
-    """The forward and backward kernels (adaptune.model.attention_triton, which imports triton: loaded only
+def _kernels() -> tuple[Any, Any, Any]:
+    """The forward kernel and the two backward kernels (adaptune.model.attention_triton, which imports triton: loaded only
     where the kernel runs)."""
     try:
         from adaptune.model import attention_triton
     except ImportError as error:
         raise RuntimeError(f"{ATTENTION_ENV}=kernel needs triton (CUDA builds of torch install it): {error}") from error
-    return attention_triton.forward_kernel, attention_triton.backward_kernel
+    return attention_triton.forward_kernel, attention_triton.backward_key_value_kernel, attention_triton.backward_query_kernel

@@ -1,8 +1,10 @@
 """The Triton kernels of adaptune.model.attention_kernel (that module's docstring says what they compute
-and why): one program per (row, head) of a fused group's attention, its whole length x length tile on
-chip, each run's counter dropout drawn inside. Queries, keys, values and their gradients share one
-(row, head, token, dim) stride set (transformers' head-split views, read in place); the output and its
-gradient are (row, token, head, dim), contiguous."""
+and why), FlashAttention-2's tiling (Dao 2023) with each run's counter dropout drawn inside: the forward
+kernel walks key blocks with an online softmax; the backward pass recomputes each tile from the saved
+log-sum-exp, one kernel per key block for the key and value gradients and one per query block for the
+query gradients (no atomics). Queries, keys, values and their gradients share one (row, head, token, dim)
+stride set (transformers' head-split views, read in place); the output and its gradient are (row, token,
+head, dim), contiguous."""
 
 import triton
 import triton.language as tl
@@ -19,81 +21,132 @@ def mix32(x):
 
 
 @triton.jit
-def kept(keys, draws, run, local_row, head, offsets, threshold):
+def kept(keys, draws, run, local_row, head, queries, key_positions, threshold):
     """run_dropout.counter_keep_mask's bits at (local_row, head, query, key) of the run's block: the run's
     two words from its keys and draw, then the hash of the position's index with them."""
     draw = tl.load(draws + run).to(tl.uint32, bitcast=True)
     first = tl.load(keys + 2 * run).to(tl.uint32, bitcast=True) ^ mix32(draw)
     second = tl.load(keys + 2 * run + 1).to(tl.uint32, bitcast=True) ^ mix32(draw ^ 0x5BD1E995)
     index = ((local_row.to(tl.uint32) << 24) | (head.to(tl.uint32) << 18)
-             | (offsets[:, None].to(tl.uint32) << 9) | offsets[None, :].to(tl.uint32))
+             | (queries[:, None].to(tl.uint32) << 9) | key_positions[None, :].to(tl.uint32))
     bits = mix32(mix32(index ^ first) ^ second)
     return bits >= threshold.to(tl.uint32)
 
 
 @triton.jit
-def scores_of(q, k, mask, row, head, offsets, inside, mask_row, mask_head, mask_query, mask_key, length, scaling,
+def scores_of(q, k, mask, row, head, queries, key_positions, length, mask_row, mask_head, mask_query, mask_key, scaling,
               HAS_MASK: tl.constexpr):
+    """A tile of scores (float32): query keyᵀ x scaling plus the additive mask, -inf past the last key."""
     s = tl.dot(q, tl.trans(k)) * scaling
+    inside = (queries[:, None] < length) & (key_positions[None, :] < length)
     if HAS_MASK:
-        s += tl.load(mask + row * mask_row + head * mask_head + offsets[:, None] * mask_query + offsets[None, :] * mask_key,
+        s += tl.load(mask + row * mask_row + head * mask_head + queries[:, None] * mask_query + key_positions[None, :] * mask_key,
                      mask=inside, other=0.0).to(tl.float32)
-    return tl.where(offsets[None, :] < length, s, float("-inf"))
+    return tl.where(key_positions[None, :] < length, s, float("-inf"))
 
 
 @triton.jit
 def forward_kernel(query, key, value, mask, keys, draws, out, log_sum_exp, in_row, in_head, in_token, in_dim,
                    mask_row, mask_head, mask_query, mask_key, heads, length, block_rows, scaling, threshold, keep_scale,
                    HAS_MASK: tl.constexpr, BLOCK: tl.constexpr, HEAD: tl.constexpr):
-    program = tl.program_id(0)
+    program, query_block = tl.program_id(0), tl.program_id(1)
     row, head = program // heads, program % heads
-    offsets, dims = tl.arange(0, BLOCK), tl.arange(0, HEAD)
-    valid = offsets < length
-    inside = valid[:, None] & valid[None, :]
-    tile = row * in_row + head * in_head + offsets[:, None] * in_token + dims[None, :] * in_dim
-    q = tl.load(query + tile, mask=valid[:, None], other=0.0)
-    k = tl.load(key + tile, mask=valid[:, None], other=0.0)
-    v = tl.load(value + tile, mask=valid[:, None], other=0.0)
-    s = scores_of(q, k, mask, row, head, offsets, inside, mask_row, mask_head, mask_query, mask_key, length, scaling, HAS_MASK)
-    top = tl.max(s, axis=1)
-    e = tl.exp(s - top[:, None])
-    total = tl.sum(e, axis=1)
-    probabilities = e / total[:, None]
-    keep = kept(keys, draws, row // block_rows, row % block_rows, head, offsets, threshold)
-    dropped = tl.where(keep, probabilities * keep_scale, 0.0)
-    o = tl.dot(dropped.to(v.dtype), v)
-    out_tile = ((row * length + offsets[:, None]) * heads + head) * HEAD + dims[None, :]
-    tl.store(out + out_tile, o.to(out.dtype.element_ty), mask=valid[:, None])
-    tl.store(log_sum_exp + program * length + offsets, top + tl.log(total), mask=valid)
+    run, local_row = row // block_rows, row % block_rows
+    queries, dims = query_block * BLOCK + tl.arange(0, BLOCK), tl.arange(0, HEAD)
+    base = row * in_row + head * in_head + dims[None, :] * in_dim
+    q = tl.load(query + base + queries[:, None] * in_token, mask=queries[:, None] < length, other=0.0)
+    top = tl.full([BLOCK], float("-inf"), tl.float32)
+    total = tl.zeros([BLOCK], tl.float32)
+    acc = tl.zeros([BLOCK, HEAD], tl.float32)
+    for start in range(0, length, BLOCK):
+        key_positions = start + tl.arange(0, BLOCK)
+        k = tl.load(key + base + key_positions[:, None] * in_token, mask=key_positions[:, None] < length, other=0.0)
+        v = tl.load(value + base + key_positions[:, None] * in_token, mask=key_positions[:, None] < length, other=0.0)
+        s = scores_of(q, k, mask, row, head, queries, key_positions, length, mask_row, mask_head, mask_query, mask_key, scaling,
+                      HAS_MASK)
+        new_top = tl.maximum(top, tl.max(s, axis=1))
+        rescale = tl.exp(top - new_top)
+        e = tl.exp(s - new_top[:, None])
+        total = total * rescale + tl.sum(e, axis=1)
+        keep = kept(keys, draws, run, local_row, head, queries, key_positions, threshold)
+        acc = acc * rescale[:, None] + tl.dot(tl.where(keep, e, 0.0).to(v.dtype), v)
+        top = new_top
+    o = acc * (keep_scale / total)[:, None]
+    out_tile = ((row * length + queries[:, None]) * heads + head) * HEAD + dims[None, :]
+    tl.store(out + out_tile, o.to(out.dtype.element_ty), mask=queries[:, None] < length)
+    tl.store(log_sum_exp + program * length + queries, top + tl.log(total), mask=queries < length)
 
 
 @triton.jit
-def backward_kernel(query, key, value, mask, keys, draws, grad_out, log_sum_exp, grad_query, grad_key, grad_value,
-                    in_row, in_head, in_token, in_dim, mask_row, mask_head, mask_query, mask_key, heads, length, block_rows,
-                    scaling, threshold, keep_scale, HAS_MASK: tl.constexpr, BLOCK: tl.constexpr, HEAD: tl.constexpr):
-    program = tl.program_id(0)
-    row, head = program // heads, program % heads
-    offsets, dims = tl.arange(0, BLOCK), tl.arange(0, HEAD)
-    valid = offsets < length
-    inside = valid[:, None] & valid[None, :]
-    tile = row * in_row + head * in_head + offsets[:, None] * in_token + dims[None, :] * in_dim
-    q = tl.load(query + tile, mask=valid[:, None], other=0.0)
-    k = tl.load(key + tile, mask=valid[:, None], other=0.0)
-    v = tl.load(value + tile, mask=valid[:, None], other=0.0)
-    out_tile = ((row * length + offsets[:, None]) * heads + head) * HEAD + dims[None, :]
-    do = tl.load(grad_out + out_tile, mask=valid[:, None], other=0.0)
-    s = scores_of(q, k, mask, row, head, offsets, inside, mask_row, mask_head, mask_query, mask_key, length, scaling, HAS_MASK)
-    lse = tl.load(log_sum_exp + program * length + offsets, mask=valid, other=0.0)
+def tile_gradients(q, k, v, do, lse, delta, mask, keys, draws, run, local_row, row, head, queries, key_positions, length,
+                   mask_row, mask_head, mask_query, mask_key, scaling, threshold, keep_scale, HAS_MASK: tl.constexpr):
+    """One tile's dropped probabilities and score gradients, recomputed: softmax's backward dS = P (dP - delta),
+    delta = rowsum(dO O), with dP the dropped probabilities' gradient through the mask."""
+    s = scores_of(q, k, mask, row, head, queries, key_positions, length, mask_row, mask_head, mask_query, mask_key, scaling,
+                  HAS_MASK)
+    inside = (queries[:, None] < length) & (key_positions[None, :] < length)
     probabilities = tl.where(inside, tl.exp(s - lse[:, None]), 0.0)
-    keep = kept(keys, draws, row // block_rows, row % block_rows, head, offsets, threshold)
+    keep = kept(keys, draws, run, local_row, head, queries, key_positions, threshold)
     dropped = tl.where(keep, probabilities * keep_scale, 0.0)
-    dv = tl.dot(tl.trans(dropped.to(do.dtype)), do)
-    grad_dropped = tl.dot(do, tl.trans(v))
-    grad_probabilities = tl.where(keep, grad_dropped * keep_scale, 0.0)
-    # softmax's backward: dS = P (dP - rowsum(dP P))
-    grad_scores = probabilities * (grad_probabilities - tl.sum(grad_probabilities * probabilities, axis=1)[:, None])
-    dq = tl.dot(grad_scores.to(k.dtype), k) * scaling
-    dk = tl.dot(tl.trans(grad_scores.to(q.dtype)), q) * scaling
-    tl.store(grad_query + tile, dq.to(grad_query.dtype.element_ty), mask=valid[:, None])
-    tl.store(grad_key + tile, dk.to(grad_key.dtype.element_ty), mask=valid[:, None])
-    tl.store(grad_value + tile, dv.to(grad_value.dtype.element_ty), mask=valid[:, None])
+    grad_probabilities = tl.where(keep, tl.dot(do, tl.trans(v)) * keep_scale, 0.0)
+    return dropped, probabilities * (grad_probabilities - delta[:, None])
+
+
+@triton.jit
+def backward_key_value_kernel(query, key, value, mask, keys, draws, grad_out, log_sum_exp, delta, grad_key, grad_value,
+                              in_row, in_head, in_token, in_dim, mask_row, mask_head, mask_query, mask_key, heads, length,
+                              block_rows, scaling, threshold, keep_scale,
+                              HAS_MASK: tl.constexpr, BLOCK: tl.constexpr, HEAD: tl.constexpr):
+    program, key_block = tl.program_id(0), tl.program_id(1)
+    row, head = program // heads, program % heads
+    run, local_row = row // block_rows, row % block_rows
+    key_positions, dims = key_block * BLOCK + tl.arange(0, BLOCK), tl.arange(0, HEAD)
+    base = row * in_row + head * in_head + dims[None, :] * in_dim
+    k = tl.load(key + base + key_positions[:, None] * in_token, mask=key_positions[:, None] < length, other=0.0)
+    v = tl.load(value + base + key_positions[:, None] * in_token, mask=key_positions[:, None] < length, other=0.0)
+    dk = tl.zeros([BLOCK, HEAD], tl.float32)
+    dv = tl.zeros([BLOCK, HEAD], tl.float32)
+    for start in range(0, length, BLOCK):
+        queries = start + tl.arange(0, BLOCK)
+        q = tl.load(query + base + queries[:, None] * in_token, mask=queries[:, None] < length, other=0.0)
+        out_tile = ((row * length + queries[:, None]) * heads + head) * HEAD + dims[None, :]
+        do = tl.load(grad_out + out_tile, mask=queries[:, None] < length, other=0.0)
+        lse = tl.load(log_sum_exp + program * length + queries, mask=queries < length, other=0.0)
+        row_delta = tl.load(delta + program * length + queries, mask=queries < length, other=0.0)
+        dropped, grad_scores = tile_gradients(q, k, v, do, lse, row_delta, mask, keys, draws, run, local_row, row, head, queries,
+                                              key_positions, length, mask_row, mask_head, mask_query, mask_key, scaling, threshold,
+                                              keep_scale, HAS_MASK)
+        dv += tl.dot(tl.trans(dropped.to(do.dtype)), do)
+        dk += tl.dot(tl.trans(grad_scores.to(q.dtype)), q)
+    tl.store(grad_key + base + key_positions[:, None] * in_token, (dk * scaling).to(grad_key.dtype.element_ty),
+             mask=key_positions[:, None] < length)
+    tl.store(grad_value + base + key_positions[:, None] * in_token, dv.to(grad_value.dtype.element_ty),
+             mask=key_positions[:, None] < length)
+
+
+@triton.jit
+def backward_query_kernel(query, key, value, mask, keys, draws, grad_out, log_sum_exp, delta, grad_query,
+                          in_row, in_head, in_token, in_dim, mask_row, mask_head, mask_query, mask_key, heads, length,
+                          block_rows, scaling, threshold, keep_scale,
+                          HAS_MASK: tl.constexpr, BLOCK: tl.constexpr, HEAD: tl.constexpr):
+    program, query_block = tl.program_id(0), tl.program_id(1)
+    row, head = program // heads, program % heads
+    run, local_row = row // block_rows, row % block_rows
+    queries, dims = query_block * BLOCK + tl.arange(0, BLOCK), tl.arange(0, HEAD)
+    base = row * in_row + head * in_head + dims[None, :] * in_dim
+    q = tl.load(query + base + queries[:, None] * in_token, mask=queries[:, None] < length, other=0.0)
+    out_tile = ((row * length + queries[:, None]) * heads + head) * HEAD + dims[None, :]
+    do = tl.load(grad_out + out_tile, mask=queries[:, None] < length, other=0.0)
+    lse = tl.load(log_sum_exp + program * length + queries, mask=queries < length, other=0.0)
+    row_delta = tl.load(delta + program * length + queries, mask=queries < length, other=0.0)
+    dq = tl.zeros([BLOCK, HEAD], tl.float32)
+    for start in range(0, length, BLOCK):
+        key_positions = start + tl.arange(0, BLOCK)
+        k = tl.load(key + base + key_positions[:, None] * in_token, mask=key_positions[:, None] < length, other=0.0)
+        v = tl.load(value + base + key_positions[:, None] * in_token, mask=key_positions[:, None] < length, other=0.0)
+        _, grad_scores = tile_gradients(q, k, v, do, lse, row_delta, mask, keys, draws, run, local_row, row, head, queries,
+                                        key_positions, length, mask_row, mask_head, mask_query, mask_key, scaling, threshold,
+                                        keep_scale, HAS_MASK)
+        dq += tl.dot(grad_scores.to(k.dtype), k)
+    tl.store(grad_query + base + queries[:, None] * in_token, (dq * scaling).to(grad_query.dtype.element_ty),
+             mask=queries[:, None] < length)

@@ -377,8 +377,9 @@ def run_dropout_attention(module: nn.Module, query: torch.Tensor, key: torch.Ten
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     scaling = scaling if scaling is not None else query.size(-1) ** -0.5
     site: RunDropout = module.dropout
-    if site.randomness.scheme == "counter" and site.training and attention_kernel.kernel_applies(query, key, value, site.p):
-        randomness = site.randomness
+    randomness = site.randomness
+    if randomness.scheme == "counter" and site.training and attention_kernel.kernel_applies(query, key, value, site.p,
+                                                                                              len(randomness.streams)):
         return attention_kernel.run_dropout_attention(query, key, value, attention_mask, randomness.keys,
                                                       randomness.site_draws(site.site, site.ordinal), keep_threshold(site.p),
                                                       site.p, scaling), None
