@@ -210,8 +210,8 @@ def check_attention_kernel(config: dict[str, Any], size: str, method: str, batch
 def attention_kernel_matches(device: Device) -> dict[str, Any]:
     """Attention calls in the kernel against eager attention, in bf16 on a GPU and float32 on a CPU (Triton's
     interpreter), two shapes each: blocks of 130 rows, so that a row's index sets the hash input's top bit,
-    at one tile's length (128 tokens on a GPU, 20 here); and a few rows at several tiles' (SQuAD's 384 on a
-    GPU, 150 here). The kept positions are read exactly ("mask_bits_equal"): with queries and keys 0 every
+    at GLUE's longest length (128 tokens on a GPU, two tiles; 20 here, one); and a few rows at SQuAD's (384 on a
+    GPU, six tiles; 150 here, three). The kept positions are read exactly ("mask_bits_equal"): with queries and keys 0 every
     probability is 1 / length, and one-hot values make the output the kept pattern itself, head_size keys at
     a time. Output and gradients: the largest differences from eager float32 attention with a padding mask."""
     cuda = device.kind == "cuda"
