@@ -34,6 +34,37 @@ def kept(keys, draws, run, local_row, head, queries, key_positions, threshold):
 
 
 @triton.jit
+def coordinates(heads, block_rows, in_row, in_head, in_dim, BLOCK: tl.constexpr, HEAD: tl.constexpr):
+    """This program's row x heads + head, row, head, run and row within the run's block; the token positions of
+    its block (along the grid's second axis), the head's dims, and the offset of its (row, head) in the inputs."""
+    program = tl.program_id(0)
+    row, head = program // heads, program % heads
+    dims = tl.arange(0, HEAD)
+    return (program, row, head, row // block_rows, row % block_rows, tl.program_id(1) * BLOCK + tl.arange(0, BLOCK), dims,
+            row * in_row + head * in_head + dims[None, :] * in_dim)
+
+
+@triton.jit
+def token_rows(pointer, base, positions, length, in_token):
+    """A (positions, head size) tile of a (row, head, token, dim)-strided tensor at `base`, zeros past the last token."""
+    return tl.load(pointer + base + positions[:, None] * in_token, mask=positions[:, None] < length, other=0.0)
+
+
+@triton.jit
+def store_token_rows(pointer, base, positions, length, in_token, tile):
+    tl.store(pointer + base + positions[:, None] * in_token, tile.to(pointer.dtype.element_ty), mask=positions[:, None] < length)
+
+
+@triton.jit
+def query_side(grad_out, log_sum_exp, delta, program, row, head, queries, dims, heads, length, HEAD: tl.constexpr):
+    """For a block of queries: the output's gradient (row, token, head, dim), its log-sum-exp and rowsum(dO O)."""
+    out_tile = ((row * length + queries[:, None]) * heads + head) * HEAD + dims[None, :]
+    do = tl.load(grad_out + out_tile, mask=queries[:, None] < length, other=0.0)
+    lse = tl.load(log_sum_exp + program * length + queries, mask=queries < length, other=0.0)
+    return do, lse, tl.load(delta + program * length + queries, mask=queries < length, other=0.0)
+
+
+@triton.jit
 def scores_of(q, k, mask, row, head, queries, key_positions, length, mask_row, mask_head, mask_query, mask_key, scaling,
               HAS_MASK: tl.constexpr):
     """A tile of scores (float32): query keyᵀ x scaling plus the additive mask, -inf past the last key."""
@@ -49,19 +80,14 @@ def scores_of(q, k, mask, row, head, queries, key_positions, length, mask_row, m
 def forward_kernel(query, key, value, mask, keys, draws, out, log_sum_exp, in_row, in_head, in_token, in_dim,
                    mask_row, mask_head, mask_query, mask_key, heads, length, block_rows, scaling, threshold, keep_scale,
                    HAS_MASK: tl.constexpr, BLOCK: tl.constexpr, HEAD: tl.constexpr):
-    program, query_block = tl.program_id(0), tl.program_id(1)
-    row, head = program // heads, program % heads
-    run, local_row = row // block_rows, row % block_rows
-    queries, dims = query_block * BLOCK + tl.arange(0, BLOCK), tl.arange(0, HEAD)
-    base = row * in_row + head * in_head + dims[None, :] * in_dim
-    q = tl.load(query + base + queries[:, None] * in_token, mask=queries[:, None] < length, other=0.0)
+    program, row, head, run, local_row, queries, dims, base = coordinates(heads, block_rows, in_row, in_head, in_dim, BLOCK, HEAD)
+    q = token_rows(query, base, queries, length, in_token)
     top = tl.full([BLOCK], float("-inf"), tl.float32)
     total = tl.zeros([BLOCK], tl.float32)
     acc = tl.zeros([BLOCK, HEAD], tl.float32)
     for start in range(0, length, BLOCK):
         key_positions = start + tl.arange(0, BLOCK)
-        k = tl.load(key + base + key_positions[:, None] * in_token, mask=key_positions[:, None] < length, other=0.0)
-        v = tl.load(value + base + key_positions[:, None] * in_token, mask=key_positions[:, None] < length, other=0.0)
+        k, v = token_rows(key, base, key_positions, length, in_token), token_rows(value, base, key_positions, length, in_token)
         s = scores_of(q, k, mask, row, head, queries, key_positions, length, mask_row, mask_head, mask_query, mask_key, scaling,
                       HAS_MASK)
         new_top = tl.maximum(top, tl.max(s, axis=1))
@@ -97,31 +123,21 @@ def backward_key_value_kernel(query, key, value, mask, keys, draws, grad_out, lo
                               in_row, in_head, in_token, in_dim, mask_row, mask_head, mask_query, mask_key, heads, length,
                               block_rows, scaling, threshold, keep_scale,
                               HAS_MASK: tl.constexpr, BLOCK: tl.constexpr, HEAD: tl.constexpr):
-    program, key_block = tl.program_id(0), tl.program_id(1)
-    row, head = program // heads, program % heads
-    run, local_row = row // block_rows, row % block_rows
-    key_positions, dims = key_block * BLOCK + tl.arange(0, BLOCK), tl.arange(0, HEAD)
-    base = row * in_row + head * in_head + dims[None, :] * in_dim
-    k = tl.load(key + base + key_positions[:, None] * in_token, mask=key_positions[:, None] < length, other=0.0)
-    v = tl.load(value + base + key_positions[:, None] * in_token, mask=key_positions[:, None] < length, other=0.0)
+    program, row, head, run, local_row, key_positions, dims, base = coordinates(heads, block_rows, in_row, in_head, in_dim, BLOCK, HEAD)
+    k, v = token_rows(key, base, key_positions, length, in_token), token_rows(value, base, key_positions, length, in_token)
     dk = tl.zeros([BLOCK, HEAD], tl.float32)
     dv = tl.zeros([BLOCK, HEAD], tl.float32)
     for start in range(0, length, BLOCK):
         queries = start + tl.arange(0, BLOCK)
-        q = tl.load(query + base + queries[:, None] * in_token, mask=queries[:, None] < length, other=0.0)
-        out_tile = ((row * length + queries[:, None]) * heads + head) * HEAD + dims[None, :]
-        do = tl.load(grad_out + out_tile, mask=queries[:, None] < length, other=0.0)
-        lse = tl.load(log_sum_exp + program * length + queries, mask=queries < length, other=0.0)
-        row_delta = tl.load(delta + program * length + queries, mask=queries < length, other=0.0)
+        q = token_rows(query, base, queries, length, in_token)
+        do, lse, row_delta = query_side(grad_out, log_sum_exp, delta, program, row, head, queries, dims, heads, length, HEAD)
         dropped, grad_scores = tile_gradients(q, k, v, do, lse, row_delta, mask, keys, draws, run, local_row, row, head, queries,
                                               key_positions, length, mask_row, mask_head, mask_query, mask_key, scaling, threshold,
                                               keep_scale, HAS_MASK)
         dv += tl.dot(tl.trans(dropped.to(do.dtype)), do)
         dk += tl.dot(tl.trans(grad_scores.to(q.dtype)), q)
-    tl.store(grad_key + base + key_positions[:, None] * in_token, (dk * scaling).to(grad_key.dtype.element_ty),
-             mask=key_positions[:, None] < length)
-    tl.store(grad_value + base + key_positions[:, None] * in_token, dv.to(grad_value.dtype.element_ty),
-             mask=key_positions[:, None] < length)
+    store_token_rows(grad_key, base, key_positions, length, in_token, dk * scaling)
+    store_token_rows(grad_value, base, key_positions, length, in_token, dv)
 
 
 @triton.jit
@@ -129,24 +145,15 @@ def backward_query_kernel(query, key, value, mask, keys, draws, grad_out, log_su
                           in_row, in_head, in_token, in_dim, mask_row, mask_head, mask_query, mask_key, heads, length,
                           block_rows, scaling, threshold, keep_scale,
                           HAS_MASK: tl.constexpr, BLOCK: tl.constexpr, HEAD: tl.constexpr):
-    program, query_block = tl.program_id(0), tl.program_id(1)
-    row, head = program // heads, program % heads
-    run, local_row = row // block_rows, row % block_rows
-    queries, dims = query_block * BLOCK + tl.arange(0, BLOCK), tl.arange(0, HEAD)
-    base = row * in_row + head * in_head + dims[None, :] * in_dim
-    q = tl.load(query + base + queries[:, None] * in_token, mask=queries[:, None] < length, other=0.0)
-    out_tile = ((row * length + queries[:, None]) * heads + head) * HEAD + dims[None, :]
-    do = tl.load(grad_out + out_tile, mask=queries[:, None] < length, other=0.0)
-    lse = tl.load(log_sum_exp + program * length + queries, mask=queries < length, other=0.0)
-    row_delta = tl.load(delta + program * length + queries, mask=queries < length, other=0.0)
+    program, row, head, run, local_row, queries, dims, base = coordinates(heads, block_rows, in_row, in_head, in_dim, BLOCK, HEAD)
+    q = token_rows(query, base, queries, length, in_token)
+    do, lse, row_delta = query_side(grad_out, log_sum_exp, delta, program, row, head, queries, dims, heads, length, HEAD)
     dq = tl.zeros([BLOCK, HEAD], tl.float32)
     for start in range(0, length, BLOCK):
         key_positions = start + tl.arange(0, BLOCK)
-        k = tl.load(key + base + key_positions[:, None] * in_token, mask=key_positions[:, None] < length, other=0.0)
-        v = tl.load(value + base + key_positions[:, None] * in_token, mask=key_positions[:, None] < length, other=0.0)
+        k, v = token_rows(key, base, key_positions, length, in_token), token_rows(value, base, key_positions, length, in_token)
         _, grad_scores = tile_gradients(q, k, v, do, lse, row_delta, mask, keys, draws, run, local_row, row, head, queries,
                                         key_positions, length, mask_row, mask_head, mask_query, mask_key, scaling, threshold,
                                         keep_scale, HAS_MASK)
         dq += tl.dot(grad_scores.to(k.dtype), k)
-    tl.store(grad_query + base + queries[:, None] * in_token, (dq * scaling).to(grad_query.dtype.element_ty),
-             mask=queries[:, None] < length)
+    store_token_rows(grad_query, base, queries, length, in_token, dq * scaling)
