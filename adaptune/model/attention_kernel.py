@@ -79,6 +79,9 @@ def run_dropout_attention(query: torch.Tensor, key: torch.Tensor, value: torch.T
 def _attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, additive_mask: torch.Tensor | None, keys: torch.Tensor,
                draws: torch.Tensor, threshold: int, p: float, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(output, log-sum-exp per query): the forward kernel."""
+    if _interpreted_bf16(query):
+        out, log_sum_exp = _attention(query.float(), key.float(), value.float(), additive_mask, keys, draws, threshold, p, scaling)
+        return out.to(query.dtype), log_sum_exp
     query, key, value = _one_layout(query, key, value)
     out, log_sum_exp = _forward_outputs(query)
     mask, keys, draws, *strides = _common(query, additive_mask, keys, draws)
@@ -99,6 +102,10 @@ def _attention_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
                         keys: torch.Tensor, draws: torch.Tensor, out: torch.Tensor, grad_out: torch.Tensor, log_sum_exp: torch.Tensor,
                         threshold: int, p: float, scaling: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The gradients of query, key and value (their layout): the backward kernels, which recompute each tile."""
+    if _interpreted_bf16(query):
+        grads = _attention_backward(query.float(), key.float(), value.float(), additive_mask, keys, draws, out, grad_out.float(),
+                                    log_sum_exp, threshold, p, scaling)
+        return tuple(grad.to(query.dtype) for grad in grads)
     query, key, value = _one_layout(query, key, value)
     grad_query, grad_key, grad_value = _gradients_like(query)
     grad_out = grad_out.contiguous()
@@ -133,6 +140,11 @@ def _backward(ctx: Any, grad_out: torch.Tensor, _grad_log_sum_exp: torch.Tensor 
 
 
 _attention.register_autograd(_backward, setup_context=_keep_for_backward)
+
+
+def _interpreted_bf16(query: torch.Tensor) -> bool:
+    """Triton's interpreter (a CPU) multiplies bf16 tiles wrongly (numpy has no bf16): the kernels run in float32 there."""
+    return not query.is_cuda and query.dtype == torch.bfloat16
 
 
 def _one_layout(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
