@@ -5,8 +5,9 @@ masks are counted as the one kernel each a GPU draws them with.
 
 For a fused group of BERT-base-width adapter runs (frozen matmuls in bf16 under bf16 autocast, counter
 masks), one training step's torch operators and the bytes their outputs take, eager attention against
-the kernel (adaptune.model.attention_kernel, here under Triton's interpreter, whose work inside the kernel
-is no torch operator: on a GPU it stays on chip). Per Transformer layer: the step of a 2-layer model less
+the kernel (adaptune.model.attention_kernel, here under Triton's interpreter). The kernel is a torch custom
+operator, so the census sees each call as one operator writing its outputs; what it does inside stays on chip
+on a GPU. Per Transformer layer: the step of a 2-layer model less
 that of a 1-layer one. Bytes written are a floor on a GPU's traffic (every output is also read at least
 once); views write nothing and are not counted. Not a timing: the interpreter is slow by design.
 """
@@ -78,11 +79,9 @@ def step_census(layers: int, k: int, length: int, attention: str) -> tuple[int, 
     from transformers import BertConfig, BertForSequenceClassification
 
     from adaptune.bench.fused import _step_fn
-    from adaptune.bench.gpu_fused import KernelLaunches
     from adaptune.core.devices import Device
 
-    with (tempfile.TemporaryDirectory() as directory, mock.patch.dict(os.environ, {ATTENTION_ENV: attention}),
-          KernelLaunches(around=_disable_current_modes)):  # the interpreter's own torch calls are no operator of a GPU's step
+    with tempfile.TemporaryDirectory() as directory, mock.patch.dict(os.environ, {ATTENTION_ENV: attention}):
         torch.manual_seed(0)
         BertForSequenceClassification(BertConfig(**BERT_BASE_WIDTH, num_hidden_layers=layers)).save_pretrained(directory)
         ids = torch.randint(1000, 2000, (ROWS, length), generator=torch.Generator().manual_seed(0))

@@ -15,7 +15,6 @@ is counted as work, as it is for one run's padding.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import gc
 import itertools
@@ -256,11 +255,11 @@ def _one_call_matches(target: torch.device, dtype: torch.dtype, block: int, head
 
 
 class KernelLaunches:
-    """The attention kernel's forward launches (the first of attention_kernel._kernels()), counted (a replayed graph launches nothing: count its capture),
-    so that a row labelled "kernel" cannot be eager attention unawares; each launch runs inside `around()`."""
+    """The attention kernel's forward launches (the first of attention_kernel._kernels()), counted (a replayed
+    graph launches nothing: count its capture), so that a row labelled "kernel" cannot be eager attention unawares."""
 
-    def __init__(self, around: Callable[[], Any] = contextlib.nullcontext) -> None:
-        self.forward, self.around = 0, around
+    def __init__(self) -> None:
+        self.forward = 0
 
     def __enter__(self) -> KernelLaunches:
         real = attention_kernel._kernels
@@ -280,8 +279,7 @@ class _Launcher:
     def __getitem__(self, grid: Any) -> Callable[..., Any]:
         def launch(*args: Any, **kwargs: Any) -> Any:
             self.launches.forward += self.counted
-            with self.launches.around():
-                return self.kernel[grid](*args, **kwargs)
+            return self.kernel[grid](*args, **kwargs)
         return launch
 
 
