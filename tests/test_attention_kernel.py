@@ -24,7 +24,7 @@ from adaptune.bench.gpu_fused import KernelLaunches, attention_kernel_matches, c
 from adaptune.core.devices import Device
 from adaptune.model import attention_kernel
 from adaptune.model.backbone import load_tokenizer
-from adaptune.model.run_dropout import DROPOUT_MASKS_ENV, CounterStream, as_int32, counter_keep_mask, keep_threshold, use_run_dropout
+from adaptune.model.run_dropout import DROPOUT_MASKS_ENV, CounterStream, RunRandomness, counter_keep_mask, keep_threshold, use_run_dropout
 from adaptune.train.compiling import COMPILE_ENV
 from adaptune.train.group_loop import train_group
 from adaptune.train.step_graphs import COMPILED_STEP_GRAPHS, STEP_GRAPHS
@@ -46,7 +46,7 @@ def interpreted(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _words(seeds: list[int], draw: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Each run's keys and draw as a group holds them: int32 words."""
-    return as_int32(torch.tensor([CounterStream(seed).keys for seed in seeds])), torch.full((len(seeds),), draw, dtype=torch.int32)
+    return RunRandomness([CounterStream(seed) for seed in seeds]).keys, torch.full((len(seeds),), draw, dtype=torch.int32)
 
 
 def _attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, seeds: list[int], mask: torch.Tensor | None = None) -> torch.Tensor:

@@ -33,7 +33,7 @@ from adaptune.core.devices import Device, is_out_of_memory
 from adaptune.model import attention_kernel
 from adaptune.model.attention_kernel import ATTENTION_ENV
 from adaptune.model.methods import apply_method, method_from_dict
-from adaptune.model.run_dropout import CounterStream, as_int32, counter_keep_mask, fused_counter_keep_mask, keep_threshold
+from adaptune.model.run_dropout import CounterStream, RunRandomness, counter_keep_mask, fused_counter_keep_mask, keep_threshold
 from adaptune.model.run_groups import trained_tensors
 from adaptune.train.compiling import training_forward
 from adaptune.train.group_loop import run_losses, fused_step, stack_run_batches
@@ -225,7 +225,7 @@ def attention_kernel_matches(device: Device) -> dict[str, Any]:
 def _one_call_matches(target: torch.device, dtype: torch.dtype, block: int, heads: int, length: int, head_size: int,
                       runs: int = 2, p: float = 0.1) -> dict[str, Any]:
     scaling, threshold, rows = head_size**-0.5, keep_threshold(p), runs * block
-    keys = as_int32(torch.tensor([CounterStream(seed).keys for seed in range(runs)], device=target))  # the low 32 bits, as a group holds them
+    keys = RunRandomness([CounterStream(seed) for seed in range(runs)]).keys.to(target)  # int32 words, as a group holds them
     draws = torch.tensor([3, 70_001], device=target, dtype=torch.int32)[:runs]
     zeros = torch.zeros(rows, heads, length, head_size, device=target, dtype=dtype)
     kept = []

@@ -142,7 +142,7 @@ def counter_keep_mask(keys: torch.Tensor, draws: torch.Tensor, shape: torch.Size
         term = (torch.arange(size, device=device, dtype=torch.int32) << shift).view(size, *([1] * (dims - axis - 1)))
         index = term if index is None else index + term
     per_run = (-1, *([1] * dims))
-    keys, draws = as_int32(keys), as_int32(draws)
+    keys, draws = _as_int32(keys), _as_int32(draws)
     first = (keys[:, 0] ^ _mix32(draws)).view(per_run)
     second = (keys[:, 1] ^ _mix32(draws ^ 0x5BD1E995)).view(per_run)
     bits = _mix32(_mix32(index.unsqueeze(0) ^ first) ^ second)
@@ -180,7 +180,7 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ ((x >> 16) & 0xFFFF)
 
 
-def as_int32(words: torch.Tensor) -> torch.Tensor:
+def _as_int32(words: torch.Tensor) -> torch.Tensor:
     """The low 32 bits of int64 values as int32 words (brought into int32's range first: no narrowing
     cast of an out-of-range value, whose result C++ leaves to the implementation)."""
     if words.dtype == torch.int32:
@@ -243,7 +243,7 @@ class RunRandomness(nn.Module):
         """Start a training forward pass: every run's count moves past the masks of the pass before."""
         self._drawn.clear()
         if self.scheme == "counter":
-            self.base.copy_(as_int32(self.draws))
+            self.base.copy_(_as_int32(self.draws))
             self.draws.add_(self.sites)
 
     def _hold(self, streams: list[torch.Generator | CounterStream], device: torch.device | None) -> None:
@@ -256,7 +256,7 @@ class RunRandomness(nn.Module):
         self.register_buffer("keys", torch.tensor(keys, dtype=torch.int32, device=device), persistent=False)
         self.register_buffer("draws", torch.tensor(draws, dtype=torch.int64, device=device), persistent=False)
         # The counts before this pass (advance) as the hash reads them, int32 words: one conversion a pass, not one a site.
-        self.register_buffer("base", as_int32(self.draws), persistent=False)
+        self.register_buffer("base", _as_int32(self.draws), persistent=False)
         for index, stream in enumerate(counters):
             stream._held = (self, index)
 
