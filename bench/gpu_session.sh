@@ -33,7 +33,9 @@ part() {  # name, seconds at most (or "rest"), arguments of adaptune.bench.gpu
     if [ "$limit" -lt 20 ]; then log "part $name skipped: $left s left"; return; fi
     log "part $name (at most $limit s): $*"
     timeout --signal=INT --kill-after=10 "$limit" $PY -m adaptune.bench.gpu --out "$OUT/$name.json" "${COMMON[@]}" "$@" >>"$OUT/log.txt" 2>&1
-    log "part $name ended: exit $?"
+    local status=$?
+    log "part $name ended: exit $status"
+    return $status
 }
 NONE=(--shard "" --shard-groups "")
 run_part() {
@@ -120,5 +122,15 @@ run_part() {
 }
 # Other parts (profileattn, shardattn, compiledcheck, compiledgraphs, profilecompiled, shardcompiled, graphcheck, graphs, shardgraphs, profilegraphs, graphsfused, shardfused, compiled, shard, base, topk,
 # profile, fused8, large) stay for later calls: PARTS="..." picks them.
-for name in ${PARTS:-attncheck attngraphs compiledattn}; do run_part "$name"; done
+# If the kernel fails outright in its check (not for time: exit 124), the call goes on to FALLBACK's parts instead
+# of the kernel's, so that one failed compile on the device's Triton does not cost the whole call.
+queue=(${PARTS:-attncheck attngraphs compiledattn})
+while [ ${#queue[@]} -gt 0 ]; do
+    name=${queue[0]}; queue=("${queue[@]:1}")
+    run_part "$name"; status=$?
+    if [ "$name" = attncheck ] && [ $status -ne 0 ] && [ $status -ne 124 ]; then
+        log "the attention kernel failed its check: on to ${FALLBACK:-compiledcheck compiledgraphs}"
+        queue=(${FALLBACK:-compiledcheck compiledgraphs})
+    fi
+done
 log "done"
