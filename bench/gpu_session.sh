@@ -117,6 +117,10 @@ run_part() {
     # The RTE shard fused 8 as step graphs with the kernel, through the trainer (runs per GPU-hour).
     shardattn) ADAPTUNE_COMPILE=step_graphs ADAPTUNE_DROPOUT_MASKS=counter ADAPTUNE_ATTENTION=kernel part shardattn 100 \
         --backbones bert-base --variants "" --fused "" --shard "" --shard-groups 8 --shard-train-rows 640 ;;
+    # The one-run trainer step (this card's baseline, same call) beside the kernel's group at k = 16, BERT-base and BERT-large.
+    attnwide) part attnwide rest --backbones bert-base,bert-large --variants now --methods adapters64 --batch-sets length_grouped "${NONE[@]}" \
+        --fused 16 --fused-methods adapters64 --fused-batch-sets length_grouped --fused-optimizer together --fused-masks counter \
+        --fused-compile step_graphs --fused-attention kernel ;;
     *) log "no part $1" ;;
     esac
 }
