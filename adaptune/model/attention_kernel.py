@@ -29,18 +29,16 @@ from typing import Any
 
 import torch
 
-ATTENTION_ENV = "ADAPTUNE_ATTENTION"
-ATTENTION_MODES = ("eager", "kernel")
+from adaptune.core.step_settings import ATTENTION_ENV, STEP_SETTINGS, step_setting
+
+ATTENTION_MODES = STEP_SETTINGS[ATTENTION_ENV][1]
 MAX_LENGTH = 512  # tokens: the counter hash's coordinates give queries and keys 9 bits each
 MAX_HEADS, MAX_BLOCK_ROWS = 64, 256  # and heads 6 bits, a run's rows 8 (run_dropout._COORDINATE_BITS)
 
 
 def attention_mode() -> str:
     """$ADAPTUNE_ATTENTION: "eager" (unset) or "kernel"."""
-    mode = os.environ.get(ATTENTION_ENV) or "eager"
-    if mode not in ATTENTION_MODES:
-        raise ValueError(f"{ATTENTION_ENV}={mode!r} is not an attention mode: use one of {', '.join(ATTENTION_MODES)}")
-    return mode
+    return step_setting(ATTENTION_ENV)
 
 
 def recorded_attention(mask_scheme: str) -> str:

@@ -45,17 +45,20 @@ MEASURED_PARAMETER_EFFICIENT_STEP_COST: dict[tuple[str, str], float] = {
     ("bert-base-uncased", "NVIDIA_H100_80GB"): 1.02,
     ("bert-large-uncased", "NVIDIA_H100_80GB"): 0.85,
 }
-# Fused run groups on a GPU (bench/gpu.json "h100_2026_11_26"): training examples/s of a group of 8 runs
-# (eager, one shared optimizer step, the trained tensors stacked per run) over the trainer's own one-run
-# step, on the same 64 real length-grouped GLUE batches, bf16, on a lent H100: BERT-base adapters
-# 2,381 / 619 examples/s (the one-run step last measured on an H100 on 2026-11-23), BERT-large adapters
-# 1,334 / 395, BERT-base top_k 3 (its top 3 layers stacked per run) 5,029 / 1,893 (the last measured
-# before the tensors were stacked, so a floor). Groups of another size price at the largest measured
-# size below theirs. A group prices as its method's kind: "frozen_backbone" (adapters, LayerNorm-only,
+# Fused run groups on a GPU, as the H100 preset trains them (its step_settings: the step replayed as CUDA
+# graphs, counter dropout masks, the attention kernel; bench/gpu.json "h100_2026_11_27_attention_kernel"):
+# training examples/s of a group of 8 runs on 64 real length-grouped GLUE batches, bf16, over this table's
+# one-run adapter throughput (THROUGHPUT x MEASURED_PARAMETER_EFFICIENT_STEP_COST), so that their product is
+# the measured group's: BERT-base adapters 4,411 / 681, BERT-large 1,643 / 422. (Against the one-run step
+# measured on the same machine, 669 and 337 examples/s, they are 6.6x and 4.9x: a one-run step is bound by
+# its host, and hosts differ by a third; the group is bound by the device, 3,272 and 3,328 examples/s on two
+# H100s without the kernel.) BERT-base top_k 3 (its top 3 layers stacked per run), measured eager only
+# ("h100_2026_11_26"): 5,029 / 1,893, a floor. Groups of another size price at the largest measured size
+# below theirs. A group prices as its method's kind: "frozen_backbone" (adapters, LayerNorm-only,
 # LoRA, (IA)3: a group's step launches what an adapter group's does) or "top_k" (up to
 # TOP_K_LAYERS_MEASURED layers: more stacked layers share less; deeper top_k is priced one run at a time).
 FUSED_SPEEDUP: dict[str, dict[str, dict[int, float]]] = {
-    "frozen_backbone": {"bert-base-uncased": {8: 3.85}, "bert-large-uncased": {8: 3.38}},
+    "frozen_backbone": {"bert-base-uncased": {8: 6.48}, "bert-large-uncased": {8: 3.89}},
     "top_k": {"bert-base-uncased": {8: 2.66}},
 }
 TOP_K_LAYERS_MEASURED = 3

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from adaptune.core.backbones import BERT_BASE, BERT_LARGE, DEFAULT_BACKBONE
 from adaptune.core.paper_grids import DEVLIN_GLUE_EPOCHS, DEVLIN_GLUE_LRS, EXTRA_LRS, GLUE_LRS
+from adaptune.core.step_settings import ATTENTION_ENV, COMPILE_ENV, DROPOUT_MASKS_ENV
 from adaptune.data.tasks import EXTRA_TASKS, GLUE_SCORE_TASKS
 
 # `Sweep.epochs = PAPER_EPOCHS` means: the epochs the paper chose per task and method (Table 4).
@@ -46,6 +47,9 @@ class Accelerator:
     # machine (bf16 where the CPU has it natively; $ADAPTUNE_CPU_BF16); an experiment whose records must stay
     # comparable pins "float32" (or "bf16").
     cpu_precision: str = "auto"
+    # How the training step runs on this accelerator's tasks (adaptune.core.step_settings: (variable, value)
+    # pairs set in the task's environment); unset ones keep their defaults, as does all of a plain `make run`.
+    step_settings: tuple[tuple[str, str], ...] = ()
 
     @property
     def label(self) -> str:
@@ -62,11 +66,13 @@ H100 = Accelerator(
     tolerations=("nvidia.com/gpu",),
     cpu_limit="12",
     memory_limit="96G",
-    # 8 adapter-style runs per forward pass: 3.85x (BERT-base) and 3.4x (BERT-large) the trainer's one-run
-    # step on an H100, peak 18 and 47 GiB (bench/gpu.json "h100_2026_11_26"; 16 BERT-large runs need 93 GiB
-    # and a small RTE shard ran 2.8x the runs per hour fused, "h200_2026_11_26"). Runs side by side in
-    # processes stay at 1: four of them were no faster than one at a time ("h100_2026_11_26" shard).
+    # 8 adapter-style runs per forward pass, the step replayed as CUDA graphs with counter dropout masks and
+    # the attention kernel: 6.6x (BERT-base) and 4.9x (BERT-large) the trainer's one-run step on the same
+    # H100, 1.85x and 1.23x the eager group with generator masks (bench/gpu.json "h100_2026_11_27_attention_kernel",
+    # "h100_2026_11_26"); 16 runs were slower than 8 for both. Runs side by side in processes stay at 1: four
+    # of them were no faster than one at a time ("h100_2026_11_26" shard).
     runs_per_group=8,
+    step_settings=((COMPILE_ENV, "step_graphs"), (DROPOUT_MASKS_ENV, "counter"), (ATTENTION_ENV, "kernel")),
 )
 # KFP on GKE: a pod asking for a whole node's CPUs or memory stays Pending (the node keeps some for the
 # kubelet and system pods), so each preset asks for what its smallest node leaves allocatable.
@@ -78,6 +84,7 @@ A100 = dataclasses.replace(
     cpu_limit="10",
     memory_limit="64G",
     runs_per_group=1,  # 40 GB: 8 BERT-large runs need 47 GiB, and no A100 has measured a group
+    step_settings=(),  # nor a replayed step or the attention kernel
 )
 # One v5e chip (a 1x1 slice): devices.py trains on a single XLA device (no SPMD, no one process per
 # chip), so a larger slice (the paper's 4 Cloud TPUs would be a 2x2) would leave chips idle and bill them.
@@ -583,7 +590,8 @@ def spec_to_dict(spec: ExperimentSpec) -> dict[str, Any]:
     ]
     if spec.ablation is not None:
         data["ablation"]["method"] = method_text(spec.ablation.method)
-    data["accelerator"]["node_selector"] = [list(pair) for pair in spec.accelerator.node_selector]
+    for field in ("node_selector", "step_settings"):
+        data["accelerator"][field] = [list(pair) for pair in getattr(spec.accelerator, field)]
     return _lists(data)
 
 
@@ -687,6 +695,8 @@ def _accelerator_from(value: Any) -> Accelerator:
     fields = _fields_of(Accelerator, value, "accelerator")
     fields["node_selector"] = tuple(tuple(pair) for pair in fields.get("node_selector", ()))
     fields["tolerations"] = tuple(fields.get("tolerations", ()))
+    settings = fields.get("step_settings", ())  # a hand-written file may give a mapping: {ADAPTUNE_COMPILE: step_graphs}
+    fields["step_settings"] = tuple(tuple(pair) for pair in (settings.items() if isinstance(settings, dict) else settings))
     return Accelerator(**fields)
 
 

@@ -20,6 +20,7 @@ from adaptune.train.config import TrainConfig, method_label
 from adaptune.sweep.experiments import PAPER_EPOCHS, Ablation, ExperimentSpec, Sweep
 from adaptune.data.tasks import Task, UnknownTaskError, get_task
 from adaptune.core.precision import CPU_PRECISIONS
+from adaptune.core.step_settings import checked_value
 from adaptune.sweep.cost import estimate_hours, measurement_for, planned_group_size, table_fused_speedup
 from adaptune.sweep.throughput import Measured, ThroughputKey, throughput_key
 
@@ -314,6 +315,11 @@ def _check_spec_values(spec: ExperimentSpec, problems: list[str]) -> None:
             problems.append(f"accelerator {field} must be a whole number >= 1, got {value!r}")
     if accel.cpu_precision not in CPU_PRECISIONS:
         problems.append(f"accelerator cpu_precision must be one of {', '.join(CPU_PRECISIONS)}, got {accel.cpu_precision!r}")
+    for name, value in accel.step_settings:
+        try:
+            checked_value(name, value)
+        except ValueError as error:
+            problems.append(f"accelerator step_settings: {error}")
 
 
 def _expand(spec: ExperimentSpec, sweep: Sweep, where: str, problems: list[str]) -> list[TrainConfig]:

@@ -11,15 +11,14 @@ compiled graph, or one CUDA graph each, not one compile each.
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from adaptune.core.step_settings import COMPILE_ENV, step_setting
 from adaptune.model.adapters import UnsupportedModelError, encoder_layers
 
-COMPILE_ENV = "ADAPTUNE_COMPILE"
 # torch.compile's mode; "step_graphs": a fused group's whole step captured as CUDA graphs, the model eager;
 # "compiled_step_graphs": the same capture around the compiled layers (adaptune.train.step_graphs; a run that
 # cannot be grouped, full fine-tuning, runs eagerly in those modes).
@@ -29,10 +28,7 @@ COMPILE_MODES: dict[str, str | None] = {"eager": None, "compiled": "default", "g
 
 def compile_mode() -> str:
     """The training forward's mode for this process: $ADAPTUNE_COMPILE, else "eager"."""
-    mode = os.environ.get(COMPILE_ENV) or "eager"
-    if mode not in COMPILE_MODES:
-        raise ValueError(f"{COMPILE_ENV}={mode!r} is not a compile mode: use one of {', '.join(COMPILE_MODES)}")
-    return mode
+    return step_setting(COMPILE_ENV)
 
 
 def training_forward(model: torch.nn.Module, mode: str) -> Callable[..., Any]:

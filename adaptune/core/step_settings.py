@@ -1,0 +1,32 @@
+"""How a training step runs, as settings read from the environment (no torch here, so planning stays
+light): each setting's variable, what its values are, and the values, the first being the default. An
+accelerator preset pins some of them on its pipeline tasks (adaptune.sweep.experiments.Accelerator);
+the modules that act on them read them through `step_setting`."""
+
+from __future__ import annotations
+
+import os
+
+COMPILE_ENV = "ADAPTUNE_COMPILE"  # adaptune.train.compiling
+DROPOUT_MASKS_ENV = "ADAPTUNE_DROPOUT_MASKS"  # adaptune.model.run_dropout
+ATTENTION_ENV = "ADAPTUNE_ATTENTION"  # adaptune.model.attention_kernel
+STEP_SETTINGS: dict[str, tuple[str, tuple[str, ...]]] = {
+    COMPILE_ENV: ("a compile mode", ("eager", "compiled", "graphs", "step_graphs", "compiled_step_graphs")),
+    DROPOUT_MASKS_ENV: ("a dropout mask scheme", ("generator", "counter")),
+    ATTENTION_ENV: ("an attention mode", ("eager", "kernel")),
+}
+
+
+def step_setting(name: str) -> str:
+    """The value of setting `name` in this process's environment (unset or empty: the default)."""
+    return checked_value(name, os.environ.get(name) or STEP_SETTINGS[name][1][0])
+
+
+def checked_value(name: str, value: str) -> str:
+    """`value` if setting `name` has it, else one line saying which values it has."""
+    if name not in STEP_SETTINGS:
+        raise ValueError(f"{name} is not a step setting: use one of {', '.join(STEP_SETTINGS)}")
+    what, values = STEP_SETTINGS[name]
+    if value not in values:
+        raise ValueError(f"{name}={value!r} is not {what}: use one of {', '.join(values)}")
+    return value

@@ -1,0 +1,44 @@
+"""Step settings (adaptune.core.step_settings): read from the environment, checked, pinned by a preset."""
+
+from __future__ import annotations
+
+import pytest
+
+from adaptune.core.step_settings import ATTENTION_ENV, COMPILE_ENV, DROPOUT_MASKS_ENV, STEP_SETTINGS, checked_value, step_setting
+from adaptune.sweep.experiments import spec_from_dict, spec_to_json
+from adaptune.sweep.plan import PlanError, plan
+
+SWEEP = {"name": "tiny", "sweeps": [{"tasks": ["rte"], "methods": ["adapters:size=8"], "learning_rates": [1e-3], "epochs": [1], "seeds": [0]}]}
+
+
+def test_each_setting_defaults_to_its_first_value_and_a_misspelt_one_fails_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in STEP_SETTINGS:
+        monkeypatch.delenv(name, raising=False)
+    assert [step_setting(name) for name in (COMPILE_ENV, DROPOUT_MASKS_ENV, ATTENTION_ENV)] == ["eager", "generator", "eager"]
+    monkeypatch.setenv(ATTENTION_ENV, "kernel")
+    assert step_setting(ATTENTION_ENV) == "kernel"
+    monkeypatch.setenv(COMPILE_ENV, "step-graphs")
+    with pytest.raises(ValueError, match="^ADAPTUNE_COMPILE='step-graphs' is not a compile mode: use one of eager, compiled, graphs, "):
+        step_setting(COMPILE_ENV)
+    with pytest.raises(ValueError, match="^ADAPTUNE_COMPILED is not a step setting"):
+        checked_value("ADAPTUNE_COMPILED", "eager")
+
+
+def test_the_trainers_modes_are_the_settings_values() -> None:
+    from adaptune.model.attention_kernel import ATTENTION_MODES
+    from adaptune.model.run_dropout import MASK_SCHEMES
+    from adaptune.train.compiling import COMPILE_MODES
+
+    assert tuple(COMPILE_MODES) == STEP_SETTINGS[COMPILE_ENV][1]
+    assert MASK_SCHEMES == STEP_SETTINGS[DROPOUT_MASKS_ENV][1] and ATTENTION_MODES == STEP_SETTINGS[ATTENTION_ENV][1]
+
+
+def test_a_sweep_file_may_pin_step_settings_as_a_mapping_and_a_wrong_one_fails_at_planning() -> None:
+    spec = spec_from_dict({**SWEEP, "accelerator": {"family": "gpu", "type": "NVIDIA_L4", "count": 1,
+                                                    "step_settings": {COMPILE_ENV: "step_graphs", DROPOUT_MASKS_ENV: "counter"}}})
+    assert spec.accelerator.step_settings == ((COMPILE_ENV, "step_graphs"), (DROPOUT_MASKS_ENV, "counter"))
+    assert spec_from_dict(__import__("json").loads(spec_to_json(spec))).accelerator == spec.accelerator
+    assert len(plan(spec).runs) == 1
+    wrong = spec_from_dict({**SWEEP, "accelerator": {"step_settings": {ATTENTION_ENV: "flash"}}})
+    with pytest.raises(PlanError, match="accelerator step_settings: ADAPTUNE_ATTENTION='flash' is not an attention mode"):
+        plan(wrong)
