@@ -121,20 +121,41 @@ run_part() {
     attnwide) part attnwide rest --backbones bert-base,bert-large --variants now --methods adapters64 --batch-sets length_grouped "${NONE[@]}" \
         --fused 16 --fused-methods adapters64 --fused-batch-sets length_grouped --fused-optimizer together --fused-masks counter \
         --fused-compile step_graphs --fused-attention kernel ;;
+    # The dropout kernel (ADAPTUNE_DROPOUT=kernel, new 2026-11-27): each hidden-state dropout site's counter mask drawn
+    # and applied in one Triton kernel, no mask written or kept (the compiled mask kernel was 9.7 ms of the 63 ms step
+    # of 8 BERT-base runs as step graphs with the attention kernel). First whether it computes what the masks do (calls
+    # in bf16: mask bits, values, gradients; a group of 8 trained both ways as step graphs with the attention kernel),
+    # then its speed beside the masks, BERT-base and BERT-large, real lengths and padded to 128; then around compiled
+    # layers (there the kernel takes only the sites outside them: embeddings, pooled output).
+    dropcheck) part dropcheck 80 --backbones bert-base --variants "" "${NONE[@]}" --fused "" --dropout-check 8 \
+        --fused-methods adapters64 --fused-compile step_graphs --fused-attention kernel ;;
+    dropgraphs) part dropgraphs 200 --backbones bert-base,bert-large --variants "" "${NONE[@]}" --fused 8 --fused-methods adapters64 \
+        --fused-batch-sets length_grouped,padded_128 --fused-optimizer together --fused-masks counter --fused-compile step_graphs \
+        --fused-attention kernel --fused-dropout mask,kernel ;;
+    compileddrop) part compileddrop rest --backbones bert-base --variants "" "${NONE[@]}" --fused 8 --fused-methods adapters64 \
+        --fused-batch-sets length_grouped,padded_128 --fused-optimizer together --fused-masks counter \
+        --fused-compile compiled_step_graphs --fused-attention kernel --fused-dropout mask,kernel ;;
+    # BERT-large's group around compiled layers with the attention kernel (the MFU goal's group; never measured compiled).
+    compiledlarge) part compiledlarge 240 --backbones bert-large --variants "" "${NONE[@]}" --fused 8 --fused-methods adapters64 \
+        --fused-batch-sets padded_128,length_grouped --fused-optimizer together --fused-masks counter \
+        --fused-compile compiled_step_graphs --fused-attention kernel ;;
     *) log "no part $1" ;;
     esac
 }
-# Other parts (profileattn, shardattn, compiledcheck, compiledgraphs, profilecompiled, shardcompiled, graphcheck, graphs, shardgraphs, profilegraphs, graphsfused, shardfused, compiled, shard, base, topk,
+# Other parts (compiledlarge, attncheck, attngraphs, compiledattn, attnwide, profileattn, shardattn, compiledcheck, compiledgraphs, profilecompiled, shardcompiled, graphcheck, graphs, shardgraphs, profilegraphs, graphsfused, shardfused, compiled, shard, base, topk,
 # profile, fused8, large) stay for later calls: PARTS="..." picks them.
-# If the kernel fails outright in its check (not for time: exit 124), the call goes on to FALLBACK's parts instead
-# of the kernel's, so that one failed compile on the device's Triton does not cost the whole call.
-queue=(${PARTS:-attncheck attngraphs compiledattn})
+# If a kernel fails outright in its check (not for time: exit 124), the call goes on to FALLBACK's parts instead
+# of that kernel's, so that one failed compile on the device's Triton does not cost the whole call.
+queue=(${PARTS:-dropcheck dropgraphs compileddrop})
 while [ ${#queue[@]} -gt 0 ]; do
     name=${queue[0]}; queue=("${queue[@]:1}")
     run_part "$name"; status=$?
     if [ "$name" = attncheck ] && [ $status -ne 0 ] && [ $status -ne 124 ]; then
         log "the attention kernel failed its check: on to ${FALLBACK:-compiledcheck compiledgraphs}"
         queue=(${FALLBACK:-compiledcheck compiledgraphs})
+    elif [ "$name" = dropcheck ] && [ $status -ne 0 ] && [ $status -ne 124 ]; then
+        log "the dropout kernel failed its check: on to ${FALLBACK:-compiledlarge shardattn}"
+        queue=(${FALLBACK:-compiledlarge shardattn})
     fi
 done
 log "done"

@@ -140,6 +140,7 @@ def test_the_trainer_trains_a_group_with_the_kernel_as_with_eager_attention(inte
     monkeypatch.setenv(attention_kernel.ATTENTION_ENV, "eager")
     eager = train_group(runs, [tmp_path / "eager" / name for name in ("a", "b")], data_dir=shared_data_dir)
     assert [record["attention"] for record in kernel + eager] == ["kernel"] * 2 + ["eager"] * 2
+    assert {record["dropout"] for record in kernel + eager} == {"mask"}  # ADAPTUNE_DROPOUT unset: the masks
     for index in range(2):
         _assert_same_run({**kernel[index], "attention": "eager"}, eager[index], step_losses[index], step_losses[2 + index])
 

@@ -109,9 +109,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fused-attention", default="eager",
                         help="comma-separated, of eager, kernel (adaptune.model.attention_kernel: counter masks drawn inside one "
                              "attention kernel; groups drawing generator masks stay eager)")
+    parser.add_argument("--fused-dropout", default="mask",
+                        help="comma-separated, of mask, kernel (adaptune.model.dropout_kernel: each hidden-state dropout site's counter "
+                             "mask drawn and applied in one kernel; groups drawing generator masks apply masks)")
     parser.add_argument("--attention-check", default="", help="group sizes at which to check that the attention kernel computes "
                         "what eager attention does (one call: mask bits, output, gradients; a group trained both ways), first fused "
                         "method, first --fused-compile mode (empty: skip)")
+    parser.add_argument("--dropout-check", default="", help="group sizes at which to check that the dropout kernel computes what "
+                        "the masks do (calls: mask bits, values, gradients; a group trained both ways), first fused method, first "
+                        "--fused-compile mode, first --fused-attention mode (empty: skip)")
     parser.add_argument("--graph-check", default="", help="group sizes at which to check that the step replayed as CUDA graphs "
                         "(the first step-graph mode of --fused-compile, else step_graphs) trains as it does uncaptured, first fused "
                         "method (empty: skip)")
@@ -141,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     variants = _names(args.variants)  # none: the solo step is not measured
     needs_batches = bool(variants or args.fused or _counts(args.fused_profile) or _counts(args.graph_check)
-                         or _counts(args.attention_check))  # the shard tokenizes its own task
+                         or _counts(args.attention_check) or _counts(args.dropout_check))  # the shard tokenizes its own task
     batch_sets = cached_batches(args.batches_cache, args.data_dir, args.tokenizer, device, scale) if needs_batches else {}
     results: dict[str, Any] = {
         "device": device.name,
@@ -179,7 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             results["fused"].append(row)
             save()
             log(f"fused {row['backbone']} {row['method']} {row['batches']} k={row['k']} {row['optimizer_step']} {row['masks']} {row['compile']} "
-                f"attention {row['attention']}: "
+                f"attention {row['attention']} dropout {row['dropout']}: "
                 f"{row.get('examples_per_s', row.get('error'))} ex/s, MFU {row.get('mfu')}, peak {row.get('peak_gib')} GiB")
 
         for backbone, method, batches_name in itertools.product(args.backbones.split(","), args.fused_methods.split(","),
@@ -187,7 +193,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows = measure_fused(scale.configs[backbone], backbone, method, batch_sets[batches_name], _counts(args.fused), device,
                                  args.repeats, peak_flops(device), optimizer_steps=_names(args.fused_optimizer),
                                  mask_schemes=_names(args.fused_masks), compile_modes=_names(args.fused_compile), on_row=keep,
-                                 task_count=len(TASKS), batches_name=batches_name, attention_modes=_names(args.fused_attention))
+                                 task_count=len(TASKS), batches_name=batches_name, attention_modes=_names(args.fused_attention),
+                                 dropout_modes=_names(args.fused_dropout))
             save()  # `keep` holds the same rows, now with their speedups against k = 1
             log(f"{backbone} {method} {batches_name} fused: " + ", ".join(f"k={r['k']} {r['optimizer_step']} {r['masks']} {r['compile']} {r.get('examples_per_s', r.get('error'))} ex/s MFU {r.get('mfu')}" for r in rows))
     if _counts(args.graph_check):
@@ -215,6 +222,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                 save()
                 log(f"attention kernel check {backbone} k={k}: one call {row['attention_call']}, trained {row['kernel']}, "
                     f"{row['kernel_calls']} kernel calls")
+    if _counts(args.dropout_check):
+        from adaptune.bench.gpu_fused import check_dropout_kernel
+
+        results["dropout_check"] = []
+        for backbone in args.backbones.split(","):
+            for k in _counts(args.dropout_check):
+                row = check_dropout_kernel(scale.configs[backbone], backbone, _names(args.fused_methods)[0], batch_sets["length_grouped"],
+                                           k, device, task_count=len(TASKS), mode=_names(args.fused_compile)[0],
+                                           attention=_names(args.fused_attention)[0])
+                results["dropout_check"].append(row)
+                save()
+                log(f"dropout kernel check {backbone} k={k}: calls {row['dropout_call']}, trained {row['kernel']}, "
+                    f"{row['dropout_kernel_calls']} kernel launches")
     if _counts(args.fused_profile):
         from adaptune.bench.gpu_fused import profile_fused
 
@@ -223,7 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for k in _counts(args.fused_profile):
                 row = profile_fused(scale.configs[backbone], backbone, _names(args.fused_methods)[0], batch_sets["length_grouped"], k, device,
                                     masks=_names(args.fused_masks)[0], compile_mode=_names(args.fused_compile)[0], task_count=len(TASKS),
-                                    attention=_names(args.fused_attention)[0])
+                                    attention=_names(args.fused_attention)[0], dropout=_names(args.fused_dropout)[0])
                 results["fused_profile"].append(row)
                 save()
                 log(f"profile {backbone} k={k}: {row['step_ms']} ms a step, {row['kernels_per_step']} kernels, "

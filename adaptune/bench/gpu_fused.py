@@ -30,8 +30,9 @@ import torch
 from adaptune.bench.fused import _Run, grouped_runs
 from adaptune.bench.step_cost import timed_pass, training_flops
 from adaptune.core.devices import Device, is_out_of_memory
-from adaptune.model import attention_kernel
+from adaptune.model import attention_kernel, dropout_kernel
 from adaptune.model.attention_kernel import ATTENTION_ENV
+from adaptune.model.dropout_kernel import DROPOUT_ENV
 from adaptune.model.methods import apply_method, method_from_dict
 from adaptune.model.run_dropout import CounterStream, RunRandomness, counter_keep_mask, fused_counter_keep_mask, keep_threshold
 from adaptune.model.run_groups import trained_tensors
@@ -49,14 +50,15 @@ def measure_fused(config: dict[str, Any], size: str, method: str, batches: list[
                   device: Device, repeats: int, peak: float | None, steps: int = 8,
                   optimizer_steps: Sequence[str] = ("together",), mask_schemes: Sequence[str] = ("generator",),
                   compile_modes: Sequence[str] = ("eager",), on_row: Callable[[dict[str, Any]], None] | None = None,
-                  task_count: int = 1, batches_name: str = "length_grouped", attention_modes: Sequence[str] = ("eager",)
-                  ) -> list[dict[str, Any]]:
+                  task_count: int = 1, batches_name: str = "length_grouped", attention_modes: Sequence[str] = ("eager",),
+                  dropout_modes: Sequence[str] = ("mask",)) -> list[dict[str, Any]]:
     """One row per group size and variant: optimizer step ("together": the trainer's one multi-tensor
     step for all runs; "per_run": each run's own clipping and torch AdamW, fused on a GPU, in turn;
     which launches fewer kernels on a GPU depends on how many tensors one multi-tensor launch takes, so
     it is measured) x dropout mask scheme x compile mode (adaptune.train.compiling, as the trainer runs it) x attention
-    (adaptune.model.attention_kernel: eager, or the kernel, which only counter masks use). A size that runs out of
-    memory is recorded so and ends the sweep."""
+    (adaptune.model.attention_kernel: eager, or the kernel, which only counter masks use) x dropout
+    (adaptune.model.dropout_kernel: "mask", or "kernel", the hidden-state sites' masks drawn and applied in one kernel,
+    counter masks only). A size that runs out of memory is recorded so and ends the sweep."""
     rows: list[dict[str, Any]] = []
     cuda = device.kind == "cuda"  # the CPU runs it too, for a check, without memory figures
 
@@ -69,12 +71,12 @@ def measure_fused(config: dict[str, Any], size: str, method: str, batches: list[
         fused = _fused_steps(batches, task_count, k, steps, device)
         examples = sum(sum(layout.rows) for *_, layout in fused)
         # A fresh group for each variant: its own optimizer state and memory peak.
-        for optimizer_step, masks, compile_mode, attention in itertools.product(optimizer_steps, mask_schemes, compile_modes,
-                                                                                 attention_modes):
+        for optimizer_step, masks, compile_mode, attention, dropout in itertools.product(optimizer_steps, mask_schemes, compile_modes,
+                                                                                          attention_modes, dropout_modes):
             variant = {"batches": batches_name, "optimizer_step": optimizer_step, "masks": masks, "compile": compile_mode,
-                       "attention": attention}
+                       "attention": attention, "dropout": dropout}
             model = randomness = runs = runner = one_pass = None
-            with mock.patch.dict(os.environ, {ATTENTION_ENV: attention}), KernelLaunches() as kernel_calls:
+            with mock.patch.dict(os.environ, {ATTENTION_ENV: attention, DROPOUT_ENV: dropout}), KernelLaunches() as kernel_calls:
                 try:
                     model, randomness, runs, run_flops = _group(config, FUSED_METHODS[method], k, device, fused, masks)
                     runner = _step_function(model, randomness, compile_mode, device, optimizer_step == "together")
@@ -90,7 +92,8 @@ def measure_fused(config: dict[str, Any], size: str, method: str, batches: list[
                           "mfu": round(k * run_flops / seconds / peak, 3) if peak else None,
                           "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
                           **({"graphs_captured": runner.captured} if isinstance(runner, GraphedFusedStep) else {}),
-                          **({"kernel_calls": kernel_calls.forward} if attention == "kernel" else {})})
+                          **({"kernel_calls": kernel_calls.forward} if attention == "kernel" else {}),
+                          **({"dropout_kernel_calls": kernel_calls.dropout} if dropout == "kernel" else {})})
                 except Exception as error:
                     if not is_out_of_memory(error):
                         raise
@@ -106,7 +109,7 @@ def measure_fused(config: dict[str, Any], size: str, method: str, batches: list[
 
 def profile_fused(config: dict[str, Any], size: str, method: str, batches: list[Batch], k: int, device: Device, steps: int = 4,
                   masks: str = "generator", compile_mode: str = "eager", task_count: int = 1, top: int = 25,
-                  attention: str = "eager") -> dict[str, Any]:
+                  attention: str = "eager", dropout: str = "mask") -> dict[str, Any]:
     """Where a fused step's time goes: one warm pass of `steps` fused steps at k under torch.profiler. Per
     step: kernels launched and the share of the wall time the device was busy (low: launch-bound),
     aten operators, and the `top` operators by self device time (CPU time on a CPU)."""
@@ -114,7 +117,7 @@ def profile_fused(config: dict[str, Any], size: str, method: str, batches: list[
     from torch.profiler import ProfilerActivity, profile
 
     cuda = device.kind == "cuda"
-    with mock.patch.dict(os.environ, {ATTENTION_ENV: attention}):
+    with mock.patch.dict(os.environ, {ATTENTION_ENV: attention, DROPOUT_ENV: dropout}):
         fused = _fused_steps(batches, task_count, k, steps, device)
         model, randomness, runs, _ = _group(config, FUSED_METHODS[method], k, device, fused, masks)
         one_pass = functools.partial(_train_pass, _step_function(model, randomness, compile_mode, device, True), runs, fused)
@@ -131,8 +134,8 @@ def profile_fused(config: dict[str, Any], size: str, method: str, batches: list[
     operators = [event for event in events if event.device_type == DeviceType.CPU and event.name.startswith("aten::")]
     self_time = (lambda event: event.self_device_time_total) if cuda else (lambda event: event.self_cpu_time_total)  # noqa: E731
     heaviest = sorted(profiler.key_averages(), key=self_time, reverse=True)[:top]
-    return {"backbone": size, "method": method, "k": k, "masks": masks, "compile": compile_mode, "attention": attention, "steps": steps,
-            "step_ms": round(1000 * wall / steps, 2),
+    return {"backbone": size, "method": method, "k": k, "masks": masks, "compile": compile_mode, "attention": attention,
+            "dropout": dropout, "steps": steps, "step_ms": round(1000 * wall / steps, 2),
             "kernels_per_step": round(len(kernels) / steps) if cuda else None,
             "device_busy_share": round(sum(kernel.device_time_total for kernel in kernels) / 1e6 / wall, 3) if cuda else None,
             "aten_ops_per_step": round(len(operators) / steps),
@@ -206,6 +209,71 @@ def check_attention_kernel(config: dict[str, Any], size: str, method: str, batch
             "first_losses": trained["eager"][0][:k], "last_losses": trained["eager"][0][-k:]}
 
 
+def check_dropout_kernel(config: dict[str, Any], size: str, method: str, batches: list[Batch], k: int, device: Device,
+                         steps: int = 8, passes: int = 2, task_count: int = 1, mode: str = "eager", attention: str = "eager",
+                         one_call: bool = True) -> dict[str, Any]:
+    """Whether the dropout kernel (adaptune.model.dropout_kernel) computes what the masks do: (1) on single calls,
+    the kept positions bit for bit (counter_keep_mask's), the values and the gradients (dropout_kernel_matches);
+    (2) two groups from the same initial tensors, counter masks, `attention` (eager or the attention kernel), trained
+    `passes` passes of `steps` fused steps in compile `mode`, dropout "mask" and "kernel": the largest differences of
+    their step losses and trained tensors (`one_call` False: (2) only)."""
+    fused = _fused_steps(batches, task_count, k, steps, device)
+    trained = {}
+    with KernelLaunches() as launches:  # "mask" launches none
+        for dropout in dropout_kernel.DROPOUT_MODES:
+            with mock.patch.dict(os.environ, {ATTENTION_ENV: attention, DROPOUT_ENV: dropout}):
+                trained[dropout] = _trained(config, method, k, device, fused, mode, passes)
+    return {"backbone": size, "method": method, "k": k, "steps": steps * passes, "masks": "counter", "compile": mode, "attention": attention,
+            **({"dropout_call": dropout_kernel_matches(device)} if one_call else {}), "reference": "dropout masks",
+            "kernel": _differences(trained["kernel"], trained["mask"]), "dropout_kernel_calls": launches.dropout,
+            "first_losses": trained["mask"][0][:k], "last_losses": trained["mask"][0][-k:]}
+
+
+def dropout_kernel_matches(device: Device, p: float = 0.1) -> dict[str, Any]:
+    """Dropout kernel calls against counter_keep_mask and the torch formula, in bf16 on a GPU and float32 on a CPU
+    (Triton's interpreter), on 3 runs with unlike draws: a rank-2 block (the pooled output's: rows, features) and a
+    rank-3 block (rows, tokens, features) each with enough rows that a row's index sets the hash index's top bit
+    (2^19 rows of 20 bits, 2^10 of 11); on a CPU, rank 2's rows stop below that (the interpreter runs a program per
+    1,024 elements). Bits: read exactly from a call on ones. Values: each kept one is x * (1 / (1 - p)) computed in
+    float32 and rounded to x's dtype, each dropped one 0 ("values_equal"); eager's (x * mask) / (1 - p) is counted in
+    units in the last place from it ("max_eager_ulps"). Gradients: the incoming gradient through the same formula."""
+    cuda, target = device.kind == "cuda", device.torch_device
+    dtype = torch.bfloat16 if cuda else torch.float32
+    shapes = [(3, 524_300, 8), (3, 1030, 3, 768)] if cuda else [(3, 300, 40), (3, 1030, 1, 8)]
+    keys = RunRandomness([CounterStream(seed) for seed in range(3)]).keys.to(target)  # int32 words, as a group holds them
+    draws = torch.tensor([3, 70_001, 2**31 - 5], device=target, dtype=torch.int32)
+    threshold, scale = keep_threshold(p), 1 / (1 - p)
+    generator = torch.Generator(device=target).manual_seed(0)
+    checks = []
+    for shape in shapes:
+        expected = counter_keep_mask(keys, draws, shape, p)
+        bits = dropout_kernel.run_dropout(torch.ones(shape, device=target, dtype=dtype), keys, draws, threshold, p) != 0
+        x = torch.randn(shape, device=target, generator=generator).to(dtype).requires_grad_()
+        grad_out = torch.randn(shape, device=target, generator=generator).to(dtype)
+        out = dropout_kernel.run_dropout(x, keys, draws, threshold, p)
+        (grad,) = torch.autograd.grad(out, x, grad_out)
+        eager = (x.detach() * expected) / (1 - p)
+        checks.append({"mask_bits_equal": bool(torch.equal(bits, expected)), "kept_share": float(expected.float().mean()),
+                       "values_equal": bool(torch.equal(out, torch.where(expected, x.detach().float() * scale, 0).to(dtype))),
+                       "grads_equal": bool(torch.equal(grad, torch.where(expected, grad_out.float() * scale, 0).to(dtype))),
+                       "max_eager_ulps": ulps_apart(eager, out.detach())})
+    return {"shapes": [list(shape) for shape in shapes], "dtype": str(dtype).removeprefix("torch."),
+            **{name: all(check[name] for check in checks) for name in ("mask_bits_equal", "values_equal", "grads_equal")},
+            "max_eager_ulps": max(check["max_eager_ulps"] for check in checks), "kept_share": round(checks[0]["kept_share"], 4)}
+
+
+def ulps_apart(a: torch.Tensor, b: torch.Tensor) -> int:
+    """The most units in the last place between two tensors of one floating dtype, by their bit patterns (a
+    value and its neighbour are one apart; +0 and -0 none)."""
+    integer = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+
+    def ordered(t: torch.Tensor) -> torch.Tensor:  # the floats' order as integers: negatives mirrored below zero
+        bits = (t + 0.0).view(integer).long()  # + 0.0: -0 becomes +0
+        return torch.where(bits < 0, -(bits & ((1 << (8 * a.element_size() - 1)) - 1)), bits)
+
+    return int((ordered(a) - ordered(b)).abs().max()) if a.numel() else 0
+
+
 def attention_kernel_matches(device: Device) -> dict[str, Any]:
     """Attention calls in the kernel against eager attention, in bf16 on a GPU and float32 on a CPU (Triton's
     interpreter), two shapes each: blocks of 130 rows, so that a row's index sets the hash input's top bit,
@@ -255,30 +323,36 @@ def _one_call_matches(target: torch.device, dtype: torch.dtype, block: int, head
 
 
 class KernelLaunches:
-    """The attention kernel's forward launches (the first of attention_kernel._kernels()), counted (a replayed
-    graph launches nothing: count its capture), so that a row labelled "kernel" cannot be eager attention unawares."""
+    """The attention kernel's forward launches (the first of attention_kernel._kernels()) and the dropout kernel's
+    launches, forward and backward (dropout_kernel._kernels()), counted (a replayed graph launches nothing: count
+    its capture), so that a row labelled "kernel" cannot be eager attention or torch's dropout unawares."""
 
     def __init__(self) -> None:
-        self.forward = 0
+        self.forward = self.dropout = 0
 
     def __enter__(self) -> KernelLaunches:
-        real = attention_kernel._kernels
-        self._patch = mock.patch.object(attention_kernel, "_kernels", lambda: tuple(_Launcher(kernel, self, counted=index == 0)
-                                                                                   for index, kernel in enumerate(real())))
-        self._patch.start()
+        attention, dropout = attention_kernel._kernels, dropout_kernel._kernels
+        self._patches = [
+            mock.patch.object(attention_kernel, "_kernels", lambda: tuple(_Launcher(kernel, self, "forward" if index == 0 else None)
+                                                                          for index, kernel in enumerate(attention()))),
+            mock.patch.object(dropout_kernel, "_kernels", lambda: tuple(_Launcher(kernel, self, "dropout") for kernel in dropout()))]
+        for patch in self._patches:
+            patch.start()
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self._patch.stop()
+        for patch in self._patches:
+            patch.stop()
 
 
 class _Launcher:
-    def __init__(self, kernel: Any, launches: KernelLaunches, counted: bool) -> None:
-        self.kernel, self.launches, self.counted = kernel, launches, counted
+    def __init__(self, kernel: Any, launches: KernelLaunches, counter: str | None) -> None:
+        self.kernel, self.launches, self.counter = kernel, launches, counter
 
     def __getitem__(self, grid: Any) -> Callable[..., Any]:
         def launch(*args: Any, **kwargs: Any) -> Any:
-            self.launches.forward += self.counted
+            if self.counter:
+                setattr(self.launches, self.counter, getattr(self.launches, self.counter) + 1)
             return self.kernel[grid](*args, **kwargs)
         return launch
 

@@ -10,10 +10,12 @@ import os
 COMPILE_ENV = "ADAPTUNE_COMPILE"  # adaptune.train.compiling
 DROPOUT_MASKS_ENV = "ADAPTUNE_DROPOUT_MASKS"  # adaptune.model.run_dropout
 ATTENTION_ENV = "ADAPTUNE_ATTENTION"  # adaptune.model.attention_kernel
+DROPOUT_ENV = "ADAPTUNE_DROPOUT"  # adaptune.model.dropout_kernel
 STEP_SETTINGS: dict[str, tuple[str, tuple[str, ...]]] = {
     COMPILE_ENV: ("a compile mode", ("eager", "compiled", "graphs", "step_graphs", "compiled_step_graphs")),
     DROPOUT_MASKS_ENV: ("a dropout mask scheme", ("generator", "counter")),
     ATTENTION_ENV: ("an attention mode", ("eager", "kernel")),
+    DROPOUT_ENV: ("a dropout mode", ("mask", "kernel")),
 }
 
 

@@ -9,7 +9,8 @@ Two ways to draw them (`ADAPTUNE_DROPOUT_MASKS`, recorded in each run's state; a
   so one set of elementwise operators draws every run's mask at once, whatever k, and no padding or
   block size can move a run's bits. Written with plain integer tensor operators so that it runs on
   any device and torch.compile can fuse it into one kernel; no library offers a keyed elementwise
-  hash, and torch's generators take one seed per call.
+  hash, and torch's generators take one seed per call. With `ADAPTUNE_DROPOUT=kernel`, a hidden-state
+  site's mask is drawn and applied in one Triton kernel instead (adaptune.model.dropout_kernel: the same bits).
 
 Every dropout of a training model (the embeddings', each sublayer's, the attention probabilities',
 the classifier's, LoRA's) becomes a `RunDropout`. It draws run i's mask from run i's own
@@ -28,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -38,11 +38,11 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
 
-from adaptune.model import attention_kernel
+from adaptune.core.step_settings import DROPOUT_MASKS_ENV, STEP_SETTINGS, step_setting
+from adaptune.model import attention_kernel, dropout_kernel
 
 RUN_DROPOUT_ATTENTION = "adaptune_run_dropout"
-DROPOUT_MASKS_ENV = "ADAPTUNE_DROPOUT_MASKS"
-MASK_SCHEMES = ("generator", "counter")
+MASK_SCHEMES = STEP_SETTINGS[DROPOUT_MASKS_ENV][1]
 # Each run's dropout stream is its own generator, apart from the data-order streams
 # (batching.epoch_batches seeds seed * 1_000_003 + epoch, with epoch < 1_000_002).
 _DROPOUT_STREAM = 1_000_002
@@ -66,10 +66,7 @@ def dropout_generator(seed: int, device: torch.device) -> torch.Generator:
 
 def mask_scheme() -> str:
     """The scheme a new run draws its masks with: $ADAPTUNE_DROPOUT_MASKS, else "generator"."""
-    scheme = os.environ.get(DROPOUT_MASKS_ENV) or "generator"
-    if scheme not in MASK_SCHEMES:
-        raise ValueError(f"{DROPOUT_MASKS_ENV}={scheme!r} is not a dropout mask scheme: use one of {', '.join(MASK_SCHEMES)}")
-    return scheme
+    return step_setting(DROPOUT_MASKS_ENV)
 
 
 def saved_scheme(state: torch.Tensor | None) -> str | None:
@@ -148,6 +145,16 @@ def counter_keep_mask(keys: torch.Tensor, draws: torch.Tensor, shape: torch.Size
     bits = _mix32(_mix32(index.unsqueeze(0) ^ first) ^ second)
     # unsigned bits >= threshold, in signed int32: flipping the top bit maps unsigned order onto signed order
     return (bits ^ _SIGN) >= _signed32(threshold ^ (1 << 31))
+
+
+def coordinate_shifts(block: torch.Size | tuple[int, ...]) -> tuple[int, ...] | None:
+    """Where each axis's coordinate lands in a position's 32-bit hash index for a run's block of this shape
+    (rows first; left shifts, the last axis's 0), as counter_keep_mask builds the index; None where the
+    block's rank or sizes do not fit the counter hash (there counter_keep_mask says why)."""
+    widths = _COORDINATE_BITS.get(len(block))
+    if widths is None or any(size > 1 << width for size, width in zip(block, widths, strict=True)):
+        return None
+    return tuple(32 - sum(widths[: axis + 1]) for axis in range(len(widths)))
 
 
 def keep_threshold(p: float) -> int:
@@ -303,6 +310,9 @@ class RunDropout(nn.Module):
         randomness = self.randomness
         blocks = x.reshape(len(randomness.streams), -1, *x.shape[1:])
         if randomness.scheme == "counter":
+            if dropout_kernel.kernel_applies(blocks, self.p):  # drawn and applied in one kernel, no mask kept
+                draws = randomness.site_draws(self.site, self.ordinal)
+                return dropout_kernel.run_dropout(blocks, randomness.keys, draws, keep_threshold(self.p), self.p).reshape(x.shape)
             return (blocks * randomness.counter_mask(blocks.shape, self.p, self.site, self.ordinal)).reshape(x.shape) / (1 - self.p)
         layout, block = randomness.layout, tuple(blocks.shape[1:])
         owns = [block if layout is None else _own_shape(blocks.shape[1:], layout.rows[run], layout.lengths[run])
@@ -334,9 +344,10 @@ def _own_shape(block_shape: torch.Size, rows: int, length: int) -> tuple[int, ..
 def use_run_dropout(model: nn.Module, streams: list[torch.Generator | CounterStream]) -> RunRandomness:
     """Replace every nn.Dropout of the model by a RunDropout drawing from `streams` (one per run: all
     generators or all counter streams), and route attention through RUN_DROPOUT_ATTENTION; in place.
-    Returns the shared RunRandomness. $ADAPTUNE_ATTENTION is read here first, so that a misspelt value
-    fails before training."""
+    Returns the shared RunRandomness. $ADAPTUNE_ATTENTION and $ADAPTUNE_DROPOUT are read here first, so that
+    a misspelt value fails before training."""
     attention_kernel.attention_mode()
+    dropout_kernel.dropout_mode()
     randomness = RunRandomness(streams)
     # Depth first, in module order: the order a BERT forward pass reaches them (embeddings, each layer's
     # attention probabilities, attention output and output, the head's), which numbers their sites.

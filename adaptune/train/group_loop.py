@@ -34,6 +34,7 @@ from adaptune.data.batching import epoch_batches, make_collator
 from adaptune.data.tasks import get_task
 from adaptune.model.attention_kernel import recorded_attention
 from adaptune.model.backbone import load_model, load_tokenizer
+from adaptune.model.dropout_kernel import recorded_dropout
 from adaptune.model.methods import apply_method, method_from_dict
 from adaptune.model.params import count_parameters
 from adaptune.model.run_dropout import RowLayout, RunRandomness, dropout_stream, mask_scheme, use_run_dropout
@@ -138,7 +139,7 @@ class _Group:
         self.mask_scheme, self.compile_mode = mask_scheme, compile_mode()
         for member in self.members:
             member.record.update(group_size=len(self.members), dropout_masks=mask_scheme, compile=self.compile_mode,
-                                 attention=recorded_attention(mask_scheme))
+                                 attention=recorded_attention(mask_scheme), dropout=recorded_dropout(mask_scheme))
         self.finished: dict[str, dict[str, Any]] = {}
 
     def train(self, data_dir: Any, cache_dir: Any, progress: bool, step_callback: StepCallback | None,

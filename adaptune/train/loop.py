@@ -26,6 +26,7 @@ from transformers import get_linear_schedule_with_warmup, set_seed
 from transformers.trainer_pt_utils import get_parameter_names
 
 from adaptune.model.attention_kernel import recorded_attention
+from adaptune.model.dropout_kernel import recorded_dropout
 from adaptune.model.backbone import load_model, load_tokenizer
 from adaptune.data.batching import epoch_batches, iterate_batches, make_collator
 from adaptune.model.checkpoint import save_task_checkpoint
@@ -134,6 +135,7 @@ class _Run:
         apply_method(model, self.method_cfg)
         scheme = resume_point(self.out)[1] or mask_scheme()  # a resumed run keeps its own masks' scheme
         self.record["dropout_masks"], self.record["attention"] = scheme, recorded_attention(scheme)
+        self.record["dropout"] = recorded_dropout(scheme)
         self.dropout = dropout_stream(config.seed, device.torch_device, scheme)
         use_run_dropout(model, [self.dropout])
         model.to(device.torch_device)
