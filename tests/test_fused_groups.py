@@ -171,21 +171,24 @@ def test_with_dropout_a_run_gives_the_same_result_in_any_group_and_alone(masks: 
     assert alone["dropout_masks"] == first[0]["dropout_masks"] == masks
 
 
-def test_a_group_stepped_for_cuda_graphs_trains_as_it_does_eagerly(tmp_path: Path, shared_data_dir: Path, step_losses: list[list[float]],
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("name", METHODS)
+def test_a_group_stepped_for_cuda_graphs_trains_as_it_does_eagerly(name: str, tmp_path: Path, shared_data_dir: Path,
+                                                                   step_losses: list[list[float]], monkeypatch: pytest.MonkeyPatch) -> None:
     """ADAPTUNE_COMPILE=step_graphs on a CPU: the step a CUDA graph would hold (inputs padded to a 32-token
-    bucket, each run's own AdamW step, the schedule stepped after) with counter masks and dropout on. The
-    capture itself needs a GPU: `make bench-gpu`'s step_graphs check compares replays with eager steps."""
-    assert_a_group_in_mode_trains_as_eager(STEP_GRAPHS, tmp_path, shared_data_dir, step_losses, monkeypatch)
+    bucket, each run's own AdamW step, the schedule stepped after) with counter masks and dropout on, for every
+    groupable method (the H100 preset trains them all so). The capture itself needs a GPU: `make bench-gpu`'s
+    step_graphs check compares replays with eager steps."""
+    assert_a_group_in_mode_trains_as_eager(STEP_GRAPHS, tmp_path, shared_data_dir, step_losses, monkeypatch, name)
 
 
 def assert_a_group_in_mode_trains_as_eager(mode: str, tmp_path: Path, shared_data_dir: Path, step_losses: list[list[float]],
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two adapter runs on MRPC with counter masks and dropout on, trained as a group under ADAPTUNE_COMPILE=`mode`
-    and as an eager group: the same runs, step by step."""
+                                           monkeypatch: pytest.MonkeyPatch, name: str = "adapters") -> None:
+    """Two runs of method `name` on MRPC with counter masks and dropout on, trained as a group under
+    ADAPTUNE_COMPILE=`mode` and as an eager group: the same runs, step by step."""
     monkeypatch.setenv(DROPOUT_MASKS_ENV, "counter")
-    method = METHODS["adapters"]
-    runs = [_config(method, 1e-3, 0), _config(method, 3e-4, 1)]
+    method = METHODS[name]
+    rates = LEARNING_RATES.get(name, (1e-3, 3e-4))
+    runs = [_config(method, rates[0], 0), _config(method, rates[1], 1)]
     monkeypatch.setenv(COMPILE_ENV, mode)
     in_mode = train_group(runs, [tmp_path / mode / name for name in ("a", "b")], data_dir=shared_data_dir)
     monkeypatch.setenv(COMPILE_ENV, "eager")
