@@ -139,14 +139,19 @@ run_part() {
     compiledlarge) part compiledlarge 240 --backbones bert-large --variants "" "${NONE[@]}" --fused 8 --fused-methods adapters64 \
         --fused-batch-sets padded_128,length_grouped --fused-optimizer together --fused-masks counter \
         --fused-compile compiled_step_graphs --fused-attention kernel ;;
+    # The RTE shard through the trainer around compiled layers with the attention kernel (whole runs: whether the
+    # compile, paid once per process, keeps the compiled step's lead; one at a time first, each a group of one).
+    shardcompiledattn) ADAPTUNE_COMPILE=compiled_step_graphs ADAPTUNE_DROPOUT_MASKS=counter ADAPTUNE_ATTENTION=kernel part shardcompiledattn \
+        240 --backbones bert-base --variants "" --fused "" --shard "" --shard-groups 8 --shard-train-rows 640 ;;
     *) log "no part $1" ;;
     esac
 }
-# Other parts (compiledlarge, attncheck, attngraphs, compiledattn, attnwide, profileattn, shardattn, compiledcheck, compiledgraphs, profilecompiled, shardcompiled, graphcheck, graphs, shardgraphs, profilegraphs, graphsfused, shardfused, compiled, shard, base, topk,
+# A second call while the machine is warm: PARTS='compileddrop shardcompiledattn'.
+# Other parts (compileddrop, shardcompiledattn, attncheck, attngraphs, compiledattn, attnwide, profileattn, shardattn, compiledcheck, compiledgraphs, profilecompiled, shardcompiled, graphcheck, graphs, shardgraphs, profilegraphs, graphsfused, shardfused, compiled, shard, base, topk,
 # profile, fused8, large) stay for later calls: PARTS="..." picks them.
 # If a kernel fails outright in its check (not for time: exit 124), the call goes on to FALLBACK's parts instead
 # of that kernel's, so that one failed compile on the device's Triton does not cost the whole call.
-queue=(${PARTS:-dropcheck dropgraphs compileddrop})
+queue=(${PARTS:-dropcheck dropgraphs compiledlarge})
 while [ ${#queue[@]} -gt 0 ]; do
     name=${queue[0]}; queue=("${queue[@]:1}")
     run_part "$name"; status=$?
@@ -154,8 +159,8 @@ while [ ${#queue[@]} -gt 0 ]; do
         log "the attention kernel failed its check: on to ${FALLBACK:-compiledcheck compiledgraphs}"
         queue=(${FALLBACK:-compiledcheck compiledgraphs})
     elif [ "$name" = dropcheck ] && [ $status -ne 0 ] && [ $status -ne 124 ]; then
-        log "the dropout kernel failed its check: on to ${FALLBACK:-compiledlarge shardattn}"
-        queue=(${FALLBACK:-compiledlarge shardattn})
+        log "the dropout kernel failed its check: on to ${FALLBACK:-compiledlarge shardcompiledattn}"
+        queue=(${FALLBACK:-compiledlarge shardcompiledattn})
     fi
 done
 log "done"
