@@ -33,7 +33,7 @@ from adaptune.core.step_settings import ATTENTION_ENV, STEP_SETTINGS, step_setti
 
 ATTENTION_MODES = STEP_SETTINGS[ATTENTION_ENV][1]
 MAX_LENGTH = 512  # tokens: the counter hash's coordinates give queries and keys 9 bits each
-MAX_HEADS, MAX_BLOCK_ROWS = 64, 256  # and heads 6 bits, a run's rows 8 (run_dropout._COORDINATE_BITS)
+MAX_HEADS, MAX_BLOCK_ROWS = 64, 256  # and heads 6 bits, a run's rows 8 (counter_coordinates.COORDINATE_BITS)
 
 
 def attention_mode() -> str:
@@ -67,7 +67,7 @@ def run_dropout_attention(query: torch.Tensor, key: torch.Tensor, value: torch.T
     length, head size) in, (rows, length, heads, head size) out (the layout transformers' attention
     functions return). `keys`: each run's (runs, 2) and `draws` its (runs,) int32 words, as
     run_dropout.counter_keep_mask takes them; a position is kept where its unsigned hash is at least
-    `threshold` (run_dropout.keep_threshold(p)); the rows are the runs' equal blocks, run after run."""
+    `threshold` (counter_coordinates.keep_threshold(p)); the rows are the runs' equal blocks, run after run."""
     return _attention(query, key, value, additive_mask, keys, draws, threshold, p, scaling)[0]
 
 

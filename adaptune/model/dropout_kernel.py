@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from adaptune.core.step_settings import DROPOUT_ENV, STEP_SETTINGS, step_setting
+from adaptune.model.counter_coordinates import coordinate_shifts, keep_threshold
 
 DROPOUT_MODES = STEP_SETTINGS[DROPOUT_ENV][1]
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # the kernel computes in float32: no float64
@@ -58,9 +59,6 @@ def kernel_applies(blocks: torch.Tensor, p: float) -> bool:
     a float32, float16 or bf16 tensor, and the device runs Triton (a GPU, or a CPU under the interpreter)."""
     if torch.compiler.is_compiling() or dropout_mode() != "kernel":
         return False
-    # Imported here, as in _dropout: run_dropout imports this module.
-    from adaptune.model.run_dropout import coordinate_shifts, keep_threshold
-
     fits = (2 <= blocks.dim() <= 4 and 0 < p < 1 and keep_threshold(p) < 1 << 32 and blocks.dtype in _DTYPES
             and coordinate_shifts(blocks.shape[1:]) is not None)
     if not fits:
@@ -72,7 +70,7 @@ def run_dropout(blocks: torch.Tensor, keys: torch.Tensor, draws: torch.Tensor, t
     """Every run's counter dropout on `blocks` ((runs, rows, [tokens,] features), or (runs, rows)): x * keep *
     (1 / (1 - p)) in float32, in x's dtype, where keep is run_dropout.counter_keep_mask(keys, draws,
     blocks.shape, p). `keys`: each run's (runs, 2) and `draws` its (runs,) int32 words, as counter_keep_mask
-    takes them; `threshold`: run_dropout.keep_threshold(p), below 2^32. Differentiable: the gradient is the
+    takes them; `threshold`: counter_coordinates.keep_threshold(p), below 2^32. Differentiable: the gradient is the
     same kernel on the output's gradient."""
     return _dropout(blocks, keys, draws, threshold, 1.0 / (1.0 - p))
 
@@ -83,8 +81,6 @@ def run_dropout(blocks: torch.Tensor, keys: torch.Tensor, draws: torch.Tensor, t
 def _dropout(blocks: torch.Tensor, keys: torch.Tensor, draws: torch.Tensor, threshold: int, scale: float) -> torch.Tensor:
     if _interpreted_bf16(blocks):
         return _dropout(blocks.float(), keys, draws, threshold, scale).to(blocks.dtype)  # float32 products, then rounded: the same values
-    from adaptune.model.run_dropout import coordinate_shifts
-
     blocks = blocks.contiguous()
     out = torch.empty_like(blocks)
     runs, *block = blocks.shape

@@ -40,6 +40,7 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
 
 from adaptune.core.step_settings import DROPOUT_MASKS_ENV, STEP_SETTINGS, step_setting
 from adaptune.model import attention_kernel, dropout_kernel
+from adaptune.model.counter_coordinates import COORDINATE_BITS, keep_threshold  # noqa: F401 (keep_threshold: run_dropout's name too)
 
 RUN_DROPOUT_ATTENTION = "adaptune_run_dropout"
 MASK_SCHEMES = STEP_SETTINGS[DROPOUT_MASKS_ENV][1]
@@ -51,13 +52,6 @@ _DROPOUT_STREAM = 1_000_002
 _M32, _M64 = (1 << 32) - 1, (1 << 64) - 1
 _SIGN = -(1 << 31)  # the top bit of an int32 word
 _COUNTER_STATE_TAG = 0x5EED  # a counter stream's saved state: [tag, draws]
-# Bits of a position's index per axis of a run's block (rows first), by the block's rank: 32 in all.
-_COORDINATE_BITS = {
-    1: (32,),  # rows
-    2: (20, 12),  # rows, features (the classifier's dropout on the pooled output)
-    3: (11, 9, 12),  # rows, tokens, features (embeddings, sublayer outputs, LoRA inputs)
-    4: (8, 6, 9, 9),  # rows, heads, queries, keys (attention probabilities)
-}
 
 
 def dropout_generator(seed: int, device: torch.device) -> torch.Generator:
@@ -125,9 +119,9 @@ def counter_keep_mask(keys: torch.Tensor, draws: torch.Tensor, shape: torch.Size
     words of the unsigned 32-bit definition, held as signed. Half the bytes of an int64 form and, on a GPU,
     no emulated 64-bit multiplies; tests/test_run_dropout.py holds the definition this must equal."""
     own = tuple(shape[1:])
-    widths = _COORDINATE_BITS.get(len(own))
+    widths = COORDINATE_BITS.get(len(own))
     if widths is None or any(size > 1 << width for size, width in zip(own, widths, strict=True)):
-        raise ValueError(f"counter dropout masks take blocks of rank 1-4 whose axes fit {widths or _COORDINATE_BITS} bits; "
+        raise ValueError(f"counter dropout masks take blocks of rank 1-4 whose axes fit {widths or COORDINATE_BITS} bits; "
                          f"got {own}: use {DROPOUT_MASKS_ENV}=generator")
     threshold = keep_threshold(p)
     if threshold > _M32:  # p = 1: no 32-bit word reaches it
@@ -145,21 +139,6 @@ def counter_keep_mask(keys: torch.Tensor, draws: torch.Tensor, shape: torch.Size
     bits = _mix32(_mix32(index.unsqueeze(0) ^ first) ^ second)
     # unsigned bits >= threshold, in signed int32: flipping the top bit maps unsigned order onto signed order
     return (bits ^ _SIGN) >= _signed32(threshold ^ (1 << 31))
-
-
-def coordinate_shifts(block: torch.Size | tuple[int, ...]) -> tuple[int, ...] | None:
-    """Where each axis's coordinate lands in a position's 32-bit hash index for a run's block of this shape
-    (rows first; left shifts, the last axis's 0), as counter_keep_mask builds the index; None where the
-    block's rank or sizes do not fit the counter hash (there counter_keep_mask says why)."""
-    widths = _COORDINATE_BITS.get(len(block))
-    if widths is None or any(size > 1 << width for size, width in zip(block, widths, strict=True)):
-        return None
-    return tuple(32 - sum(widths[: axis + 1]) for axis in range(len(widths)))
-
-
-def keep_threshold(p: float) -> int:
-    """A position is kept iff its unsigned 32-bit hash is at least this (p = 1: above every word)."""
-    return round(p * (1 << 32))
 
 
 @functools.cache
