@@ -11,20 +11,18 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import BertConfig, BertForSequenceClassification
 
-import adaptune.model
 import adaptune.train.compiling as compiling
 from adaptune.bench.gpu_fused import KernelLaunches, attention_kernel_matches, check_attention_kernel
 from adaptune.core.devices import Device
 from adaptune.model import attention_kernel
 from adaptune.model.backbone import load_tokenizer
-from adaptune.model.run_dropout import DROPOUT_MASKS_ENV, CounterStream, RunRandomness, counter_keep_mask, keep_threshold, use_run_dropout
+from adaptune.model.run_dropout import DROPOUT_MASKS_ENV, CounterStream, RunRandomness, counter_keep_mask, keep_threshold
 from adaptune.train.compiling import COMPILE_ENV
 from adaptune.train.group_loop import train_group
 from adaptune.train.step_graphs import COMPILED_STEP_GRAPHS, STEP_GRAPHS
@@ -158,18 +156,3 @@ def test_the_kernel_applies_only_where_it_fits(interpreted: None, monkeypatch: p
     assert not attention_kernel.kernel_applies(squad, squad, squad, P, runs=2)
     monkeypatch.setenv(attention_kernel.ATTENTION_ENV, "eager")
     assert not attention_kernel.kernel_applies(squad, squad, squad, P, runs=2)
-
-
-def test_a_misspelt_attention_mode_fails_before_training(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(attention_kernel.ATTENTION_ENV, "flash")
-    with pytest.raises(ValueError, match="ADAPTUNE_ATTENTION='flash' is not an attention mode: use one of eager, kernel"):
-        use_run_dropout(torch.nn.Sequential(torch.nn.Dropout(0.1)), [CounterStream(0)])
-
-
-def test_without_triton_the_kernel_says_what_it_needs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A machine without triton (a CPU-only torch) that asks for the kernel gets one line saying so."""
-    monkeypatch.setitem(sys.modules, "triton", None)
-    monkeypatch.delitem(sys.modules, "adaptune.model.attention_triton", raising=False)
-    monkeypatch.delattr(adaptune.model, "attention_triton", raising=False)  # imported by an earlier test: import it anew
-    with pytest.raises(RuntimeError, match="ADAPTUNE_ATTENTION=kernel needs triton"):
-        attention_kernel._kernels.__wrapped__()

@@ -25,7 +25,7 @@ import adaptune.model
 import adaptune.train.compiling as compiling
 from adaptune.bench.gpu_fused import KernelLaunches, check_dropout_kernel, dropout_kernel_matches, ulps_apart
 from adaptune.core.devices import Device
-from adaptune.model import dropout_kernel
+from adaptune.model import attention_kernel, dropout_kernel
 from adaptune.model.backbone import load_tokenizer
 from adaptune.model.run_dropout import (
     DROPOUT_MASKS_ENV,
@@ -185,19 +185,30 @@ def test_the_trainers_train_with_the_kernel_as_with_the_masks_and_record_it(inte
     _assert_same_run(kernel[0], alone, step_losses[0], step_losses[2])
 
 
-def test_a_misspelt_dropout_mode_fails_before_training(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(dropout_kernel.DROPOUT_ENV, "fused")
-    with pytest.raises(ValueError, match="^ADAPTUNE_DROPOUT='fused' is not a dropout mode: use one of mask, kernel$"):
+# Both kernels' settings and loaders (the attention kernel's too: tests/test_attention_kernel.py).
+KERNELS = {"attention": (attention_kernel, "attention_triton", "flash", "an attention mode: use one of eager, kernel"),
+           "dropout": (dropout_kernel, "dropout_triton", "fused", "a dropout mode: use one of mask, kernel")}
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_a_misspelt_kernel_mode_fails_before_training(kernel: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    module, _, wrong, message = KERNELS[kernel]
+    name = f"ADAPTUNE_{kernel.upper()}"
+    monkeypatch.setenv(name, wrong)
+    with pytest.raises(ValueError, match=f"^{name}='{wrong}' is not {message}$"):
         use_run_dropout(torch.nn.Sequential(torch.nn.Dropout(0.1)), [CounterStream(0)])
 
 
-def test_without_triton_the_kernel_says_what_it_needs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A machine without triton (a CPU-only torch) that asks for the kernel gets one line saying so."""
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_without_triton_a_kernel_says_what_it_needs(kernel: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A machine without triton (a CPU-only torch) that asks for a kernel gets one line saying so."""
+    module, triton_module, _, _ = KERNELS[kernel]
     monkeypatch.setitem(sys.modules, "triton", None)
-    monkeypatch.delitem(sys.modules, "adaptune.model.dropout_triton", raising=False)
-    monkeypatch.delattr(adaptune.model, "dropout_triton", raising=False)  # imported by an earlier test: import it anew
-    with pytest.raises(RuntimeError, match="ADAPTUNE_DROPOUT=kernel needs triton"):
-        dropout_kernel._kernels.__wrapped__()
+    for name in ("attention_triton", triton_module):  # imported by an earlier test: import them anew
+        monkeypatch.delitem(sys.modules, f"adaptune.model.{name}", raising=False)
+        monkeypatch.delattr(adaptune.model, name, raising=False)
+    with pytest.raises(RuntimeError, match=f"ADAPTUNE_{kernel.upper()}=kernel needs triton"):
+        module._kernels.__wrapped__()
 
 
 @pytest.mark.slow
