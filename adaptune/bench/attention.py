@@ -1,12 +1,13 @@
-"""What the attention kernel takes off a fused step's memory traffic (`make bench-attention`, JSON out), counted
-on the CPU: a proxy for a GPU, where the step replayed as CUDA graphs is bound by its elementwise passes
+"""What the attention kernel, and the dropout kernel beside it, take off a fused step's memory traffic
+(`make bench-attention`, JSON out), counted on the CPU: a proxy for a GPU, where the step replayed as CUDA graphs is bound by its elementwise passes
 (bench/gpu.json "h100_2026_11_26_step_graphs": the device busy 96.5% of the step at 7-12% MFU). Counter
 masks are counted as the one kernel each a GPU draws them with.
 
 For a fused group of BERT-base-width adapter runs (frozen matmuls in bf16 under bf16 autocast, counter
-masks), one training step's torch operators and the bytes their outputs take, eager attention against
-the kernel (adaptune.model.attention_kernel, here under Triton's interpreter). The kernel is a torch custom
-operator, so the census sees each call as one operator writing its outputs; what it does inside stays on chip
+masks), one training step's torch operators and the bytes their outputs take: eager attention, the attention
+kernel (adaptune.model.attention_kernel, here under Triton's interpreter), and the attention kernel with the
+hidden-state dropout kernel (adaptune.model.dropout_kernel, its launch computed by torch outside the census). The kernel is a torch custom
+operator (so is the dropout kernel), so the census sees each call as one operator writing its outputs; what it does inside stays on chip
 on a GPU. Per Transformer layer: the step of a 2-layer model less
 that of a 1-layer one. Bytes written are a floor on a GPU's traffic (every output is also read at least
 once); views write nothing and are not counted. Not a timing: the interpreter is slow by design.
@@ -15,6 +16,7 @@ once); views write nothing and are not counted. Not a timing: the interpreter is
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -30,8 +32,8 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes  # noqa: E402
 
-from adaptune.model import run_dropout  # noqa: E402
-from adaptune.model.attention_kernel import ATTENTION_ENV, ATTENTION_MODES  # noqa: E402
+from adaptune.core.step_settings import ATTENTION_ENV, DROPOUT_ENV  # noqa: E402
+from adaptune.model import dropout_kernel, run_dropout  # noqa: E402
 
 BERT_BASE_WIDTH = {"hidden_size": 768, "num_attention_heads": 12, "intermediate_size": 3072}
 ROWS = 32  # a run's batch
@@ -74,14 +76,42 @@ def _one_kernel_masks(census: _Census) -> Any:
     return mock.patch.object(run_dropout, "counter_keep_mask", masks)
 
 
-def step_census(layers: int, k: int, length: int, attention: str) -> tuple[int, int]:
+# The masks' own function, not _one_kernel_masks' counting stand-in: the dropout kernel draws its masks inside.
+_COUNTER_KEEP_MASK = run_dropout.counter_keep_mask
+# What each census compares: (attention, hidden-state dropout) settings.
+CONFIGURATIONS = {"eager": ("eager", "mask"), "kernel": ("kernel", "mask"), "kernel+dropout_kernel": ("kernel", "kernel")}
+
+
+def _dropout_kernel_by_torch() -> Any:
+    """The dropout kernel's launch computed with torch operators outside the census (the interpreter would take
+    about 16 s a call at BERT-base width): the custom operator around it is still counted once, with its output,
+    which is all a GPU's kernel writes. The same values: x * keep * scale, keep counter_keep_mask's."""
+    class Launch:
+        def __getitem__(self, grid: Any) -> Any:
+            def launch(x: torch.Tensor, out: torch.Tensor, keys: torch.Tensor, draws: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+                threshold, scale = args[4], args[5]  # after lines, rows, tokens, features
+                with _disable_current_modes():
+                    keep = _COUNTER_KEEP_MASK(keys, draws, x.shape, threshold / 2**32)
+                    out.copy_((x.float() * keep * scale).to(out.dtype))
+            return launch
+
+    patches = contextlib.ExitStack()
+    patches.enter_context(mock.patch.object(dropout_kernel, "_kernels", lambda: (Launch(),)))
+    # bf16 as a GPU runs it (no float32 detour, which only Triton's interpreter needs)
+    patches.enter_context(mock.patch.object(dropout_kernel, "_interpreted_bf16", lambda blocks: False))
+    return patches
+
+
+def step_census(layers: int, k: int, length: int, configuration: str) -> tuple[int, int]:
     """(operators, bytes written) of one warm fused step of k adapter runs at `length` tokens."""
     from transformers import BertConfig, BertForSequenceClassification
 
     from adaptune.bench.fused import _step_fn
     from adaptune.core.devices import Device
 
-    with tempfile.TemporaryDirectory() as directory, mock.patch.dict(os.environ, {ATTENTION_ENV: attention}):
+    attention, dropout = CONFIGURATIONS[configuration]
+    with (tempfile.TemporaryDirectory() as directory, mock.patch.dict(os.environ, {ATTENTION_ENV: attention, DROPOUT_ENV: dropout}),
+          _dropout_kernel_by_torch()):
         torch.manual_seed(0)
         BertForSequenceClassification(BertConfig(**BERT_BASE_WIDTH, num_hidden_layers=layers)).save_pretrained(directory)
         ids = torch.randint(1000, 2000, (ROWS, length), generator=torch.Generator().manual_seed(0))
@@ -100,12 +130,13 @@ def measure(k: int, lengths: tuple[int, ...]) -> list[dict[str, Any]]:
     rows = []
     for length in lengths:
         per_layer = {}
-        for attention in ATTENTION_MODES:
-            one, two = step_census(1, k, length, attention), step_census(2, k, length, attention)
-            per_layer[attention] = {"operators": two[0] - one[0], "gib_written": round((two[1] - one[1]) / 2**30, 3)}
-            print(f"length {length} attention {attention}: {per_layer[attention]} per layer", file=sys.stderr)
+        for configuration in CONFIGURATIONS:
+            one, two = step_census(1, k, length, configuration), step_census(2, k, length, configuration)
+            per_layer[configuration] = {"operators": two[0] - one[0], "gib_written": round((two[1] - one[1]) / 2**30, 3)}
+            print(f"length {length} {configuration}: {per_layer[configuration]} per layer", file=sys.stderr)
         rows.append({"k": k, "rows_per_run": ROWS, "length": length, "per_layer": per_layer,
-                     "written_share_left": round(per_layer["kernel"]["gib_written"] / per_layer["eager"]["gib_written"], 3)})
+                     "written_share_left": {configuration: round(per_layer[configuration]["gib_written"] / per_layer["eager"]["gib_written"], 3)
+                                            for configuration in CONFIGURATIONS if configuration != "eager"}})
     return rows
 
 
