@@ -96,7 +96,7 @@ def test_the_calls_check_finds_bits_values_and_gradients_equal(interpreted: None
 def test_values_and_gradients_are_the_masks_formula_in_float32(interpreted: None, dtype: torch.dtype) -> None:
     """Output and gradient in x's dtype: x * keep * (1 / (1 - p)) in float32 rounded to it, exactly; eager's
     (x * mask) / (1 - p) and its autograd gradient within one unit in the last place (exact in float16 and bf16 here).
-    bf16 runs in float32 under the interpreter (dropout_kernel._interpreted_bf16), which gives the GPU kernel's values."""
+    bf16 runs in float32 under the interpreter (triton_device.interpreted_bf16), which gives the GPU kernel's values."""
     shape, seeds, draws = (2, 6, 5, 24), [1, 2], [4, 9]
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(shape, generator=generator).to(dtype).requires_grad_()

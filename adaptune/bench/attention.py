@@ -98,7 +98,7 @@ def _dropout_kernel_by_torch() -> Any:
     patches = contextlib.ExitStack()
     patches.enter_context(mock.patch.object(dropout_kernel, "_kernels", lambda: (Launch(),)))
     # bf16 as a GPU runs it (no float32 detour, which only Triton's interpreter needs)
-    patches.enter_context(mock.patch.object(dropout_kernel, "_interpreted_bf16", lambda blocks: False))
+    patches.enter_context(mock.patch.object(dropout_kernel, "interpreted_bf16", lambda blocks: False))
     return patches
 
 

@@ -24,12 +24,12 @@ under Triton's interpreter (TRITON_INTERPRET=1), which is how the tests check it
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any
 
 import torch
 
 from adaptune.core.step_settings import ATTENTION_ENV, STEP_SETTINGS, step_setting
+from adaptune.model.triton_device import interpreted_bf16, runs_triton
 
 ATTENTION_MODES = STEP_SETTINGS[ATTENTION_ENV][1]
 MAX_LENGTH = 512  # tokens: the counter hash's coordinates give queries and keys 9 bits each
@@ -58,7 +58,7 @@ def kernel_applies(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
             and head_size in (16, 32, 64) and 0 < p < 1 and query.dtype == key.dtype == value.dtype)
     if not fits:
         return False
-    return query.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"  # where triton is missing, the first call says so
+    return runs_triton(query)
 
 
 def run_dropout_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, additive_mask: torch.Tensor | None,
@@ -77,7 +77,7 @@ def run_dropout_attention(query: torch.Tensor, key: torch.Tensor, value: torch.T
 def _attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, additive_mask: torch.Tensor | None, keys: torch.Tensor,
                draws: torch.Tensor, threshold: int, p: float, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(output, log-sum-exp per query): the forward kernel."""
-    if _interpreted_bf16(query):
+    if interpreted_bf16(query):
         out, log_sum_exp = _attention(query.float(), key.float(), value.float(), additive_mask, keys, draws, threshold, p, scaling)
         return out.to(query.dtype), log_sum_exp
     query, key, value = _one_layout(query, key, value)
@@ -100,7 +100,7 @@ def _attention_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
                         keys: torch.Tensor, draws: torch.Tensor, out: torch.Tensor, grad_out: torch.Tensor, log_sum_exp: torch.Tensor,
                         threshold: int, p: float, scaling: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The gradients of query, key and value (their layout): the backward kernels, which recompute each tile."""
-    if _interpreted_bf16(query):
+    if interpreted_bf16(query):
         grads = _attention_backward(query.float(), key.float(), value.float(), additive_mask, keys, draws, out, grad_out.float(),
                                     log_sum_exp, threshold, p, scaling)
         return tuple(grad.to(query.dtype) for grad in grads)
@@ -139,10 +139,6 @@ def _backward(ctx: Any, grad_out: torch.Tensor, _grad_log_sum_exp: torch.Tensor 
 
 _attention.register_autograd(_backward, setup_context=_keep_for_backward)
 
-
-def _interpreted_bf16(query: torch.Tensor) -> bool:
-    """Triton's interpreter (a CPU) multiplies bf16 tiles wrongly (numpy has no bf16): the kernels run in float32 there."""
-    return not query.is_cuda and query.dtype == torch.bfloat16
 
 
 def _one_layout(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

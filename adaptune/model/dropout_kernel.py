@@ -26,13 +26,13 @@ interpreter (TRITON_INTERPRET=1), which is how the tests check it.
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any
 
 import torch
 
 from adaptune.core.step_settings import DROPOUT_ENV, STEP_SETTINGS, step_setting
 from adaptune.model.counter_coordinates import coordinate_shifts, keep_threshold
+from adaptune.model.triton_device import interpreted_bf16, runs_triton
 
 DROPOUT_MODES = STEP_SETTINGS[DROPOUT_ENV][1]
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # the kernel computes in float32: no float64
@@ -63,7 +63,7 @@ def kernel_applies(blocks: torch.Tensor, p: float) -> bool:
             and coordinate_shifts(blocks.shape[1:]) is not None)
     if not fits:
         return False
-    return blocks.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"  # where triton is missing, the first call says so
+    return runs_triton(blocks)
 
 
 def run_dropout(blocks: torch.Tensor, keys: torch.Tensor, draws: torch.Tensor, threshold: int, p: float) -> torch.Tensor:
@@ -79,7 +79,7 @@ def run_dropout(blocks: torch.Tensor, keys: torch.Tensor, draws: torch.Tensor, t
 # implementation, its backward the same operator (the mask is drawn again, never kept).
 @torch.library.custom_op("adaptune::run_dropout", mutates_args=())
 def _dropout(blocks: torch.Tensor, keys: torch.Tensor, draws: torch.Tensor, threshold: int, scale: float) -> torch.Tensor:
-    if _interpreted_bf16(blocks):
+    if interpreted_bf16(blocks):
         return _dropout(blocks.float(), keys, draws, threshold, scale).to(blocks.dtype)  # float32 products, then rounded: the same values
     blocks = blocks.contiguous()
     out = torch.empty_like(blocks)
@@ -121,11 +121,6 @@ def _backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
 
 _dropout.register_autograd(_backward, setup_context=_keep_for_backward)
 
-
-def _interpreted_bf16(blocks: torch.Tensor) -> bool:
-    """Triton's interpreter (a CPU; numpy has no bf16) converts to and from bf16 wrongly (2026-11-27: 41% of a call's values
-    one bf16 step off): bf16 runs in float32 there, rounded to bf16 by torch, which gives the GPU kernel's values."""
-    return not blocks.is_cuda and blocks.dtype == torch.bfloat16
 
 
 @functools.cache

@@ -40,7 +40,7 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
 
 from adaptune.core.step_settings import DROPOUT_MASKS_ENV, STEP_SETTINGS, step_setting
 from adaptune.model import attention_kernel, dropout_kernel
-from adaptune.model.counter_coordinates import COORDINATE_BITS, keep_threshold  # noqa: F401 (keep_threshold: run_dropout's name too)
+from adaptune.model.counter_coordinates import COORDINATE_BITS, keep_threshold
 
 RUN_DROPOUT_ATTENTION = "adaptune_run_dropout"
 MASK_SCHEMES = STEP_SETTINGS[DROPOUT_MASKS_ENV][1]
