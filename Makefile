@@ -8,7 +8,7 @@ PIPELINE ?= smoke
 OUT ?= outputs
 export PYTHONHASHSEED := 0
 
-.PHONY: venv test test-heavy demo run plan status tensorboard report compile submit stage-models bench bench-fused bench-bf16 bench-data bench-attention bench-gpu gpu-carry bench-status bench-tensorboard bench-soak images lint lock clean
+.PHONY: venv test test-heavy demo run plan status tensorboard report compile submit stage-models bench bench-fused bench-bf16 bench-projections bench-data bench-attention bench-gpu gpu-carry bench-status bench-tensorboard bench-soak images lint lock clean
 
 $(VENV)/.installed: pyproject.toml requirements.lock requirements-kernel-tests.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -75,6 +75,10 @@ bench-fused: venv
 # The frozen backbone in bf16 against float32 on this CPU (native bf16 or emulated: the entry says which).
 bench-bf16: venv
 	$(PY) -m adaptune.bench.cpu --only-bf16 --out bench/cpu_bf16.json
+
+# Frozen query, key and value stacked into one matmul against three, on this CPU (bench/projections.json).
+bench-projections: venv
+	$(PY) -m adaptune.bench.cpu --only-projections --out bench/projections.json
 
 # The host time a run spends preparing its data (rows from the tokenized cache), per task (bench/data_prep.json).
 bench-data: venv

@@ -143,15 +143,25 @@ run_part() {
     # compile, paid once per process, keeps the compiled step's lead; one at a time first, each a group of one).
     shardcompiledattn) ADAPTUNE_COMPILE=compiled_step_graphs ADAPTUNE_DROPOUT_MASKS=counter ADAPTUNE_ATTENTION=kernel part shardcompiledattn \
         240 --backbones bert-base --variants "" --fused "" --shard "" --shard-groups 8 --shard-train-rows 640 ;;
+    # Frozen query, key and value as one stacked matmul (adaptune.model.frozen_projections, new 2026-11-27, the trainers'
+    # default) beside the three separate ones, the preset's step (step graphs, attention kernel), BERT-base and BERT-large.
+    projections) part projections 110 --backbones bert-base,bert-large --variants "" "${NONE[@]}" --fused 8 --fused-methods adapters64 \
+        --fused-batch-sets length_grouped --fused-optimizer together --fused-masks counter --fused-compile step_graphs \
+        --fused-attention kernel --fused-projections stacked,separate ;;
+    # top_k groups at the plan's depths (1,369 of paper_full's 3,202 H100-hours are top_k runs, priced one at a time past
+    # top_k 3): the solo step of each, then fused 1 and 8 in the preset's step, BERT-base.
+    topkdepths) part topkdepths 170 --backbones bert-base --variants now --methods top_k1,top_k6,top_k11 "${NONE[@]}" --fused 1,8 \
+        --fused-methods top_k1,top_k6,top_k11 --fused-optimizer together --fused-masks counter --fused-compile step_graphs \
+        --fused-attention kernel ;;
     *) log "no part $1" ;;
     esac
 }
-# A second call while the machine is warm: PARTS='compileddrop shardcompiledattn'.
-# Other parts (compileddrop, shardcompiledattn, attncheck, attngraphs, compiledattn, attnwide, profileattn, shardattn, compiledcheck, compiledgraphs, profilecompiled, shardcompiled, graphcheck, graphs, shardgraphs, profilegraphs, graphsfused, shardfused, compiled, shard, base, topk,
+# A second call while the machine is warm: PARTS='compiledlarge compileddrop shardcompiledattn'.
+# Other parts (compiledlarge, compileddrop, shardcompiledattn, attncheck, attngraphs, compiledattn, attnwide, profileattn, shardattn, compiledcheck, compiledgraphs, profilecompiled, shardcompiled, graphcheck, graphs, shardgraphs, profilegraphs, graphsfused, shardfused, compiled, shard, base, topk,
 # profile, fused8, large) stay for later calls: PARTS="..." picks them.
 # If a kernel fails outright in its check (not for time: exit 124), the call goes on to FALLBACK's parts instead
 # of that kernel's, so that one failed compile on the device's Triton does not cost the whole call.
-queue=(${PARTS:-dropcheck dropgraphs compiledlarge})
+queue=(${PARTS:-dropcheck dropgraphs projections topkdepths})
 while [ ${#queue[@]} -gt 0 ]; do
     name=${queue[0]}; queue=("${queue[@]:1}")
     run_part "$name"; status=$?
@@ -159,8 +169,8 @@ while [ ${#queue[@]} -gt 0 ]; do
         log "the attention kernel failed its check: on to ${FALLBACK:-compiledcheck compiledgraphs}"
         queue=(${FALLBACK:-compiledcheck compiledgraphs})
     elif [ "$name" = dropcheck ] && [ $status -ne 0 ] && [ $status -ne 124 ]; then
-        log "the dropout kernel failed its check: on to ${FALLBACK:-compiledlarge shardcompiledattn}"
-        queue=(${FALLBACK:-compiledlarge shardcompiledattn})
+        log "the dropout kernel failed its check: on to ${FALLBACK:-projections topkdepths compiledlarge}"
+        queue=(${FALLBACK:-projections topkdepths compiledlarge})
     fi
 done
 log "done"

@@ -32,7 +32,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes  # noqa: E402
 
-from adaptune.core.step_settings import ATTENTION_ENV, DROPOUT_ENV  # noqa: E402
+from adaptune.core.step_settings import ATTENTION_ENV, DROPOUT_ENV, PROJECTIONS_ENV  # noqa: E402
 from adaptune.model import dropout_kernel, run_dropout  # noqa: E402
 
 BERT_BASE_WIDTH = {"hidden_size": 768, "num_attention_heads": 12, "intermediate_size": 3072}
@@ -78,8 +78,14 @@ def _one_kernel_masks(census: _Census) -> Any:
 
 # The masks' own function, not _one_kernel_masks' counting stand-in: the dropout kernel draws its masks inside.
 _COUNTER_KEEP_MASK = run_dropout.counter_keep_mask
-# What each census compares: (attention, hidden-state dropout) settings.
-CONFIGURATIONS = {"eager": ("eager", "mask"), "kernel": ("kernel", "mask"), "kernel+dropout_kernel": ("kernel", "kernel")}
+# What each census compares: the step settings of each configuration.
+_SEPARATE = {PROJECTIONS_ENV: "separate"}
+CONFIGURATIONS = {
+    "eager": {ATTENTION_ENV: "eager", DROPOUT_ENV: "mask", **_SEPARATE},
+    "kernel": {ATTENTION_ENV: "kernel", DROPOUT_ENV: "mask", **_SEPARATE},
+    "kernel+dropout_kernel": {ATTENTION_ENV: "kernel", DROPOUT_ENV: "kernel", **_SEPARATE},
+    "kernel+dropout_kernel+stacked_projections": {ATTENTION_ENV: "kernel", DROPOUT_ENV: "kernel", PROJECTIONS_ENV: "stacked"},
+}
 
 
 def _dropout_kernel_by_torch() -> Any:
@@ -109,8 +115,7 @@ def step_census(layers: int, k: int, length: int, configuration: str) -> tuple[i
     from adaptune.bench.fused import _step_fn
     from adaptune.core.devices import Device
 
-    attention, dropout = CONFIGURATIONS[configuration]
-    with (tempfile.TemporaryDirectory() as directory, mock.patch.dict(os.environ, {ATTENTION_ENV: attention, DROPOUT_ENV: dropout}),
+    with (tempfile.TemporaryDirectory() as directory, mock.patch.dict(os.environ, CONFIGURATIONS[configuration]),
           _dropout_kernel_by_torch()):
         torch.manual_seed(0)
         BertForSequenceClassification(BertConfig(**BERT_BASE_WIDTH, num_hidden_layers=layers)).save_pretrained(directory)

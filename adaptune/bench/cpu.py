@@ -10,8 +10,8 @@ On the embedded backbone and real SST-2 sentences:
     per second (`dynamic_padding_speedup`, target >= 2.5);
   - the adapter checkpoint's size over the full fine-tuning checkpoint's;
   - fused run groups (k = 1, 4, 16 adapter runs in one forward pass: operators per example and
-    examples/s, on the embedded backbone and an overhead-bound proxy) and the frozen backbone in bf16
-    (adaptune.bench.fused).
+    examples/s, on the embedded backbone and an overhead-bound proxy), the frozen backbone in bf16, and
+    frozen query, key and value stacked into one matmul against three (adaptune.bench.fused).
 BERT-base/-large on a GPU: `make bench-gpu` (adaptune.bench.gpu). Repetitions are interleaved
 across the variants (so drifting machine load hits all alike) and medians are reported. Not a test:
 no pass/fail here.
@@ -40,10 +40,11 @@ from adaptune.model.checkpoint import WEIGHTS_FILE, save_task_checkpoint
 from adaptune.core.backbones import DEFAULT_BACKBONE
 from adaptune.data.loading import load_task_data, tokenize_task
 from adaptune.core.devices import Device, pick_device
+from adaptune.model.frozen_projections import stack_frozen_projections
 from adaptune.model.methods import apply_method, method_from_dict
 from adaptune.data.tasks import get_task
 from adaptune.train.loop import training_step
-from adaptune.bench.fused import measure_cpu_bf16, measure_fused_groups, measure_group_runs
+from adaptune.bench.fused import measure_cpu_bf16, measure_fused_groups, measure_group_runs, measure_stacked_projections
 
 BATCH_SIZE = 32
 PAD_LENGTH = 128
@@ -69,6 +70,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--only-fused", action="store_true", help="only the fused run groups and bf16 entries (make bench-fused)")
     parser.add_argument("--only-bf16", action="store_true", help="only the bf16 frozen backbone against float32 (make bench-bf16)")
     parser.add_argument("--only-data", action="store_true", help="only the time a run takes to prepare its data, per task")
+    parser.add_argument("--only-projections", action="store_true",
+                        help="only frozen query, key and value stacked into one matmul against three (make bench-projections)")
     args = parser.parse_args(argv)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -76,7 +79,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.only_data:
         results = data_preparation_times(args.data_dir, args.cache_dir)
     else:
-        results = run_benchmark(args.data_dir, args.cache_dir, args.repeats, only_fused=args.only_fused, only_bf16=args.only_bf16)
+        results = run_benchmark(args.data_dir, args.cache_dir, args.repeats, only_fused=args.only_fused, only_bf16=args.only_bf16,
+                                only_projections=args.only_projections)
     results["elapsed_s"] = round(time.perf_counter() - started, 1)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -87,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run_benchmark(data_dir: str | None, cache_dir: str | None, repeats: int, sample_size: int = 128,
-                  only_fused: bool = False, only_bf16: bool = False) -> dict[str, Any]:
+                  only_fused: bool = False, only_bf16: bool = False, only_projections: bool = False) -> dict[str, Any]:
     # Float32 whatever the CPU's bf16 (the default where it is native): the figures stay comparable
     # across machines, and bf16 is measured beside float32 in its own entry (measure_cpu_bf16).
     device = pick_device(cpu_precision="float32")
@@ -118,10 +122,13 @@ def run_benchmark(data_dir: str | None, cache_dir: str | None, repeats: int, sam
         return {**results, **measure_cpu_bf16(grouped_batches[0], device, repeats, whole_runs=True, data_dir=data_dir)}
     if only_fused:
         return {**results, **measure_fused_groups(grouped_batches[0], device, repeats)}
+    if only_projections:
+        return {**results, **measure_stacked_projections(grouped_batches[0], device, repeats)}
     results.update(_method_step_times(device, grouped_batches, repeats))
     results.update(_padding_speedup(device, grouped_batches, padded_batches, repeats))
     results.update(_checkpoint_sizes())
     results.update(measure_fused_groups(grouped_batches[0], device, repeats))
+    results.update(measure_stacked_projections(grouped_batches[0], device, repeats))
     results.update(measure_group_runs(data_dir))
     results.update(data_preparation_times(data_dir, cache_dir))
     return results
@@ -193,7 +200,9 @@ def _build(method: dict[str, Any], device: Device) -> nn.Module:
     torch.manual_seed(0)
     model = load_model(DEFAULT_BACKBONE, "classification", num_labels=2)
     apply_method(model, method_from_dict(method))
-    return model.to(device.torch_device)
+    model.to(device.torch_device)
+    stack_frozen_projections(model)  # as a run trains (the bench's device is float32: no frozen matmuls to cast)
+    return model
 
 
 def _trainer(model: nn.Module, device: Device) -> Callable[[Batch], None]:

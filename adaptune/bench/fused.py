@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import os
 import statistics
 import tempfile
@@ -32,7 +33,9 @@ from transformers import BertConfig, BertForSequenceClassification
 from adaptune.core.backbones import DEFAULT_BACKBONE
 from adaptune.core.devices import Device, native_cpu_bf16
 from adaptune.core.precision import CPU_BF16_ENV, cpu_bf16_env_value
+from adaptune.core.step_settings import PROJECTIONS_ENV
 from adaptune.model.backbone import load_model
+from adaptune.model.frozen_projections import stack_frozen_projections
 from adaptune.model.methods import apply_method, method_from_dict
 from adaptune.model.run_dropout import RowLayout, dropout_stream, use_run_dropout
 from adaptune.model.run_groups import group_model, run_parameters, trained_tensors
@@ -90,6 +93,7 @@ def grouped_runs(model: torch.nn.Module, trained: list[dict[str, torch.Tensor]],
     model.to(device.torch_device).train()
     if frozen_dtype is not None:
         keep_frozen_matmuls_in(model, frozen_dtype)
+    stack_frozen_projections(model)  # as training does, unless $ADAPTUNE_PROJECTIONS says "separate"
     return model, randomness, [_Run(params, decayed, seed) for seed, params in enumerate(run_parameters(model))]
 
 
@@ -258,6 +262,30 @@ def measure_cpu_bf16(batch: dict[str, torch.Tensor], device: Device, repeats: in
                                 **time_whole_runs(data_dir, WHOLE_RUNS_K, runs, precision, repeats=2)}
                                for runs in WHOLE_RUNS_BENCH for precision in ("bf16", "float32")]
     return {"frozen_backbone_bf16_examples_per_s": entry}
+
+
+PROJECTION_GROUP_SIZES = (1, 4)
+
+
+def measure_stacked_projections(batch: dict[str, torch.Tensor], device: Device, repeats: int) -> dict[str, Any]:
+    """Adapters-64 training steps on the embedded backbone with each layer's frozen query, key and value as
+    one stacked matmul (the trainers' default) against three (adaptune.model.frozen_projections), side by side:
+    examples/s and operators per example, one run and a group of 4, in float32 and (where native) bf16."""
+    rows = batch["input_ids"].shape[0]
+    precisions = (False, True) if native_cpu_bf16() else (False,)
+    steps = {}
+    for bf16, k, projections in itertools.product(precisions, PROJECTION_GROUP_SIZES, ("separate", "stacked")):
+        with mock.patch.dict(os.environ, {PROJECTIONS_ENV: projections}):  # read when the group is built
+            steps[bf16, k, projections] = _step_fn(DEFAULT_BACKBONE, k, device, batch, bf16=bf16)
+    timed = _compare(steps, {key: rows * key[1] for key in steps}, repeats, 1)
+    entries = []
+    for bf16, k in itertools.product(precisions, PROJECTION_GROUP_SIZES):
+        separate, stacked = timed[bf16, k, "separate"], timed[bf16, k, "stacked"]
+        entries.append({"precision": "bfloat16" if bf16 else "float32", "k": k,
+                        "examples_per_s": {"separate": round(separate[0], 1), "stacked": round(stacked[0], 1)},
+                        "ops_per_example": {"separate": round(separate[1], 1), "stacked": round(stacked[1], 1)},
+                        "speedup": round(stacked[0] / separate[0], 3)})
+    return {"stacked_projections": entries}
 
 
 def measure_fused_groups(batch: dict[str, torch.Tensor], device: Device, repeats: int) -> dict[str, Any]:

@@ -68,7 +68,8 @@ FULL_SCALE = Scale(CONFIGS, SAMPLE_ROWS, BATCHES_PER_TASK)
 # lent GPU's minutes go to it; its figures measure nothing.
 _TINY = {"hidden_size": 32, "num_hidden_layers": 4, "num_attention_heads": 2, "intermediate_size": 64}
 REHEARSAL = Scale({name: _TINY for name in CONFIGS}, sample_rows=256, batches_per_task=2, shard_train_rows=32)
-METHODS = {"full": {"name": "full"}, "adapters64": {"name": "adapters", "size": 64}, "top_k3": {"name": "top_k", "k": 3}}
+METHODS = {"full": {"name": "full"}, "adapters64": {"name": "adapters", "size": 64},
+           **{f"top_k{depth}": {"name": "top_k", "k": depth} for depth in (1, 3, 6, 11)}}
 # Dense bf16 tensor-core peaks (FLOP/s) from the vendors' data sheets, matched on the device name.
 PEAK_BF16_FLOPS = (
     ("H200", 989e12),
@@ -96,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--shard", default="1,4", help="runs at a time to compare on one shard (empty: skip)")
     parser.add_argument("--shard-groups", default="4,16", help="runs fused per group to compare on the same shard (empty: skip)")
     parser.add_argument("--fused", default="1,4,8,16", help="group sizes of the fused step to measure (empty: skip)")
-    parser.add_argument("--fused-methods", default="adapters64,layernorm", help="comma-separated, of adapters64, layernorm, top_k3")
+    parser.add_argument("--fused-methods", default="adapters64,layernorm", help="comma-separated, of adapters64, layernorm, top_k1, top_k3, top_k6, top_k11")
     parser.add_argument("--fused-optimizer", default="together,per_run",
                         help="the fused step's optimizer steps to compare: together (the trainer's), per_run")
     parser.add_argument("--fused-masks", default="generator,counter",
@@ -112,6 +113,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fused-dropout", default="mask",
                         help="comma-separated, of mask, kernel (adaptune.model.dropout_kernel: each hidden-state dropout site's counter "
                              "mask drawn and applied in one kernel; groups drawing generator masks apply masks)")
+    parser.add_argument("--fused-projections", default="stacked",
+                        help="comma-separated, of stacked (adaptune.model.frozen_projections: a frozen layer's query, key and value as "
+                             "one matmul, the trainers' default), separate")
     parser.add_argument("--attention-check", default="", help="group sizes at which to check that the attention kernel computes "
                         "what eager attention does (one call: mask bits, output, gradients; a group trained both ways), first fused "
                         "method, first --fused-compile mode (empty: skip)")
@@ -185,7 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             results["fused"].append(row)
             save()
             log(f"fused {row['backbone']} {row['method']} {row['batches']} k={row['k']} {row['optimizer_step']} {row['masks']} {row['compile']} "
-                f"attention {row['attention']} dropout {row['dropout']}: "
+                f"attention {row['attention']} dropout {row['dropout']} projections {row['projections']}: "
                 f"{row.get('examples_per_s', row.get('error'))} ex/s, MFU {row.get('mfu')}, peak {row.get('peak_gib')} GiB")
 
         for backbone, method, batches_name in itertools.product(args.backbones.split(","), args.fused_methods.split(","),
@@ -194,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  args.repeats, peak_flops(device), optimizer_steps=_names(args.fused_optimizer),
                                  mask_schemes=_names(args.fused_masks), compile_modes=_names(args.fused_compile), on_row=keep,
                                  task_count=len(TASKS), batches_name=batches_name, attention_modes=_names(args.fused_attention),
-                                 dropout_modes=_names(args.fused_dropout))
+                                 dropout_modes=_names(args.fused_dropout), projection_modes=_names(args.fused_projections))
             save()  # `keep` holds the same rows, now with their speedups against k = 1
             log(f"{backbone} {method} {batches_name} fused: " + ", ".join(f"k={r['k']} {r['optimizer_step']} {r['masks']} {r['compile']} {r.get('examples_per_s', r.get('error'))} ex/s MFU {r.get('mfu')}" for r in rows))
     if _counts(args.graph_check):
@@ -346,6 +350,7 @@ def log(message: str) -> None:
 def build_step(config: dict[str, int], method: str, variant: str, device: Device) -> tuple[Callable[[Batch], None], nn.Module, Any]:
     from transformers import BertConfig, BertForSequenceClassification
 
+    from adaptune.model.frozen_projections import stack_frozen_projections
     from adaptune.model.methods import apply_method, method_from_dict
     from adaptune.train.compiling import COMPILE_MODES, training_forward
     from adaptune.train.loop import _adamw, keep_frozen_matmuls_in, training_step
@@ -362,6 +367,7 @@ def build_step(config: dict[str, int], method: str, variant: str, device: Device
         return (lambda batch: _step_before(model, batch, optimizer, scheduler, trainable, device)), model, optimizer
     if device.autocast_dtype is not None:
         keep_frozen_matmuls_in(model, device.autocast_dtype)
+    stack_frozen_projections(model)
     optimizer = _adamw(model, 1e-5, 0.01)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     runner = training_forward(model, variant if variant in COMPILE_MODES else "eager")  # as the trainer runs it

@@ -30,9 +30,8 @@ import torch
 from adaptune.bench.fused import _Run, grouped_runs
 from adaptune.bench.step_cost import timed_pass, training_flops
 from adaptune.core.devices import Device, is_out_of_memory
+from adaptune.core.step_settings import ATTENTION_ENV, DROPOUT_ENV, PROJECTIONS_ENV
 from adaptune.model import attention_kernel, dropout_kernel
-from adaptune.model.attention_kernel import ATTENTION_ENV
-from adaptune.model.dropout_kernel import DROPOUT_ENV
 from adaptune.model.methods import apply_method, method_from_dict
 from adaptune.model.run_dropout import CounterStream, RunRandomness, counter_keep_mask, fused_counter_keep_mask, keep_threshold
 from adaptune.model.run_groups import trained_tensors
@@ -41,8 +40,9 @@ from adaptune.train.group_loop import run_losses, fused_step, stack_run_batches
 from adaptune.train.step_graphs import STEP_GRAPH_MODES, STEP_GRAPHS, WARMUP_STEPS, GraphedFusedStep
 
 GROUP_SIZES = (1, 4, 8, 16)
+# top_kN: the top N layers stacked per run (the plan's deepest BERT-base groups are top_k 11).
 FUSED_METHODS = {"adapters64": {"name": "adapters", "size": 64}, "layernorm": {"name": "layernorm"},
-                 "top_k3": {"name": "top_k", "k": 3}}  # the top 3 layers stacked per run
+                 **{f"top_k{depth}": {"name": "top_k", "k": depth} for depth in (1, 3, 6, 11)}}
 Batch = dict[str, torch.Tensor]
 
 
@@ -51,14 +51,15 @@ def measure_fused(config: dict[str, Any], size: str, method: str, batches: list[
                   optimizer_steps: Sequence[str] = ("together",), mask_schemes: Sequence[str] = ("generator",),
                   compile_modes: Sequence[str] = ("eager",), on_row: Callable[[dict[str, Any]], None] | None = None,
                   task_count: int = 1, batches_name: str = "length_grouped", attention_modes: Sequence[str] = ("eager",),
-                  dropout_modes: Sequence[str] = ("mask",)) -> list[dict[str, Any]]:
+                  dropout_modes: Sequence[str] = ("mask",), projection_modes: Sequence[str] = ("stacked",)) -> list[dict[str, Any]]:
     """One row per group size and variant: optimizer step ("together": the trainer's one multi-tensor
     step for all runs; "per_run": each run's own clipping and torch AdamW, fused on a GPU, in turn;
     which launches fewer kernels on a GPU depends on how many tensors one multi-tensor launch takes, so
     it is measured) x dropout mask scheme x compile mode (adaptune.train.compiling, as the trainer runs it) x attention
     (adaptune.model.attention_kernel: eager, or the kernel, which only counter masks use) x dropout
     (adaptune.model.dropout_kernel: "mask", or "kernel", the hidden-state sites' masks drawn and applied in one kernel,
-    counter masks only). A size that runs out of memory is recorded so and ends the sweep."""
+    counter masks only) x projections (adaptune.model.frozen_projections: frozen query, key and value as one "stacked"
+    matmul, or "separate"). A size that runs out of memory is recorded so and ends the sweep."""
     rows: list[dict[str, Any]] = []
     cuda = device.kind == "cuda"  # the CPU runs it too, for a check, without memory figures
 
@@ -71,12 +72,13 @@ def measure_fused(config: dict[str, Any], size: str, method: str, batches: list[
         fused = _fused_steps(batches, task_count, k, steps, device)
         examples = sum(sum(layout.rows) for *_, layout in fused)
         # A fresh group for each variant: its own optimizer state and memory peak.
-        for optimizer_step, masks, compile_mode, attention, dropout in itertools.product(optimizer_steps, mask_schemes, compile_modes,
-                                                                                          attention_modes, dropout_modes):
+        for optimizer_step, masks, compile_mode, attention, dropout, projections in itertools.product(
+                optimizer_steps, mask_schemes, compile_modes, attention_modes, dropout_modes, projection_modes):
             variant = {"batches": batches_name, "optimizer_step": optimizer_step, "masks": masks, "compile": compile_mode,
-                       "attention": attention, "dropout": dropout}
+                       "attention": attention, "dropout": dropout, "projections": projections}
             model = randomness = runs = runner = one_pass = None
-            with mock.patch.dict(os.environ, {ATTENTION_ENV: attention, DROPOUT_ENV: dropout}), KernelLaunches() as kernel_calls:
+            settings = {ATTENTION_ENV: attention, DROPOUT_ENV: dropout, PROJECTIONS_ENV: projections}
+            with mock.patch.dict(os.environ, settings), KernelLaunches() as kernel_calls:
                 try:
                     model, randomness, runs, run_flops = _group(config, FUSED_METHODS[method], k, device, fused, masks)
                     runner = _step_function(model, randomness, compile_mode, device, optimizer_step == "together")

@@ -5,17 +5,21 @@ the modules that act on them read them through `step_setting`."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterable, Iterator
 
 COMPILE_ENV = "ADAPTUNE_COMPILE"  # adaptune.train.compiling
 DROPOUT_MASKS_ENV = "ADAPTUNE_DROPOUT_MASKS"  # adaptune.model.run_dropout
 ATTENTION_ENV = "ADAPTUNE_ATTENTION"  # adaptune.model.attention_kernel
 DROPOUT_ENV = "ADAPTUNE_DROPOUT"  # adaptune.model.dropout_kernel
+PROJECTIONS_ENV = "ADAPTUNE_PROJECTIONS"  # adaptune.model.frozen_projections
 STEP_SETTINGS: dict[str, tuple[str, tuple[str, ...]]] = {
     COMPILE_ENV: ("a compile mode", ("eager", "compiled", "graphs", "step_graphs", "compiled_step_graphs")),
     DROPOUT_MASKS_ENV: ("a dropout mask scheme", ("generator", "counter")),
     ATTENTION_ENV: ("an attention mode", ("eager", "kernel")),
     DROPOUT_ENV: ("a dropout mode", ("mask", "kernel")),
+    PROJECTIONS_ENV: ("a way to multiply frozen query, key and value projections", ("stacked", "separate")),
 }
 
 
@@ -32,3 +36,17 @@ def checked_value(name: str, value: str) -> str:
     if value not in values:
         raise ValueError(f"{name}={value!r} is not {what}: use one of {', '.join(values)}")
     return value
+
+
+@contextlib.contextmanager
+def step_settings_applied(settings: Iterable[tuple[str, str]]) -> Iterator[dict[str, str]]:
+    """These (variable, value) settings in this process's environment for the block, where the variable is
+    not set already (a pipeline task's environment, or the user's own, wins); restored afterwards. Yields
+    what it set. So a shard run by hand trains as the accelerator's pipeline tasks do."""
+    applied = {name: checked_value(name, value) for name, value in settings if not os.environ.get(name)}
+    os.environ.update(applied)
+    try:
+        yield applied
+    finally:
+        for name in applied:
+            os.environ.pop(name, None)

@@ -79,7 +79,7 @@ class GroupedLayerNorm(nn.Module):
         weight, bias = self.weight, self.bias
         normalized = F.layer_norm(x, self.normalized_shape, None, None, self.eps)
         blocks = normalized.reshape(weight.shape[0], -1, *self.normalized_shape)
-        return (blocks * weight.unsqueeze(1) + bias.unsqueeze(1)).reshape(x.shape)
+        return torch.addcmul(bias.unsqueeze(1), blocks, weight.unsqueeze(1)).reshape(x.shape)  # one pass, not a product and a sum
 
 
 class GroupedLoRA(nn.Module):

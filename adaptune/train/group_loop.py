@@ -35,6 +35,7 @@ from adaptune.data.tasks import get_task
 from adaptune.model.attention_kernel import recorded_attention
 from adaptune.model.backbone import load_model, load_tokenizer
 from adaptune.model.dropout_kernel import recorded_dropout
+from adaptune.model.frozen_projections import stack_frozen_projections
 from adaptune.model.methods import apply_method, method_from_dict
 from adaptune.model.params import count_parameters
 from adaptune.model.run_dropout import RowLayout, RunRandomness, dropout_stream, mask_scheme, use_run_dropout
@@ -181,10 +182,11 @@ class _Group:
         model.to(device.torch_device)
         if device.autocast_dtype is not None:
             keep_frozen_matmuls_in(model, device.autocast_dtype)
+        projections = "stacked" if stack_frozen_projections(model) else "separate"
         steps_per_epoch = math.ceil(len(data.train_rows) / first.batch_size)
         total_steps = steps_per_epoch * first.epochs
         for member, params, generator in zip(self.members, run_parameters(model), self.randomness.streams, strict=True):
-            member.record.update(trained_params=counts.trained, total_params=counts.total)
+            member.record.update(trained_params=counts.trained, total_params=counts.total, projections=projections)
             member.params, member.template, member.dropout = params, template, generator
             member.optimizer = adamw(params, decayed, member.config.lr, member.config.weight_decay)
             member.scheduler = get_linear_schedule_with_warmup(member.optimizer, int(first.warmup_fraction * total_steps), total_steps)

@@ -27,6 +27,7 @@ from transformers.trainer_pt_utils import get_parameter_names
 
 from adaptune.model.attention_kernel import recorded_attention
 from adaptune.model.dropout_kernel import recorded_dropout
+from adaptune.model.frozen_projections import stack_frozen_projections
 from adaptune.model.backbone import load_model, load_tokenizer
 from adaptune.data.batching import epoch_batches, iterate_batches, make_collator
 from adaptune.model.checkpoint import save_task_checkpoint
@@ -141,6 +142,7 @@ class _Run:
         model.to(device.torch_device)
         if device.autocast_dtype is not None:
             keep_frozen_matmuls_in(model, device.autocast_dtype)
+        self.record["projections"] = "stacked" if stack_frozen_projections(model) else "separate"
         mode = compile_mode()
         self.record["compile"] = mode = "eager" if mode in STEP_GRAPH_MODES else mode  # step graphs are a fused group's
         forward = training_forward(model, mode)  # evaluation calls the model itself
