@@ -69,7 +69,7 @@ def test_rehearsal_runs_the_gpu_calls_parts_on_the_cpu(tmp_path, shared_data_dir
     assert "rehearsal" in result and result["batches"]["length_grouped"]["count"] == 4 * REHEARSAL.batches_per_task
     assert [(row["method"], row["variant"]) for row in result["runs"]] == [("full", "now"), ("adapters64", "now")]
     assert [(row["method"], row["k"], row["speedup_vs_k1"] > 0) for row in result["fused"]] == [
-        ("layernorm", 1, True), ("layernorm", 2, True), ("top_k3", 1, True), ("top_k3", 2, True)]  # top 3 of the rehearsal's 4 layers
+        ("layernorm", 1, True), ("layernorm", 2, True), ("top_k3", 1, True), ("top_k3", 2, True)]  # top 3 of the rehearsal's 12 layers
     assert all(row["real_tokens_per_s"] > 0 and row["peak_gib"] is None for row in result["runs"])  # no CUDA: no memory figure
     cached = torch.load(cache, weights_only=True)["length_grouped"]
     assert sum(b["input_ids"].numel() for b in cached) == result["batches"]["length_grouped"]["computed_tokens"]

@@ -49,23 +49,22 @@ def test_a_shard_run_by_hand_trains_with_its_accelerators_settings_unless_the_en
     import dataclasses
     import os
 
-    from adaptune.core.step_settings import PROJECTIONS_ENV
     from adaptune.sweep.experiments import Sweep, get_experiment
     from adaptune.sweep.shard_runner import run_shard
     from adaptune.sweep.store import RunStore
 
     for name in STEP_SETTINGS:
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv(PROJECTIONS_ENV, "separate")  # the user's own variable wins over the accelerator's
+    monkeypatch.setenv(ATTENTION_ENV, "eager")  # the user's own variable wins over the accelerator's
     base = get_experiment("smoke")
     spec = dataclasses.replace(
         base, name="settings_test", ablation=None, max_train_examples=16, max_eval_examples=8,
-        accelerator=dataclasses.replace(base.accelerator, step_settings=((DROPOUT_MASKS_ENV, "counter"), (PROJECTIONS_ENV, "stacked"))),
+        accelerator=dataclasses.replace(base.accelerator, step_settings=((DROPOUT_MASKS_ENV, "counter"), (ATTENTION_ENV, "kernel"))),
         sweeps=(Sweep(tasks=("mrpc",), methods=({"name": "layernorm"},), learning_rates=(1e-3,), epochs=(1,), seeds=(0,), max_length=32),),
     )
     (shard,) = plan(spec).shards
     store = RunStore(str(tmp_path / "store"))
     assert run_shard(spec, shard.id, store, data_dir=shared_data_dir, group_size=1) == {"ok": 1}
     record = store.record(shard.runs[0].run_id)
-    assert (record["dropout_masks"], record["projections"]) == ("counter", "separate")
-    assert DROPOUT_MASKS_ENV not in os.environ and os.environ[PROJECTIONS_ENV] == "separate"  # restored after the shard
+    assert (record["dropout_masks"], record["attention"]) == ("counter", "eager")  # "kernel", had the accelerator's applied
+    assert DROPOUT_MASKS_ENV not in os.environ and os.environ[ATTENTION_ENV] == "eager"  # restored after the shard

@@ -40,7 +40,6 @@ from adaptune.model.checkpoint import WEIGHTS_FILE, save_task_checkpoint
 from adaptune.core.backbones import DEFAULT_BACKBONE
 from adaptune.data.loading import load_task_data, tokenize_task
 from adaptune.core.devices import Device, pick_device
-from adaptune.model.frozen_projections import stack_frozen_projections
 from adaptune.model.methods import apply_method, method_from_dict
 from adaptune.data.tasks import get_task
 from adaptune.train.loop import training_step
@@ -200,9 +199,7 @@ def _build(method: dict[str, Any], device: Device) -> nn.Module:
     torch.manual_seed(0)
     model = load_model(DEFAULT_BACKBONE, "classification", num_labels=2)
     apply_method(model, method_from_dict(method))
-    model.to(device.torch_device)
-    stack_frozen_projections(model)  # as a run trains (the bench's device is float32: no frozen matmuls to cast)
-    return model
+    return model.to(device.torch_device)  # float32, as a run trains there: no frozen matmuls cast, no projections stacked
 
 
 def _trainer(model: nn.Module, device: Device) -> Callable[[Batch], None]:

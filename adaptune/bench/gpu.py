@@ -66,7 +66,8 @@ CONFIGS = {
 FULL_SCALE = Scale(CONFIGS, SAMPLE_ROWS, BATCHES_PER_TASK)
 # Every part on this machine (the CPU too) in a minute or two: a check that the benchmark runs before a
 # lent GPU's minutes go to it; its figures measure nothing.
-_TINY = {"hidden_size": 32, "num_hidden_layers": 4, "num_attention_heads": 2, "intermediate_size": 64}
+# 12 layers, as BERT-base: every top_k depth a part asks for exists.
+_TINY = {"hidden_size": 32, "num_hidden_layers": 12, "num_attention_heads": 2, "intermediate_size": 64}
 REHEARSAL = Scale({name: _TINY for name in CONFIGS}, sample_rows=256, batches_per_task=2, shard_train_rows=32)
 METHODS = {"full": {"name": "full"}, "adapters64": {"name": "adapters", "size": 64},
            **{f"top_k{depth}": {"name": "top_k", "k": depth} for depth in (1, 3, 6, 11)}}
@@ -134,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--write-batches", default=None, metavar="PATH",
                         help="only tokenize the batches, padded as on a CUDA device, into PATH (make gpu-carry: no device minutes spent on it)")
     parser.add_argument("--rehearse", action="store_true",
-                        help="every part on this machine (the CPU too) with a 4-layer width-32 BERT and few rows: a check that the "
+                        help="every part on this machine (the CPU too) with a 12-layer width-32 BERT and few rows: a check that the "
                              "benchmark runs, before a lent GPU's minutes go to it; its figures measure nothing")
     args = parser.parse_args(argv)
     device = pick_device()
@@ -162,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "batches": {name: describe(batches) for name, batches in batch_sets.items()},
         "repeats": args.repeats,
         "runs": [],
-        **({"rehearsal": "a 4-layer width-32 BERT on few rows: a check of the flow, not a measurement"} if args.rehearse else {}),
+        **({"rehearsal": "a 12-layer width-32 BERT on few rows: a check of the flow, not a measurement"} if args.rehearse else {}),
     }
     log(f"batches ready after {time.perf_counter() - started:.0f} s")
     out = Path(args.out)
@@ -367,7 +368,7 @@ def build_step(config: dict[str, int], method: str, variant: str, device: Device
         return (lambda batch: _step_before(model, batch, optimizer, scheduler, trainable, device)), model, optimizer
     if device.autocast_dtype is not None:
         keep_frozen_matmuls_in(model, device.autocast_dtype)
-    stack_frozen_projections(model)
+        stack_frozen_projections(model)  # as the trainer does
     optimizer = _adamw(model, 1e-5, 0.01)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     runner = training_forward(model, variant if variant in COMPILE_MODES else "eager")  # as the trainer runs it

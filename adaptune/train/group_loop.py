@@ -180,9 +180,11 @@ class _Group:
         self.randomness = use_run_dropout(model, [dropout_stream(member.config.seed, device.torch_device, self.mask_scheme)
                                                   for member in self.members])
         model.to(device.torch_device)
+        projections = "separate"
         if device.autocast_dtype is not None:
             keep_frozen_matmuls_in(model, device.autocast_dtype)
-        projections = "stacked" if stack_frozen_projections(model) else "separate"
+            if stack_frozen_projections(model):  # as a run alone (adaptune.train.loop)
+                projections = "stacked"
         steps_per_epoch = math.ceil(len(data.train_rows) / first.batch_size)
         total_steps = steps_per_epoch * first.epochs
         for member, params, generator in zip(self.members, run_parameters(model), self.randomness.streams, strict=True):

@@ -140,9 +140,11 @@ class _Run:
         self.dropout = dropout_stream(config.seed, device.torch_device, scheme)
         use_run_dropout(model, [self.dropout])
         model.to(device.torch_device)
+        self.record["projections"] = "separate"
         if device.autocast_dtype is not None:
             keep_frozen_matmuls_in(model, device.autocast_dtype)
-        self.record["projections"] = "stacked" if stack_frozen_projections(model) else "separate"
+            if stack_frozen_projections(model):  # saves the input's casts: in float32 it saves nothing (bench/projections.json)
+                self.record["projections"] = "stacked"
         mode = compile_mode()
         self.record["compile"] = mode = "eager" if mode in STEP_GRAPH_MODES else mode  # step graphs are a fused group's
         forward = training_forward(model, mode)  # evaluation calls the model itself
