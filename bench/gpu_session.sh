@@ -153,11 +153,17 @@ run_part() {
     topkdepths) part topkdepths 170 --backbones bert-base --variants now --methods top_k1,top_k6,top_k11 "${NONE[@]}" --fused 1,8 \
         --fused-methods top_k1,top_k6,top_k11 --fused-optimizer together --fused-masks counter --fused-compile step_graphs \
         --fused-attention kernel ;;
+    # SQuAD's BERT-large adapter groups (753 of paper_full's 3,202 H100-hours; planned 2 a group at 384 tokens and
+    # priced one at a time, no group of that shape measured): the solo step and fused 1, 2 and 4 at 384 tokens, the
+    # preset's step, with peak memory (a size that does not fit is recorded so).
+    squadlarge) part squadlarge 200 --backbones bert-large --variants now --methods adapters64 --batch-sets padded_384 "${NONE[@]}" \
+        --fused 1,2,4 --fused-methods adapters64 --fused-batch-sets padded_384 --fused-optimizer together --fused-masks counter \
+        --fused-compile step_graphs --fused-attention kernel ;;
     *) log "no part $1" ;;
     esac
 }
-# A second call while the machine is warm: PARTS='compiledlarge compileddrop shardcompiledattn'.
-# Other parts (compiledlarge, compileddrop, shardcompiledattn, attncheck, attngraphs, compiledattn, attnwide, profileattn, shardattn, compiledcheck, compiledgraphs, profilecompiled, shardcompiled, graphcheck, graphs, shardgraphs, profilegraphs, graphsfused, shardfused, compiled, shard, base, topk,
+# A second call while the machine is warm: PARTS='squadlarge compiledlarge shardcompiledattn'.
+# Other parts (squadlarge, compiledlarge, compileddrop, shardcompiledattn, attncheck, attngraphs, compiledattn, attnwide, profileattn, shardattn, compiledcheck, compiledgraphs, profilecompiled, shardcompiled, graphcheck, graphs, shardgraphs, profilegraphs, graphsfused, shardfused, compiled, shard, base, topk,
 # profile, fused8, large) stay for later calls: PARTS="..." picks them.
 # If a kernel fails outright in its check (not for time: exit 124), the call goes on to FALLBACK's parts instead
 # of that kernel's, so that one failed compile on the device's Triton does not cost the whole call.

@@ -43,6 +43,7 @@ from adaptune.core.devices import Device, pick_device
 
 BATCH_SIZE = 32
 MAX_LENGTH = 128
+SQUAD_LENGTH = 384  # the paper's SQuAD windows (max_length 384, doc stride 128)
 TASKS = ("cola", "sst2", "mrpc", "rte")
 BATCHES_PER_TASK = 16
 CUDA_PAD_MULTIPLE = 8  # adaptune.core.devices.Device.pad_multiple on a GPU
@@ -104,7 +105,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fused-masks", default="generator,counter",
                         help="the fused step's dropout mask schemes to compare: generator (the default), counter")
     parser.add_argument("--fused-batch-sets", default="length_grouped",
-                        help="the fused step's batches, comma-separated, of length_grouped, padded_128 (the latter: MFU at full length)")
+                        help="the fused step's batches, comma-separated, of length_grouped, padded_128 (the latter: MFU at full length), "
+                             "padded_384 (SQuAD's step shape)")
     parser.add_argument("--fused-compile", default="eager",
                         help="comma-separated, of eager, compiled, graphs (as --variants), step_graphs (the whole step as CUDA graphs), "
                              "compiled_step_graphs (the same around compiled layers)")
@@ -273,14 +275,23 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def cached_batches(cache: str | None, data_dir: str | None, tokenizer_name: str | None, device: Device, scale: Scale = FULL_SCALE,
                    pad_multiple: int | None = None) -> dict[str, list[Batch]]:
-    """real_batches, kept in `cache` (a torch file) when one is named: the same batches for every call."""
+    """real_batches, kept in `cache` (a torch file) when one is named: the same batches for every call; and
+    "padded_384", the padded rows padded on to SQuAD's 384 tokens (made on loading, never cached)."""
     if cache and Path(cache).is_file():
-        return {name: [{k: v.to(device.torch_device) for k, v in b.items()} for b in batches]
-                for name, batches in torch.load(cache, weights_only=True).items()}
-    batch_sets = real_batches(data_dir, tokenizer_name, device, scale, pad_multiple)
-    if cache:
-        torch.save({name: [{k: v.cpu() for k, v in b.items()} for b in batches] for name, batches in batch_sets.items()}, cache)
-    return batch_sets
+        batch_sets = {name: [{k: v.to(device.torch_device) for k, v in b.items()} for b in batches]
+                      for name, batches in torch.load(cache, weights_only=True).items()}
+    else:
+        batch_sets = real_batches(data_dir, tokenizer_name, device, scale, pad_multiple)
+        if cache:
+            torch.save({name: [{k: v.cpu() for k, v in b.items()} for b in batches] for name, batches in batch_sets.items()}, cache)
+    return {**batch_sets, "padded_384": padded_on(batch_sets["padded_128"], SQUAD_LENGTH)}
+
+
+def padded_on(batches: list[Batch], length: int) -> list[Batch]:
+    """The batches padded with zeros (BERT's [PAD] id, no attention, segment 0) to `length` tokens: a step of
+    SQuAD's shape (a window is 384 tokens, mostly full) on the same real rows, for its speed and memory."""
+    return [{name: torch.nn.functional.pad(tensor, (0, length - tensor.shape[1])) if tensor.dim() == 2 else tensor
+             for name, tensor in batch.items()} for batch in batches]
 
 
 def real_batches(data_dir: str | None, tokenizer_name: str | None, device: Device, scale: Scale = FULL_SCALE,
