@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from adaptune.core.step_settings import PROJECTIONS_ENV
-from adaptune.model.backbone import load_model
+from adaptune.model.backbone import load_model, load_tokenizer
 from adaptune.model.frozen_projections import stack_frozen_projections
 from adaptune.model.methods import apply_method, parse_method
 
@@ -32,11 +32,15 @@ def _model(method: str) -> nn.Module:
     return model.train()
 
 
+SENTENCES = ["The company said its quarterly profit rose sharply on strong demand.", "Shares fell.",
+             "He declined to comment on the report, which was published on Tuesday.", "The bill passed the Senate 60 to 38."]
+
+
 def _batch() -> dict[str, torch.Tensor]:
-    ids = torch.randint(1000, 5000, (4, 20), generator=torch.Generator().manual_seed(0))
-    mask = torch.ones_like(ids)
-    mask[1, 12:] = 0  # a padded row: the additive mask goes through the stacked path too
-    return {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor([0, 1, 1, 0])}
+    """Sentences of unequal length, so that padding's additive mask goes through the stacked path too."""
+    encoded = load_tokenizer(None)(SENTENCES, padding=True, return_tensors="pt")
+    assert not bool(encoded["attention_mask"].all())
+    return {**encoded, "labels": torch.tensor([0, 1, 1, 0])}
 
 
 def _logits_and_gradients(model: nn.Module) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
