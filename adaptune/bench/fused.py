@@ -35,13 +35,12 @@ from adaptune.core.devices import Device, native_cpu_bf16
 from adaptune.core.precision import CPU_BF16_ENV, cpu_bf16_env_value
 from adaptune.core.step_settings import PROJECTIONS_ENV
 from adaptune.model.backbone import load_model
-from adaptune.model.frozen_projections import stack_frozen_projections
 from adaptune.model.methods import apply_method, method_from_dict
 from adaptune.model.run_dropout import RowLayout, dropout_stream, use_run_dropout
 from adaptune.model.run_groups import group_model, run_parameters, trained_tensors
 from adaptune.train.config import TrainConfig
 from adaptune.train.group_loop import fused_step
-from adaptune.train.loop import adamw, decayed_names, keep_frozen_matmuls_in
+from adaptune.train.loop import adamw, decayed_names, frozen_backbone_for_autocast
 
 GROUP_SIZES = (1, 4, 16)
 # (optimizer step, dropout masks' scheme): the trainer's default, the per-run optimizer step before it, counter masks.
@@ -91,9 +90,7 @@ def grouped_runs(model: torch.nn.Module, trained: list[dict[str, torch.Tensor]],
     model = group_model(model, trained)
     randomness = use_run_dropout(model, [dropout_stream(seed, device.torch_device, masks) for seed in range(len(trained))])
     model.to(device.torch_device).train()
-    if frozen_dtype is not None:
-        keep_frozen_matmuls_in(model, frozen_dtype)
-        stack_frozen_projections(model)  # as training does, unless $ADAPTUNE_PROJECTIONS says "separate"
+    frozen_backbone_for_autocast(model, frozen_dtype)  # as training does
     return model, randomness, [_Run(params, decayed, seed) for seed, params in enumerate(run_parameters(model))]
 
 

@@ -362,10 +362,9 @@ def log(message: str) -> None:
 def build_step(config: dict[str, int], method: str, variant: str, device: Device) -> tuple[Callable[[Batch], None], nn.Module, Any]:
     from transformers import BertConfig, BertForSequenceClassification
 
-    from adaptune.model.frozen_projections import stack_frozen_projections
     from adaptune.model.methods import apply_method, method_from_dict
     from adaptune.train.compiling import COMPILE_MODES, training_forward
-    from adaptune.train.loop import _adamw, keep_frozen_matmuls_in, training_step
+    from adaptune.train.loop import _adamw, frozen_backbone_for_autocast, training_step
 
     torch.manual_seed(0)
     with device.torch_device:  # initialised on the GPU: seconds, not a minute of CPU per BERT-large
@@ -377,9 +376,7 @@ def build_step(config: dict[str, int], method: str, variant: str, device: Device
         optimizer = torch.optim.AdamW(trainable, lr=1e-5, weight_decay=0.01, foreach=True)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
         return (lambda batch: _step_before(model, batch, optimizer, scheduler, trainable, device)), model, optimizer
-    if device.autocast_dtype is not None:
-        keep_frozen_matmuls_in(model, device.autocast_dtype)
-        stack_frozen_projections(model)  # as the trainer does
+    frozen_backbone_for_autocast(model, device.autocast_dtype)  # as the trainer does
     optimizer = _adamw(model, 1e-5, 0.01)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     runner = training_forward(model, variant if variant in COMPILE_MODES else "eager")  # as the trainer runs it

@@ -35,7 +35,6 @@ from adaptune.data.tasks import get_task
 from adaptune.model.attention_kernel import recorded_attention
 from adaptune.model.backbone import load_model, load_tokenizer
 from adaptune.model.dropout_kernel import recorded_dropout
-from adaptune.model.frozen_projections import stack_frozen_projections
 from adaptune.model.methods import apply_method, method_from_dict
 from adaptune.model.params import count_parameters
 from adaptune.model.run_dropout import RowLayout, RunRandomness, dropout_stream, mask_scheme, use_run_dropout
@@ -56,7 +55,7 @@ from adaptune.train.loop import (
     _seed_everything,
     adamw,
     decayed_names,
-    keep_frozen_matmuls_in,
+    frozen_backbone_for_autocast,
     prepare_data,
 )
 from adaptune.train.record import record_in_run_dir, run_record, with_provenance
@@ -180,11 +179,7 @@ class _Group:
         self.randomness = use_run_dropout(model, [dropout_stream(member.config.seed, device.torch_device, self.mask_scheme)
                                                   for member in self.members])
         model.to(device.torch_device)
-        projections = "separate"
-        if device.autocast_dtype is not None:
-            keep_frozen_matmuls_in(model, device.autocast_dtype)
-            if stack_frozen_projections(model):  # as a run alone (adaptune.train.loop)
-                projections = "stacked"
+        projections = frozen_backbone_for_autocast(model, device.autocast_dtype)
         steps_per_epoch = math.ceil(len(data.train_rows) / first.batch_size)
         total_steps = steps_per_epoch * first.epochs
         for member, params, generator in zip(self.members, run_parameters(model), self.randomness.streams, strict=True):

@@ -140,11 +140,7 @@ class _Run:
         self.dropout = dropout_stream(config.seed, device.torch_device, scheme)
         use_run_dropout(model, [self.dropout])
         model.to(device.torch_device)
-        self.record["projections"] = "separate"
-        if device.autocast_dtype is not None:
-            keep_frozen_matmuls_in(model, device.autocast_dtype)
-            if stack_frozen_projections(model):  # saves the input's casts: in float32 it saves nothing (bench/projections.json)
-                self.record["projections"] = "stacked"
+        self.record["projections"] = frozen_backbone_for_autocast(model, device.autocast_dtype)
         mode = compile_mode()
         self.record["compile"] = mode = "eager" if mode in STEP_GRAPH_MODES else mode  # step graphs are a fused group's
         forward = training_forward(model, mode)  # evaluation calls the model itself
@@ -413,6 +409,17 @@ def adamw(trained: Mapping[str, nn.Parameter], decayed: set[str], lr: float, wei
         groups[0 if name in decayed else 1]["params"].append(parameter)
     fused = all(p.is_cuda for g in groups for p in g["params"])  # one kernel for every parameter's update
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, weight_decay=weight_decay, fused=fused or None)
+
+
+def frozen_backbone_for_autocast(model: nn.Module, dtype: torch.dtype | None) -> str:
+    """The frozen backbone as training runs it under autocast in `dtype` (None: no autocast, left as it is):
+    its Linear layers stored in `dtype`, and each frozen query, key and value as one matmul where the settings
+    allow (it saves the input's casts; in float32 it saved nothing, bench/projections.json). Returns what
+    records say of the projections: "stacked" or "separate"."""
+    if dtype is None:
+        return "separate"
+    keep_frozen_matmuls_in(model, dtype)
+    return "stacked" if stack_frozen_projections(model) else "separate"
 
 
 def keep_frozen_matmuls_in(model: nn.Module, dtype: torch.dtype) -> None:
