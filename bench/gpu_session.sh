@@ -159,15 +159,33 @@ run_part() {
     squadlarge) part squadlarge 200 --backbones bert-large --variants now --methods adapters64 --batch-sets padded_384 "${NONE[@]}" \
         --fused 1,2,4 --fused-methods adapters64 --fused-batch-sets padded_384 --fused-optimizer together --fused-masks counter \
         --fused-compile step_graphs --fused-attention kernel ;;
+    # The grouped LayerNorm kernel (ADAPTUNE_LAYER_NORM=kernel, new 2026-11-27): each run's trained LayerNorm in one Triton
+    # kernel each way, where torch's operators write the normalized input, its scaled copy and two more in the backward
+    # pass (29% of a layer's bytes by the census). First whether it computes what torch's operators do (calls at BERT-base
+    # width, float32 and bf16; a group of 8 trained both ways in the preset's step).
+    lncheck) part lncheck 80 --backbones bert-base --variants "" "${NONE[@]}" --fused "" --layer-norm-check 8 \
+        --fused-methods adapters64 --fused-compile step_graphs --fused-attention kernel ;;
+    # The levers not yet timed, crossed in the preset's step at k = 8 (the dropout kernel, the LayerNorm kernel; the
+    # projections stacked, the trainers' default): BERT-base on real lengths (runs per GPU-hour), BERT-large padded to
+    # 128 (the MFU goal's figure). A kernel that failed its check above is left out (DROPOUT_MODES, LAYER_NORM_MODES).
+    leversbase) part leversbase 100 --backbones bert-base --variants "" "${NONE[@]}" --fused 8 --fused-methods adapters64 \
+        --fused-batch-sets length_grouped --fused-optimizer together --fused-masks counter --fused-compile step_graphs \
+        --fused-attention kernel --fused-dropout "$DROPOUT_MODES" --fused-layer-norm "$LAYER_NORM_MODES" ;;
+    leverslarge) part leverslarge 120 --backbones bert-large --variants "" "${NONE[@]}" --fused 8 --fused-methods adapters64 \
+        --fused-batch-sets padded_128 --fused-optimizer together --fused-masks counter --fused-compile step_graphs \
+        --fused-attention kernel --fused-dropout "$DROPOUT_MODES" --fused-layer-norm "$LAYER_NORM_MODES" ;;
     *) log "no part $1" ;;
     esac
 }
-# A second call while the machine is warm: PARTS='squadlarge compiledlarge shardcompiledattn'.
-# Other parts (squadlarge, compiledlarge, compileddrop, shardcompiledattn, attncheck, attngraphs, compiledattn, attnwide, profileattn, shardattn, compiledcheck, compiledgraphs, profilecompiled, shardcompiled, graphcheck, graphs, shardgraphs, profilegraphs, graphsfused, shardfused, compiled, shard, base, topk,
-# profile, fused8, large) stay for later calls: PARTS="..." picks them.
-# If a kernel fails outright in its check (not for time: exit 124), the call goes on to FALLBACK's parts instead
-# of that kernel's, so that one failed compile on the device's Triton does not cost the whole call.
-queue=(${PARTS:-dropcheck dropgraphs projections topkdepths})
+# A second call while the machine is warm: PARTS='squadlarge projections compiledlarge shardcompiledattn'.
+# Other parts (dropgraphs, squadlarge, projections, compiledlarge, compileddrop, shardcompiledattn, attncheck, attngraphs, compiledattn,
+# attnwide, profileattn, shardattn, compiledcheck, compiledgraphs, profilecompiled, shardcompiled, graphcheck, graphs, shardgraphs,
+# profilegraphs, graphsfused, shardfused, compiled, shard, base, topk, profile, fused8, large) stay for later calls: PARTS="..." picks them.
+# A kernel that fails its check outright (not for time: exit 124) is left out of the parts after it; if the attention
+# kernel fails, the call goes on to FALLBACK's parts, so that one failed compile on the device's Triton does not cost the whole call.
+DROPOUT_MODES=${DROPOUT_MODES:-mask,kernel}
+LAYER_NORM_MODES=${LAYER_NORM_MODES:-torch,kernel}
+queue=(${PARTS:-dropcheck lncheck leversbase leverslarge topkdepths})
 while [ ${#queue[@]} -gt 0 ]; do
     name=${queue[0]}; queue=("${queue[@]:1}")
     run_part "$name"; status=$?
@@ -175,8 +193,11 @@ while [ ${#queue[@]} -gt 0 ]; do
         log "the attention kernel failed its check: on to ${FALLBACK:-compiledcheck compiledgraphs}"
         queue=(${FALLBACK:-compiledcheck compiledgraphs})
     elif [ "$name" = dropcheck ] && [ $status -ne 0 ] && [ $status -ne 124 ]; then
-        log "the dropout kernel failed its check: on to ${FALLBACK:-projections topkdepths compiledlarge}"
-        queue=(${FALLBACK:-projections topkdepths compiledlarge})
+        log "the dropout kernel failed its check: the parts after it leave it out"
+        DROPOUT_MODES=mask
+    elif [ "$name" = lncheck ] && [ $status -ne 0 ] && [ $status -ne 124 ]; then
+        log "the LayerNorm kernel failed its check: the parts after it leave it out"
+        LAYER_NORM_MODES=torch
     fi
 done
 log "done"

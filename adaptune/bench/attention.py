@@ -32,7 +32,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes  # noqa: E402
 
-from adaptune.core.step_settings import ATTENTION_ENV, DROPOUT_ENV, PROJECTIONS_ENV  # noqa: E402
+from adaptune.core.step_settings import ATTENTION_ENV, DROPOUT_ENV, LAYER_NORM_ENV, PROJECTIONS_ENV  # noqa: E402
 from adaptune.model import dropout_kernel, run_dropout  # noqa: E402
 
 BERT_BASE_WIDTH = {"hidden_size": 768, "num_attention_heads": 12, "intermediate_size": 3072}
@@ -79,12 +79,14 @@ def _one_kernel_masks(census: _Census) -> Any:
 # The masks' own function, not _one_kernel_masks' counting stand-in: the dropout kernel draws its masks inside.
 _COUNTER_KEEP_MASK = run_dropout.counter_keep_mask
 # What each census compares: the step settings of each configuration.
-_SEPARATE = {PROJECTIONS_ENV: "separate"}
+_SEPARATE = {PROJECTIONS_ENV: "separate", LAYER_NORM_ENV: "torch"}
+_KERNELS = {ATTENTION_ENV: "kernel", DROPOUT_ENV: "kernel"}
 CONFIGURATIONS = {
     "eager": {ATTENTION_ENV: "eager", DROPOUT_ENV: "mask", **_SEPARATE},
     "kernel": {ATTENTION_ENV: "kernel", DROPOUT_ENV: "mask", **_SEPARATE},
-    "kernel+dropout_kernel": {ATTENTION_ENV: "kernel", DROPOUT_ENV: "kernel", **_SEPARATE},
-    "kernel+dropout_kernel+stacked_projections": {ATTENTION_ENV: "kernel", DROPOUT_ENV: "kernel", PROJECTIONS_ENV: "stacked"},
+    "kernel+dropout_kernel": {**_KERNELS, **_SEPARATE},
+    "kernel+dropout_kernel+stacked_projections": {**_KERNELS, PROJECTIONS_ENV: "stacked", LAYER_NORM_ENV: "torch"},
+    "kernel+dropout_kernel+stacked_projections+layer_norm_kernel": {**_KERNELS, PROJECTIONS_ENV: "stacked", LAYER_NORM_ENV: "kernel"},
 }
 
 

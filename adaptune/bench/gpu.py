@@ -119,12 +119,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fused-projections", default="stacked",
                         help="comma-separated, of stacked (adaptune.model.frozen_projections: a frozen layer's query, key and value as "
                              "one matmul, the trainers' default), separate")
+    parser.add_argument("--fused-layer-norm", default="torch",
+                        help="comma-separated, of torch (the runs' trained LayerNorms with torch's operators), kernel "
+                             "(adaptune.model.layer_norm_kernel: each run's LayerNorm in one kernel each way)")
     parser.add_argument("--attention-check", default="", help="group sizes at which to check that the attention kernel computes "
                         "what eager attention does (one call: mask bits, output, gradients; a group trained both ways), first fused "
                         "method, first --fused-compile mode (empty: skip)")
     parser.add_argument("--dropout-check", default="", help="group sizes at which to check that the dropout kernel computes what "
                         "the masks do (calls: mask bits, values, gradients; a group trained both ways), first fused method, first "
                         "--fused-compile mode, first --fused-attention mode (empty: skip)")
+    parser.add_argument("--layer-norm-check", default="", help="group sizes at which to check that the grouped LayerNorm kernel "
+                        "computes what torch's operators do (calls; a group trained both ways), first fused method, first --fused-compile, "
+                        "--fused-attention and --fused-dropout modes (empty: skip)")
     parser.add_argument("--graph-check", default="", help="group sizes at which to check that the step replayed as CUDA graphs "
                         "(the first step-graph mode of --fused-compile, else step_graphs) trains as it does uncaptured, first fused "
                         "method (empty: skip)")
@@ -154,7 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     variants = _names(args.variants)  # none: the solo step is not measured
     needs_batches = bool(variants or args.fused or _counts(args.fused_profile) or _counts(args.graph_check)
-                         or _counts(args.attention_check) or _counts(args.dropout_check))  # the shard tokenizes its own task
+                         or _counts(args.attention_check) or _counts(args.dropout_check) or _counts(args.layer_norm_check))  # the shard tokenizes its own task
     batch_sets = cached_batches(args.batches_cache, args.data_dir, args.tokenizer, device, scale) if needs_batches else {}
     results: dict[str, Any] = {
         "device": device.name,
@@ -192,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             results["fused"].append(row)
             save()
             log(f"fused {row['backbone']} {row['method']} {row['batches']} k={row['k']} {row['optimizer_step']} {row['masks']} {row['compile']} "
-                f"attention {row['attention']} dropout {row['dropout']} projections {row['projections']}: "
+                f"attention {row['attention']} dropout {row['dropout']} projections {row['projections']} layer_norm {row['layer_norm']}: "
                 f"{row.get('examples_per_s', row.get('error'))} ex/s, MFU {row.get('mfu')}, peak {row.get('peak_gib')} GiB")
 
         for backbone, method, batches_name in itertools.product(args.backbones.split(","), args.fused_methods.split(","),
@@ -201,7 +207,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  args.repeats, peak_flops(device), optimizer_steps=_names(args.fused_optimizer),
                                  mask_schemes=_names(args.fused_masks), compile_modes=_names(args.fused_compile), on_row=keep,
                                  task_count=len(TASKS), batches_name=batches_name, attention_modes=_names(args.fused_attention),
-                                 dropout_modes=_names(args.fused_dropout), projection_modes=_names(args.fused_projections))
+                                 dropout_modes=_names(args.fused_dropout), projection_modes=_names(args.fused_projections),
+                                 layer_norm_modes=_names(args.fused_layer_norm))
             save()  # `keep` holds the same rows, now with their speedups against k = 1
             log(f"{backbone} {method} {batches_name} fused: " + ", ".join(f"k={r['k']} {r['optimizer_step']} {r['masks']} {r['compile']} {r.get('examples_per_s', r.get('error'))} ex/s MFU {r.get('mfu')}" for r in rows))
     if _counts(args.graph_check):
@@ -242,6 +249,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                 save()
                 log(f"dropout kernel check {backbone} k={k}: calls {row['dropout_call']}, trained {row['kernel']}, "
                     f"{row['dropout_kernel_calls']} kernel launches")
+    if _counts(args.layer_norm_check):
+        from adaptune.bench.gpu_fused import check_layer_norm_kernel
+
+        results["layer_norm_check"] = []
+        for backbone in args.backbones.split(","):
+            for k in _counts(args.layer_norm_check):
+                row = check_layer_norm_kernel(scale.configs[backbone], backbone, _names(args.fused_methods)[0], batch_sets["length_grouped"],
+                                              k, device, task_count=len(TASKS), mode=_names(args.fused_compile)[0],
+                                              attention=_names(args.fused_attention)[0], dropout=_names(args.fused_dropout)[0])
+                results["layer_norm_check"].append(row)
+                save()
+                log(f"layer norm kernel check {backbone} k={k}: calls {row['layer_norm_call']}, trained {row['kernel']}, "
+                    f"{row['layer_norm_kernel_calls']} + {row['layer_norm_backward_calls']} kernel launches")
     if _counts(args.fused_profile):
         from adaptune.bench.gpu_fused import profile_fused
 
@@ -250,7 +270,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             for k in _counts(args.fused_profile):
                 row = profile_fused(scale.configs[backbone], backbone, _names(args.fused_methods)[0], batch_sets["length_grouped"], k, device,
                                     masks=_names(args.fused_masks)[0], compile_mode=_names(args.fused_compile)[0], task_count=len(TASKS),
-                                    attention=_names(args.fused_attention)[0], dropout=_names(args.fused_dropout)[0])
+                                    attention=_names(args.fused_attention)[0], dropout=_names(args.fused_dropout)[0],
+                                    layer_norm=_names(args.fused_layer_norm)[0])
                 results["fused_profile"].append(row)
                 save()
                 log(f"profile {backbone} k={k}: {row['step_ms']} ms a step, {row['kernels_per_step']} kernels, "

@@ -30,11 +30,11 @@ import torch
 from adaptune.bench.fused import _Run, grouped_runs
 from adaptune.bench.step_cost import timed_pass, training_flops
 from adaptune.core.devices import Device, is_out_of_memory
-from adaptune.core.step_settings import ATTENTION_ENV, DROPOUT_ENV, PROJECTIONS_ENV
-from adaptune.model import attention_kernel, dropout_kernel
+from adaptune.core.step_settings import ATTENTION_ENV, DROPOUT_ENV, LAYER_NORM_ENV, PROJECTIONS_ENV
+from adaptune.model import attention_kernel, dropout_kernel, layer_norm_kernel
 from adaptune.model.methods import apply_method, method_from_dict
 from adaptune.model.run_dropout import CounterStream, RunRandomness, counter_keep_mask, fused_counter_keep_mask, keep_threshold
-from adaptune.model.run_groups import trained_tensors
+from adaptune.model.run_groups import GroupedLayerNorm, trained_tensors
 from adaptune.train.compiling import training_forward
 from adaptune.train.group_loop import run_losses, fused_step, stack_run_batches
 from adaptune.train.step_graphs import STEP_GRAPH_MODES, STEP_GRAPHS, WARMUP_STEPS, GraphedFusedStep
@@ -51,7 +51,8 @@ def measure_fused(config: dict[str, Any], size: str, method: str, batches: list[
                   optimizer_steps: Sequence[str] = ("together",), mask_schemes: Sequence[str] = ("generator",),
                   compile_modes: Sequence[str] = ("eager",), on_row: Callable[[dict[str, Any]], None] | None = None,
                   task_count: int = 1, batches_name: str = "length_grouped", attention_modes: Sequence[str] = ("eager",),
-                  dropout_modes: Sequence[str] = ("mask",), projection_modes: Sequence[str] = ("stacked",)) -> list[dict[str, Any]]:
+                  dropout_modes: Sequence[str] = ("mask",), projection_modes: Sequence[str] = ("stacked",),
+                  layer_norm_modes: Sequence[str] = ("torch",)) -> list[dict[str, Any]]:
     """One row per group size and variant: optimizer step ("together": the trainer's one multi-tensor
     step for all runs; "per_run": each run's own clipping and torch AdamW, fused on a GPU, in turn;
     which launches fewer kernels on a GPU depends on how many tensors one multi-tensor launch takes, so
@@ -59,7 +60,8 @@ def measure_fused(config: dict[str, Any], size: str, method: str, batches: list[
     (adaptune.model.attention_kernel: eager, or the kernel, which only counter masks use) x dropout
     (adaptune.model.dropout_kernel: "mask", or "kernel", the hidden-state sites' masks drawn and applied in one kernel,
     counter masks only) x projections (adaptune.model.frozen_projections: frozen query, key and value as one "stacked"
-    matmul, or "separate"). A size that runs out of memory is recorded so and ends the sweep."""
+    matmul, or "separate") x layer_norm (adaptune.model.layer_norm_kernel: the runs' trained LayerNorms with torch's
+    operators, "torch", or in one "kernel" each way). A size that runs out of memory is recorded so and ends the sweep."""
     rows: list[dict[str, Any]] = []
     cuda = device.kind == "cuda"  # the CPU runs it too, for a check, without memory figures
 
@@ -72,12 +74,12 @@ def measure_fused(config: dict[str, Any], size: str, method: str, batches: list[
         fused = _fused_steps(batches, task_count, k, steps, device)
         examples = sum(sum(layout.rows) for *_, layout in fused)
         # A fresh group for each variant: its own optimizer state and memory peak.
-        for optimizer_step, masks, compile_mode, attention, dropout, projections in itertools.product(
-                optimizer_steps, mask_schemes, compile_modes, attention_modes, dropout_modes, projection_modes):
+        for optimizer_step, masks, compile_mode, attention, dropout, projections, layer_norm in itertools.product(
+                optimizer_steps, mask_schemes, compile_modes, attention_modes, dropout_modes, projection_modes, layer_norm_modes):
             variant = {"batches": batches_name, "optimizer_step": optimizer_step, "masks": masks, "compile": compile_mode,
-                       "attention": attention, "dropout": dropout, "projections": projections}
+                       "attention": attention, "dropout": dropout, "projections": projections, "layer_norm": layer_norm}
             model = randomness = runs = runner = one_pass = None
-            settings = {ATTENTION_ENV: attention, DROPOUT_ENV: dropout, PROJECTIONS_ENV: projections}
+            settings = {ATTENTION_ENV: attention, DROPOUT_ENV: dropout, PROJECTIONS_ENV: projections, LAYER_NORM_ENV: layer_norm}
             with mock.patch.dict(os.environ, settings), KernelLaunches() as kernel_calls:
                 try:
                     model, randomness, runs, run_flops = _group(config, FUSED_METHODS[method], k, device, fused, masks)
@@ -95,7 +97,8 @@ def measure_fused(config: dict[str, Any], size: str, method: str, batches: list[
                           "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
                           **({"graphs_captured": runner.captured} if isinstance(runner, GraphedFusedStep) else {}),
                           **({"kernel_calls": kernel_calls.forward} if attention == "kernel" else {}),
-                          **({"dropout_kernel_calls": kernel_calls.dropout} if dropout == "kernel" else {})})
+                          **({"dropout_kernel_calls": kernel_calls.dropout} if dropout == "kernel" else {}),
+                          **({"layer_norm_kernel_calls": kernel_calls.layer_norm} if layer_norm == "kernel" else {})})
                 except Exception as error:
                     if not is_out_of_memory(error):
                         raise
@@ -111,7 +114,7 @@ def measure_fused(config: dict[str, Any], size: str, method: str, batches: list[
 
 def profile_fused(config: dict[str, Any], size: str, method: str, batches: list[Batch], k: int, device: Device, steps: int = 4,
                   masks: str = "generator", compile_mode: str = "eager", task_count: int = 1, top: int = 25,
-                  attention: str = "eager", dropout: str = "mask") -> dict[str, Any]:
+                  attention: str = "eager", dropout: str = "mask", layer_norm: str = "torch") -> dict[str, Any]:
     """Where a fused step's time goes: one warm pass of `steps` fused steps at k under torch.profiler. Per
     step: kernels launched and the share of the wall time the device was busy (low: launch-bound),
     aten operators, and the `top` operators by self device time (CPU time on a CPU)."""
@@ -119,7 +122,7 @@ def profile_fused(config: dict[str, Any], size: str, method: str, batches: list[
     from torch.profiler import ProfilerActivity, profile
 
     cuda = device.kind == "cuda"
-    with mock.patch.dict(os.environ, {ATTENTION_ENV: attention, DROPOUT_ENV: dropout}):
+    with mock.patch.dict(os.environ, {ATTENTION_ENV: attention, DROPOUT_ENV: dropout, LAYER_NORM_ENV: layer_norm}):
         fused = _fused_steps(batches, task_count, k, steps, device)
         model, randomness, runs, _ = _group(config, FUSED_METHODS[method], k, device, fused, masks)
         one_pass = functools.partial(_train_pass, _step_function(model, randomness, compile_mode, device, True), runs, fused)
@@ -137,7 +140,7 @@ def profile_fused(config: dict[str, Any], size: str, method: str, batches: list[
     self_time = (lambda event: event.self_device_time_total) if cuda else (lambda event: event.self_cpu_time_total)  # noqa: E731
     heaviest = sorted(profiler.key_averages(), key=self_time, reverse=True)[:top]
     return {"backbone": size, "method": method, "k": k, "masks": masks, "compile": compile_mode, "attention": attention,
-            "dropout": dropout, "steps": steps, "step_ms": round(1000 * wall / steps, 2),
+            "dropout": dropout, "layer_norm": layer_norm, "steps": steps, "step_ms": round(1000 * wall / steps, 2),
             "kernels_per_step": round(len(kernels) / steps) if cuda else None,
             "device_busy_share": round(sum(kernel.device_time_total for kernel in kernels) / 1e6 / wall, 3) if cuda else None,
             "aten_ops_per_step": round(len(operators) / steps),
@@ -229,6 +232,54 @@ def check_dropout_kernel(config: dict[str, Any], size: str, method: str, batches
             **({"dropout_call": dropout_kernel_matches(device)} if one_call else {}), "reference": "dropout masks",
             "kernel": _differences(trained["kernel"], trained["mask"]), "dropout_kernel_calls": launches.dropout,
             "first_losses": trained["mask"][0][:k], "last_losses": trained["mask"][0][-k:]}
+
+
+def check_layer_norm_kernel(config: dict[str, Any], size: str, method: str, batches: list[Batch], k: int, device: Device,
+                            steps: int = 8, passes: int = 2, task_count: int = 1, mode: str = "eager", attention: str = "eager",
+                            dropout: str = "mask", one_call: bool = True) -> dict[str, Any]:
+    """Whether the grouped LayerNorm kernel (adaptune.model.layer_norm_kernel) computes what torch's operators do:
+    (1) single calls against them (layer_norm_kernel_matches); (2) two groups from the same initial tensors, counter
+    masks, `attention` and `dropout` as given, trained `passes` passes of `steps` fused steps in compile `mode`, the
+    LayerNorms "torch" and "kernel": the largest differences of their step losses and trained tensors (`one_call`
+    False: (2) only)."""
+    fused = _fused_steps(batches, task_count, k, steps, device)
+    trained = {}
+    with KernelLaunches() as launches:  # "torch" launches none
+        for layer_norm in layer_norm_kernel.LAYER_NORM_MODES:
+            with mock.patch.dict(os.environ, {ATTENTION_ENV: attention, DROPOUT_ENV: dropout, LAYER_NORM_ENV: layer_norm}):
+                trained[layer_norm] = _trained(config, method, k, device, fused, mode, passes)
+    return {"backbone": size, "method": method, "k": k, "steps": steps * passes, "masks": "counter", "compile": mode, "attention": attention,
+            "dropout": dropout, **({"layer_norm_call": layer_norm_kernel_matches(device, config["hidden_size"])} if one_call else {}),
+            "reference": "torch's LayerNorm operators", "kernel": _differences(trained["kernel"], trained["torch"]),
+            "layer_norm_kernel_calls": launches.layer_norm, "layer_norm_backward_calls": launches.layer_norm_backward,
+            "first_losses": trained["torch"][0][:k], "last_losses": trained["torch"][0][-k:]}
+
+
+def layer_norm_kernel_matches(device: Device, features: int) -> dict[str, Any]:
+    """Grouped LayerNorm calls in the kernel against torch's operators (GroupedLayerNorm's "torch" path), forward and
+    backward, on 3 runs with unlike scales and shifts: float32 input (the trainers': the residual sum) and bf16 (on a GPU;
+    torch's autocast normalises it in float32 too), a row count that no backward program's span divides, under autocast as
+    the trainers call it. The largest differences of the output and of each gradient, with the largest magnitude of each."""
+    cuda, target = device.kind == "cuda", device.torch_device
+    generator = torch.Generator(device=target).manual_seed(0)
+    runs, rows = 3, (4_099 if cuda else 37)
+    module = GroupedLayerNorm(torch.nn.LayerNorm(features), *([torch.randn(features, generator=generator, device=target) for _ in range(runs)]
+                                                              for _ in range(2))).to(target)
+    checks = {}
+    for dtype in (torch.float32, torch.bfloat16) if cuda else (torch.float32,):
+        x = (torch.randn(runs * rows, features, device=target, generator=generator) * 4 + 1).to(dtype).requires_grad_()
+        grad_out = torch.randn(runs * rows, features, device=target, generator=generator)
+        results = {}
+        for layer_norm in layer_norm_kernel.LAYER_NORM_MODES:
+            with mock.patch.dict(os.environ, {LAYER_NORM_ENV: layer_norm}), torch.autocast(target.type, dtype=torch.bfloat16, enabled=cuda):
+                out = module(x)
+            results[layer_norm] = [out.detach(), *torch.autograd.grad(out, (x, module.weight, module.bias), grad_out.to(out.dtype))]
+        checks[str(dtype).removeprefix("torch.")] = {
+            f"max_{name}_difference": float((kernel.float() - reference.float()).abs().max())
+            for name, kernel, reference in zip(("out", "grad_x", "grad_weight", "grad_bias"), results["kernel"], results["torch"], strict=True)
+        } | {f"max_{name}": float(reference.float().abs().max())
+             for name, reference in zip(("out", "grad_x", "grad_weight", "grad_bias"), results["torch"], strict=True)}
+    return {"runs": runs, "rows_per_run": rows, "features": features, **checks}
 
 
 def dropout_kernel_matches(device: Device, p: float = 0.1) -> dict[str, Any]:
@@ -325,19 +376,22 @@ def _one_call_matches(target: torch.device, dtype: torch.dtype, block: int, head
 
 
 class KernelLaunches:
-    """The attention kernel's forward launches (the first of attention_kernel._kernels()) and the dropout kernel's
-    launches, forward and backward (dropout_kernel._kernels()), counted (a replayed graph launches nothing: count
-    its capture), so that a row labelled "kernel" cannot be eager attention or torch's dropout unawares."""
+    """The attention kernel's forward launches (the first of attention_kernel._kernels()), the dropout kernel's
+    launches, forward and backward (dropout_kernel._kernels()), and the grouped LayerNorm kernel's, forward and
+    backward apart (layer_norm_kernel._kernels()), counted (a replayed graph launches nothing: count its capture),
+    so that a row labelled "kernel" cannot be eager attention or torch's operators unawares."""
 
     def __init__(self) -> None:
-        self.forward = self.dropout = 0
+        self.forward = self.dropout = self.layer_norm = self.layer_norm_backward = 0
 
     def __enter__(self) -> KernelLaunches:
-        attention, dropout = attention_kernel._kernels, dropout_kernel._kernels
+        attention, dropout, layer_norm = attention_kernel._kernels, dropout_kernel._kernels, layer_norm_kernel._kernels
         self._patches = [
             mock.patch.object(attention_kernel, "_kernels", lambda: tuple(_Launcher(kernel, self, "forward" if index == 0 else None)
                                                                           for index, kernel in enumerate(attention()))),
-            mock.patch.object(dropout_kernel, "_kernels", lambda: tuple(_Launcher(kernel, self, "dropout") for kernel in dropout()))]
+            mock.patch.object(dropout_kernel, "_kernels", lambda: tuple(_Launcher(kernel, self, "dropout") for kernel in dropout())),
+            mock.patch.object(layer_norm_kernel, "_kernels", lambda: tuple(
+                _Launcher(kernel, self, counter) for kernel, counter in zip(layer_norm(), ("layer_norm", "layer_norm_backward"), strict=True)))]
         for patch in self._patches:
             patch.start()
         return self

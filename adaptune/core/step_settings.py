@@ -14,12 +14,14 @@ DROPOUT_MASKS_ENV = "ADAPTUNE_DROPOUT_MASKS"  # adaptune.model.run_dropout
 ATTENTION_ENV = "ADAPTUNE_ATTENTION"  # adaptune.model.attention_kernel
 DROPOUT_ENV = "ADAPTUNE_DROPOUT"  # adaptune.model.dropout_kernel
 PROJECTIONS_ENV = "ADAPTUNE_PROJECTIONS"  # adaptune.model.frozen_projections
+LAYER_NORM_ENV = "ADAPTUNE_LAYER_NORM"  # adaptune.model.layer_norm_kernel
 STEP_SETTINGS: dict[str, tuple[str, tuple[str, ...]]] = {
     COMPILE_ENV: ("a compile mode", ("eager", "compiled", "graphs", "step_graphs", "compiled_step_graphs")),
     DROPOUT_MASKS_ENV: ("a dropout mask scheme", ("generator", "counter")),
     ATTENTION_ENV: ("an attention mode", ("eager", "kernel")),
     DROPOUT_ENV: ("a dropout mode", ("mask", "kernel")),
     PROJECTIONS_ENV: ("a way to multiply frozen query, key and value projections", ("stacked", "separate")),
+    LAYER_NORM_ENV: ("a grouped LayerNorm mode", ("torch", "kernel")),
 }
 
 

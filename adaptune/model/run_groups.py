@@ -5,6 +5,7 @@ frozen backbone processes all k x b rows at once, one kernel per operator for k 
 module that holds trained tensors applies run i's to block i:
   Linear (adapter projections, LoRA's A and B, the task head)  one batched matmul (baddbmm)
   LayerNorm                                                    shared normalisation, each run's scale and shift broadcast
+                                                               (or both in one kernel: adaptune.model.layer_norm_kernel)
   (IA)3 scaling vectors                                        each run's vector broadcast over its block
 top_k's whole top layers are these same Linear and LayerNorm modules, stacked per run as HFTA (Wang et
 al., MLSys 2021) fuses whole models; the layers below them stay frozen and shared.
@@ -29,6 +30,9 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+from adaptune.model import layer_norm_kernel
+from adaptune.model.triton_device import runs_triton
 
 class GroupingError(ValueError):
     """The model trains a module that cannot be split by run; train its runs alone."""
@@ -77,10 +81,21 @@ class GroupedLayerNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight, bias = self.weight, self.bias
+        if layer_norm_kernel.kernel_applies(x, weight):
+            return layer_norm_kernel.grouped_layer_norm(x, weight, bias, self.eps)
         normalized = F.layer_norm(x, self.normalized_shape, None, None, self.eps)
         blocks = normalized.reshape(weight.shape[0], -1, *self.normalized_shape)
         # Not addcmul: its backward writes a copy of `blocks` times its scalar (make bench-attention: 2 more operators a layer).
         return (blocks * weight.unsqueeze(1) + bias.unsqueeze(1)).reshape(x.shape)
+
+
+def recorded_layer_norm(model: nn.Module) -> str:
+    """What a run's record says its trained LayerNorms were: "kernel" where a group's take the kernel (the setting
+    asks for it and their device runs Triton), else "torch" (torch's operators; a run alone, or a method that trains
+    no LayerNorm). Reads $ADAPTUNE_LAYER_NORM first, so that a misspelt value fails before training."""
+    mode = layer_norm_kernel.layer_norm_mode()
+    grouped = [module.weight for module in model.modules() if isinstance(module, GroupedLayerNorm)]
+    return "kernel" if grouped and mode == "kernel" and runs_triton(grouped[0]) else "torch"
 
 
 class GroupedLoRA(nn.Module):

@@ -28,6 +28,7 @@ from transformers.trainer_pt_utils import get_parameter_names
 from adaptune.model.attention_kernel import recorded_attention
 from adaptune.model.dropout_kernel import recorded_dropout
 from adaptune.model.frozen_projections import stack_frozen_projections
+from adaptune.model.run_groups import recorded_layer_norm
 from adaptune.model.backbone import load_model, load_tokenizer
 from adaptune.data.batching import epoch_batches, iterate_batches, make_collator
 from adaptune.model.checkpoint import save_task_checkpoint
@@ -141,6 +142,7 @@ class _Run:
         use_run_dropout(model, [self.dropout])
         model.to(device.torch_device)
         self.record["projections"] = frozen_backbone_for_autocast(model, device.autocast_dtype)
+        self.record["layer_norm"] = recorded_layer_norm(model)  # "torch": a run alone has torch's LayerNorms
         mode = compile_mode()
         self.record["compile"] = mode = "eager" if mode in STEP_GRAPH_MODES else mode  # step graphs are a fused group's
         forward = training_forward(model, mode)  # evaluation calls the model itself
