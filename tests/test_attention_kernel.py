@@ -74,6 +74,24 @@ def test_a_runs_rows_do_not_depend_on_the_runs_beside_it(interpreted: None) -> N
     assert not alone_mask.all()  # the mask dropped something, so equality above says something
 
 
+def test_the_stacked_call_computes_what_the_three_views_do(interpreted: None) -> None:
+    """run_dropout_attention_stacked (frozen_projections' one matmul, taken whole) against run_dropout_attention on the
+    same tensor's three head-split views: the same kernels on the same values, so the output and the gradient are equal
+    bit for bit, the gradient laid out as the stacked input (query's, key's and value's side by side)."""
+    rows, length, heads, head_size = 6, 20, 2, 16
+    stacked = torch.randn(rows, length, 3 * heads * head_size, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    mask = torch.zeros(rows, 1, length, length).masked_fill(torch.arange(length) >= 15, torch.finfo(torch.float32).min)
+    keys, draws = _words([0, 1], 5)
+    grad_out = torch.randn(rows, length, heads, head_size, generator=torch.Generator().manual_seed(1))
+    whole = attention_kernel.run_dropout_attention_stacked(stacked, heads, mask, keys, draws, keep_threshold(P), P, 0.25)
+    (grad_whole,) = torch.autograd.grad(whole, stacked, grad_out)
+    views = attention_kernel.split_heads(stacked, heads)
+    parts = attention_kernel.run_dropout_attention(*views, mask, keys, draws, keep_threshold(P), P, 0.25)
+    (grad_parts,) = torch.autograd.grad(parts, stacked, grad_out)
+    assert torch.equal(whole, parts) and torch.equal(grad_whole, grad_parts)
+    assert grad_whole.shape == stacked.shape and grad_whole.is_contiguous()
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_inputs_stay_within_their_rounding(interpreted: None, dtype: torch.dtype) -> None:
     """float16 in and out (the kernel's low-precision casts, as bf16's on a GPU), and bf16, which the interpreter

@@ -11,10 +11,12 @@ bias or head split gives (order 1).
 from __future__ import annotations
 
 import copy
+from collections import Counter
 
 import pytest
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from adaptune.core.step_settings import PROJECTIONS_ENV
 from adaptune.model.backbone import load_model, load_tokenizer
@@ -152,11 +154,11 @@ def test_the_trainers_stack_under_bf16_autocast_and_say_so(tmp_path, shared_data
     assert abs(loss[0] - loss[2]) < 1e-4 and abs(loss[0] - loss[1]) < 1e-4, loss
 
 
-def test_the_attention_kernel_reads_stacked_projections_where_they_lie(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The attention kernel (here under Triton's interpreter, which tests/conftest.py turns on) takes the three
-    head-split views of the stacked output in place: a tiny BERT with counter dropout on computes the same
-    logits and gradients stacked as separate, every attention call in the kernel (float32: 1e-5, as
-    tests/test_attention_kernel.py bounds the kernel against eager attention)."""
+def test_the_attention_kernel_takes_stacked_projections_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The attention kernel (here under Triton's interpreter, which tests/conftest.py turns on) takes the stacked output
+    as one tensor and writes its gradient as one: a tiny BERT with counter dropout on computes the same logits and
+    gradients stacked as separate, every attention call in the kernel (float32: 1e-5, as tests/test_attention_kernel.py
+    bounds the kernel against eager attention), and the stacked backward pass joins no gradients (no `cat`)."""
     pytest.importorskip("triton", reason="make venv installs triton (requirements-kernel-tests.txt)")
     from transformers import BertConfig, BertForSequenceClassification
 
@@ -174,8 +176,11 @@ def test_the_attention_kernel_reads_stacked_projections_where_they_lie(monkeypat
         use_run_dropout(model, [CounterStream(3)])
         if stack:
             assert stack_frozen_projections(model) == 2
-        with KernelLaunches() as launches:
+        with KernelLaunches() as launches, _Operators() as operators:
             logits, gradients = _logits_and_gradients(model.train())
+        ops = operators.counts
+        assert ops["run_dropout_attention_stacked_backward" if stack else "run_dropout_attention_backward"] == 2
+        assert (ops["cat"] == 0) if stack else (ops["run_dropout_attention_stacked"] == 0)
         return logits, gradients, launches.forward
 
     (logits, gradients, calls), (stacked_logits, stacked_gradients, stacked_calls) = trained(False), trained(True)
@@ -183,3 +188,15 @@ def test_the_attention_kernel_reads_stacked_projections_where_they_lie(monkeypat
     torch.testing.assert_close(stacked_logits, logits, rtol=0, atol=1e-5)
     for name, gradient in gradients.items():
         torch.testing.assert_close(stacked_gradients[name], gradient, rtol=0, atol=1e-5 * max(1.0, float(gradient.abs().max())))
+
+
+class _Operators(TorchDispatchMode):
+    """The torch operators dispatched, by name (custom operators count as one, their insides not)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        self.counts[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))

@@ -71,6 +71,22 @@ def run_dropout_attention(query: torch.Tensor, key: torch.Tensor, value: torch.T
     return _attention(query, key, value, additive_mask, keys, draws, threshold, p, scaling)[0]
 
 
+def run_dropout_attention_stacked(stacked: torch.Tensor, heads: int, additive_mask: torch.Tensor | None, keys: torch.Tensor,
+                                  draws: torch.Tensor, threshold: int, p: float, scaling: float) -> torch.Tensor:
+    """run_dropout_attention on the query, key and value that frozen_projections' one matmul returns side by side:
+    `stacked` is (rows, length, 3 x heads x head size). The same kernels read the three where they lie and write their
+    gradients side by side into one tensor of `stacked`'s shape: no `cat` of three gradients in the backward pass,
+    and no gradient allocated at the stacked row's stride."""
+    return _stacked_attention(stacked, heads, additive_mask, keys, draws, threshold, p, scaling)[0]
+
+
+def split_heads(stacked: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Query, key and value of a stacked (rows, length, 3 x heads x head size) tensor as (rows, heads, length, head
+    size) views, as transformers splits them."""
+    rows, length, width = stacked.shape
+    return tuple(part.view(rows, length, heads, -1).transpose(1, 2) for part in stacked.split(width // 3, dim=-1))
+
+
 # Custom operators (torch.library), so that torch.compile keeps each call as one opaque node, its shapes from the
 # fake implementations, inside compiled layers (inductor launches the kernel in place; a CUDA graph captures it).
 @torch.library.custom_op("adaptune::run_dropout_attention", mutates_args=())
@@ -80,7 +96,11 @@ def _attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, addi
     if interpreted_bf16(query):
         out, log_sum_exp = _attention(query.float(), key.float(), value.float(), additive_mask, keys, draws, threshold, p, scaling)
         return out.to(query.dtype), log_sum_exp
-    query, key, value = _one_layout(query, key, value)
+    return _forward(*_one_layout(query, key, value), additive_mask, keys, draws, threshold, p, scaling)
+
+
+def _forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, additive_mask: torch.Tensor | None, keys: torch.Tensor,
+             draws: torch.Tensor, threshold: int, p: float, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
     out, log_sum_exp = _forward_outputs(query)
     mask, keys, draws, *strides = _common(query, additive_mask, keys, draws)
     forward_kernel = _kernels()[0]
@@ -105,7 +125,16 @@ def _attention_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
                                     log_sum_exp, threshold, p, scaling)
         return tuple(grad.to(query.dtype) for grad in grads)
     query, key, value = _one_layout(query, key, value)
-    grad_query, grad_key, grad_value = _gradients_like(query)
+    grads = _gradients_like(query)
+    _backward_into(grads, query, key, value, additive_mask, keys, draws, out, grad_out, log_sum_exp, threshold, p, scaling)
+    return grads
+
+
+def _backward_into(grads: tuple[torch.Tensor, torch.Tensor, torch.Tensor], query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                   additive_mask: torch.Tensor | None, keys: torch.Tensor, draws: torch.Tensor, out: torch.Tensor, grad_out: torch.Tensor,
+                   log_sum_exp: torch.Tensor, threshold: int, p: float, scaling: float) -> None:
+    """The backward kernels, writing the gradients of query, key and value into `grads` (laid out as query is)."""
+    grad_query, grad_key, grad_value = grads
     grad_out = grad_out.contiguous()
     delta = (grad_out.float() * out.float()).sum(-1).transpose(1, 2).contiguous()  # rowsum(dO O): (rows, heads, length)
     mask, keys, draws, *strides = _common(query, additive_mask, keys, draws)
@@ -115,7 +144,6 @@ def _attention_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
                                    *strides, *settings, **_constants(query, additive_mask))
     query_kernel[_grid(query)](query, key, value, mask, keys, draws, grad_out, log_sum_exp, delta, grad_query,
                                *strides, *settings, **_constants(query, additive_mask))
-    return grad_query, grad_key, grad_value
 
 
 @_attention_backward.register_fake
@@ -129,6 +157,7 @@ def _keep_for_backward(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Te
     query, key, value, additive_mask, keys, draws, threshold, p, scaling = inputs
     ctx.save_for_backward(query, key, value, additive_mask, keys, draws, *output)
     ctx.settings = (threshold, p, scaling)
+    ctx.set_materialize_grads(False)  # the log-sum-exp's gradient is never used: no tensor of zeros for it
 
 
 def _backward(ctx: Any, grad_out: torch.Tensor, _grad_log_sum_exp: torch.Tensor | None) -> tuple[Any, ...]:
@@ -139,6 +168,57 @@ def _backward(ctx: Any, grad_out: torch.Tensor, _grad_log_sum_exp: torch.Tensor 
 
 _attention.register_autograd(_backward, setup_context=_keep_for_backward)
 
+
+@torch.library.custom_op("adaptune::run_dropout_attention_stacked", mutates_args=())
+def _stacked_attention(stacked: torch.Tensor, heads: int, additive_mask: torch.Tensor | None, keys: torch.Tensor, draws: torch.Tensor,
+                       threshold: int, p: float, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+    if interpreted_bf16(stacked):
+        out, log_sum_exp = _stacked_attention(stacked.float(), heads, additive_mask, keys, draws, threshold, p, scaling)
+        return out.to(stacked.dtype), log_sum_exp
+    return _forward(*split_heads(stacked.contiguous(), heads), additive_mask, keys, draws, threshold, p, scaling)
+
+
+@_stacked_attention.register_fake
+def _(stacked: torch.Tensor, heads: int, additive_mask: torch.Tensor | None, keys: torch.Tensor, draws: torch.Tensor,
+      threshold: int, p: float, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return _forward_outputs(split_heads(stacked, heads)[0])
+
+
+@torch.library.custom_op("adaptune::run_dropout_attention_stacked_backward", mutates_args=())
+def _stacked_attention_backward(stacked: torch.Tensor, heads: int, additive_mask: torch.Tensor | None, keys: torch.Tensor,
+                                draws: torch.Tensor, out: torch.Tensor, grad_out: torch.Tensor, log_sum_exp: torch.Tensor,
+                                threshold: int, p: float, scaling: float) -> torch.Tensor:
+    """The stacked input's gradient: query's, key's and value's side by side, each written in place by the kernels."""
+    if interpreted_bf16(stacked):
+        return _stacked_attention_backward(stacked.float(), heads, additive_mask, keys, draws, out, grad_out.float(), log_sum_exp,
+                                           threshold, p, scaling).to(stacked.dtype)
+    stacked = stacked.contiguous()
+    grad = torch.empty_like(stacked)
+    _backward_into(split_heads(grad, heads), *split_heads(stacked, heads), additive_mask, keys, draws, out, grad_out, log_sum_exp,
+                   threshold, p, scaling)
+    return grad
+
+
+@_stacked_attention_backward.register_fake
+def _(stacked: torch.Tensor, heads: int, additive_mask: torch.Tensor | None, keys: torch.Tensor, draws: torch.Tensor, out: torch.Tensor,
+      grad_out: torch.Tensor, log_sum_exp: torch.Tensor, threshold: int, p: float, scaling: float) -> torch.Tensor:
+    return torch.empty_like(stacked, memory_format=torch.contiguous_format)
+
+
+def _keep_stacked_for_backward(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, torch.Tensor]) -> None:
+    stacked, heads, additive_mask, keys, draws, threshold, p, scaling = inputs
+    ctx.save_for_backward(stacked, additive_mask, keys, draws, *output)
+    ctx.heads, ctx.settings = heads, (threshold, p, scaling)
+    ctx.set_materialize_grads(False)
+
+
+def _stacked_backward(ctx: Any, grad_out: torch.Tensor, _grad_log_sum_exp: torch.Tensor | None) -> tuple[Any, ...]:
+    stacked, additive_mask, keys, draws, out, log_sum_exp = ctx.saved_tensors
+    grad = _stacked_attention_backward(stacked, ctx.heads, additive_mask, keys, draws, out, grad_out, log_sum_exp, *ctx.settings)
+    return (grad, None, None, None, None, None, None, None)
+
+
+_stacked_attention.register_autograd(_stacked_backward, setup_context=_keep_stacked_for_backward)
 
 
 def _one_layout(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -8,7 +8,9 @@ adds; the price is one `cat` joining the three gradients. The census of a fused 
 (`make bench-attention`) counts what that saves; a launch-bound solo step saves the launches, a
 device-bound group the bytes, and the matmul is wider. The trainers stack only where the frozen matmuls
 run in the autocast dtype (after keep_frozen_matmuls_in): in float32 a CPU step gained nothing
-(`make bench-projections`). The attention kernel reads the three head-split views where they lie.
+(`make bench-projections`). The attention kernel takes the stacked output whole
+(attention_kernel.run_dropout_attention_stacked): it reads the three where they lie and writes their gradients side by
+side, so with the kernel there is no `cat`.
 
 The layer keeps its `query`, `key` and `value` modules (their state-dict names and weights are
 unchanged); the stacked copy is a non-persistent buffer, made after the weights are loaded and cast
@@ -29,6 +31,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.bert.modeling_bert import eager_attention_forward
 
 from adaptune.core.step_settings import PROJECTIONS_ENV, step_setting
+from adaptune.model.run_dropout import RUN_DROPOUT_ATTENTION
 
 PROJECTIONS = ("query", "key", "value")
 
@@ -83,6 +86,8 @@ def _stacked_forward(self: nn.Module, hidden_states: torch.Tensor, attention_mas
     stacked = F.linear(hidden_states, self.stacked_projection_weight, self.stacked_projection_bias)
     query, key, value = (part.view(*hidden_shape).transpose(1, 2) for part in stacked.split(self.all_head_size, dim=-1))
     attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
+    if self.config._attn_implementation == RUN_DROPOUT_ATTENTION:  # its kernel takes the three as one tensor
+        kwargs = {**kwargs, "stacked_projections": stacked}
     output, weights = attention(self, query, key, value, attention_mask, dropout=0.0 if not self.training else self.dropout.p,
                                 scaling=self.scaling, **kwargs)
     return output.reshape(*input_shape, -1).contiguous(), weights

@@ -361,8 +361,9 @@ def additive_mask(**kwargs) -> torch.Tensor | None:
 
 def run_dropout_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                           attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
-                          **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """transformers' eager attention with the layer's RunDropout on the probabilities; SDPA without dropout."""
+                          stacked_projections: torch.Tensor | None = None, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """transformers' eager attention with the layer's RunDropout on the probabilities; SDPA without dropout.
+    `stacked_projections`: the one tensor query, key and value are views of (frozen_projections), for the kernel."""
     if dropout == 0.0 or not isinstance(getattr(module, "dropout", None), RunDropout):
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     scaling = scaling if scaling is not None else query.size(-1) ** -0.5
@@ -370,8 +371,11 @@ def run_dropout_attention(module: nn.Module, query: torch.Tensor, key: torch.Ten
     randomness = site.randomness
     if randomness.scheme == "counter" and site.training and attention_kernel.kernel_applies(query, key, value, site.p,
                                                                                               len(randomness.streams)):
-        return attention_kernel.run_dropout_attention(query, key, value, attention_mask, randomness.keys,
-                                                      randomness.site_draws(site.site, site.ordinal), keep_threshold(site.p),
+        draws, threshold = randomness.site_draws(site.site, site.ordinal), keep_threshold(site.p)
+        if stacked_projections is not None:  # frozen_projections' one matmul: the kernel takes it whole, its gradient too
+            return attention_kernel.run_dropout_attention_stacked(stacked_projections, query.shape[1], attention_mask, randomness.keys,
+                                                                  draws, threshold, site.p, scaling), None
+        return attention_kernel.run_dropout_attention(query, key, value, attention_mask, randomness.keys, draws, threshold,
                                                       site.p, scaling), None
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling
     if attention_mask is not None:
