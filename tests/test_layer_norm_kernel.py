@@ -21,7 +21,7 @@ import torch
 from transformers import BertConfig, BertForSequenceClassification
 
 import adaptune.model
-from adaptune.bench.gpu_fused import KernelLaunches, check_layer_norm_kernel, layer_norm_kernel_matches
+from adaptune.bench.gpu_fused import KernelLaunches, check_layer_norm_kernel, layer_norm_kernel_matches, measure_fused
 from adaptune.core.devices import Device
 from adaptune.core.step_settings import LAYER_NORM_ENV
 from adaptune.model import layer_norm_kernel
@@ -165,6 +165,15 @@ def test_a_group_trains_with_the_kernel_as_with_torchs_operators(interpreted: No
     layer_norms = 2 * TINY["num_hidden_layers"] + 1  # each layer's two, the embeddings'
     assert checked["layer_norm_kernel_calls"] == checked["layer_norm_backward_calls"] == layer_norms * 4
     assert checked["kernel"]["max_loss_difference"] < TIGHT and checked["kernel"]["max_tensor_difference"] < TIGHT
+
+
+def test_the_benchmarks_rows_say_which_layer_norm_they_timed(interpreted: None) -> None:
+    """bench-gpu's --fused-layer-norm: a row per mode, the kernel's with its launches counted (so a "kernel" row cannot be
+    torch's operators unawares), torch's with none."""
+    rows = measure_fused(TINY, "tiny", "layernorm", _batches((12, 20)), (2,), CPU, repeats=1, peak=None, steps=1,
+                         mask_schemes=("counter",), layer_norm_modes=("torch", "kernel"))
+    assert [row["layer_norm"] for row in rows] == ["torch", "kernel"]
+    assert "layer_norm_kernel_calls" not in rows[0] and rows[1]["layer_norm_kernel_calls"] > 0
 
 
 @pytest.mark.slow

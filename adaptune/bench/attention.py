@@ -1,15 +1,17 @@
-"""What the attention kernel, and the dropout kernel beside it, take off a fused step's memory traffic
-(`make bench-attention`, JSON out), counted on the CPU: a proxy for a GPU, where the step replayed as CUDA graphs is bound by its elementwise passes
-(bench/gpu.json "h100_2026_11_26_step_graphs": the device busy 96.5% of the step at 7-12% MFU). Counter
-masks are counted as the one kernel each a GPU draws them with.
+"""What the attention kernel, and the dropout kernel, stacked projections and the LayerNorm kernel beside it, take
+off a fused step's memory traffic (`make bench-attention`, JSON out), counted on the CPU: a proxy for a GPU, where
+the step replayed as CUDA graphs is bound by its elementwise passes (bench/gpu.json "h100_2026_11_26_step_graphs":
+the device busy 96.5% of the step at 7-12% MFU). Counter masks are counted as the one kernel each a GPU draws them with.
 
 For a fused group of BERT-base-width adapter runs (frozen matmuls in bf16 under bf16 autocast, counter
 masks), one training step's torch operators and the bytes their outputs take: eager attention, the attention
-kernel (adaptune.model.attention_kernel, here under Triton's interpreter), and the attention kernel with the
-hidden-state dropout kernel (adaptune.model.dropout_kernel, its launch computed by torch outside the census). The kernel is a torch custom
-operator (so is the dropout kernel), so the census sees each call as one operator writing its outputs; what it does inside stays on chip
-on a GPU. Per Transformer layer: the step of a 2-layer model less
-that of a 1-layer one. Bytes written are a floor on a GPU's traffic (every output is also read at least
+kernel (adaptune.model.attention_kernel, here under Triton's interpreter), then with the hidden-state dropout kernel
+(adaptune.model.dropout_kernel, its launch computed by torch outside the census), the frozen query, key and value as one
+matmul (adaptune.model.frozen_projections), and the runs' LayerNorms in one kernel (adaptune.model.layer_norm_kernel),
+each added to the ones before. The kernels are torch custom operators, so the census sees each call as one operator
+writing its outputs; what it does inside stays on chip on a GPU (but for the LayerNorm kernel's partial sums of its
+scales' gradients, a few per cent of its input gradient's bytes, which the census does not see). Per Transformer
+layer: the step of a 2-layer model less that of a 1-layer one. Bytes written are a floor on a GPU's traffic (every output is also read at least
 once); views write nothing and are not counted. Not a timing: the interpreter is slow by design.
 """
 
