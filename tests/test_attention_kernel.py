@@ -15,19 +15,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import BertConfig, BertForSequenceClassification
 
 import adaptune.train.compiling as compiling
 from adaptune.bench.gpu_fused import KernelLaunches, attention_kernel_matches, check_attention_kernel
 from adaptune.core.devices import Device
 from adaptune.model import attention_kernel
-from adaptune.model.backbone import load_tokenizer
-from adaptune.model.run_dropout import DROPOUT_MASKS_ENV, CounterStream, RunRandomness, counter_keep_mask, keep_threshold
+from adaptune.model.run_dropout import CounterStream, RunRandomness, counter_keep_mask, keep_threshold
 from adaptune.train.compiling import COMPILE_ENV
 from adaptune.train.group_loop import train_group
 from adaptune.train.step_graphs import COMPILED_STEP_GRAPHS, STEP_GRAPHS
-from tests.test_bench_gpu_fused import TINY, _batches
-from tests.test_fused_groups import METHODS, SMALL, _assert_same_run, _config, step_losses  # noqa: F401  (a fixture)
+from tests.test_bench_gpu_fused import TINY, _batches, tiny_adapter_runs
+from tests.test_fused_groups import SMALL, _assert_same_run, step_losses  # noqa: F401  (a fixture)
 
 pytest.importorskip("triton", reason="make venv installs triton (requirements-kernel-tests.txt)")
 
@@ -142,13 +140,8 @@ def test_the_trainer_trains_a_group_with_the_kernel_as_with_eager_attention(inte
     runs a program per row and head), counter masks, dropout on, step graphs' step (uncaptured here), trained
     by train_group with the kernel and with eager attention: the same runs within the fused tests' tolerance,
     every training attention call in the kernel, and the records say which attention each trained with."""
-    backbone = tmp_path / "tiny-bert"
-    torch.manual_seed(0)
-    BertForSequenceClassification(BertConfig(**TINY)).save_pretrained(backbone)
-    load_tokenizer(None).save_pretrained(backbone)
-    monkeypatch.setenv(DROPOUT_MASKS_ENV, "counter")
+    runs = tiny_adapter_runs(tmp_path, monkeypatch)
     monkeypatch.setenv(COMPILE_ENV, STEP_GRAPHS)
-    runs = [_config(METHODS["adapters"], lr, seed, backbone=str(backbone), epochs=1) for lr, seed in ((1e-3, 0), (3e-4, 1))]
     with KernelLaunches() as launches:
         kernel = train_group(runs, [tmp_path / "kernel" / name for name in ("a", "b")], data_dir=shared_data_dir)
     steps = math.ceil(SMALL["max_train_examples"] / SMALL["batch_size"])

@@ -5,8 +5,12 @@ its side-by-side shard to failures that no CPU run had exercised)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Any
 
+import pytest
 import torch
+from transformers import BertConfig, BertForSequenceClassification
 
 from adaptune.bench.gpu import REHEARSAL
 from adaptune.bench.gpu import main as bench_gpu
@@ -15,6 +19,21 @@ from adaptune.core.devices import pick_device
 from adaptune.train.group_loop import stack_run_batches
 
 TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
+
+
+def tiny_adapter_runs(directory: Path, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Two adapter runs on MRPC of a tiny BERT (TINY, saved in `directory` with the embedded backbone's vocabulary), counter
+    masks: what the kernels' trainer tests train (Triton's interpreter runs a program per row and head)."""
+    from adaptune.model.backbone import load_tokenizer
+    from adaptune.model.run_dropout import DROPOUT_MASKS_ENV
+    from tests.test_fused_groups import METHODS, _config
+
+    backbone = directory / "tiny-bert"
+    torch.manual_seed(0)
+    BertForSequenceClassification(BertConfig(**TINY)).save_pretrained(backbone)
+    load_tokenizer(None).save_pretrained(backbone)
+    monkeypatch.setenv(DROPOUT_MASKS_ENV, "counter")
+    return [_config(METHODS["adapters"], lr, seed, backbone=str(backbone), epochs=1) for lr, seed in ((1e-3, 0), (3e-4, 1))]
 
 
 def _batches(lengths: tuple[int, ...]) -> list[dict[str, torch.Tensor]]:

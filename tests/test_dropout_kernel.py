@@ -19,16 +19,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import BertConfig, BertForSequenceClassification
 
 import adaptune.model
 import adaptune.train.compiling as compiling
 from adaptune.bench.gpu_fused import KernelLaunches, check_dropout_kernel, dropout_kernel_matches, ulps_apart
 from adaptune.core.devices import Device
 from adaptune.model import attention_kernel, dropout_kernel
-from adaptune.model.backbone import load_tokenizer
 from adaptune.model.run_dropout import (
-    DROPOUT_MASKS_ENV,
     CounterStream,
     RunDropout,
     RunRandomness,
@@ -39,8 +36,8 @@ from adaptune.model.run_dropout import (
 from adaptune.train.group_loop import train_group
 from adaptune.train.loop import train_and_evaluate
 from adaptune.train.step_graphs import COMPILED_STEP_GRAPHS
-from tests.test_bench_gpu_fused import TINY, _batches
-from tests.test_fused_groups import METHODS, SMALL, _assert_same_run, _config, step_losses  # noqa: F401  (a fixture)
+from tests.test_bench_gpu_fused import TINY, _batches, tiny_adapter_runs
+from tests.test_fused_groups import SMALL, _assert_same_run, step_losses  # noqa: F401  (a fixture)
 
 pytest.importorskip("triton", reason="make venv installs triton (requirements-kernel-tests.txt)")
 
@@ -166,12 +163,7 @@ def test_the_trainers_train_with_the_kernel_as_with_the_masks_and_record_it(inte
     train_group with the kernel and with the masks, and the first alone with the kernel (train_and_evaluate): the same
     runs within the fused tests' tolerance, every hidden-state site of every step in the kernel, and the records say
     which dropout each trained with."""
-    backbone = tmp_path / "tiny-bert"
-    torch.manual_seed(0)
-    BertForSequenceClassification(BertConfig(**TINY)).save_pretrained(backbone)
-    load_tokenizer(None).save_pretrained(backbone)
-    monkeypatch.setenv(DROPOUT_MASKS_ENV, "counter")
-    runs = [_config(METHODS["adapters"], lr, seed, backbone=str(backbone), epochs=1) for lr, seed in ((1e-3, 0), (3e-4, 1))]
+    runs = tiny_adapter_runs(tmp_path, monkeypatch)
     with KernelLaunches() as launches:
         kernel = train_group(runs, [tmp_path / "kernel" / name for name in ("a", "b")], data_dir=shared_data_dir)
     steps = math.ceil(SMALL["max_train_examples"] / SMALL["batch_size"])

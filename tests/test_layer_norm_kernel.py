@@ -25,13 +25,11 @@ from adaptune.bench.gpu_fused import KernelLaunches, check_layer_norm_kernel, la
 from adaptune.core.devices import Device
 from adaptune.core.step_settings import LAYER_NORM_ENV
 from adaptune.model import layer_norm_kernel
-from adaptune.model.backbone import load_tokenizer
-from adaptune.model.run_dropout import DROPOUT_MASKS_ENV
 from adaptune.model.run_groups import GroupedLayerNorm, recorded_layer_norm
 from adaptune.train.group_loop import train_group
 from adaptune.train.loop import train_and_evaluate
-from tests.test_bench_gpu_fused import TINY, _batches
-from tests.test_fused_groups import METHODS, SMALL, _assert_same_run, _config, step_losses  # noqa: F401  (a fixture)
+from tests.test_bench_gpu_fused import TINY, _batches, tiny_adapter_runs
+from tests.test_fused_groups import SMALL, _assert_same_run, step_losses  # noqa: F401  (a fixture)
 
 pytest.importorskip("triton", reason="make venv installs triton (requirements-kernel-tests.txt)")
 
@@ -183,12 +181,7 @@ def test_the_trainers_train_with_the_kernel_as_with_torch_and_record_it(interpre
     """Two adapter runs on MRPC (a tiny BERT of width 32 with the embedded backbone's vocabulary), trained by train_group with
     the kernel and with torch's operators, and the first alone (train_and_evaluate, torch's LayerNorm): the same runs
     within the fused tests' tolerance, every trained LayerNorm of every step in the kernel, and the records say which."""
-    backbone = tmp_path / "tiny-bert"
-    torch.manual_seed(0)
-    BertForSequenceClassification(BertConfig(**TINY)).save_pretrained(backbone)
-    load_tokenizer(None).save_pretrained(backbone)
-    monkeypatch.setenv(DROPOUT_MASKS_ENV, "counter")
-    runs = [_config(METHODS["adapters"], lr, seed, backbone=str(backbone), epochs=1) for lr, seed in ((1e-3, 0), (3e-4, 1))]
+    runs = tiny_adapter_runs(tmp_path, monkeypatch)
     with KernelLaunches() as launches:
         kernel = train_group(runs, [tmp_path / "kernel" / name for name in ("a", "b")], data_dir=shared_data_dir)
     steps = math.ceil(SMALL["max_train_examples"] / SMALL["batch_size"])

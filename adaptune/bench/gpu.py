@@ -224,44 +224,36 @@ def main(argv: Sequence[str] | None = None) -> int:
                 results["step_graphs_check"].append(row)
                 save()
                 log(f"step graphs check {check_mode} {backbone} k={k}: graphs {row['graphs']}, eager {row['eager']}")
+    def run_checks(name: str, counts: list[int], check: Callable[..., dict[str, Any]], describe: Callable[[dict[str, Any]], str],
+                   **settings: Any) -> None:
+        """A kernel's check at each group size and backbone: the first fused method, the first --fused-compile mode."""
+        results[name] = []
+        for backbone in args.backbones.split(","):
+            for k in counts:
+                row = check(scale.configs[backbone], backbone, _names(args.fused_methods)[0], batch_sets["length_grouped"], k, device,
+                            task_count=len(TASKS), mode=_names(args.fused_compile)[0], **settings)
+                results[name].append(row)
+                save()
+                log(f"{name} {backbone} k={k}: {describe(row)}")
+
     if _counts(args.attention_check):
         from adaptune.bench.gpu_fused import check_attention_kernel
 
-        results["attention_check"] = []
-        for backbone in args.backbones.split(","):
-            for k in _counts(args.attention_check):
-                row = check_attention_kernel(scale.configs[backbone], backbone, _names(args.fused_methods)[0], batch_sets["length_grouped"],
-                                             k, device, task_count=len(TASKS), mode=_names(args.fused_compile)[0])
-                results["attention_check"].append(row)
-                save()
-                log(f"attention kernel check {backbone} k={k}: one call {row['attention_call']}, trained {row['kernel']}, "
-                    f"{row['kernel_calls']} kernel calls")
+        run_checks("attention_check", _counts(args.attention_check), check_attention_kernel,
+                   lambda row: f"one call {row['attention_call']}, trained {row['kernel']}, {row['kernel_calls']} kernel calls")
     if _counts(args.dropout_check):
         from adaptune.bench.gpu_fused import check_dropout_kernel
 
-        results["dropout_check"] = []
-        for backbone in args.backbones.split(","):
-            for k in _counts(args.dropout_check):
-                row = check_dropout_kernel(scale.configs[backbone], backbone, _names(args.fused_methods)[0], batch_sets["length_grouped"],
-                                           k, device, task_count=len(TASKS), mode=_names(args.fused_compile)[0],
-                                           attention=_names(args.fused_attention)[0])
-                results["dropout_check"].append(row)
-                save()
-                log(f"dropout kernel check {backbone} k={k}: calls {row['dropout_call']}, trained {row['kernel']}, "
-                    f"{row['dropout_kernel_calls']} kernel launches")
+        run_checks("dropout_check", _counts(args.dropout_check), check_dropout_kernel,
+                   lambda row: f"calls {row['dropout_call']}, trained {row['kernel']}, {row['dropout_kernel_calls']} kernel launches",
+                   attention=_names(args.fused_attention)[0])
     if _counts(args.layer_norm_check):
         from adaptune.bench.gpu_fused import check_layer_norm_kernel
 
-        results["layer_norm_check"] = []
-        for backbone in args.backbones.split(","):
-            for k in _counts(args.layer_norm_check):
-                row = check_layer_norm_kernel(scale.configs[backbone], backbone, _names(args.fused_methods)[0], batch_sets["length_grouped"],
-                                              k, device, task_count=len(TASKS), mode=_names(args.fused_compile)[0],
-                                              attention=_names(args.fused_attention)[0], dropout=_names(args.fused_dropout)[0])
-                results["layer_norm_check"].append(row)
-                save()
-                log(f"layer norm kernel check {backbone} k={k}: calls {row['layer_norm_call']}, trained {row['kernel']}, "
-                    f"{row['layer_norm_kernel_calls']} + {row['layer_norm_backward_calls']} kernel launches")
+        run_checks("layer_norm_check", _counts(args.layer_norm_check), check_layer_norm_kernel,
+                   lambda row: f"calls {row['layer_norm_call']}, trained {row['kernel']}, "
+                               f"{row['layer_norm_kernel_calls']} + {row['layer_norm_backward_calls']} kernel launches",
+                   attention=_names(args.fused_attention)[0], dropout=_names(args.fused_dropout)[0])
     if _counts(args.fused_profile):
         from adaptune.bench.gpu_fused import profile_fused
 
