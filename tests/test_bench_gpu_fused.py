@@ -97,6 +97,37 @@ def test_rehearsal_runs_the_gpu_calls_parts_on_the_cpu(tmp_path, shared_data_dir
     assert again["batches"] == result["batches"] and again["runs"] == []  # the same batches, read from the cache
 
 
+def test_the_kernel_checks_take_the_calls_settings(tmp_path, shared_data_dir, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--attention-check, --dropout-check and --layer-norm-check call their kernel's check at each group size with the
+    first fused method, the first compile mode and (for the later kernels) the kernels before them as the call gives them,
+    and keep each row under its own key. The checks themselves are stood in for: under Triton's interpreter each takes
+    minutes at the rehearsal's 12 layers (tests/test_*_kernel.py run them on a 2-layer BERT)."""
+    import adaptune.bench.gpu_fused as gpu_fused
+
+    calls = []
+
+    def stand_in(name: str) -> Any:
+        def check(config: dict, size: str, method: str, batches: list, k: int, device: Any, **settings: Any) -> dict:
+            calls.append((name, size, method, k, settings))
+            return {"k": k, "attention_call": None, "dropout_call": None, "layer_norm_call": None, "kernel": {}, "kernel_calls": 0,
+                    "dropout_kernel_calls": 0, "layer_norm_kernel_calls": 0, "layer_norm_backward_calls": 0}
+        return check
+
+    for name in ("attention", "dropout", "layer_norm"):
+        monkeypatch.setattr(gpu_fused, f"check_{name}_kernel", stand_in(name))
+    out = tmp_path / "checks.json"
+    assert bench_gpu(["--out", str(out), "--rehearse", "--data-dir", str(shared_data_dir), "--batches-cache", str(tmp_path / "batches.pt"),
+                      "--backbones", "bert-base", "--variants", "", "--fused", "", "--shard", "", "--shard-groups", "",
+                      "--fused-methods", "adapters64,layernorm", "--fused-compile", "step_graphs,eager", "--fused-attention", "kernel",
+                      "--fused-dropout", "kernel,mask", "--attention-check", "2", "--dropout-check", "2", "--layer-norm-check", "2,4"]) == 0
+    common = {"task_count": 4, "mode": "step_graphs"}
+    assert calls == [("attention", "bert-base", "adapters64", 2, common),
+                     ("dropout", "bert-base", "adapters64", 2, {**common, "attention": "kernel"}),
+                     *[("layer_norm", "bert-base", "adapters64", k, {**common, "attention": "kernel", "dropout": "kernel"}) for k in (2, 4)]]
+    result = json.loads(out.read_text())
+    assert [len(result[key]) for key in ("attention_check", "dropout_check", "layer_norm_check")] == [1, 1, 2]
+
+
 def test_every_group_size_is_timed_on_every_task_alike() -> None:
     """A fused step's k batches come from one task (a group is one task's runs), the tasks in turn, so k = 1
     and k = 16 are timed on the same mix of short (CoLA) and long (RTE) batches."""

@@ -4,7 +4,7 @@ Every method that leaves a layer's self-attention frozen (adapters, Pfeiffer, La
 layers below top_k's) multiplies the same input by three frozen matrices. Stacked into one (3 x hidden)
 matrix they are one matmul: under bf16 autocast one cast of the input instead of three, and in the
 backward pass one matmul for the input's gradient instead of three matmuls, three casts and two float32
-adds; the price is one `cat` joining the three gradients. The census of a fused BERT-base-width step
+adds; with eager attention the price is one `cat` joining the three gradients. The census of a fused BERT-base-width step
 (`make bench-attention`) counts what that saves; a launch-bound solo step saves the launches, a
 device-bound group the bytes, and the matmul is wider. The trainers stack only where the frozen matmuls
 run in the autocast dtype (after keep_frozen_matmuls_in): in float32 a CPU step gained nothing

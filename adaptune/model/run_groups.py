@@ -34,6 +34,7 @@ from torch.nn import functional as F
 from adaptune.model import layer_norm_kernel
 from adaptune.model.triton_device import runs_triton
 
+
 class GroupingError(ValueError):
     """The model trains a module that cannot be split by run; train its runs alone."""
 
