@@ -36,6 +36,7 @@ MAX_FEATURES = 8192  # a row is one program's tile (BERT-large's 1,024 features;
 # (a group of 8 BERT-base runs at 40 tokens: 40 rows a program, partial sums 5% of the input gradient's bytes).
 _PROGRAMS = 256
 _MIN_ROWS = 32  # rows a backward program sums at least
+_TILE = 1024  # elements a tile holds at least, where rows are short (as the dropout kernel's)
 
 
 def layer_norm_mode() -> str:
@@ -64,8 +65,13 @@ def _block(features: int) -> int:
     return 1 << max(0, features - 1).bit_length()
 
 
+def _lines(features: int) -> int:
+    """Rows a tile holds: about a thousand elements (one row of BERT's widths, many of a narrow model's)."""
+    return max(1, _TILE // _block(features))
+
+
 def _warps(features: int) -> int:
-    return max(1, min(8, _block(features) // 256))
+    return max(1, min(8, _lines(features) * _block(features) // 256))
 
 
 # Custom operators (torch.library), as the other kernels': one opaque node to torch.compile, shapes from the fake
@@ -82,8 +88,9 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: flo
     out = torch.empty(x.shape, dtype=dtype, device=x.device)
     mean = torch.empty(rows, dtype=torch.float32, device=x.device)
     rstd = torch.empty_like(mean)
-    _kernels()[0][(rows,)](x, weight.contiguous(), bias.contiguous(), out, mean, rstd, rows // runs, features, eps,
-                           BLOCK=_block(features), num_warps=_warps(features))
+    lines = _lines(features)
+    _kernels()[0][(-(-rows // lines),)](x, weight.contiguous(), bias.contiguous(), out, mean, rstd, rows, rows // runs, features, eps,
+                                        LINES=lines, BLOCK=_block(features), num_warps=_warps(features))
     return out, mean, rstd
 
 
@@ -109,8 +116,8 @@ def _backward_op(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, 
     partial_weight = torch.empty(runs, parts, features, dtype=torch.float32, device=x.device)
     partial_bias = torch.empty_like(partial_weight)
     _kernels()[1][(runs, parts)](x.contiguous(), weight.contiguous(), grad_out.contiguous(), mean, rstd, grad_x, partial_weight,
-                                 partial_bias, rows_per_run, features, ROWS=rows, BLOCK=_block(features), GRAD_X=grad_x_needed,
-                                 num_warps=_warps(features))
+                                 partial_bias, rows_per_run, features, ROWS=rows, LINES=_lines(features), BLOCK=_block(features),
+                                 GRAD_X=grad_x_needed, num_warps=_warps(features))
     return grad_x, partial_weight.sum(1).to(weight.dtype), partial_bias.sum(1).to(weight.dtype)
 
 
