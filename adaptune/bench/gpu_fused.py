@@ -203,11 +203,7 @@ def check_attention_kernel(config: dict[str, Any], size: str, method: str, batch
     eager attention and the kernel: the largest differences of their step losses and trained tensors
     (`one_call` False: (2) only)."""
     fused = _fused_steps(batches, task_count, k, steps, device)
-    trained = {}
-    with KernelLaunches() as kernel_calls:  # eager attention launches none
-        for attention in attention_kernel.ATTENTION_MODES:
-            with mock.patch.dict(os.environ, {ATTENTION_ENV: attention}):
-                trained[attention] = _trained(config, method, k, device, fused, mode, passes)
+    trained, kernel_calls = _trained_each_way(config, method, k, device, fused, mode, passes, ATTENTION_ENV, attention_kernel.ATTENTION_MODES)
     return {"backbone": size, "method": method, "k": k, "steps": steps * passes, "masks": "counter", "compile": mode,
             **({"attention_call": attention_kernel_matches(device)} if one_call else {}), "reference": "eager attention",
             "kernel": _differences(trained["kernel"], trained["eager"]), "kernel_calls": kernel_calls.forward,
@@ -223,11 +219,8 @@ def check_dropout_kernel(config: dict[str, Any], size: str, method: str, batches
     `passes` passes of `steps` fused steps in compile `mode`, dropout "mask" and "kernel": the largest differences of
     their step losses and trained tensors (`one_call` False: (2) only)."""
     fused = _fused_steps(batches, task_count, k, steps, device)
-    trained = {}
-    with KernelLaunches() as launches:  # "mask" launches none
-        for dropout in dropout_kernel.DROPOUT_MODES:
-            with mock.patch.dict(os.environ, {ATTENTION_ENV: attention, DROPOUT_ENV: dropout}):
-                trained[dropout] = _trained(config, method, k, device, fused, mode, passes)
+    trained, launches = _trained_each_way(config, method, k, device, fused, mode, passes, DROPOUT_ENV, dropout_kernel.DROPOUT_MODES,
+                                          {ATTENTION_ENV: attention})
     return {"backbone": size, "method": method, "k": k, "steps": steps * passes, "masks": "counter", "compile": mode, "attention": attention,
             **({"dropout_call": dropout_kernel_matches(device)} if one_call else {}), "reference": "dropout masks",
             "kernel": _differences(trained["kernel"], trained["mask"]), "dropout_kernel_calls": launches.dropout,
@@ -243,11 +236,8 @@ def check_layer_norm_kernel(config: dict[str, Any], size: str, method: str, batc
     LayerNorms "torch" and "kernel": the largest differences of their step losses and trained tensors (`one_call`
     False: (2) only)."""
     fused = _fused_steps(batches, task_count, k, steps, device)
-    trained = {}
-    with KernelLaunches() as launches:  # "torch" launches none
-        for layer_norm in layer_norm_kernel.LAYER_NORM_MODES:
-            with mock.patch.dict(os.environ, {ATTENTION_ENV: attention, DROPOUT_ENV: dropout, LAYER_NORM_ENV: layer_norm}):
-                trained[layer_norm] = _trained(config, method, k, device, fused, mode, passes)
+    trained, launches = _trained_each_way(config, method, k, device, fused, mode, passes, LAYER_NORM_ENV, layer_norm_kernel.LAYER_NORM_MODES,
+                                          {ATTENTION_ENV: attention, DROPOUT_ENV: dropout})
     return {"backbone": size, "method": method, "k": k, "steps": steps * passes, "masks": "counter", "compile": mode, "attention": attention,
             "dropout": dropout, **({"layer_norm_call": layer_norm_kernel_matches(device, config["hidden_size"])} if one_call else {}),
             "reference": "torch's LayerNorm operators", "kernel": _differences(trained["kernel"], trained["torch"]),
@@ -428,6 +418,19 @@ def _trained(config: dict[str, Any], method: str, k: int, device: Device, fused:
     del model, randomness, runs, step
     gc.collect()
     return losses, tensors, captured
+
+
+def _trained_each_way(config: dict[str, Any], method: str, k: int, device: Device, fused: list[tuple], mode: str, passes: int,
+                      setting: str, values: Sequence[str], fixed: dict[str, str] | None = None
+                      ) -> tuple[dict[str, tuple[list[float], list[torch.Tensor], int]], KernelLaunches]:
+    """A kernel's check: the same group (_trained) trained once per value of its `setting`, the `fixed` settings
+    held; and the kernels' launches over all of them (a torch-operator value launches none)."""
+    trained = {}
+    with KernelLaunches() as launches:
+        for value in values:
+            with mock.patch.dict(os.environ, {**(fixed or {}), setting: value}):
+                trained[value] = _trained(config, method, k, device, fused, mode, passes)
+    return trained, launches
 
 
 def _differences(trained: tuple[list[float], list[torch.Tensor], int], reference: tuple[list[float], list[torch.Tensor], int]
