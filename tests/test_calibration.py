@@ -8,7 +8,16 @@ from pathlib import Path
 import pytest
 
 from adaptune.sweep.experiments import spec_from_dict
-from adaptune.sweep.cost import FUSED_SPEEDUP, MEASURED_PARAMETER_EFFICIENT_STEP_COST, estimate_hours, planned_group_size, table_fused_speedup
+from adaptune.sweep.cost import (
+    EVALUATION_OVERHEAD,
+    FUSED_SPEEDUP,
+    MEASURED_ONE_RUN_AT_LENGTH,
+    MEASURED_PARAMETER_EFFICIENT_STEP_COST,
+    THROUGHPUT,
+    estimate_hours,
+    planned_group_size,
+    table_fused_speedup,
+)
 from adaptune.sweep.plan import plan
 from adaptune.sweep.status_cache import store_summaries
 from adaptune.sweep.shard_runner import run_shard
@@ -129,7 +138,7 @@ def test_a_fused_group_is_charged_once_and_prices_the_runs_that_will_train_fused
 
 def test_a_gpu_plan_prices_planned_groups_at_the_measured_fused_speedup(monkeypatch: pytest.MonkeyPatch) -> None:
     """On the H100 preset (8 runs per group) with no store measurement, an adapter or LayerNorm-only run is
-    priced at the table's one-run throughput times bench-gpu's measured fused speedup at 8 (3.85 for
+    priced at the table's one-run throughput times bench-gpu's measured fused speedup at 8 (7.77 for
     BERT-base); full fine-tuning trains alone and is priced alone; the plan says which figures it used."""
     spec = spec_from_dict({**GROWN, "backbone": "bert-base-uncased", "accelerator": "h100"})
     runs = {run.method["name"]: run for run in plan(spec).runs}
@@ -148,22 +157,46 @@ def test_a_gpu_plan_prices_planned_groups_at_the_measured_fused_speedup(monkeypa
     assert "6 run(s) that train fused 8 at a time priced at bench-gpu's measured fused speedup" in plan(spec).estimate_source()
 
 
-def test_a_gpu_plan_prices_top_k_groups_as_measured_and_deeper_ones_one_run_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    """top_k below the full depth trains fused on the H100 preset. A GPU measured groups of top_k 3:
-    top_k up to 3 layers is priced at that speedup; deeper top_k (more stacked layers, less shared) is
-    priced one run at a time and the plan says so; top_k over every layer trains alone."""
+def test_a_gpu_plan_prices_top_k_groups_at_the_shallowest_measured_depth_at_least_theirs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """top_k below the full depth trains fused on the H100 preset. A GPU measured groups of top_k 1, 3, 6 and 11
+    on BERT-base: top_k 3 prices at top_k 3's speedup, top_k 5 at top_k 6's (more stacked layers share less:
+    the deeper figure is the floor); top_k over every layer trains alone, and BERT-large's top_k, never measured
+    fused, is priced one run at a time; the plan says which is which."""
     spec = spec_from_dict({**GROWN, "backbone": "bert-base-uncased", "accelerator": "h100",
                            "sweeps": [{**GROWN["sweeps"][0], "methods": ["top_k:3", "top_k:5", "top_k:12"]}]})
     runs = plan(spec).runs
     by_k = {k: [run for run in runs if run.method["k"] == k] for k in (3, 5, 12)}
     assert {planned_group_size(run, spec) for run in by_k[3] + by_k[5]} == {8}
     assert {planned_group_size(run, spec) for run in by_k[12]} == {1}
-    assert {table_fused_speedup(run, spec) for run in by_k[3]} == {FUSED_SPEEDUP["top_k"]["bert-base-uncased"][8]}
-    assert all(table_fused_speedup(run, spec) == 1.0 for run in by_k[5] + by_k[12])
-    grouped = estimate_hours(by_k[3][0], spec)
+    assert {table_fused_speedup(run, spec) for run in by_k[3]} == {FUSED_SPEEDUP["top_k3"]["bert-base-uncased"][8]}
+    assert {table_fused_speedup(run, spec) for run in by_k[5]} == {FUSED_SPEEDUP["top_k6"]["bert-base-uncased"][8]}
+    assert FUSED_SPEEDUP["top_k6"]["bert-base-uncased"][8] < FUSED_SPEEDUP["top_k3"]["bert-base-uncased"][8]
+    assert all(table_fused_speedup(run, spec) == 1.0 for run in by_k[12])
+    grouped = estimate_hours(by_k[5][0], spec)
     monkeypatch.setenv("ADAPTUNE_RUNS_PER_GROUP", "1")
-    assert grouped == pytest.approx(estimate_hours(by_k[3][0], spec) / FUSED_SPEEDUP["top_k"]["bert-base-uncased"][8])
+    assert grouped == pytest.approx(estimate_hours(by_k[5][0], spec) / FUSED_SPEEDUP["top_k6"]["bert-base-uncased"][8])
     monkeypatch.delenv("ADAPTUNE_RUNS_PER_GROUP")
-    source = plan(spec).estimate_source()
-    assert "3 run(s) that train fused 8 at a time priced at bench-gpu's measured fused speedup" in source
-    assert "3 run(s) that train fused 8 at a time priced one run at a time (no fused measurement for their method" in source
+    assert "6 run(s) that train fused 8 at a time priced at bench-gpu's measured fused speedup" in plan(spec).estimate_source()
+    large = spec_from_dict({**GROWN, "backbone": "bert-large-uncased", "accelerator": "h100",
+                            "sweeps": [{**GROWN["sweeps"][0], "methods": ["top_k:3"]}]})
+    assert {table_fused_speedup(run, large) for run in plan(large).runs} == {1.0}
+    assert "3 run(s) that train fused 8 at a time priced one run at a time (no fused measurement for their method" in plan(large).estimate_source()
+
+
+
+def test_squads_long_steps_train_alone_and_adapters_price_at_the_step_measured_at_their_length() -> None:
+    """SQuAD's 384-token steps keep an H100 busy alone (grouping.LONG_STEP_TOKENS): its runs are planned alone. An
+    adapter run prices at the one-run step bench-gpu measured at 384 tokens on BERT-large, not at the 128-token
+    row scaled by length (a host-bound step's); top_k, whose backward grows with its depth, stays at the scaled row."""
+    spec = spec_from_dict({**SWEEP, "backbone": "bert-large-uncased", "accelerator": "h100",
+                           "sweeps": [{"tasks": ["squad"], "methods": ["adapters:64", "top_k:3"], "learning_rates": [1e-4],
+                                       "epochs": [2], "seeds": [0], "max_length": 384}]})
+    runs = {run.method["name"]: run for run in plan(spec).runs}
+    assert {planned_group_size(run, spec) for run in runs.values()} == {1}
+    examples = SWEEP["max_train_examples"] * 2  # SQuAD's training set capped
+    assert estimate_hours(runs["adapters"], spec) == pytest.approx(examples / MEASURED_ONE_RUN_AT_LENGTH[
+        ("bert-large-uncased", "NVIDIA_H100_80GB", 384)] * EVALUATION_OVERHEAD / 3600)
+    scaled = THROUGHPUT[("bert-large-uncased", "NVIDIA_H100_80GB")] * 128 / 384
+    assert estimate_hours(runs["top_k"], spec) == pytest.approx(
+        examples / (scaled / MEASURED_PARAMETER_EFFICIENT_STEP_COST[("bert-large-uncased", "NVIDIA_H100_80GB")]) * EVALUATION_OVERHEAD / 3600)
+    assert "1 run(s) priced at bench-gpu's one-run step measured at their length" in plan(spec).estimate_source()

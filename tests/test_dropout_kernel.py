@@ -153,6 +153,11 @@ def test_a_group_trains_with_the_kernel_as_with_the_masks(interpreted: None, mod
     sites = 2 * TINY["num_hidden_layers"] + 2  # embeddings, each layer's attention output and output, the pooled output
     assert checked["dropout_kernel_calls"] == 2 * sites * 4  # forward and backward (adapters train the LayerNorms before each)
     assert checked["kernel"]["max_loss_difference"] < TIGHT and checked["kernel"]["max_tensor_difference"] < TIGHT
+    # The step-graph step also trains each way uncaptured (here every step is: a CPU captures nothing), to tell capture apart.
+    pairs = ("uncaptured", "masks_captured_vs_uncaptured", "kernel_captured_vs_uncaptured")
+    assert (mode == "step_graphs") == all(pair in checked for pair in pairs)
+    for pair in pairs[: 3 if mode == "step_graphs" else 0]:
+        assert checked[pair]["max_loss_difference"] < TIGHT and checked[pair]["max_tensor_difference"] < TIGHT
 
 
 @pytest.mark.slow
@@ -214,3 +219,8 @@ def test_compiled_layers_keep_the_torch_operators_and_the_rest_use_the_kernel(in
                                    mode=COMPILED_STEP_GRAPHS, one_call=False)
     assert checked["dropout_kernel_calls"] == 2 * 2 * 4  # two sites, forward and backward, four steps
     assert checked["kernel"]["max_loss_difference"] < TIGHT and checked["kernel"]["max_tensor_difference"] < TIGHT
+    # The step-graph step also trains each way uncaptured (here every step is: a CPU captures nothing), to tell capture apart.
+    pairs = ("uncaptured", "masks_captured_vs_uncaptured", "kernel_captured_vs_uncaptured")
+    assert (mode == "step_graphs") == all(pair in checked for pair in pairs)
+    for pair in pairs[: 3 if mode == "step_graphs" else 0]:
+        assert checked[pair]["max_loss_difference"] < TIGHT and checked[pair]["max_tensor_difference"] < TIGHT

@@ -275,14 +275,22 @@ def test_group_key_groups_only_runs_that_can_share_a_step() -> None:
 
 
 def test_a_group_takes_fewer_runs_where_a_step_holds_more_tokens() -> None:
-    """runs_per_group is measured at batch 32 x 128 tokens: SQuAD's 384-token steps take a third of the
-    memory's runs, smaller steps no more than runs_per_group; the shard runner forms groups so."""
+    """runs_per_group is measured at batch 32 x 128 tokens: a 256-token step takes half the memory's runs,
+    smaller steps no more than runs_per_group, and SQuAD's 384-token steps, which keep an H100 busy alone,
+    train alone, in the trainer's own step even where step graphs would take a group of one; the shard
+    runner forms groups so."""
+    from adaptune.sweep.run_attempt import _graphed_alone
+
     adapters = {"name": "adapters", "size": 64}
     glue, squad = _config(adapters, 3e-4, 0, max_length=128, batch_size=32), TrainConfig(task="squad", method=adapters, max_length=384)
-    assert (group_capacity(glue, 8), group_capacity(squad, 8), group_capacity(squad, 2)) == (8, 2, 1)
+    long_glue = _config(adapters, 3e-4, 0, max_length=256, batch_size=32)
+    assert (group_capacity(glue, 8), group_capacity(long_glue, 8), group_capacity(squad, 8)) == (8, 4, 1)
     assert group_capacity(_config(adapters, 3e-4, 0, max_length=64, batch_size=16), 8) == 8
     squads = [TrainConfig(task="squad", method=adapters, max_length=384, seed=seed) for seed in range(5)]
-    assert [len(group) for group in form_groups(squads, 8)] == [2, 2, 1]
+    assert [len(group) for group in form_groups(squads, 8)] == [1] * 5
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ADAPTUNE_COMPILE", "step_graphs")
+        assert (_graphed_alone(glue), _graphed_alone(squad)) == (True, False)
 
 
 def test_a_group_size_below_1_fails_at_planning() -> None:

@@ -113,6 +113,16 @@ def test_the_one_kernel_form_draws_the_same_bits() -> None:
     assert torch.equal(fused, _defined_keep_mask(keys, draws, top_bit_rows, 0.73))
 
 
+def test_the_one_kernel_form_draws_the_same_bits_at_a_training_steps_inputs() -> None:
+    """The same at what a group's step hands it: int32 draws (`base + site`), counts past 2^31, block shapes one after
+    another (dynamic sizes), as `make bench-gpu`'s dropout check asks a GPU (adaptune.bench.gpu_fused)."""
+    from adaptune.bench.gpu_fused import fused_mask_equals_eager_in_training
+    from adaptune.core.devices import Device
+
+    assert fused_mask_equals_eager_in_training(2, Device("cpu", torch.device("cpu"), "cpu", None), 24) == {
+        "small_counts": True, "counts_past_2_31": True}
+
+
 def test_the_attention_mask_is_built_without_asking_whether_a_batch_has_padding() -> None:
     """transformers skips the mask of a batch without padding, which reads the mask on the host (a device sync
     per forward pass, and what no CUDA graph can hold); run_dropout's attention always gets one: zeros there."""

@@ -45,23 +45,36 @@ MEASURED_PARAMETER_EFFICIENT_STEP_COST: dict[tuple[str, str], float] = {
     ("bert-base-uncased", "NVIDIA_H100_80GB"): 1.02,
     ("bert-large-uncased", "NVIDIA_H100_80GB"): 0.85,
 }
-# Fused run groups on a GPU, as the H100 preset trains them (its step_settings: the step replayed as CUDA
-# graphs, counter dropout masks, the attention kernel; bench/gpu.json "h100_2026_11_27_attention_kernel"):
-# training examples/s of a group of 8 runs on 64 real length-grouped GLUE batches, bf16, over this table's
-# one-run adapter throughput (THROUGHPUT x MEASURED_PARAMETER_EFFICIENT_STEP_COST), so that their product is
-# the measured group's: BERT-base adapters 4,411 / 681, BERT-large 1,643 / 422. (Against the one-run step
-# measured on the same machine, 669 and 337 examples/s, they are 6.6x and 4.9x: a one-run step is bound by
-# its host, and hosts differ by a third; the group is bound by the device, 3,272 and 3,328 examples/s on two
-# H100s without the kernel.) BERT-base top_k 3 (its top 3 layers stacked per run), measured eager only
-# ("h100_2026_11_26"): 5,029 / 1,893, a floor. Groups of another size price at the largest measured size
-# below theirs. A group prices as its method's kind: "frozen_backbone" (adapters, LayerNorm-only,
-# LoRA, (IA)3: a group's step launches what an adapter group's does) or "top_k" (up to
-# TOP_K_LAYERS_MEASURED layers: more stacked layers share less; deeper top_k is priced one run at a time).
-FUSED_SPEEDUP: dict[str, dict[str, dict[int, float]]] = {
-    "frozen_backbone": {"bert-base-uncased": {8: 6.48}, "bert-large-uncased": {8: 3.89}},
-    "top_k": {"bert-base-uncased": {8: 2.66}},
+# One run's parameter-efficient step measured at a longer length than the THROUGHPUT rows', which a length
+# scaling of those rows would overprice (their 128-token steps were bound by the host, not by the tokens):
+# BERT-large adapters, batch 32 padded to 384 tokens (SQuAD's), the trainer's one-run step on an H100, 83.1 ms,
+# 20% MFU (bench/gpu.json "h100_2026_11_27_levers"; GLUE rows padded, a classification head: the span head's
+# work is negligible beside 24 layers); scaling gives 141 examples/s. Methods of the frozen_backbone kind only:
+# a top_k run's backward pass grows with its depth (top_k beyond half the layers does more than an adapter's).
+MEASURED_ONE_RUN_AT_LENGTH: dict[tuple[str, str, int], float] = {
+    ("bert-large-uncased", "NVIDIA_H100_80GB", 384): 385.0,  # 32 / 0.0831 s
 }
-TOP_K_LAYERS_MEASURED = 3
+# Fused run groups on a GPU, as the H100 preset trains them (its step_settings: the step replayed as CUDA
+# graphs, counter dropout masks, the attention kernel, the grouped LayerNorm kernel): training examples/s of a
+# group of 8 runs on 64 real length-grouped GLUE batches, bf16, over this table's one-run adapter throughput
+# (THROUGHPUT x MEASURED_PARAMETER_EFFICIENT_STEP_COST, 681 and 422 examples/s), so that their product is the
+# measured group's (bench/gpu.json "h100_2026_11_27_levers"): BERT-base adapters 5,294 / 681; BERT-large 1,751 /
+# 422, measured without the LayerNorm kernel (1.13x more padded to 128), a floor. (Against the one-run step
+# measured on the same machine the day before, 669 and 337 examples/s, the groups were 6.6x and 4.9x without
+# the LayerNorm kernel: a one-run step is bound by its host, and hosts differ by a third.) top_k groups (each
+# run's top layers stacked) by depth, in the preset's step without the LayerNorm kernel: 9,409, 4,944 and
+# 3,374 examples/s at 1, 6 and 11 layers ("h100_2026_11_27_levers"); 3 layers eager, 5,029 ("h100_2026_11_26").
+# A group prices as its method's kind: "frozen_backbone" (adapters, LayerNorm-only, LoRA, (IA)3: a group's
+# step launches what an adapter group's does), or top_k at the shallowest depth measured at least its own
+# (more stacked layers share less); at the largest measured group size not above its own.
+FUSED_SPEEDUP: dict[str, dict[str, dict[int, float]]] = {
+    "frozen_backbone": {"bert-base-uncased": {8: 7.77}, "bert-large-uncased": {8: 4.15}},
+    "top_k1": {"bert-base-uncased": {8: 13.82}},
+    "top_k3": {"bert-base-uncased": {8: 7.38}},
+    "top_k6": {"bert-base-uncased": {8: 7.26}},
+    "top_k11": {"bert-base-uncased": {8: 4.95}},
+}
+TOP_K_DEPTHS_MEASURED = sorted(int(kind.removeprefix("top_k")) for kind in FUSED_SPEEDUP if kind.startswith("top_k"))
 EVALUATION_OVERHEAD = 1.1  # per-epoch validation adds roughly a tenth
 # Public GLUE / SQuAD training-set sizes, for tasks whose registry entry has no paper_sizes.
 KNOWN_TRAIN_SIZES = {
@@ -80,8 +93,8 @@ def planned_group_size(run: TrainConfig, spec: ExperimentSpec) -> int:
 
 def table_fused_speedup(run: TrainConfig, spec: ExperimentSpec) -> float:
     """How much faster a run trains in its planned group than alone, from FUSED_SPEEDUP: at the largest
-    measured group size that is not larger than the planned one; 1 where nothing was measured (deeper top_k,
-    groups smaller than any measured, such as SQuAD's pairs)."""
+    measured group size that is not larger than the planned one; 1 where nothing was measured (top_k deeper
+    than any measured, groups smaller than any measured, such as SQuAD's pairs)."""
     size = planned_group_size(run, spec)
     kind = fused_kind(run)
     if spec.accelerator.family != "gpu" or size <= 1 or kind is None:
@@ -93,7 +106,8 @@ def table_fused_speedup(run: TrainConfig, spec: ExperimentSpec) -> float:
 def fused_kind(run: TrainConfig) -> str | None:
     """Which FUSED_SPEEDUP a grouped run's method prices at; None where nothing like it was measured."""
     if run.method["name"] == "top_k":
-        return "top_k" if run.method.get("k", 0) <= TOP_K_LAYERS_MEASURED else None
+        depth = next((depth for depth in TOP_K_DEPTHS_MEASURED if depth >= run.method.get("k", 0)), None)
+        return None if depth is None else f"top_k{depth}"
     return "frozen_backbone" if run.method["name"] in GROUPABLE_METHODS else None
 
 
@@ -121,12 +135,28 @@ def estimate_hours(run: TrainConfig, spec: ExperimentSpec, measured: dict[Throug
     found = measurement_for(run, spec, measured or {})
     if found is not None:
         return train_size * run.epochs / (found[1].examples_per_s * REFERENCE_MAX_LENGTH / run.max_length) / 3600
-    backbone = backbone_key(run.backbone)
-    per_second = THROUGHPUT.get((backbone, spec.accelerator.label))
+    return train_size * run.epochs / (table_one_run_throughput(run, spec) * table_fused_speedup(run, spec)) * EVALUATION_OVERHEAD / 3600
+
+
+def measured_at_length(run: TrainConfig, spec: ExperimentSpec) -> bool:
+    """Whether MEASURED_ONE_RUN_AT_LENGTH prices this run alone: a frozen backbone's method at a measured length."""
+    return fused_kind(run) == "frozen_backbone" and _length_key(run, spec) in MEASURED_ONE_RUN_AT_LENGTH
+
+
+def _length_key(run: TrainConfig, spec: ExperimentSpec) -> tuple[str, str, int]:
+    return backbone_key(run.backbone), spec.accelerator.label, run.max_length
+
+
+def table_one_run_throughput(run: TrainConfig, spec: ExperimentSpec) -> float:
+    """Examples/s of one run alone, from the tables: MEASURED_ONE_RUN_AT_LENGTH where it has the run (a frozen
+    backbone's method), else THROUGHPUT scaled to the run's length and method."""
+    if measured_at_length(run, spec):
+        return MEASURED_ONE_RUN_AT_LENGTH[_length_key(run, spec)]
+    backbone, accelerator = backbone_key(run.backbone), spec.accelerator.label
+    per_second = THROUGHPUT.get((backbone, accelerator))
     if per_second is None:  # unknown pair: assume BERT-base on this accelerator, else the CPU row
-        per_second = THROUGHPUT.get(("bert-base-uncased", spec.accelerator.label), THROUGHPUT[("bert-base-uncased", "cpu")])
+        per_second = THROUGHPUT.get(("bert-base-uncased", accelerator), THROUGHPUT[("bert-base-uncased", "cpu")])
     per_second *= REFERENCE_MAX_LENGTH / run.max_length
     if run.method["name"] != "full":
-        per_second /= MEASURED_PARAMETER_EFFICIENT_STEP_COST.get((backbone, spec.accelerator.label), PARAMETER_EFFICIENT_STEP_COST)
-    per_second *= table_fused_speedup(run, spec)
-    return train_size * run.epochs / per_second * EVALUATION_OVERHEAD / 3600
+        per_second /= MEASURED_PARAMETER_EFFICIENT_STEP_COST.get((backbone, accelerator), PARAMETER_EFFICIENT_STEP_COST)
+    return per_second

@@ -21,7 +21,7 @@ from adaptune.sweep.experiments import PAPER_EPOCHS, Ablation, ExperimentSpec, S
 from adaptune.data.tasks import Task, UnknownTaskError, get_task
 from adaptune.core.precision import CPU_PRECISIONS
 from adaptune.core.step_settings import checked_value
-from adaptune.sweep.cost import estimate_hours, measurement_for, planned_group_size, table_fused_speedup
+from adaptune.sweep.cost import estimate_hours, measured_at_length, measurement_for, planned_group_size, table_fused_speedup
 from adaptune.sweep.throughput import Measured, ThroughputKey, throughput_key
 
 
@@ -152,9 +152,11 @@ class Plan:
         group size they were fused at) or the table, and where fused runs were priced one at a time."""
         table = "adaptune.sweep.cost.THROUGHPUT (published figures, not a measurement)"
         keys, unpriced_groups, table_groups = set(), Counter(), Counter()
+        at_length = 0
         for run in self.runs:
             found = measurement_for(run, self.spec, self.measured)
             planned = planned_group_size(run, self.spec)
+            at_length += found is None and measured_at_length(run, self.spec)
             keys.add(found[0] if found else throughput_key(run.backbone, self.spec.accelerator.label, run.method))
             if planned > 1 and found is None and table_fused_speedup(run, self.spec) > 1:
                 table_groups[planned] += 1
@@ -165,6 +167,9 @@ class Plan:
                              f"(adaptune.sweep.cost.FUSED_SPEEDUP)" for size, count in sorted(table_groups.items()))
         fused_note += "".join(f"; {count:,} run(s) that train fused {size} at a time priced one run at a time (no "
                               f"fused measurement for their method at that group size yet)" for size, count in sorted(unpriced_groups.items()))
+        if at_length:
+            fused_note += (f"; {at_length:,} run(s) priced at bench-gpu's one-run step measured at their length "
+                           "(adaptune.sweep.cost.MEASURED_ONE_RUN_AT_LENGTH)")
         if not used:
             return f"throughput from {table}{fused_note}"
         measured = "; ".join(f"{backbone} {method}{f' fused {size} at a time' if size > 1 else ''} on {label}: "

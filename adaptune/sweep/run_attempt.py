@@ -79,8 +79,9 @@ def train_groups(groups: Iterable[list[TrainConfig]], shard_id: str, store: RunS
 def _graphed_alone(config: TrainConfig) -> bool:
     """Under step graphs (adaptune.train.step_graphs, either mode) a groupable run without companions trains as a
     group of one, its step replayed as a CUDA graph: on an H100 that step ran 2.2x the solo trainer's
-    (BERT-base adapters, bench/gpu.json "h100_2026_11_26_step_graphs")."""
-    if os.environ.get(TRAINER_ENV) or group_key(config) is None:
+    (BERT-base adapters, bench/gpu.json "h100_2026_11_26_step_graphs"). Not a run whose step keeps the GPU busy
+    alone (grouping.LONG_STEP_TOKENS): the trainer's own step was the faster there."""
+    if os.environ.get(TRAINER_ENV) or group_key(config) is None or group_capacity(config, 2) == 1:
         return False
     from adaptune.train.compiling import compile_mode  # torch's: imported only where runs train
     from adaptune.train.step_graphs import STEP_GRAPH_MODES

@@ -16,6 +16,10 @@ _FREE_FIELDS = frozenset({"lr", "seed", "experiment", "checkpoint_every_steps"})
 _FREE_METHOD_FIELDS = frozenset({"init_std"})
 # An accelerator's runs_per_group is chosen from memory measured at batch 32 of up to 128 tokens.
 REFERENCE_STEP_TOKENS = 32 * 128
+# A step of this many tokens keeps a GPU busy alone, so its runs train alone: on an H100, BERT-large adapters at
+# batch 32 padded to 384 tokens (SQuAD's), the trainer's one-run step took 83 ms (20% MFU) and a group of 2 took
+# 198 ms, 0.84x as fast per run (bench/gpu.json "h100_2026_11_27_levers").
+LONG_STEP_TOKENS = 3 * REFERENCE_STEP_TOKENS
 
 
 def group_key(config: TrainConfig) -> tuple | None:
@@ -32,8 +36,12 @@ def group_key(config: TrainConfig) -> tuple | None:
 
 def group_capacity(config: TrainConfig, runs_per_group: int) -> int:
     """How many runs like this one a group takes: `runs_per_group` at the reference step's tokens, fewer
-    where a step holds more (a group's memory grows with its rows x tokens): SQuAD's 384 tokens, a third."""
-    return max(1, min(runs_per_group, runs_per_group * REFERENCE_STEP_TOKENS // (config.batch_size * config.max_length)))
+    where a step holds more (a group's memory grows with its rows x tokens), one from LONG_STEP_TOKENS
+    (SQuAD's 384 tokens at batch 32)."""
+    tokens = config.batch_size * config.max_length
+    if tokens >= LONG_STEP_TOKENS:
+        return 1
+    return max(1, min(runs_per_group, runs_per_group * REFERENCE_STEP_TOKENS // tokens))
 
 
 def _frozen_below(config: TrainConfig) -> bool:
