@@ -127,7 +127,7 @@ run_part() {
     # in bf16: mask bits, values, gradients; a group of 8 trained both ways as step graphs with the attention kernel),
     # then its speed beside the masks, BERT-base and BERT-large, real lengths and padded to 128; then around compiled
     # layers (there the kernel takes only the sites outside them: embeddings, pooled output).
-    dropcheck) part dropcheck 80 --backbones bert-base --variants "" "${NONE[@]}" --fused "" --dropout-check 8 \
+    dropcheck) part dropcheck 100 --backbones bert-base --variants "" "${NONE[@]}" --fused "" --dropout-check 8 \
         --fused-methods adapters64 --fused-compile step_graphs --fused-attention kernel ;;
     dropgraphs) part dropgraphs 200 --backbones bert-base,bert-large --variants "" "${NONE[@]}" --fused 8 --fused-methods adapters64 \
         --fused-batch-sets length_grouped,padded_128 --fused-optimizer together --fused-masks counter --fused-compile step_graphs \
@@ -174,18 +174,36 @@ run_part() {
     leverslarge) part leverslarge 120 --backbones bert-large --variants "" "${NONE[@]}" --fused 8 --fused-methods adapters64 \
         --fused-batch-sets padded_128 --fused-optimizer together --fused-masks counter --fused-compile step_graphs \
         --fused-attention kernel --fused-dropout "$DROPOUT_MODES" --fused-layer-norm "$LAYER_NORM_MODES" ;;
+    # Runs per GPU-hour on a realistic shard (9 RTE adapter runs, all of RTE's 2,241 training rows, 3 epochs: 213 steps a
+    # run where the short shard's have 60): one at a time in the preset's mode (each a group of one, replayed), then fused 8,
+    # the H100 preset's step settings as run_shard sets them (the LayerNorm kernel since 2026-11-27).
+    shardfull) part shardfull 170 --backbones bert-base --variants "" --fused "" --shard 1 --shard-groups 8 ;;
+    # The same shard one run at a time in the plain trainer (eager, generator masks: the environment overrides the
+    # preset's settings), the baseline runs per GPU-hour are counted against.
+    shardplain) ADAPTUNE_COMPILE=eager ADAPTUNE_DROPOUT_MASKS=generator ADAPTUNE_ATTENTION=eager ADAPTUNE_LAYER_NORM=torch \
+        part shardplain 200 --backbones bert-base --variants "" --fused "" --shard 1 --shard-groups "" ;;
+    # BERT-large's group of 8 in the preset's step with the LayerNorm kernel, real lengths (the plan's FUSED_SPEEDUP row)
+    # and padded to 128 (the MFU goal's figure).
+    presetlarge) part presetlarge 90 --backbones bert-large --variants "" "${NONE[@]}" --fused 8 --fused-methods adapters64 \
+        --fused-batch-sets length_grouped,padded_128 --fused-optimizer together --fused-masks counter --fused-compile step_graphs \
+        --fused-attention kernel --fused-layer-norm kernel ;;
+    # SQuAD's top_k runs (648 BERT-large runs, 411 of paper_full's 1,703 H100-hours, priced at the 128-token row scaled by
+    # length, which overpriced its adapter runs 2.7x): the trainer's one-run step at 384 tokens at two depths, and full
+    # fine-tuning (top_k 24 and the embeddings).
+    squadtopk) part squadtopk 90 --backbones bert-large --variants now --methods top_k1,top_k12,full --batch-sets padded_384 --repeats 1 \
+        "${NONE[@]}" --fused "" ;;
     *) log "no part $1" ;;
     esac
 }
-# A second call while the machine is warm: PARTS='squadlarge projections compiledlarge shardcompiledattn'.
-# Other parts (dropgraphs, squadlarge, projections, compiledlarge, compileddrop, shardcompiledattn, attncheck, attngraphs, compiledattn,
+# A second call while the machine is warm: PARTS='presetlarge compiledlarge shardcompiledattn'.
+# Other parts (lncheck, leversbase, leverslarge, topkdepths, dropgraphs, squadlarge, projections, compiledlarge, compileddrop, shardcompiledattn, attncheck, attngraphs, compiledattn,
 # attnwide, profileattn, shardattn, compiledcheck, compiledgraphs, profilecompiled, shardcompiled, graphcheck, graphs, shardgraphs,
 # profilegraphs, graphsfused, shardfused, compiled, shard, base, topk, profile, fused8, large) stay for later calls: PARTS="..." picks them.
 # A kernel that fails its check outright (not for time: exit 124) is left out of the parts after it; if the attention
 # kernel fails, the call goes on to FALLBACK's parts, so that one failed compile on the device's Triton does not cost the whole call.
 DROPOUT_MODES=${DROPOUT_MODES:-mask,kernel}
 LAYER_NORM_MODES=${LAYER_NORM_MODES:-torch,kernel}
-queue=(${PARTS:-dropcheck lncheck leversbase leverslarge topkdepths})
+queue=(${PARTS:-dropcheck shardfull squadtopk shardplain})
 while [ ${#queue[@]} -gt 0 ]; do
     name=${queue[0]}; queue=("${queue[@]:1}")
     run_part "$name"; status=$?

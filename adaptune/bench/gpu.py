@@ -71,7 +71,7 @@ FULL_SCALE = Scale(CONFIGS, SAMPLE_ROWS, BATCHES_PER_TASK)
 _TINY = {"hidden_size": 32, "num_hidden_layers": 12, "num_attention_heads": 2, "intermediate_size": 64}
 REHEARSAL = Scale({name: _TINY for name in CONFIGS}, sample_rows=256, batches_per_task=2, shard_train_rows=32)
 METHODS = {"full": {"name": "full"}, "adapters64": {"name": "adapters", "size": 64},
-           **{f"top_k{depth}": {"name": "top_k", "k": depth} for depth in (1, 3, 6, 11)}}
+           **{f"top_k{depth}": {"name": "top_k", "k": depth} for depth in (1, 3, 6, 11, 12)}}
 # Dense bf16 tensor-core peaks (FLOP/s) from the vendors' data sheets, matched on the device name.
 PEAK_BF16_FLOPS = (
     ("H200", 989e12),
