@@ -165,6 +165,17 @@ def test_a_group_trains_with_the_kernel_as_with_torchs_operators(interpreted: No
     assert checked["kernel"]["max_loss_difference"] < TIGHT and checked["kernel"]["max_tensor_difference"] < TIGHT
 
 
+@pytest.mark.parametrize(("method", "trained_layer_norms"), [("layernorm", 2 * TINY["num_hidden_layers"] + 1), ("top_k1", 2)])
+def test_the_presets_other_layer_norm_groups_train_with_the_kernel_as_with_torch(interpreted: None, method: str,
+                                                                               trained_layer_norms: int) -> None:
+    """The H100 preset takes the kernel for every group: LayerNorm-only's (each LayerNorm) and top_k's (its stacked top
+    layer's two) train alike in the step-graph step, every trained LayerNorm in the kernel each way."""
+    checked = check_layer_norm_kernel(TINY, "tiny", method, _batches((12, 20, 16, 9)), 2, CPU, steps=2, passes=2, mode="step_graphs",
+                                      one_call=False)
+    assert checked["layer_norm_kernel_calls"] == checked["layer_norm_backward_calls"] == trained_layer_norms * 4
+    assert checked["kernel"]["max_loss_difference"] < TIGHT and checked["kernel"]["max_tensor_difference"] < TIGHT
+
+
 def test_the_benchmarks_rows_say_which_layer_norm_they_timed(interpreted: None) -> None:
     """bench-gpu's --fused-layer-norm: a row per mode, the kernel's with its launches counted (so a "kernel" row cannot be
     torch's operators unawares), torch's with none."""
