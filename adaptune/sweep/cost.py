@@ -60,7 +60,7 @@ MEASURED_ONE_RUN_AT_LENGTH: dict[tuple[str, str, int], float] = {
 # (THROUGHPUT x MEASURED_PARAMETER_EFFICIENT_STEP_COST, 681 and 422 examples/s), so that their product is the
 # measured group's (bench/gpu.json "h100_2026_11_27_levers"): BERT-base adapters 5,294 / 681; BERT-large 1,751 /
 # 422, measured without the LayerNorm kernel (1.13x more padded to 128), a floor. (Against the one-run step
-# measured on the same machine the day before, 669 and 337 examples/s, the groups were 6.6x and 4.9x without
+# measured on another H100 earlier that day, 669 and 337 examples/s, the groups were 6.6x and 4.9x without
 # the LayerNorm kernel: a one-run step is bound by its host, and hosts differ by a third.) top_k groups (each
 # run's top layers stacked) by depth, in the preset's step without the LayerNorm kernel: 9,409, 4,944 and
 # 3,374 examples/s at 1, 6 and 11 layers ("h100_2026_11_27_levers"); 3 layers eager, 5,029 ("h100_2026_11_26").

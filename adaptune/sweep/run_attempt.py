@@ -19,7 +19,7 @@ from adaptune.sweep.store import CHECKPOINT_DIR, RECORD_FILE, RUNS_DIR, RunDir, 
 from adaptune.sweep.transient import backoff_s, is_transient
 from adaptune.train.config import TrainConfig
 from adaptune.train.event_log import write_run_summary
-from adaptune.train.grouping import group_capacity, group_key
+from adaptune.train.grouping import group_capacity, group_key, trains_alone_for_its_length
 from adaptune.train.record import failed_run_record, is_stale, one_line_reason, save_traceback, with_provenance
 
 
@@ -81,7 +81,7 @@ def _graphed_alone(config: TrainConfig) -> bool:
     group of one, its step replayed as a CUDA graph: on an H100 that step ran 2.2x the solo trainer's
     (BERT-base adapters, bench/gpu.json "h100_2026_11_26_step_graphs"). Not a run whose step keeps the GPU busy
     alone (grouping.LONG_STEP_TOKENS): the trainer's own step was the faster there."""
-    if os.environ.get(TRAINER_ENV) or group_key(config) is None or group_capacity(config, 2) == 1:
+    if os.environ.get(TRAINER_ENV) or group_key(config) is None or trains_alone_for_its_length(config):
         return False
     from adaptune.train.compiling import compile_mode  # torch's: imported only where runs train
     from adaptune.train.step_graphs import STEP_GRAPH_MODES

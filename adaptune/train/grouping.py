@@ -38,10 +38,14 @@ def group_capacity(config: TrainConfig, runs_per_group: int) -> int:
     """How many runs like this one a group takes: `runs_per_group` at the reference step's tokens, fewer
     where a step holds more (a group's memory grows with its rows x tokens), one from LONG_STEP_TOKENS
     (SQuAD's 384 tokens at batch 32)."""
-    tokens = config.batch_size * config.max_length
-    if tokens >= LONG_STEP_TOKENS:
+    if trains_alone_for_its_length(config):
         return 1
-    return max(1, min(runs_per_group, runs_per_group * REFERENCE_STEP_TOKENS // tokens))
+    return max(1, min(runs_per_group, runs_per_group * REFERENCE_STEP_TOKENS // (config.batch_size * config.max_length)))
+
+
+def trains_alone_for_its_length(config: TrainConfig) -> bool:
+    """Whether a run's step holds LONG_STEP_TOKENS or more: it keeps a GPU busy alone, in the trainer's own step."""
+    return config.batch_size * config.max_length >= LONG_STEP_TOKENS
 
 
 def _frozen_below(config: TrainConfig) -> bool:
