@@ -192,10 +192,16 @@ run_part() {
     # fine-tuning (top_k 24 and the embeddings).
     squadtopk) part squadtopk 90 --backbones bert-large --variants now --methods top_k1,top_k12,full --batch-sets padded_384 --repeats 1 \
         "${NONE[@]}" --fused "" ;;
+    # Full fine-tuning as a group of one (run_groups.GroupedEmbedding, new 2026-11-27: under step graphs a run that trains
+    # the whole model now trains so, where it trained in the host-bound trainer's step): its replayed step beside the
+    # trainer's, BERT-base and BERT-large, real lengths. 363 of paper_full's 1,703 H100-hours are such runs.
+    wholealone) part wholealone 110 --backbones bert-base,bert-large --variants now --methods full --batch-sets length_grouped \
+        "${NONE[@]}" --fused 1 --fused-methods full --fused-batch-sets length_grouped --fused-optimizer together --fused-masks counter \
+        --fused-compile step_graphs --fused-attention kernel ;;
     *) log "no part $1" ;;
     esac
 }
-# A second call while the machine is warm: PARTS='presetlarge compiledlarge shardcompiledattn'.
+# A second call while the machine is warm: PARTS='squadtopk presetlarge compiledlarge shardcompiledattn'.
 # Other parts (lncheck, leversbase, leverslarge, topkdepths, dropgraphs, squadlarge, projections, compiledlarge, compileddrop, shardcompiledattn, attncheck, attngraphs, compiledattn,
 # attnwide, profileattn, shardattn, compiledcheck, compiledgraphs, profilecompiled, shardcompiled, graphcheck, graphs, shardgraphs,
 # profilegraphs, graphsfused, shardfused, compiled, shard, base, topk, profile, fused8, large) stay for later calls: PARTS="..." picks them.
@@ -203,7 +209,7 @@ run_part() {
 # kernel fails, the call goes on to FALLBACK's parts, so that one failed compile on the device's Triton does not cost the whole call.
 DROPOUT_MODES=${DROPOUT_MODES:-mask,kernel}
 LAYER_NORM_MODES=${LAYER_NORM_MODES:-torch,kernel}
-queue=(${PARTS:-dropcheck shardfull squadtopk shardplain})
+queue=(${PARTS:-dropcheck shardfull wholealone shardplain})
 while [ ${#queue[@]} -gt 0 ]; do
     name=${queue[0]}; queue=("${queue[@]:1}")
     run_part "$name"; status=$?

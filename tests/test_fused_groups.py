@@ -19,13 +19,15 @@ import torch
 import adaptune.train.group_loop as group_loop
 import adaptune.train.loop as loop
 from adaptune.core.run_files import STATE_FILE
+from adaptune.model.backbone import load_model
 from adaptune.model.checkpoint import load_task_checkpoint
 from adaptune.model.run_dropout import DROPOUT_MASKS_ENV, MASK_SCHEMES
+from adaptune.model.run_groups import GroupingError, group_model, trained_tensors
 from adaptune.sweep.run_attempt import form_groups
 from adaptune.train.compiling import COMPILE_ENV
 from adaptune.train.config import TrainConfig
 from adaptune.train.group_loop import train_group
-from adaptune.train.grouping import group_capacity, group_key
+from adaptune.train.grouping import group_capacity, group_key, trains_whole_model
 from adaptune.train.loop import train_and_evaluate
 from adaptune.train.step_graphs import STEP_GRAPHS
 
@@ -272,6 +274,24 @@ def test_group_key_groups_only_runs_that_can_share_a_step() -> None:
     assert group_key(TrainConfig(task="squad", method=adapters)) is not None  # span tasks too
     with pytest.raises(ValueError, match="cannot train as one group"):
         train_group([base, _config({"name": "full"}, 3e-4, 1)], ["x", "y"])
+    with pytest.raises(ValueError, match="cannot train as one group"):  # whole models share nothing: a group of one at most
+        train_group([_config({"name": "full"}, 3e-4, 0), _config({"name": "full"}, 3e-4, 1)], ["x", "y"])
+
+
+@pytest.mark.parametrize("method", [{"name": "full"}, {"name": "top_k", "k": 6}], ids=["full", "top_k-every-layer"])
+def test_a_whole_model_run_trains_as_a_group_of_one_as_it_does_alone(method: dict[str, Any], tmp_path: Path, shared_data_dir: Path,
+                                                                     step_losses: list[list[float]]) -> None:
+    """Full fine-tuning and top_k over every layer (the embeddings train: GroupedEmbedding) share no step, but train as
+    a group of one, which the step-graph step replays: step by step the run alone (dropout on, its own masks), the
+    same record fields, metrics and checkpoint (a group of one multiplies as the solo layers do: observed equal)."""
+    assert trains_whole_model(_config(method, 1e-4, 0)) and group_key(_config(method, 1e-4, 0)) is None
+    config = _config(method, 1e-4, 0)
+    (fused,) = train_group([config], [tmp_path / "group" / config.run_id], data_dir=shared_data_dir)
+    alone = train_and_evaluate(config, data_dir=shared_data_dir, out_dir=tmp_path / "alone" / config.run_id, progress=False)
+    assert fused["group_size"] == alone["group_size"] == 1
+    _assert_same_run(fused, alone, step_losses[0], step_losses[1])
+    with pytest.raises(GroupingError, match="train each alone"):
+        group_model(load_model(None, "classification"), [trained_tensors(load_model(None, "classification"))] * 2)
 
 
 def test_a_group_takes_fewer_runs_where_a_step_holds_more_tokens() -> None:
@@ -350,7 +370,7 @@ def test_under_step_graphs_a_groupable_run_alone_trains_as_a_group_of_one(tmp_pa
     outcomes = run_shard(spec, shard.id, store, data_dir=shared_data_dir, group_size=1)
     assert sum(outcomes.values()) == 2 and not outcomes["failed"]  # 32 rows, one epoch: a run may predict one class
     records = {run.method["name"]: store.record(run.run_id) for run in shard.runs}
-    assert (records["layernorm"]["compile"], records["full"]["compile"]) == (STEP_GRAPHS, "eager")  # full fine-tuning: never grouped
+    assert (records["layernorm"]["compile"], records["full"]["compile"]) == (STEP_GRAPHS, STEP_GRAPHS)  # full: a group of one
     monkeypatch.setenv(COMPILE_ENV, "eager")
     layernorm = next(run for run in shard.runs if run.method["name"] == "layernorm")
     alone = train_and_evaluate(layernorm, data_dir=shared_data_dir, out_dir=tmp_path / "alone", progress=False)

@@ -19,8 +19,10 @@ state and checkpoint, and an update of its slice is an update of the stack. When
 ready, a hook hands each run its slice (a view) and clears the stack's. Stacking per forward pass
 instead (one leaf per run) cost k autograd nodes per tensor, their selects and copies: on an H100 a
 group of 8 BERT-base adapter runs spent 144 ms a step with the device busy 38% of it
-(bench/gpu.json). Any other module a method trains (the embeddings of full fine-tuning and of top_k
-over every layer) is refused with `GroupingError`; those runs train alone.
+(bench/gpu.json). The embeddings that full fine-tuning and top_k over every layer train (`GroupedEmbedding`)
+group only as a group of one: a table is read by token, not by a run's block of rows, and BERT adds its
+position embeddings to every row alike. Such a run trains alone, in a group of one where that is what the
+step-graph step replays. Any other module a method trains is refused with `GroupingError`.
 """
 
 from __future__ import annotations
@@ -65,6 +67,8 @@ class GroupedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight = self.weight
+        if weight.shape[0] == 1:  # a group of one: the solo layer's own matmul, so its own rounding
+            return F.linear(x, weight[0], None if self.bias is None else self.bias[0])
         blocks = x.reshape(weight.shape[0], -1, weight.shape[2])
         if self.bias is None:
             out = torch.bmm(blocks, weight.transpose(1, 2))
@@ -82,6 +86,8 @@ class GroupedLayerNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight, bias = self.weight, self.bias
+        if weight.shape[0] == 1:  # a group of one: torch's LayerNorm takes its one scale and shift itself
+            return F.layer_norm(x, self.normalized_shape, weight[0], bias[0], self.eps)
         if layer_norm_kernel.kernel_applies(x, weight):
             return layer_norm_kernel.grouped_layer_norm(x, weight, bias, self.eps)
         normalized = F.layer_norm(x, self.normalized_shape, None, None, self.eps)
@@ -90,12 +96,28 @@ class GroupedLayerNorm(nn.Module):
         return (blocks * weight.unsqueeze(1) + bias.unsqueeze(1)).reshape(x.shape)
 
 
+class GroupedEmbedding(nn.Module):
+    """A trained embedding table, in a group of one run (module docstring): the solo table's lookup on the run's
+    slice of the stack, with the solo table's settings (padding row, norms)."""
+
+    def __init__(self, template: nn.Embedding, weights: list[torch.Tensor]) -> None:
+        super().__init__()
+        if len(weights) != 1:
+            raise GroupingError("runs that train an embedding table cannot share a step; train each alone (a group of one)")
+        self.padding_idx, self.max_norm, self.norm_type = template.padding_idx, template.max_norm, template.norm_type
+        self.scale_grad_by_freq, self.sparse = template.scale_grad_by_freq, template.sparse
+        self.weight = _stack(weights)  # 1, rows of the table, features
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.weight[0], self.padding_idx, self.max_norm, self.norm_type, self.scale_grad_by_freq, self.sparse)
+
+
 def recorded_layer_norm(model: nn.Module) -> str:
     """What a run's record says its trained LayerNorms were: "kernel" where a group's take the kernel (the setting
-    asks for it and their device runs Triton), else "torch" (torch's operators; a run alone, or a method that trains
-    no LayerNorm). Reads $ADAPTUNE_LAYER_NORM first, so that a misspelt value fails before training."""
+    asks for it and their device runs Triton), else "torch" (torch's operators; a run alone or in a group of one, or a
+    method that trains no LayerNorm). Reads $ADAPTUNE_LAYER_NORM first, so that a misspelt value fails before training."""
     mode = layer_norm_kernel.layer_norm_mode()
-    grouped = [module.weight for module in model.modules() if isinstance(module, GroupedLayerNorm)]
+    grouped = [module.weight for module in model.modules() if isinstance(module, GroupedLayerNorm) and module.weight.shape[0] > 1]
     return "kernel" if grouped and mode == "kernel" and runs_triton(grouped[0]) else "torch"
 
 
@@ -170,6 +192,8 @@ def group_model(model: nn.Module, trained: list[Mapping[str, torch.Tensor]]) -> 
         elif isinstance(module, nn.LayerNorm):
             replacements[module_name] = GroupedLayerNorm(module, [run[f"{prefix}weight"] for run in trained],
                                                          [run[f"{prefix}bias"] for run in trained])
+        elif isinstance(module, nn.Embedding):
+            replacements[module_name] = GroupedEmbedding(module, [run[f"{prefix}weight"] for run in trained])
         else:
             raise GroupingError(f"{kind} {module_name!r} trains parameters that cannot be split by run; train these runs alone")
     model.requires_grad_(False)

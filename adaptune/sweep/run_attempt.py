@@ -19,7 +19,7 @@ from adaptune.sweep.store import CHECKPOINT_DIR, RECORD_FILE, RUNS_DIR, RunDir, 
 from adaptune.sweep.transient import backoff_s, is_transient
 from adaptune.train.config import TrainConfig
 from adaptune.train.event_log import write_run_summary
-from adaptune.train.grouping import group_capacity, group_key, trains_alone_for_its_length
+from adaptune.train.grouping import group_capacity, group_key, trains_alone_for_its_length, trains_whole_model
 from adaptune.train.record import failed_run_record, is_stale, one_line_reason, save_traceback, with_provenance
 
 
@@ -79,9 +79,13 @@ def train_groups(groups: Iterable[list[TrainConfig]], shard_id: str, store: RunS
 def _graphed_alone(config: TrainConfig) -> bool:
     """Under step graphs (adaptune.train.step_graphs, either mode) a groupable run without companions trains as a
     group of one, its step replayed as a CUDA graph: on an H100 that step ran 2.2x the solo trainer's
-    (BERT-base adapters, bench/gpu.json "h100_2026_11_26_step_graphs"). Not a run whose step keeps the GPU busy
-    alone (grouping.LONG_STEP_TOKENS): the trainer's own step was the faster there."""
-    if os.environ.get(TRAINER_ENV) or group_key(config) is None or trains_alone_for_its_length(config):
+    (BERT-base adapters, bench/gpu.json "h100_2026_11_26_step_graphs"), 3.9-5.7x for top_k
+    ("h100_2026_11_27_levers"). So does a run that trains the whole model (full fine-tuning, top_k over every
+    layer), which no group shares. Not a run whose step keeps the GPU busy alone (grouping.LONG_STEP_TOKENS):
+    the trainer's own step was the faster there."""
+    if os.environ.get(TRAINER_ENV) or trains_alone_for_its_length(config):
+        return False
+    if group_key(config) is None and not trains_whole_model(config):
         return False
     from adaptune.train.compiling import compile_mode  # torch's: imported only where runs train
     from adaptune.train.step_graphs import STEP_GRAPH_MODES

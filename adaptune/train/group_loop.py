@@ -43,7 +43,7 @@ from adaptune.train.compiling import compile_mode, training_forward
 from adaptune.train.config import TrainConfig
 from adaptune.train.evaluate import evaluate_runs
 from adaptune.train.group_optimizer import clip_and_step
-from adaptune.train.grouping import GROUPABLE_METHODS, group_key
+from adaptune.train.grouping import GROUPABLE_METHODS, group_key, trains_whole_model
 from adaptune.train.loop import (
     Evaluator,
     FiniteGuard,
@@ -82,7 +82,8 @@ def train_group(
     written to each out dir's record.json unless `write_record` is False). A finished record already in
     a run's dir is returned as is, as the solo trainer does. Out of memory is raised for the caller."""
     keys = {group_key(config) for config in configs}
-    if None in keys or len(keys) != 1:
+    alone = len(configs) == 1 and trains_whole_model(configs[0])  # a group of one: nothing to share, a step to replay
+    if not alone and (None in keys or len(keys) != 1):
         raise ValueError(f"runs {[config.run_id for config in configs]} cannot train as one group: they must share task, "
                          f"backbone, data sizes, epochs, batch size and a groupable method ({', '.join(sorted(GROUPABLE_METHODS))}), "
                          "and differ only in lr, seed and init_std")

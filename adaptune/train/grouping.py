@@ -48,6 +48,13 @@ def trains_alone_for_its_length(config: TrainConfig) -> bool:
     return config.batch_size * config.max_length >= LONG_STEP_TOKENS
 
 
+def trains_whole_model(config: TrainConfig) -> bool:
+    """Full fine-tuning, or top_k over every layer: runs that share no frozen part (group_key is None), and train
+    alone; in a group of one where the step-graph step replays it (adaptune.sweep.run_attempt)."""
+    name = config.method.get("name")
+    return name == "full" or (name == "top_k" and not _frozen_below(config))
+
+
 def _frozen_below(config: TrainConfig) -> bool:
     """Whether a top_k run leaves layers frozen below its trained ones (k < the backbone's depth)."""
     try:
