@@ -66,7 +66,7 @@ def _both_ways(module: GroupedLayerNorm, x: torch.Tensor, monkeypatch: pytest.Mo
 
 
 @pytest.mark.parametrize(("runs", "rows", "features"), [
-    (1, 7, 32),
+    (2, 7, 32),
     (3, 50, 40),  # 40 features: a tile of 64, masked past the last
     (2, 37, 384),  # MiniLM's width; 37 x 5 rows a run: no backward span divides them
     (2, 70, 768),  # BERT-base's
@@ -80,6 +80,18 @@ def test_the_kernel_computes_what_torchs_operators_do(interpreted: None, monkeyp
         assert kernel.dtype == reference.dtype and kernel.shape == reference.shape, name
         scale = float(reference.abs().max())
         assert float((kernel - reference).abs().max()) <= 1e-5 * max(1.0, scale), name
+
+
+def test_a_group_of_one_takes_torchs_layer_norm_with_its_scale_in_either_mode(interpreted: None) -> None:
+    """One run's scale and shift are what torch's LayerNorm takes itself (a group of one trains as alone): no kernel."""
+    module, solo = _module(1, 32), torch.nn.LayerNorm(32, eps=1e-12)
+    with torch.no_grad():
+        solo.weight.copy_(module.weight[0])
+        solo.bias.copy_(module.bias[0])
+    x = torch.randn(7, 5, 32, generator=torch.Generator().manual_seed(2))
+    with KernelLaunches() as launches:
+        out = module(x)
+    assert launches.layer_norm == 0 and torch.equal(out, solo(x))
 
 
 def test_each_run_gets_its_own_scale_and_its_own_gradients(interpreted: None) -> None:
