@@ -127,7 +127,7 @@ run_part() {
     # in bf16: mask bits, values, gradients; a group of 8 trained both ways as step graphs with the attention kernel),
     # then its speed beside the masks, BERT-base and BERT-large, real lengths and padded to 128; then around compiled
     # layers (there the kernel takes only the sites outside them: embeddings, pooled output).
-    dropcheck) part dropcheck 100 --backbones bert-base --variants "" "${NONE[@]}" --fused "" --dropout-check 8 \
+    dropcheck) part dropcheck 130 --backbones bert-base --variants "" "${NONE[@]}" --fused "" --dropout-check 8 \
         --fused-methods adapters64 --fused-compile step_graphs --fused-attention kernel ;;
     dropgraphs) part dropgraphs 200 --backbones bert-base,bert-large --variants "" "${NONE[@]}" --fused 8 --fused-methods adapters64 \
         --fused-batch-sets length_grouped,padded_128 --fused-optimizer together --fused-masks counter --fused-compile step_graphs \
@@ -201,7 +201,7 @@ run_part() {
     *) log "no part $1" ;;
     esac
 }
-# A second call while the machine is warm: PARTS='squadtopk presetlarge compiledlarge shardcompiledattn'.
+# A second call while the machine is warm: PARTS='squadtopk presetlarge wholealone compiledlarge' (wholealone again if the first ran out of time).
 # Other parts (lncheck, leversbase, leverslarge, topkdepths, dropgraphs, squadlarge, projections, compiledlarge, compileddrop, shardcompiledattn, attncheck, attngraphs, compiledattn,
 # attnwide, profileattn, shardattn, compiledcheck, compiledgraphs, profilecompiled, shardcompiled, graphcheck, graphs, shardgraphs,
 # profilegraphs, graphsfused, shardfused, compiled, shard, base, topk, profile, fused8, large) stay for later calls: PARTS="..." picks them.
@@ -209,7 +209,7 @@ run_part() {
 # kernel fails, the call goes on to FALLBACK's parts, so that one failed compile on the device's Triton does not cost the whole call.
 DROPOUT_MODES=${DROPOUT_MODES:-mask,kernel}
 LAYER_NORM_MODES=${LAYER_NORM_MODES:-torch,kernel}
-queue=(${PARTS:-dropcheck shardfull wholealone shardplain})
+queue=(${PARTS:-dropcheck shardfull shardplain wholealone})
 while [ ${#queue[@]} -gt 0 ]; do
     name=${queue[0]}; queue=("${queue[@]:1}")
     run_part "$name"; status=$?
