@@ -467,7 +467,11 @@ def _fused_mask_equals_eager(k: int, device: Device) -> bool | None:
         return None
     keys = torch.randint(0, 2**32, (k, 2), dtype=torch.int64, device=device.torch_device)
     draws = torch.arange(k, dtype=torch.int64, device=device.torch_device) * 7919
-    shapes = [(k, 32, 768), (k, 32, 12, 64, 64), (k, 32, 48, 768), (k, 32)]
+    return _fused_masks_equal(keys, draws, [(k, 32, 768), (k, 32, 12, 64, 64), (k, 32, 48, 768), (k, 32)])
+
+
+def _fused_masks_equal(keys: torch.Tensor, draws: torch.Tensor, shapes: Sequence[tuple[int, ...]]) -> bool:
+    """Whether fused_counter_keep_mask draws counter_keep_mask's bits at every shape, in turn (p = 0.1, BERT's)."""
     return all(torch.equal(fused_counter_keep_mask()(keys, draws, torch.empty(shape, device="meta"), 0.1),
                            counter_keep_mask(keys, draws, shape, 0.1)) for shape in shapes)
 
@@ -480,11 +484,8 @@ def fused_mask_equals_eager_in_training(k: int, device: Device, features: int) -
     keys = RunRandomness([CounterStream(seed) for seed in range(k)]).keys.to(target)
     base = torch.tensor([3 + 7919 * run for run in range(k)], dtype=torch.int32, device=target)
     shapes = [(k, 32, length, features) for length in (32, 64, 96, 128, 64)] + [(k, 32, features)]
-    checks = {}
-    for name, draws in (("small_counts", base + 5), ("counts_past_2_31", base + (2**31 - 20_000))):
-        checks[name] = all(torch.equal(fused_counter_keep_mask()(keys, draws, torch.empty(shape, device="meta"), 0.1),
-                                       counter_keep_mask(keys, draws, shape, 0.1)) for shape in shapes)
-    return checks
+    return {name: _fused_masks_equal(keys, draws, shapes)
+            for name, draws in (("small_counts", base + 5), ("counts_past_2_31", base + (2**31 - 20_000)))}
 
 
 def _with_speedups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from adaptune.core.step_settings import ATTENTION_ENV, STEP_SETTINGS, step_setting
-from adaptune.model.triton_device import interpreted_bf16, runs_triton
+from adaptune.model.triton_device import interpreted_bf16, power_of_two_at_least, runs_triton
 
 ATTENTION_MODES = STEP_SETTINGS[ATTENTION_ENV][1]
 MAX_LENGTH = 512  # tokens: the counter hash's coordinates give queries and keys 9 bits each
@@ -263,7 +263,7 @@ def _constants(query: torch.Tensor, additive_mask: torch.Tensor | None) -> dict[
 def _block(length: int) -> int:
     """Tokens per tile: the length rounded up to a power of two, from 16 (tl.dot's least) to 64 (a 64 x 64
     float32 tile of scores beside the running sums fits one program's registers)."""
-    return min(64, max(16, 1 << (length - 1).bit_length()))
+    return min(64, max(16, power_of_two_at_least(length)))
 
 
 @functools.cache

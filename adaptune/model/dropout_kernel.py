@@ -32,12 +32,11 @@ import torch
 
 from adaptune.core.step_settings import DROPOUT_ENV, STEP_SETTINGS, step_setting
 from adaptune.model.counter_coordinates import coordinate_shifts, keep_threshold
-from adaptune.model.triton_device import interpreted_bf16, runs_triton
+from adaptune.model.triton_device import interpreted_bf16, lines_per_tile, power_of_two_at_least, runs_triton
 
 DROPOUT_MODES = STEP_SETTINGS[DROPOUT_ENV][1]
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # the kernel computes in float32: no float64
 _MAX_BLOCK = 4096  # features per program at most (a longer line takes several programs)
-_TILE = 1024  # elements per program at least, where lines are short: BERT-base's 768 features, padded to 1024, are one line
 
 
 def dropout_mode() -> str:
@@ -93,8 +92,8 @@ def _dropout(blocks: torch.Tensor, keys: torch.Tensor, draws: torch.Tensor, thre
         rows, tokens, features, row_shift, token_shift = block[0], 1, block[1], shifts[0], 0
     else:
         rows, tokens, features, row_shift, token_shift = block[0], block[1], block[2], shifts[0], shifts[1]
-    size = min(_MAX_BLOCK, 1 << max(0, features - 1).bit_length())  # features per program: a power of two, masked
-    per_program = max(1, _TILE // size)  # whole lines per program where lines are short
+    size = min(_MAX_BLOCK, power_of_two_at_least(features))  # features per program, masked past the last
+    per_program = lines_per_tile(size)  # whole lines per program where lines are short
     lines = runs * rows * tokens
     if out.numel():
         _kernels()[0][(-(-lines // per_program), -(-features // size))](

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from adaptune.core.step_settings import LAYER_NORM_ENV, STEP_SETTINGS, step_setting
-from adaptune.model.triton_device import interpreted_bf16, runs_triton
+from adaptune.model.triton_device import interpreted_bf16, lines_per_tile, power_of_two_at_least, runs_triton
 
 LAYER_NORM_MODES = STEP_SETTINGS[LAYER_NORM_ENV][1]
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -36,7 +36,6 @@ MAX_FEATURES = 8192  # a row is one program's tile (BERT-large's 1,024 features;
 # (a group of 8 BERT-base runs at 40 tokens: 40 rows a program, partial sums 5% of the input gradient's bytes).
 _PROGRAMS = 256
 _MIN_ROWS = 32  # rows a backward program sums at least
-_TILE = 1024  # elements a tile holds at least, where rows are short (as the dropout kernel's)
 
 
 def layer_norm_mode() -> str:
@@ -62,12 +61,12 @@ def grouped_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
 
 
 def _block(features: int) -> int:
-    return 1 << max(0, features - 1).bit_length()
+    return power_of_two_at_least(features)
 
 
 def _lines(features: int) -> int:
     """Rows a tile holds: about a thousand elements (one row of BERT's widths, many of a narrow model's)."""
-    return max(1, _TILE // _block(features))
+    return lines_per_tile(_block(features))
 
 
 def _warps(features: int) -> int:
