@@ -42,7 +42,7 @@ def fill_store(store: RunStore) -> list[TrainConfig]:
     """One run of every kind: ok, degenerate, failed (two reasons), in progress, interrupted, stale, not started."""
     runs = plan(spec_from_dict(SWEEP)).runs
     for config in runs[:3]:  # 1 h each for 1,000 rows x 3 epochs: 0.83 examples/s
-        store.publish_record(finished(config))
+        store.publish_record({**finished(config), "time_s": {"setup": 360.0, "steps": 2520.0, "evaluation": 540.0, "saving": 180.0}})
     store.publish_record(finished(runs[3], "degenerate", "validation predictions are all one class"))
     store.publish_record(finished(runs[4], "failed", "ValueError: non-finite training loss (nan) at step 12", None))
     store.publish_record(finished(runs[5], "failed", "ValueError: non-finite training loss (nan) at step 40", None))
@@ -94,10 +94,13 @@ def test_status_counts_every_kind_of_run_exactly(store: RunStore) -> None:
     assert status.remaining_hours == pytest.approx(4.0)
     assert status.eta_hours == pytest.approx(2.0)
     assert "measured by the run store's records" in status.estimate_basis and "from 3 run(s)" in status.estimate_basis
+    # Where the time went: the three records that say (the degenerate one predates time_s)
+    assert status.spent_by_phase == {"setup": 1080.0, "steps": 7560.0, "evaluation": 1620.0, "saving": 540.0}
 
     text = format_status(status)
     assert "12 runs planned" in text and "finished 7 (58.3%): 3 ok, 1 degenerate, 3 failed" in text
     assert "in progress 1" in text and "not started 3 (2 of them interrupted" in text and "stale 1" in text
+    assert "  where it went: 70% steps, 15% evaluation, 10% setup, 5% saving" in text
     assert f"    2  {runs[4].run_id}  ValueError: non-finite training loss (nan) at step #" in text
 
 

@@ -40,6 +40,7 @@ from torch import nn
 from adaptune.bench.cpu import _interleaved
 from adaptune.bench.step_cost import timed_pass, training_flops
 from adaptune.core.devices import Device, pick_device
+from adaptune.train import phase_times
 
 BATCH_SIZE = 32
 MAX_LENGTH = 128
@@ -501,8 +502,12 @@ def shard_throughput(data_dir: str | None, tokenizer_dir: str, runs_at_once: Seq
         records[label] = {run.run_id: store.record(run.run_id) for run in shard.runs}
         failures = {run_id: {"reason": record["reason"], "traceback": _traceback_text(work / f"store-{label}", run_id)}
                     for run_id, record in records[label].items() if record["status"] == "failed"}
+        by_phase = phase_times.summed(list(records[label].values()))
         results[label] = {"seconds": round(seconds, 1), "runs_per_hour": round(len(shard.runs) / seconds * 3600),
-                          "outcomes": dict(outcomes), "failures": failures}
+                          "outcomes": dict(outcomes), "failures": failures,
+                          # where the attempt's time went (the records' time_s); "other": planning, leases, the store
+                          "seconds_by_phase": {**by_phase, "other": round(seconds - sum(by_phase.values()), 1)},
+                          "step_graphs": phase_times.summed(list(records[label].values()), "step_graphs") or None}
         for run_id, failure in failures.items():
             log(f"{run_id} failed: {failure['reason']}\n{failure['traceback'] or ''}")
         log(f"shard, {label}: {seconds:.0f} s, {dict(outcomes)}")

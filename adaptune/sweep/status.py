@@ -15,6 +15,7 @@ from typing import Any
 
 import pandas as pd
 
+from adaptune.train import phase_times
 from adaptune.train.config import method_label
 from adaptune.sweep.experiments import ExperimentSpec
 from adaptune.sweep.lease import lease_expires_at, lease_number, lease_owner
@@ -61,6 +62,8 @@ class SweepStatus:
     parallelism: int
     estimate_basis: str  # which throughputs remaining_hours and eta_hours used (Plan.estimate_source)
     unreadable: dict[str, str] = dataclasses.field(default_factory=dict)  # run_id -> why its record cannot be read
+    # Seconds by phase (adaptune.train.phase_times) over the records that say, a fused group's counted once
+    spent_by_phase: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def planned(self) -> int:
@@ -141,10 +144,12 @@ def _costs(planned: Plan, records: dict[str, dict[str, Any]], states: dict[str, 
     per_run = max(planned.spec.accelerator.count, 1)
     current = [record for run_id, record in records.items() if states[run_id] != STALE]
     spent = accelerator_hours(current, per_run)
+    by_phase = phase_times.summed(current)
     calibrated = planned.calibrated(measure_on(current, planned.spec.accelerator))
     left = {run_id for run_id, state in states.items() if state in (RUNNING, NOT_STARTED, UNREADABLE)}
     return {
         "spent_hours": spent,
+        "spent_by_phase": by_phase if sum(by_phase.values()) > 0 else {},
         "estimated_hours": planned.accelerator_hours,
         "remaining_hours": sum(calibrated.run_hours[run_id] for run_id in left) * per_run,
         "eta_hours": calibrated.wall_clock_hours(left) if left else 0.0,

@@ -20,7 +20,7 @@ from adaptune.sweep.store import RECORD_FILE, RunStore
 CACHE_DIR_ENV = "ADAPTUNE_CACHE_DIR"  # = adaptune.data.loading.CACHE_DIR_ENV (not imported: that module imports datasets)
 # The record keys a status and the throughput calibration read (adaptune.sweep.status, adaptune.sweep.throughput).
 SUMMARY_KEYS = ("run_id", "task", "status", "reason", "data_scheme", "wall_time_s", "backbone", "method", "device", "epochs",
-                "group_size")
+                "group_size", "time_s")
 
 
 def summarize(record: dict[str, Any]) -> dict[str, Any]:

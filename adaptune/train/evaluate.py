@@ -67,22 +67,19 @@ def evaluate_runs(
     batches = evaluation_batches(split.lengths, batch_size)
     model_inputs = [{k: v for k, v in row.items() if k in ("input_ids", "attention_mask", "token_type_ids")} for row in split.rows]
     outputs: list[list[Any]] = [[None] * len(split.rows) for _ in range(runs)]
-    for indices, batch in zip(batches, iterate_batches(model_inputs, batches, collator, device.torch_device), strict=True):
+    on_device = []  # read back after the last batch: no wait for the device per batch (a GPU runs ahead of the host)
+    for batch in iterate_batches(model_inputs, batches, collator, device.torch_device):
         if runs > 1:
             batch = {name: tensor.repeat(runs, *([1] * (tensor.dim() - 1))) for name, tensor in batch.items()}
         with device.autocast():
             output = model(**batch)
-        if task.kind == "span":
-            starts = output.start_logits.float().cpu().numpy().reshape(runs, len(indices), -1)
-            ends = output.end_logits.float().cpu().numpy().reshape(runs, len(indices), -1)
-            for run in range(runs):
-                for position, index in enumerate(indices):
-                    outputs[run][index] = (starts[run, position], ends[run, position])
-        else:
-            logits = output.logits.float().cpu().numpy().reshape(runs, len(indices), -1)
-            for run in range(runs):
-                for position, index in enumerate(indices):
-                    outputs[run][index] = logits[run, position]
+        heads = (output.start_logits, output.end_logits) if task.kind == "span" else (output.logits,)
+        on_device.append(tuple(head.float() for head in heads))
+    for indices, heads in zip(batches, on_device, strict=True):
+        read = [head.cpu().numpy().reshape(runs, len(indices), -1) for head in heads]
+        for run in range(runs):
+            for position, index in enumerate(indices):
+                outputs[run][index] = tuple(head[run, position] for head in read) if task.kind == "span" else read[0][run, position]
     return [_scored(task, split, run_outputs) for run_outputs in outputs]
 
 

@@ -41,6 +41,7 @@ from adaptune.model.run_dropout import RowLayout, RunRandomness, dropout_stream,
 from adaptune.model.run_groups import group_model, keep_runs, recorded_layer_norm, run_parameters, trained_tensors
 from adaptune.train.compiling import compile_mode, training_forward
 from adaptune.train.config import TrainConfig
+from adaptune.train import phase_times
 from adaptune.train.evaluate import evaluate_runs
 from adaptune.train.group_optimizer import clip_and_step
 from adaptune.train.grouping import GROUPABLE_METHODS, group_key, trains_whole_model
@@ -142,6 +143,8 @@ class _Group:
             member.record.update(group_size=len(self.members), dropout_masks=mask_scheme, compile=self.compile_mode,
                                  attention=recorded_attention(mask_scheme), dropout=recorded_dropout(mask_scheme))
         self.finished: dict[str, dict[str, Any]] = {}
+        self.graphed: GraphedFusedStep | None = None
+        self.graph_counts: dict[str, int] = {}  # of step objects replaced when runs left
 
     def train(self, data_dir: Any, cache_dir: Any, progress: bool, step_callback: StepCallback | None,
               write_record: bool) -> list[dict[str, Any]]:
@@ -155,13 +158,22 @@ class _Group:
             if is_out_of_memory(error):
                 release_memory(self.device)
             raise
+        self._record_graph_counts(self.members)
         for member in self.members:
             self.finished[member.config.run_id] = member.finish_record(started, write_record)
         return [self.finished[run_id] for run_id in order]
 
+    def _record_graph_counts(self, members: Sequence[_Member]) -> None:
+        """The group's step-graph counts (GraphedFusedStep.counts, over the step objects it had) into these runs' records."""
+        if self.graphed is not None:
+            now = self.graphed.counts()
+            for member in members:
+                member.record["step_graphs"] = {name: self.graph_counts.get(name, 0) + count for name, count in now.items()}
+
     def _execute(self, data_dir: Any, cache_dir: Any, show_progress: bool, step_callback: StepCallback | None,
                  started: float, write_record: bool) -> None:
         first, device, task = self.members[0].config, self.device, self.task
+        setup_started = time.perf_counter()
         _seed_everything(first.seed, device)
         tokenizer = load_tokenizer(first.backbone)
         data, companions = prepare_data(first, task, tokenizer, data_dir, cache_dir)
@@ -200,6 +212,10 @@ class _Group:
         self.model, self.collator, self.tokenizer = model, make_collator(tokenizer, pad_to_multiple_of=device.pad_multiple), tokenizer
         self.forward = training_forward(model, self.compile_mode)  # evaluation calls the model itself
         self.graphed = self._graphed_step()
+        sharing = [member.progress for member in self.members]  # the group's phases are each run's
+        for member in self.members:
+            member.sharing = sharing
+        phase_times.add(sharing, "setup", time.perf_counter() - setup_started)
         lengths = [len(row["input_ids"]) for row in data.train_rows]
         while self.members and self.members[0].progress.epoch < first.epochs:
             epoch, start = self.members[0].progress.epoch, self.members[0].progress.step_in_epoch
@@ -233,7 +249,7 @@ class _Group:
                     step_callback(self.members[0].progress.global_step)
                 if not self.members:
                     return
-            evaluation = _FusedEvaluation(model, len(self.members), device, self.collator)
+            evaluation = _FusedEvaluation(model, len(self.members), device, self.collator, sharing)
             self.randomness.layout = None
             for index, member in enumerate(self.members):
                 member._end_epoch(model, data, evaluation.for_run(index))
@@ -265,6 +281,7 @@ class _Group:
               write_record: bool) -> list[list[list[int]]]:
         """Diverged runs are recorded as failed and leave the group; the others go on."""
         gone = {index for index, _ in failed}
+        self._record_graph_counts([self.members[index] for index, _ in failed])
         for index, failure in failed:
             member = self.members[index]
             member.record.update(status="failed", reason=str(failure))
@@ -277,6 +294,8 @@ class _Group:
         for member, params in zip(self.members, run_parameters(self.model), strict=True):
             member.params = params
         if self.graphed is not None:  # its graphs hold the old stacks
+            for name, count in self.graphed.counts().items():
+                self.graph_counts[name] = self.graph_counts.get(name, 0) + count
             self.graphed = self._graphed_step()
         return [plans[index] for index in kept]
 
@@ -364,15 +383,16 @@ def _span_losses(starts: torch.Tensor, ends: torch.Tensor, labels: torch.Tensor,
 class _FusedEvaluation:
     """Every run's scores on a split from one pass (memoised per split), handed out run by run."""
 
-    def __init__(self, model: torch.nn.Module, runs: int, device: Device, collator: Any) -> None:
-        self.model, self.runs, self.device, self.collator = model, runs, device, collator
+    def __init__(self, model: torch.nn.Module, runs: int, device: Device, collator: Any, sharing: list[Any]) -> None:
+        self.model, self.runs, self.device, self.collator, self.sharing = model, runs, device, collator, sharing
         self.scored: dict[tuple[str, int], list[Any]] = {}
 
     def for_run(self, index: int) -> Evaluator:
         def evaluate(task: Any, split: Any) -> Any:
             key = (task.name, id(split))
             if key not in self.scored:
-                self.scored[key] = evaluate_runs(self.model, self.runs, task, split, self.device, self.collator)
+                with phase_times.timed(self.sharing, "evaluation"):
+                    self.scored[key] = evaluate_runs(self.model, self.runs, task, split, self.device, self.collator)
             return self.scored[key][index]
 
         return evaluate

@@ -34,6 +34,7 @@ from adaptune.data.batching import epoch_batches, iterate_batches, make_collator
 from adaptune.model.checkpoint import save_task_checkpoint
 from adaptune.train.compiling import compile_mode, training_forward
 from adaptune.train.config import TrainConfig
+from adaptune.train import phase_times
 from adaptune.train.epoch_log import report_epoch
 from adaptune.train.event_log import CurveLog, write_run_summary
 from adaptune.core.devices import Device, is_out_of_memory, pick_device, release_memory
@@ -114,10 +115,15 @@ class _Run:
         self.on_state_saved = on_state_saved
         self.progress = Progress()
         self.curve_log = CurveLog(out)  # TensorBoard's view of the curve, beside the record's
+        self.sharing: list[Progress] | None = None  # a fused group's runs' progress: its phases are theirs too
+
+    def _phase_owners(self) -> list[Progress]:
+        return self.sharing if self.sharing is not None else [self.progress]
 
     def finish_record(self, started: float, write_record: bool) -> dict[str, Any]:
         """Wall time and curve into the record, written unless the store publishes it; a finished run's state removed."""
         self.record["wall_time_s"] = self.progress.elapsed_s + (time.perf_counter() - started)
+        self.record["time_s"] = phase_times.recorded(self.progress)
         self.record["curve"] = self.progress.curve
         self.curve_log.close()
         write_run_summary(self.out, self.record)
@@ -129,6 +135,7 @@ class _Run:
 
     def execute(self, data_dir: Any, cache_dir: Any, show_progress: bool, step_callback: StepCallback | None) -> None:
         config, task, device = self.config, self.task, self.device
+        setup_started = time.perf_counter()
         _seed_everything(config.seed, device)
         tokenizer = load_tokenizer(config.backbone)
         data, self.companion_splits = prepare_data(config, task, tokenizer, data_dir, cache_dir)
@@ -163,6 +170,7 @@ class _Run:
         segment_started = time.perf_counter()
         trainable = [p for p in model.parameters() if p.requires_grad]
         guard = FiniteGuard(device)
+        phase_times.add([self.progress], "setup", time.perf_counter() - setup_started)
 
         bar = tqdm(total=total_steps, initial=self.progress.global_step, desc=config.run_id, disable=not show_progress, leave=False)
         try:
@@ -211,7 +219,11 @@ class _Run:
             self.curve_log.train_step(p.global_step, total / steps, float(self.scheduler.get_last_lr()[0]))  # a tensor under step graphs
 
     def _evaluator(self, model: nn.Module, collator: Any) -> Evaluator:
-        return lambda task, split: evaluate_split(model, task, split, self.device, collator)
+        def evaluate(task: Task, split: EvalSplit) -> EvalResult:
+            with phase_times.timed(self._phase_owners(), "evaluation"):
+                return evaluate_split(model, task, split, self.device, collator)
+
+        return evaluate
 
     def _end_epoch(self, model: nn.Module, data: RunData, evaluate: Evaluator) -> None:
         """Record the epoch's validation (and at the last epoch: test, companions, checkpoint); `evaluate`
@@ -245,7 +257,8 @@ class _Run:
                 write_json(self.out / PREDICTIONS_FILE, validation.predictions, sort_keys=False)
             metadata = {"run_id": config.run_id, "task": self.task.name, "epoch": config.epochs, "best_epoch": p.best_epoch,
                         "config": config.to_dict(), "data_split": self.record["data_split"]}
-            save_task_checkpoint(self._checkpoint_model(model), self.method_cfg, config.backbone, self.out / CHECKPOINT_DIR, metadata=metadata)
+            with phase_times.timed(self._phase_owners(), "saving"):
+                save_task_checkpoint(self._checkpoint_model(model), self.method_cfg, config.backbone, self.out / CHECKPOINT_DIR, metadata=metadata)
         report_epoch(config.run_id, config.epochs, self.task.primary_metric, p.curve[-1], p.best_epoch)
         p.epoch += 1
         p.step_in_epoch = 0
@@ -261,9 +274,10 @@ class _Run:
         # Saved wall time = earlier attempts + this one so far; resumed, the record adds the rest.
         elapsed_before = self.progress.elapsed_s
         self.progress.elapsed_s = elapsed_before + (time.perf_counter() - segment_started)
-        save_state(self.out, self.config.run_id, self._trained(model), optimizer, scheduler, self.progress, self.dropout)
+        with phase_times.timed(self._phase_owners(), "saving"):
+            save_state(self.out, self.config.run_id, self._trained(model), optimizer, scheduler, self.progress, self.dropout)
+            self.curve_log.flush()
         self.progress.elapsed_s = elapsed_before
-        self.curve_log.flush()
         if self.on_state_saved is not None:
             self.on_state_saved()
 

@@ -32,6 +32,7 @@ class Progress:
     train_time_s: float = 0.0  # time inside training steps, over every attempt
     examples_trained: int = 0
     elapsed_s: float = 0.0  # wall time of earlier attempts, up to their last saved state
+    phase_s: dict[str, float] = dataclasses.field(default_factory=dict)  # setup, evaluation, saving (phase_times)
     curve: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     best_epoch: int | None = None  # the epoch best on validation (recorded; not the run's result)
     best_value: float | None = None

@@ -82,6 +82,7 @@ class GraphedFusedStep:
         self.capturing_allowed = device.kind == "cuda" and randomness.scheme == "counter" and kind != "span"
         self.graphs: dict[tuple, _Captured] = {}
         self.seen: dict[tuple, int] = {}
+        self.eager_steps = self.replayed_steps = 0  # the record's step_graphs: what the capture cost, what it saved
         if device.kind == "cuda":
             self.stream = torch.cuda.Stream(device.torch_device)
             self.pool = torch.cuda.graph_pool_handle()  # one pool: the graphs never run at once
@@ -90,10 +91,16 @@ class GraphedFusedStep:
     def captured(self) -> int:
         return len(self.graphs)
 
+    def counts(self) -> dict[str, int]:
+        """This attempt's graphs captured (one per input shape), steps run eagerly (a shape's first steps, and
+        every step off CUDA) and steps replayed."""
+        return {"graphs": self.captured, "eager_steps": self.eager_steps, "replayed_steps": self.replayed_steps}
+
     def __call__(self, inputs: dict[str, torch.Tensor], labels: torch.Tensor, weights: torch.Tensor, layout: RowLayout,
                  runs: Sequence[Any]) -> list[StepResult]:
         inputs = pad_to_bucket(inputs, self.bucket)
         if self.device.kind != "cuda":
+            self.eager_steps += 1
             return self._after(self._step(inputs, labels, weights, layout, runs, skip_non_finite=True), runs)
         self._make_capturable(runs)
         key = (tuple((name, tuple(tensor.shape)) for name, tensor in sorted(inputs.items())), tuple(labels.shape))
@@ -101,11 +108,13 @@ class GraphedFusedStep:
         if captured is None:
             self.seen[key] = self.seen.get(key, 0) + 1
             if not self.capturing_allowed or self.seen[key] <= self.warmup:
+                self.eager_steps += 1
                 results = self._on_stream(lambda: self._step(inputs, labels, weights, layout, runs))
                 return self._after(results, runs)
             captured = self.graphs[key] = self._capture(inputs, labels, weights, layout, runs)
         captured.load(inputs, labels, weights)
         captured.graph.replay()
+        self.replayed_steps += 1
         return self._after(captured.results.clone(), runs)
 
     def _step(self, inputs: dict[str, torch.Tensor], labels: torch.Tensor, weights: torch.Tensor, layout: RowLayout,
