@@ -20,7 +20,8 @@ import adaptune.train.compiling as compiling
 from adaptune.bench.gpu_fused import KernelLaunches, attention_kernel_matches, check_attention_kernel
 from adaptune.core.devices import Device
 from adaptune.model import attention_kernel
-from adaptune.model.run_dropout import CounterStream, RunRandomness, counter_keep_mask, keep_threshold
+from adaptune.model.counter_coordinates import keep_threshold
+from adaptune.model.run_dropout import CounterStream, RunRandomness, counter_keep_mask
 from adaptune.train.compiling import COMPILE_ENV
 from adaptune.train.group_loop import train_group
 from adaptune.train.step_graphs import COMPILED_STEP_GRAPHS, STEP_GRAPHS

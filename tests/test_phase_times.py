@@ -51,7 +51,8 @@ def test_a_groups_runs_each_record_the_groups_time_and_step_graph_counts(tmp_pat
         _assert_phases_fill_the_wall_time(record)
     assert records[0]["time_s"] == records[1]["time_s"]  # the group's, as its wall time
     steps = 2 * -(-40 // 16)  # epochs x batches: a CPU captures nothing, so every step ran eagerly
-    assert [record["step_graphs"] for record in records] == [{"graphs": 0, "eager_steps": steps, "replayed_steps": 0}] * 2
+    assert [record["step_graphs"] for record in records] == [{"graphs": 0, "eager_steps": steps, "replayed_steps": 0,
+                                                              "eager_and_capture_s": 0.0}] * 2  # CUDA's only
 
 
 def test_a_resumed_run_adds_the_phases_of_its_earlier_attempt(tmp_path: Path, shared_data_dir: Path) -> None:
@@ -77,6 +78,7 @@ def test_an_unknown_phase_is_refused() -> None:
 
 def test_a_shards_phases_count_each_groups_times_once() -> None:
     group = {"group_size": 2, "time_s": {"setup": 4.0, "steps": 10.0}, "step_graphs": {"graphs": 3, "eager_steps": 6}}
+    # (each of the group's two records carries its times: counted once)
     alone = {"group_size": 1, "time_s": {"setup": 1.0, "steps": 2.0}, "step_graphs": None}
     assert phase_times.summed([group, group, alone]) == {"setup": 5.0, "steps": 12.0}
     assert phase_times.summed([group, group, alone], "step_graphs") == {"graphs": 3.0, "eager_steps": 6.0}

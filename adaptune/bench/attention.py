@@ -98,8 +98,8 @@ def _dropout_kernel_by_torch() -> Any:
     which is all a GPU's kernel writes. The same values: x * keep * scale, keep counter_keep_mask's."""
     class Launch:
         def __getitem__(self, grid: Any) -> Any:
-            def launch(x: torch.Tensor, out: torch.Tensor, keys: torch.Tensor, draws: torch.Tensor, *args: Any, **kwargs: Any) -> None:
-                threshold, scale = args[4], args[5]  # after lines, rows, tokens, features
+            def launch(x: torch.Tensor, out: torch.Tensor, keys: torch.Tensor, draws: torch.Tensor, lines: int, block_rows: int,
+                       tokens: int, features: int, threshold: int, scale: float, **constexprs: Any) -> None:  # dropout_triton's
                 with _disable_current_modes():
                     keep = _COUNTER_KEEP_MASK(keys, draws, x.shape, threshold / 2**32)
                     out.copy_((x.float() * keep * scale).to(out.dtype))

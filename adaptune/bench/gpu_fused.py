@@ -33,7 +33,8 @@ from adaptune.core.devices import Device, is_out_of_memory
 from adaptune.core.step_settings import ATTENTION_ENV, DROPOUT_ENV, LAYER_NORM_ENV, PROJECTIONS_ENV
 from adaptune.model import attention_kernel, dropout_kernel, layer_norm_kernel
 from adaptune.model.methods import apply_method, method_from_dict
-from adaptune.model.run_dropout import CounterStream, RunRandomness, counter_keep_mask, fused_counter_keep_mask, keep_threshold
+from adaptune.model.counter_coordinates import keep_threshold
+from adaptune.model.run_dropout import CounterStream, RunRandomness, counter_keep_mask, fused_counter_keep_mask
 from adaptune.model.run_groups import GroupedLayerNorm, trained_tensors
 from adaptune.train.compiling import training_forward
 from adaptune.train.group_loop import run_losses, fused_step, stack_run_batches

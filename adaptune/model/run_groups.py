@@ -59,6 +59,12 @@ def _hand_out_gradient(stack: torch.Tensor) -> None:
     stack.grad = None
 
 
+def holds_one_run(stack: torch.Tensor) -> bool:
+    """Whether a stacked tensor (runs first) is a group of one's: its layers then compute with the solo layers' own
+    operators (F.linear, F.layer_norm), so that the run trains with alone's rounding."""
+    return stack.shape[0] == 1
+
+
 class GroupedLinear(nn.Module):
     def __init__(self, weights: list[torch.Tensor], biases: list[torch.Tensor] | None) -> None:
         super().__init__()
@@ -67,7 +73,7 @@ class GroupedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight = self.weight
-        if weight.shape[0] == 1:  # a group of one: the solo layer's own matmul, so its own rounding
+        if holds_one_run(weight):
             return F.linear(x, weight[0], None if self.bias is None else self.bias[0])
         blocks = x.reshape(weight.shape[0], -1, weight.shape[2])
         if self.bias is None:
@@ -86,7 +92,7 @@ class GroupedLayerNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight, bias = self.weight, self.bias
-        if weight.shape[0] == 1:  # a group of one: torch's LayerNorm takes its one scale and shift itself
+        if holds_one_run(weight):
             return F.layer_norm(x, self.normalized_shape, weight[0], bias[0], self.eps)
         if layer_norm_kernel.kernel_applies(x, weight):
             return layer_norm_kernel.grouped_layer_norm(x, weight, bias, self.eps)
@@ -117,7 +123,7 @@ def recorded_layer_norm(model: nn.Module) -> str:
     asks for it and their device runs Triton), else "torch" (torch's operators; a run alone or in a group of one, or a
     method that trains no LayerNorm). Reads $ADAPTUNE_LAYER_NORM first, so that a misspelt value fails before training."""
     mode = layer_norm_kernel.layer_norm_mode()
-    grouped = [module.weight for module in model.modules() if isinstance(module, GroupedLayerNorm) and module.weight.shape[0] > 1]
+    grouped = [module.weight for module in model.modules() if isinstance(module, GroupedLayerNorm) and not holds_one_run(module.weight)]
     return "kernel" if grouped and mode == "kernel" and runs_triton(grouped[0]) else "torch"
 
 

@@ -25,6 +25,7 @@ stays testable there.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -83,6 +84,7 @@ class GraphedFusedStep:
         self.graphs: dict[tuple, _Captured] = {}
         self.seen: dict[tuple, int] = {}
         self.eager_steps = self.replayed_steps = 0  # the record's step_graphs: what the capture cost, what it saved
+        self.unreplayed_s = 0.0  # host seconds in eager steps and captures on CUDA (compiling kernels included)
         if device.kind == "cuda":
             self.stream = torch.cuda.Stream(device.torch_device)
             self.pool = torch.cuda.graph_pool_handle()  # one pool: the graphs never run at once
@@ -93,8 +95,10 @@ class GraphedFusedStep:
 
     def counts(self) -> dict[str, int]:
         """This attempt's graphs captured (one per input shape), steps run eagerly (a shape's first steps, and
-        every step off CUDA) and steps replayed."""
-        return {"graphs": self.captured, "eager_steps": self.eager_steps, "replayed_steps": self.replayed_steps}
+        every step off CUDA), steps replayed, and on CUDA the host's seconds in eager steps and captures (a GPU's
+        eager step is bound by its host; a kernel's first call compiles it there)."""
+        return {"graphs": self.captured, "eager_steps": self.eager_steps, "replayed_steps": self.replayed_steps,
+                "eager_and_capture_s": round(self.unreplayed_s, 3)}
 
     def __call__(self, inputs: dict[str, torch.Tensor], labels: torch.Tensor, weights: torch.Tensor, layout: RowLayout,
                  runs: Sequence[Any]) -> list[StepResult]:
@@ -106,12 +110,15 @@ class GraphedFusedStep:
         key = (tuple((name, tuple(tensor.shape)) for name, tensor in sorted(inputs.items())), tuple(labels.shape))
         captured = self.graphs.get(key)
         if captured is None:
+            started = time.perf_counter()
             self.seen[key] = self.seen.get(key, 0) + 1
             if not self.capturing_allowed or self.seen[key] <= self.warmup:
                 self.eager_steps += 1
                 results = self._on_stream(lambda: self._step(inputs, labels, weights, layout, runs))
+                self.unreplayed_s += time.perf_counter() - started
                 return self._after(results, runs)
             captured = self.graphs[key] = self._capture(inputs, labels, weights, layout, runs)
+            self.unreplayed_s += time.perf_counter() - started
         captured.load(inputs, labels, weights)
         captured.graph.replay()
         self.replayed_steps += 1
