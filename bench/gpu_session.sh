@@ -174,6 +174,11 @@ run_part() {
     leverslarge) part leverslarge 120 --backbones bert-large --variants "" "${NONE[@]}" --fused 8 --fused-methods adapters64 \
         --fused-batch-sets padded_128 --fused-optimizer together --fused-masks counter --fused-compile step_graphs \
         --fused-attention kernel --fused-dropout "$DROPOUT_MODES" --fused-layer-norm "$LAYER_NORM_MODES" ;;
+    # The issue's realistic shard, smaller: RTE, MRPC and CoLA x adapters 64 and LayerNorm-only (54 runs, 1,000 rows
+    # each, 3 epochs; a shard per task, in turn) one at a time in the preset's mode and fused 8. The records' time by
+    # phase says where each attempt's seconds went (seconds_by_phase).
+    shardmix) part shardmix 300 --backbones bert-base --variants "" --fused "" --shard 1 --shard-groups 8 --shard-train-rows 1000 \
+        --shard-tasks rte,mrpc,cola --shard-methods adapters64,layernorm ;;
     # Runs per GPU-hour on a realistic shard (9 RTE adapter runs, all of RTE's 2,241 training rows, 3 epochs: 213 steps a
     # run where the short shard's have 60): one at a time in the preset's mode (each a group of one, replayed), then fused 8,
     # the H100 preset's step settings as run_shard sets them (the LayerNorm kernel since 2026-11-27).
@@ -202,7 +207,7 @@ run_part() {
     esac
 }
 # A second call while the machine is warm: PARTS='squadtopk presetlarge wholealone compiledlarge' (wholealone again if the first ran out of time).
-# Other parts (lncheck, leversbase, leverslarge, topkdepths, dropgraphs, squadlarge, projections, compiledlarge, compileddrop, shardcompiledattn, attncheck, attngraphs, compiledattn,
+# Other parts (shardmix, lncheck, leversbase, leverslarge, topkdepths, dropgraphs, squadlarge, projections, compiledlarge, compileddrop, shardcompiledattn, attncheck, attngraphs, compiledattn,
 # attnwide, profileattn, shardattn, compiledcheck, compiledgraphs, profilecompiled, shardcompiled, graphcheck, graphs, shardgraphs,
 # profilegraphs, graphsfused, shardfused, compiled, shard, base, topk, profile, fused8, large) stay for later calls: PARTS="..." picks them.
 # A kernel that fails its check outright (not for time: exit 124) is left out of the parts after it; if the attention

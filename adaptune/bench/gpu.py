@@ -137,6 +137,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "method (empty: skip)")
     parser.add_argument("--fused-profile", default="", help="group sizes at which to profile the fused step of the first fused "
                         "method (empty: skip): kernels per step, the device's busy share, the heaviest operators")
+    parser.add_argument("--shard-tasks", default="rte", help="the shard's tasks, comma-separated (the issue's realistic shard: "
+                        "rte,mrpc,cola; .devcarry/data holds them and SST-2)")
+    parser.add_argument("--shard-methods", default="adapters64", help="the shard's methods, comma-separated, of the fused "
+                        "methods (adapters64, layernorm, ...)")
     parser.add_argument("--shard-train-rows", type=int, default=None,
                         help="the shard's training rows per run (default: all of RTE's 2,490): fewer fit a short GPU lease")
     parser.add_argument("--batches-cache", default=None,
@@ -272,6 +276,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.shard or args.shard_groups:
         import tempfile
 
+        from adaptune.bench.gpu_fused import FUSED_METHODS
+
         with tempfile.TemporaryDirectory() as work:
             def keep_shard(shard: dict[str, Any]) -> None:
                 results["shard"] = shard
@@ -280,7 +286,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows = scale.shard_train_rows or args.shard_train_rows
             shard_throughput(args.data_dir, args.tokenizer or _embedded_tokenizer_dir(), _counts(args.shard) or [1], Path(work),
                              group_sizes=_counts(args.shard_groups), max_train_examples=rows, on_attempt=keep_shard,
-                             config=scale.configs["bert-base"])
+                             config=scale.configs["bert-base"], tasks=_names(args.shard_tasks),
+                             methods=[FUSED_METHODS[name] for name in _names(args.shard_methods)])
     print_table(results["runs"])
     print(json.dumps({"summary": results.get("summary"), "shard": results.get("shard")}, indent=2))
     print(f"bench_gpu: wrote {out}", file=sys.stderr)
@@ -459,17 +466,25 @@ def _counts(text: str) -> list[int]:
     return [int(k) for k in text.split(",") if k.strip()]
 
 
+def _names(text: str) -> list[str]:
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
 def shard_throughput(data_dir: str | None, tokenizer_dir: str, runs_at_once: Sequence[int], work: Path, size: str = "bert-base",
                      max_train_examples: int | None = None, group_sizes: Sequence[int] = (),
-                     on_attempt: Callable[[dict[str, Any]], None] | None = None, config: dict[str, int] | None = None) -> dict[str, Any]:
-    """Runs finished per hour on one realistic shard (a shard holds one task: BERT-base adapters m=64 on
-    RTE at the paper's three adapter learning rates x 3 seeds, 3 epochs, more seeds where a group needs
-    more runs; randomly initialised, which is all speed needs), trained one at a time, then k at a time
+                     on_attempt: Callable[[dict[str, Any]], None] | None = None, config: dict[str, int] | None = None,
+                     tasks: Sequence[str] = ("rte",), methods: Sequence[dict[str, Any]] = ({"name": "adapters", "size": 64},)
+                     ) -> dict[str, Any]:
+    """Runs finished per hour on one realistic shard (by default BERT-base adapters m=64 on RTE; `tasks` x
+    `methods` in one shard, each task and method its own groups) at the paper's three adapter learning rates x 3
+    seeds, 3 epochs, more seeds where a group needs more runs; randomly initialised, which is all speed needs),
+    trained one at a time, then k at a time
     side by side (adaptune.sweep.shard_runner), then fused g runs per group, each into its own run store;
     and whether every run's result is identical (side by side) or how far it moved (fused: float
     reduction order differs)."""
     import dataclasses
     import shutil
+    from collections import Counter
 
     from transformers import BertConfig, BertForSequenceClassification
 
@@ -477,6 +492,7 @@ def shard_throughput(data_dir: str | None, tokenizer_dir: str, runs_at_once: Seq
     from adaptune.sweep.plan import plan
     from adaptune.sweep.shard_runner import run_shard
     from adaptune.sweep.store import RunStore
+    from adaptune.train.config import method_label
 
     seeds = max(3, math.ceil(max(group_sizes, default=0) / len(GLUE_LRS)))
     backbone = work / "bert-base-random"
@@ -487,23 +503,28 @@ def shard_throughput(data_dir: str | None, tokenizer_dir: str, runs_at_once: Seq
             shutil.copy(Path(tokenizer_dir) / name, backbone / name)
     spec = dataclasses.replace(
         DEFAULTS, name="gpu_shard_bench", backbone=str(backbone), accelerator=H100, shard_size=len(GLUE_LRS) * seeds, max_train_examples=max_train_examples,
-        sweeps=(Sweep(tasks=("rte",), methods=({"name": "adapters", "size": 64},), learning_rates=GLUE_LRS, epochs=(3,), seeds=tuple(range(seeds))),),
+        sweeps=(Sweep(tasks=tuple(tasks), methods=tuple(methods), learning_rates=GLUE_LRS, epochs=(3,), seeds=tuple(range(seeds))),),
     )
-    (shard,) = plan(spec).shards
-    results: dict[str, Any] = {"shard": f"{len(shard.runs)} runs: {size} (random init) adapters m=64 on RTE, lr {GLUE_LRS}, 3 epochs, {seeds} seeds, "
-                                          f"{max_train_examples or 'all'} training rows per run"}
+    shards = plan(spec).shards  # a shard per task: trained one after another, as one pod would take them
+    runs = [run for shard in shards for run in shard.runs]
+    labels = ", ".join(method_label(method) for method in methods)
+    results: dict[str, Any] = {"shard": f"{len(runs)} runs: {size} (random init) {labels} on {', '.join(tasks)}, lr {GLUE_LRS}, "
+                                          f"3 epochs, {seeds} seeds, {max_train_examples or 'all'} training rows per run"
+                                          + (f", {len(shards)} shards in turn" if len(shards) > 1 else "")}
     records = {}
     attempts = [(f"{k}_at_a_time", k, 1) for k in runs_at_once] + [(f"fused_{g}", 1, g) for g in group_sizes]
     for label, at_once, group in attempts:
         store = RunStore(work / f"store-{label}")
         started = time.perf_counter()
-        outcomes = run_shard(spec, shard.id, store, data_dir=data_dir, runs_at_once=at_once, group_size=group)
+        outcomes: Counter[str] = Counter()
+        for shard in shards:
+            outcomes += run_shard(spec, shard.id, store, data_dir=data_dir, runs_at_once=at_once, group_size=group)
         seconds = time.perf_counter() - started
-        records[label] = {run.run_id: store.record(run.run_id) for run in shard.runs}
+        records[label] = {run.run_id: store.record(run.run_id) for run in runs}
         failures = {run_id: {"reason": record["reason"], "traceback": _traceback_text(work / f"store-{label}", run_id)}
                     for run_id, record in records[label].items() if record["status"] == "failed"}
         by_phase = phase_times.summed(list(records[label].values()))
-        results[label] = {"seconds": round(seconds, 1), "runs_per_hour": round(len(shard.runs) / seconds * 3600),
+        results[label] = {"seconds": round(seconds, 1), "runs_per_hour": round(len(runs) / seconds * 3600),
                           "outcomes": dict(outcomes), "failures": failures,
                           # where the attempt's time went (the records' time_s); "other": planning, leases, the store
                           "seconds_by_phase": {**by_phase, "other": round(seconds - sum(by_phase.values()), 1)},

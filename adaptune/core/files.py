@@ -28,6 +28,11 @@ def atomic_write(target: str | os.PathLike[str], write: Callable[[Path], Any]) -
         raise
 
 
+def is_partial_write(name: str) -> bool:
+    """Whether a file name is atomic_write's temporary one (".<target>.<random>.tmp"): a file being written."""
+    return name.startswith(".") and name.endswith(".tmp")
+
+
 def json_text(data: Any, sort_keys: bool = True) -> str:
     """`data` as the project's JSON files hold it: indented, non-JSON values as their str, a final newline."""
     return json.dumps(data, indent=2, sort_keys=sort_keys, default=str) + "\n"

@@ -15,7 +15,8 @@ Layout under the root (a local directory, `gs://bucket/prefix`, or any fsspec UR
 Run ids depend only on what determines a result (TrainConfig.run_id), so experiments share runs.
 A run trains in a local working directory: the root itself where it is a filesystem path (this
 machine, or Vertex AI's Cloud Storage FUSE mount `/gcs/<bucket>`), else a temporary directory that
-is downloaded before the run and uploaded at every saved state and at the end.
+is downloaded before the run and uploaded at every saved state, while training goes on
+(adaptune.sweep.background_uploads), and at the end.
 
 Nothing here renames a directory: Cloud Storage FUSE refuses that in ordinary (flat) buckets unless
 `rename-dir-limit` is set (gcsfuse docs/semantics.md, "Directory operations"). Whatever must appear
@@ -40,10 +41,11 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from adaptune.core.files import json_text, write_json
+from adaptune.core.files import is_partial_write, json_text, write_json
 from adaptune.core.run_files import (  # noqa: F401 (the layout above)
     ATTEMPTS_FILE, CHECKPOINT_DIR, RECORD_FILE, STATE_FILE, TRACEBACK_FILE, UNREADABLE_SUFFIX, store_owned,
 )
+from adaptune.sweep.background_uploads import BackgroundUploads
 
 RUNS_DIR = "runs"
 ABLATION_DIR = "ablation"
@@ -314,7 +316,8 @@ class RunStore:
 
     @contextlib.contextmanager
     def run_dir(self, run_id: str) -> Iterator[RunDir]:
-        """A local directory for the run; on a remote root, downloaded first and uploaded by `sync()`.
+        """A local directory for the run; on a remote root, downloaded first and uploaded by `sync()` on a worker
+        thread (BackgroundUploads: the context's exit waits for the last upload and raises a failed one).
         The store's own files (record, attempts, leases: core.run_files.store_owned) are neither
         downloaded nor uploaded: only the store's calls write them, so a sync never puts back a stale
         attempt count or an old lease over a renewed one."""
@@ -326,7 +329,13 @@ class RunStore:
         with tempfile.TemporaryDirectory(prefix=f"{run_id}-") as scratch:
             local = Path(scratch)
             self._download(self._path(RUNS_DIR, run_id), local, skip=store_owned)
-            yield RunDir(local, sync=lambda: self._upload(local, self._path(RUNS_DIR, run_id)))
+            uploads = BackgroundUploads(lambda: self._upload(local, self._path(RUNS_DIR, run_id)))
+            try:
+                yield RunDir(local, sync=uploads.request)
+            except BaseException:
+                uploads.finish(raise_failure=False)
+                raise
+            uploads.finish()
 
     @contextlib.contextmanager
     def local_copy(self, *parts: str) -> Iterator[Path]:
@@ -394,10 +403,15 @@ class RunStore:
 
     def _upload(self, local: Path, remote: str) -> None:
         """Every file the run wrote (never the store's own: a record is published, leases and attempts
-        are written in place)."""
-        files = sorted(p for p in local.rglob("*") if p.is_file() and not store_owned(p.name))
+        are written in place; nor one still being written under its temporary name). Run off the training
+        thread (BackgroundUploads): a file the run removed meanwhile (its finished state) is skipped."""
+        files = sorted(p for p in local.rglob("*") if p.is_file() and not store_owned(p.name) and not is_partial_write(p.name))
         for path in files:
-            self.fs.put_file(str(path), f"{remote}/{path.relative_to(local).as_posix()}")
+            try:
+                self.fs.put_file(str(path), f"{remote}/{path.relative_to(local).as_posix()}")
+            except FileNotFoundError:
+                if path.exists():
+                    raise
 
 
 class RunDir:
