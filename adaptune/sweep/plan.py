@@ -164,7 +164,9 @@ class Plan:
                 unpriced_groups[planned] += 1
         used = {key: self.measured[key] for key in sorted(keys) if key in self.measured}
         fused_note = "".join(f"; {count:,} run(s) that train fused {size} at a time priced at bench-gpu's measured fused speedup "
-                             f"(adaptune.sweep.cost.FUSED_SPEEDUP)" for size, count in sorted(table_groups.items()))
+                             f"(adaptune.sweep.cost.FUSED_SPEEDUP: of the training step; what a group spends outside its steps "
+                             f"is not in it, so the store's records, once there, price these runs)"
+                             for size, count in sorted(table_groups.items()))
         fused_note += "".join(f"; {count:,} run(s) that train fused {size} at a time priced one run at a time (no "
                               f"fused measurement for their method at that group size yet)" for size, count in sorted(unpriced_groups.items()))
         if at_length:
