@@ -233,3 +233,14 @@ def gcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GcsEmulator]:
     (a folder of its own, so a test's tmp_path holds only what the test wrote)."""
     with gcs_emulator(log_dir=tmp_path_factory.mktemp("gcs-emulator")) as emulator:
         yield emulator
+
+
+@pytest.fixture(params=["memory", "gcs"])
+def bucket(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A bucket store root, each test on both: memory:// (fsspec's in-memory filesystem, its own prefix per test),
+    or gs:// on a fresh emulator."""
+    if request.param == "memory":
+        yield f"memory://adaptune-bucket/{tmp_path.name}"
+        return
+    with gcs_emulator(log_dir=tmp_path) as emulator:
+        yield emulator.url("store")

@@ -10,7 +10,6 @@ last upload (the record is published after it)."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,16 +17,7 @@ import pytest
 from adaptune.core.files import atomic_write
 from adaptune.sweep.background_uploads import BackgroundUploads
 from adaptune.sweep.store import RunStore
-from tests.gcs_emulator import gcs_emulator
-
-
-@pytest.fixture(params=["memory", "gcs"])
-def bucket(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "memory":
-        yield f"memory://adaptune-uploads/{tmp_path.name}"
-        return
-    with gcs_emulator(log_dir=tmp_path) as emulator:
-        yield emulator.url("store")
+from tests.gcs_emulator import bucket  # noqa: F401 (the fixture)
 
 
 def _held_uploads(store: RunStore, monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, list[int]]:

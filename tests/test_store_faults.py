@@ -18,7 +18,6 @@ import dataclasses
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,7 +31,7 @@ from adaptune.sweep.status import sweep_status
 from adaptune.sweep.status_text import format_status
 from adaptune.sweep.store import RunStore, StoreError
 from tests import stub_trainer
-from tests.gcs_emulator import gcs_emulator
+from tests.gcs_emulator import bucket, gcs_emulator  # noqa: F401 (bucket: a fixture)
 
 
 def _spec(**changes: object):
@@ -43,16 +42,6 @@ def _spec(**changes: object):
                       seeds=(0, 1), max_length=32),),
     )
     return dataclasses.replace(spec, **changes)
-
-
-@pytest.fixture(params=["memory", "gcs"])
-def bucket(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A bucket store root: memory://, or gs:// on a fresh emulator."""
-    if request.param == "memory":
-        yield f"memory://adaptune-faults/{tmp_path.name}"
-        return
-    with gcs_emulator(log_dir=tmp_path) as emulator:
-        yield emulator.url("store")
 
 
 def _run(spec, store: RunStore, **options: object) -> Counter[str]:

@@ -44,7 +44,6 @@ def recorded(progress: Any) -> dict[str, float]:
     return {phase: round(progress.train_time_s if phase == "steps" else progress.phase_s.get(phase, 0.0), 3) for phase in PHASES}
 
 
-
 def summed(records: Sequence[dict[str, Any]], field: str = "time_s") -> dict[str, float]:
     """A group-shared record field's values ({name: number}: time_s, step_graphs) summed over these runs' records,
     each fused group's once: its k records each carry the group's, so each counts 1/k (a run that left its group
