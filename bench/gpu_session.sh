@@ -179,6 +179,9 @@ run_part() {
     # phase says where each attempt's seconds went (seconds_by_phase).
     shardmix) part shardmix 300 --backbones bert-base --variants "" --fused "" --shard 1 --shard-groups 8 --shard-train-rows 1000 \
         --shard-tasks rte,mrpc,cola --shard-methods adapters64,layernorm ;;
+    # Two processes side by side, each training groups of 8, against one (18 RTE adapter runs, all rows): whether a
+    # group's fixed costs (setup, evaluation, saving: seconds_by_phase) hide behind another's steps (runs_per_device 2).
+    shardoverlap) part shardoverlap 150 --backbones bert-base --variants "" --fused "" --shard "" --shard-groups 8,2x8 ;;
     # Runs per GPU-hour on a realistic shard (9 RTE adapter runs, all of RTE's 2,241 training rows, 3 epochs: 213 steps a
     # run where the short shard's have 60): one at a time in the preset's mode (each a group of one, replayed), then fused 8,
     # the H100 preset's step settings as run_shard sets them (the LayerNorm kernel since 2026-11-27).
@@ -207,7 +210,7 @@ run_part() {
     esac
 }
 # A second call while the machine is warm: PARTS='squadtopk presetlarge wholealone compiledlarge' (wholealone again if the first ran out of time).
-# Other parts (shardmix, lncheck, leversbase, leverslarge, topkdepths, dropgraphs, squadlarge, projections, compiledlarge, compileddrop, shardcompiledattn, attncheck, attngraphs, compiledattn,
+# Other parts (shardmix, shardoverlap, lncheck, leversbase, leverslarge, topkdepths, dropgraphs, squadlarge, projections, compiledlarge, compileddrop, shardcompiledattn, attncheck, attngraphs, compiledattn,
 # attnwide, profileattn, shardattn, compiledcheck, compiledgraphs, profilecompiled, shardcompiled, graphcheck, graphs, shardgraphs,
 # profilegraphs, graphsfused, shardfused, compiled, shard, base, topk, profile, fused8, large) stay for later calls: PARTS="..." picks them.
 # A kernel that fails its check outright (not for time: exit 124) is left out of the parts after it; if the attention

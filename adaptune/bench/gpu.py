@@ -98,7 +98,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--batch-sets", default="length_grouped,padded_128")
     parser.add_argument("--shard", default="1,4", help="runs at a time to compare on one shard (empty: skip)")
-    parser.add_argument("--shard-groups", default="4,16", help="runs fused per group to compare on the same shard (empty: skip)")
+    parser.add_argument("--shard-groups", default="4,16", help="runs fused per group to compare on the same shard, comma-separated; "
+                        "PxG: P processes side by side, each training groups of G (one group's fixed costs beside another's "
+                        "steps); empty: skip")
     parser.add_argument("--fused", default="1,4,8,16", help="group sizes of the fused step to measure (empty: skip)")
     parser.add_argument("--fused-methods", default="adapters64,layernorm", help="comma-separated, of adapters64, layernorm, top_k1, top_k3, top_k6, top_k11, full (k = 1 only)")
     parser.add_argument("--fused-optimizer", default="together,per_run",
@@ -284,8 +286,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 save()
 
             rows = scale.shard_train_rows or args.shard_train_rows
-            shard_throughput(args.data_dir, args.tokenizer or _embedded_tokenizer_dir(), _counts(args.shard) or [1], Path(work),
-                             group_sizes=_counts(args.shard_groups), max_train_examples=rows, on_attempt=keep_shard,
+            shard_throughput(args.data_dir, args.tokenizer or _embedded_tokenizer_dir(), _counts(args.shard), Path(work),
+                             group_sizes=_group_attempts(args.shard_groups), max_train_examples=rows, on_attempt=keep_shard,
                              config=scale.configs["bert-base"], tasks=_names(args.shard_tasks),
                              methods=[FUSED_METHODS[name] for name in _names(args.shard_methods)])
     print_table(results["runs"])
@@ -466,12 +468,17 @@ def _counts(text: str) -> list[int]:
     return [int(k) for k in text.split(",") if k.strip()]
 
 
-def _names(text: str) -> list[str]:
-    return [name.strip() for name in text.split(",") if name.strip()]
+def _group_attempts(text: str) -> list[tuple[int, int]]:
+    """--shard-groups' attempts as (processes side by side, runs per group): "8" is (1, 8), "2x8" (2, 8)."""
+    attempts = []
+    for item in _names(text):
+        processes, _, group = item.rpartition("x")
+        attempts.append((int(processes or 1), int(group)))
+    return attempts
 
 
 def shard_throughput(data_dir: str | None, tokenizer_dir: str, runs_at_once: Sequence[int], work: Path, size: str = "bert-base",
-                     max_train_examples: int | None = None, group_sizes: Sequence[int] = (),
+                     max_train_examples: int | None = None, group_sizes: Sequence[tuple[int, int]] = (),
                      on_attempt: Callable[[dict[str, Any]], None] | None = None, config: dict[str, int] | None = None,
                      tasks: Sequence[str] = ("rte",), methods: Sequence[dict[str, Any]] = ({"name": "adapters", "size": 64},)
                      ) -> dict[str, Any]:
@@ -494,7 +501,7 @@ def shard_throughput(data_dir: str | None, tokenizer_dir: str, runs_at_once: Seq
     from adaptune.sweep.store import RunStore
     from adaptune.train.config import method_label
 
-    seeds = max(3, math.ceil(max(group_sizes, default=0) / len(GLUE_LRS)))
+    seeds = max(3, math.ceil(max((processes * group for processes, group in group_sizes), default=0) / len(GLUE_LRS)))
     backbone = work / "bert-base-random"
     torch.manual_seed(0)
     BertForSequenceClassification(BertConfig(**(config or CONFIGS[size]))).bert.save_pretrained(backbone)
@@ -512,7 +519,8 @@ def shard_throughput(data_dir: str | None, tokenizer_dir: str, runs_at_once: Seq
                                           f"3 epochs, {seeds} seeds, {max_train_examples or 'all'} training rows per run"
                                           + (f", {len(shards)} shards in turn" if len(shards) > 1 else "")}
     records = {}
-    attempts = [(f"{k}_at_a_time", k, 1) for k in runs_at_once] + [(f"fused_{g}", 1, g) for g in group_sizes]
+    attempts = [(f"{k}_at_a_time", k, 1) for k in runs_at_once] + [
+        (f"fused_{group}" + (f"_{processes}_processes" if processes > 1 else ""), processes, group) for processes, group in group_sizes]
     for label, at_once, group in attempts:
         store = RunStore(work / f"store-{label}")
         started = time.perf_counter()
@@ -527,7 +535,8 @@ def shard_throughput(data_dir: str | None, tokenizer_dir: str, runs_at_once: Seq
         results[label] = {"seconds": round(seconds, 1), "runs_per_hour": round(len(runs) / seconds * 3600),
                           "outcomes": dict(outcomes), "failures": failures,
                           # where the attempt's time went (the records' time_s); "other": planning, leases, the store
-                          "seconds_by_phase": {**by_phase, "other": round(seconds - sum(by_phase.values()), 1)},
+                          # (None side by side, where the processes' phases overlap in time and sum past the wall clock)
+                          "seconds_by_phase": {**by_phase, "other": round(seconds - sum(by_phase.values()), 1) if at_once == 1 else None},
                           "step_graphs": phase_times.summed(list(records[label].values()), "step_graphs") or None}
         for run_id, failure in failures.items():
             log(f"{run_id} failed: {failure['reason']}\n{failure['traceback'] or ''}")
