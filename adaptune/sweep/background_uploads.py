@@ -6,7 +6,8 @@ as the upload took: a BERT-base adapter run's state is about 14 MB, a fused grou
 once, and a whole model's AdamW state is three copies of its weights (1.3 GB for BERT-base, 4 GB for
 BERT-large). Here the upload runs on a worker thread while training goes on. What stays true:
 - the bucket never holds half a file: each file is one object write, and a state is written locally under a
-  temporary name first (core.files.atomic_write), whose files are never uploaded;
+  temporary name first (core.files.atomic_write), whose files are never uploaded; a state replaced while it
+  travels does not tear it, as gcsfs's put_file reads a file's size and bytes through one open handle;
 - a kill during an upload leaves the bucket's previous state, from which the run resumes (a little further back);
 - an upload's failure is raised by the next request or by `finish()`, where an in-line upload's would have been
   raised a little earlier: a transient one is retried by the shard as before;
