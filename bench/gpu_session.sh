@@ -179,6 +179,12 @@ run_part() {
     # phase says where each attempt's seconds went (seconds_by_phase).
     shardmix) part shardmix 300 --backbones bert-base --variants "" --fused "" --shard 1 --shard-groups 8 --shard-train-rows 1000 \
         --shard-tasks rte,mrpc,cola --shard-methods adapters64,layernorm ;;
+    # One eager step per shape before its capture (ADAPTUNE_GRAPH_WARMUP=1; the default is 2): first whether replays
+    # still train as the eager steps do, then the RTE shard fused 8 with it (its records' step_graphs count the eager
+    # steps and the host's seconds outside replays; shardfull has the same at 2).
+    graphcheck1) ADAPTUNE_GRAPH_WARMUP=1 part graphcheck1 80 --backbones bert-base --variants "" "${NONE[@]}" --fused "" --graph-check 8 \
+        --fused-methods adapters64 ;;
+    shardwarmup1) ADAPTUNE_GRAPH_WARMUP=1 part shardwarmup1 100 --backbones bert-base --variants "" --fused "" --shard "" --shard-groups 8 ;;
     # Two processes side by side, each training groups of 8, against one (18 RTE adapter runs, all rows): whether a
     # group's fixed costs (setup, evaluation, saving: seconds_by_phase) hide behind another's steps (runs_per_device 2).
     shardoverlap) part shardoverlap 150 --backbones bert-base --variants "" --fused "" --shard "" --shard-groups 8,2x8 ;;
@@ -210,7 +216,7 @@ run_part() {
     esac
 }
 # A second call while the machine is warm: PARTS='squadtopk presetlarge wholealone compiledlarge' (wholealone again if the first ran out of time).
-# Other parts (shardmix, shardoverlap, lncheck, leversbase, leverslarge, topkdepths, dropgraphs, squadlarge, projections, compiledlarge, compileddrop, shardcompiledattn, attncheck, attngraphs, compiledattn,
+# Other parts (shardmix, shardoverlap, graphcheck1, shardwarmup1, lncheck, leversbase, leverslarge, topkdepths, dropgraphs, squadlarge, projections, compiledlarge, compileddrop, shardcompiledattn, attncheck, attngraphs, compiledattn,
 # attnwide, profileattn, shardattn, compiledcheck, compiledgraphs, profilecompiled, shardcompiled, graphcheck, graphs, shardgraphs,
 # profilegraphs, graphsfused, shardfused, compiled, shard, base, topk, profile, fused8, large) stay for later calls: PARTS="..." picks them.
 # A kernel that fails its check outright (not for time: exit 124) is left out of the parts after it; if the attention

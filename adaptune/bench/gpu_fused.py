@@ -38,7 +38,7 @@ from adaptune.model.run_dropout import CounterStream, RunRandomness, counter_kee
 from adaptune.model.run_groups import GroupedLayerNorm, trained_tensors
 from adaptune.train.compiling import training_forward
 from adaptune.train.group_loop import run_losses, fused_step, stack_run_batches
-from adaptune.train.step_graphs import STEP_GRAPH_MODES, STEP_GRAPHS, WARMUP_STEPS, GraphedFusedStep
+from adaptune.train.step_graphs import STEP_GRAPH_MODES, STEP_GRAPHS, GraphedFusedStep, graph_warmup
 
 GROUP_SIZES = (1, 4, 8, 16)
 # top_kN: the top N layers stacked per run (the plan's deepest BERT-base groups are top_k 11).
@@ -170,7 +170,7 @@ def _eager_step(model: Any, randomness: Any, device: Device, together: bool, inp
 
 def _warmup_passes(compile_mode: str) -> int:
     """Untimed passes first: one, or, for step graphs, enough for every shape's eager steps and its capture."""
-    return WARMUP_STEPS + 1 if compile_mode in STEP_GRAPH_MODES else 1
+    return graph_warmup() + 1 if compile_mode in STEP_GRAPH_MODES else 1
 
 
 def _train_pass(step: Callable[..., Any], runs: list[_Run], fused: list[tuple]) -> list[Any]:

@@ -15,6 +15,7 @@ ATTENTION_ENV = "ADAPTUNE_ATTENTION"  # adaptune.model.attention_kernel
 DROPOUT_ENV = "ADAPTUNE_DROPOUT"  # adaptune.model.dropout_kernel
 PROJECTIONS_ENV = "ADAPTUNE_PROJECTIONS"  # adaptune.model.frozen_projections
 LAYER_NORM_ENV = "ADAPTUNE_LAYER_NORM"  # adaptune.model.layer_norm_kernel
+GRAPH_WARMUP_ENV = "ADAPTUNE_GRAPH_WARMUP"  # adaptune.train.step_graphs
 STEP_SETTINGS: dict[str, tuple[str, tuple[str, ...]]] = {
     COMPILE_ENV: ("a compile mode", ("eager", "compiled", "graphs", "step_graphs", "compiled_step_graphs")),
     DROPOUT_MASKS_ENV: ("a dropout mask scheme", ("generator", "counter")),
@@ -22,6 +23,7 @@ STEP_SETTINGS: dict[str, tuple[str, tuple[str, ...]]] = {
     DROPOUT_ENV: ("a dropout mode", ("mask", "kernel")),
     PROJECTIONS_ENV: ("a way to multiply frozen query, key and value projections", ("stacked", "separate")),
     LAYER_NORM_ENV: ("a grouped LayerNorm mode", ("torch", "kernel")),
+    GRAPH_WARMUP_ENV: ("a number of eager steps before a shape's CUDA graph is captured", ("2", "1")),
 }
 
 

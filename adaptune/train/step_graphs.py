@@ -33,6 +33,7 @@ import torch
 from torch.nn import functional as F
 
 from adaptune.core.devices import Device
+from adaptune.core.step_settings import GRAPH_WARMUP_ENV, step_setting
 from adaptune.model.run_dropout import RowLayout, RunRandomness
 from adaptune.train.group_optimizer import clip_each
 
@@ -43,8 +44,15 @@ STEP_GRAPHS = "step_graphs"
 COMPILED_STEP_GRAPHS = "compiled_step_graphs"
 STEP_GRAPH_MODES = (STEP_GRAPHS, COMPILED_STEP_GRAPHS)
 LENGTH_BUCKET = 32  # tokens: BERT batches of up to 128 tokens need at most 4 graphs
-WARMUP_STEPS = 2  # eager steps of a shape before it is captured
 StepResult = tuple[torch.Tensor, torch.Tensor]
+
+
+def graph_warmup() -> int:
+    """Eager steps of a shape before it is captured: $ADAPTUNE_GRAPH_WARMUP, 2 unless set. One may do (the first
+    makes the optimizer's state, compiles the shape's kernels, sizes library workspaces): a group of 8 on RTE pays
+    10 eager steps and 5 captures at 2 (5 shapes), each eager step about 2-3 replayed ones on an H100. Kept at 2
+    until a GPU shows that one trains the same (bench/gpu_session.sh parts graphcheck1 and shardwarmup1)."""
+    return int(step_setting(GRAPH_WARMUP_ENV))
 
 
 def pad_to_bucket(inputs: dict[str, torch.Tensor], bucket: int = LENGTH_BUCKET) -> dict[str, torch.Tensor]:
@@ -77,9 +85,9 @@ class GraphedFusedStep:
     each run's (loss, gradient norm) returned on the device), captured per input shape on CUDA."""
 
     def __init__(self, model: Callable[..., Any], randomness: RunRandomness, kind: str, device: Device,
-                 losses: Callable[..., torch.Tensor], warmup: int = WARMUP_STEPS, bucket: int = LENGTH_BUCKET) -> None:
+                 losses: Callable[..., torch.Tensor], warmup: int | None = None, bucket: int = LENGTH_BUCKET) -> None:
         self.model, self.randomness, self.kind, self.device, self.losses = model, randomness, kind, device, losses
-        self.warmup, self.bucket = warmup, bucket
+        self.warmup, self.bucket = graph_warmup() if warmup is None else warmup, bucket
         self.capturing_allowed = device.kind == "cuda" and randomness.scheme == "counter" and kind != "span"
         self.graphs: dict[tuple, _Captured] = {}
         self.seen: dict[tuple, int] = {}
@@ -98,7 +106,7 @@ class GraphedFusedStep:
         every step off CUDA), steps replayed, and on CUDA the host's seconds in eager steps and captures (a GPU's
         eager step is bound by its host; a kernel's first call compiles it there)."""
         return {"graphs": self.captured, "eager_steps": self.eager_steps, "replayed_steps": self.replayed_steps,
-                "eager_and_capture_s": round(self.unreplayed_s, 3)}
+                "eager_and_capture_s": round(self.unreplayed_s, 3), "warmup": self.warmup}
 
     def __call__(self, inputs: dict[str, torch.Tensor], labels: torch.Tensor, weights: torch.Tensor, layout: RowLayout,
                  runs: Sequence[Any]) -> list[StepResult]:
