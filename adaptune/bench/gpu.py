@@ -483,7 +483,7 @@ def shard_throughput(data_dir: str | None, tokenizer_dir: str, runs_at_once: Seq
                      tasks: Sequence[str] = ("rte",), methods: Sequence[dict[str, Any]] = ({"name": "adapters", "size": 64},)
                      ) -> dict[str, Any]:
     """Runs finished per hour on one realistic shard (by default BERT-base adapters m=64 on RTE; `tasks` x
-    `methods` in one shard, each task and method its own groups) at the paper's three adapter learning rates x 3
+    `methods` as the plan shards them, a shard per task, trained in turn) at the paper's three adapter learning rates x 3
     seeds, 3 epochs, more seeds where a group needs more runs; randomly initialised, which is all speed needs),
     trained one at a time, then k at a time
     side by side (adaptune.sweep.shard_runner), then fused g runs per group, each into its own run store;

@@ -2,9 +2,9 @@
 
 A run on a gs:// store trains in a local directory and uploads it whenever it saves its state: at every
 epoch's end and every `checkpoint_every_steps`. Uploaded in line, each save stopped the accelerator for as long
-as the upload took: a BERT-base adapter run's state is about 14 MB, a fused group of 8 saves 8 of them at
-once, and a whole model's AdamW state is three copies of its weights (1.3 GB for BERT-base, 4 GB for
-BERT-large). Here the upload runs on a worker thread while training goes on. What stays true:
+as the upload took: a BERT-base adapter run's state is 29 MB (its weights and AdamW's two moments), a fused
+group of 8 saves 8 of them at once, and a whole model's state is three copies of its weights (1.3 GB for
+BERT-base, 4 GB for BERT-large). Here the upload runs on a worker thread while training goes on. What stays true:
 - the bucket never holds half a file: each file is one object write, and a state is written locally under a
   temporary name first (core.files.atomic_write), whose files are never uploaded; a state replaced while it
   travels does not tear it, as gcsfs's put_file reads a file's size and bytes through one open handle;
@@ -24,6 +24,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 
 class BackgroundUploads:
+    """One run directory's uploads, one at a time on a worker thread (the module docstring says what holds)."""
+
     def __init__(self, upload: Callable[[], None]) -> None:
         self._upload = upload
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="run-upload")
