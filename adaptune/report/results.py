@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from adaptune.core.files import atomic_write
+from adaptune.train.phase_times import PHASES
 from adaptune.train.record import with_companions
 
 RUNS_FILE = "runs.parquet"
@@ -54,6 +55,9 @@ RUNS_SCHEMA = pa.schema(
         pa.field("status", pa.string(), nullable=False),
         pa.field("reason", pa.string()),
         pa.field("wall_time_s", pa.float64()),
+        pa.field("group_size", pa.int64()),  # runs that shared its steps (a fused group); its result is the same
+        # where the wall time went (the record's time_s: adaptune.train.phase_times); a fused group's, as wall_time_s
+        *(pa.field(f"{phase}_s", pa.float64()) for phase in PHASES),
         pa.field("train_examples_per_s", pa.float64()),
         pa.field("device", pa.string()),
         pa.field("checkpoint_dir", pa.string()),
@@ -159,6 +163,8 @@ def run_row(record: dict[str, Any], written_at: dt.datetime | None = None) -> di
         "status": record["status"],
         "reason": record.get("reason"),
         "wall_time_s": record.get("wall_time_s"),
+        "group_size": record.get("group_size"),
+        **{f"{phase}_s": (record.get("time_s") or {}).get(phase) for phase in PHASES},
         "train_examples_per_s": record.get("train_examples_per_s"),
         "device": record.get("device"),
         "checkpoint_dir": None if record.get("checkpoint_dir") is None else str(record["checkpoint_dir"]),
