@@ -91,9 +91,11 @@ def test_a_run_held_by_another_attempt_is_left_to_it_then_reused(stub: Path, tmp
         other.release()
         finished.set()
 
-    threading.Thread(target=other_submission_finishes).start()
+    other_submission = threading.Thread(target=other_submission_finishes)
+    other_submission.start()
     (shard,) = plan(spec).shards
     outcomes = run_shard(spec, shard.id, store)
+    other_submission.join(timeout=60)  # it publishes the record before it marks itself finished: the shard may end between
     assert finished.is_set() and outcomes == Counter(ok=3, reused=1)
     assert stub_trainer.calls(busy.run_id) == 1  # trained once, by its owner
 
