@@ -537,7 +537,7 @@ def shard_throughput(data_dir: str | None, tokenizer_dir: str, runs_at_once: Seq
                           # where the attempt's time went (the records' time_s); "other": planning, leases, the store
                           # (None side by side, where the processes' phases overlap in time and sum past the wall clock)
                           "seconds_by_phase": {**by_phase, "other": round(seconds - sum(by_phase.values()), 1) if at_once == 1 else None},
-                          "step_graphs": phase_times.summed(list(records[label].values()), "step_graphs") or None}
+                          "step_graphs": _graph_counts(list(records[label].values()))}
         for run_id, failure in failures.items():
             log(f"{run_id} failed: {failure['reason']}\n{failure['traceback'] or ''}")
         log(f"shard, {label}: {seconds:.0f} s, {dict(outcomes)}")
@@ -563,6 +563,15 @@ def _compare(results: dict[str, Any], records: dict[str, dict[str, Any]], attemp
             changes = [abs(_score(records[label][run_id]) - _score(records[first][run_id])) for run_id in records[first]
                        if _score(records[label][run_id]) is not None and _score(records[first][run_id]) is not None]
             results[f"max_test_score_change_{label}_vs_{first}"] = max(changes, default=None)
+
+
+def _graph_counts(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The attempt's step-graph counts, each group's once, and the warm-up setting its groups had (a setting, not summed)."""
+    counts = phase_times.summed(records, "step_graphs")
+    if not counts:
+        return None
+    counts["warmup"] = sorted({record["step_graphs"]["warmup"] for record in records if record.get("step_graphs")})
+    return counts
 
 
 def _score(record: dict[str, Any]) -> float | None:

@@ -10,6 +10,9 @@ from pathlib import Path
 from typing import Any
 
 
+_PARTIAL_PREFIX, _PARTIAL_SUFFIX = ".", ".tmp"  # atomic_write's temporary names (is_partial_write)
+
+
 def atomic_write(target: str | os.PathLike[str], write: Callable[[Path], Any]) -> None:
     """Call `write(temporary_path)`, then move it over `target`; a failed write leaves `target` as it was.
 
@@ -17,7 +20,7 @@ def atomic_write(target: str | os.PathLike[str], write: Callable[[Path], Any]) -
     so that a results directory written by one user or service account stays readable by its group.
     """
     target = Path(target)
-    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f"{_PARTIAL_PREFIX}{target.name}.", suffix=_PARTIAL_SUFFIX)
     os.close(handle)
     try:
         write(Path(temporary))
@@ -30,7 +33,7 @@ def atomic_write(target: str | os.PathLike[str], write: Callable[[Path], Any]) -
 
 def is_partial_write(name: str) -> bool:
     """Whether a file name is atomic_write's temporary one (".<target>.<random>.tmp"): a file being written."""
-    return name.startswith(".") and name.endswith(".tmp")
+    return name.startswith(_PARTIAL_PREFIX) and name.endswith(_PARTIAL_SUFFIX)
 
 
 def json_text(data: Any, sort_keys: bool = True) -> str:

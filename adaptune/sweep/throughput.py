@@ -17,6 +17,8 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from adaptune.train.record import group_size
+
 REFERENCE_MAX_LENGTH = 128  # throughputs are quoted at this many tokens per example
 MEASURED_STATUSES = ("ok", "degenerate")  # a failed run stopped early: its time says nothing of a whole run
 
@@ -38,11 +40,6 @@ def backbone_key(backbone: str) -> str:
 
 def throughput_key(backbone: str, accelerator_label: str, method: dict[str, Any], group_size: int = 1) -> ThroughputKey:
     return backbone_key(backbone), accelerator_label, method["name"], group_size
-
-
-def group_size(record: dict[str, Any]) -> int:
-    """How many runs trained in the record's fused group (1: alone)."""
-    return max(int(record.get("group_size") or 1), 1)
 
 
 def accelerator_seconds(record: dict[str, Any]) -> float:

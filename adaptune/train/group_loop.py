@@ -144,7 +144,6 @@ class _Group:
                                  attention=recorded_attention(mask_scheme), dropout=recorded_dropout(mask_scheme))
         self.finished: dict[str, dict[str, Any]] = {}
         self.graphed: GraphedFusedStep | None = None
-        self.graph_counts: dict[str, int] = {}  # of step objects replaced when runs left
 
     def train(self, data_dir: Any, cache_dir: Any, progress: bool, step_callback: StepCallback | None,
               write_record: bool) -> list[dict[str, Any]]:
@@ -166,9 +165,8 @@ class _Group:
     def _record_graph_counts(self, members: Sequence[_Member]) -> None:
         """The group's step-graph counts (GraphedFusedStep.counts, over the step objects it had) into these runs' records."""
         if self.graphed is not None:
-            now = self.graphed.counts()
             for member in members:
-                member.record["step_graphs"] = {name: self.graph_counts.get(name, 0) + count for name, count in now.items()}
+                member.record["step_graphs"] = self.graphed.counts()
 
     def _execute(self, data_dir: Any, cache_dir: Any, show_progress: bool, step_callback: StepCallback | None,
                  started: float, write_record: bool) -> None:
@@ -257,10 +255,10 @@ class _Group:
         for member in self.members:
             member._finish()
 
-    def _graphed_step(self) -> GraphedFusedStep | None:
+    def _graphed_step(self, replacing: GraphedFusedStep | None = None) -> GraphedFusedStep | None:
         if self.compile_mode not in STEP_GRAPH_MODES:
             return None
-        return GraphedFusedStep(self.forward, self.randomness, self.task.kind, self.device, run_losses)
+        return GraphedFusedStep(self.forward, self.randomness, self.task.kind, self.device, run_losses, counted_from=replacing)
 
     def _step(self, batches: list[list[int]], rows: list[dict[str, Any]]) -> None:
         inputs, labels, weights, layout = self._fused_batch(batches, rows)
@@ -294,9 +292,7 @@ class _Group:
         for member, params in zip(self.members, run_parameters(self.model), strict=True):
             member.params = params
         if self.graphed is not None:  # its graphs hold the old stacks
-            for name, count in self.graphed.counts().items():
-                self.graph_counts[name] = self.graph_counts.get(name, 0) + count
-            self.graphed = self._graphed_step()
+            self.graphed = self._graphed_step(replacing=self.graphed)
         return [plans[index] for index in kept]
 
 

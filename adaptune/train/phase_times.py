@@ -18,6 +18,8 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from adaptune.train.record import group_size
+
 PHASES = ("setup", "steps", "evaluation", "saving")
 TIMED_PHASES = ("setup", "evaluation", "saving")  # "steps" is Progress.train_time_s
 
@@ -51,5 +53,5 @@ def summed(records: Sequence[dict[str, Any]], field: str = "time_s") -> dict[str
     totals: dict[str, float] = {}
     for record in records:
         for name, value in (record.get(field) or {}).items():
-            totals[name] = totals.get(name, 0.0) + value / max(1, record.get("group_size") or 1)
+            totals[name] = totals.get(name, 0.0) + value / group_size(record)
     return {name: round(value, 1) for name, value in totals.items()}

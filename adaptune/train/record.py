@@ -73,6 +73,11 @@ def run_record(config: TrainConfig, primary_metric: str, device: str | None = No
     }
 
 
+def group_size(record: dict[str, Any]) -> int:
+    """How many runs trained in the record's fused group (1: alone): the runs its wall time and time_s are shared by."""
+    return max(int(record.get("group_size") or 1), 1)
+
+
 def with_provenance(record: dict[str, Any], data_dir: str | os.PathLike[str] | None) -> dict[str, Any]:
     """The record with what made it filled in (provenance.provenance), where no one has yet: every record
     the loop writes and the store publishes passes here."""

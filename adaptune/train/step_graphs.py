@@ -85,14 +85,19 @@ class GraphedFusedStep:
     each run's (loss, gradient norm) returned on the device), captured per input shape on CUDA."""
 
     def __init__(self, model: Callable[..., Any], randomness: RunRandomness, kind: str, device: Device,
-                 losses: Callable[..., torch.Tensor], warmup: int | None = None, bucket: int = LENGTH_BUCKET) -> None:
+                 losses: Callable[..., torch.Tensor], warmup: int | None = None, bucket: int = LENGTH_BUCKET,
+                 counted_from: GraphedFusedStep | None = None) -> None:
         self.model, self.randomness, self.kind, self.device, self.losses = model, randomness, kind, device, losses
         self.warmup, self.bucket = graph_warmup() if warmup is None else warmup, bucket
         self.capturing_allowed = device.kind == "cuda" and randomness.scheme == "counter" and kind != "span"
         self.graphs: dict[tuple, _Captured] = {}
         self.seen: dict[tuple, int] = {}
-        self.eager_steps = self.replayed_steps = 0  # the record's step_graphs: what the capture cost, what it saved
-        self.unreplayed_s = 0.0  # host seconds in eager steps and captures on CUDA (compiling kernels included)
+        # The record's step_graphs: what the capture cost, what it saved; counted on from the step this one replaces
+        # (a group whose runs left: the old graphs held the old stacks).
+        self.graphs_before = counted_from.graphs_before + counted_from.captured if counted_from else 0
+        self.eager_steps = counted_from.eager_steps if counted_from else 0
+        self.replayed_steps = counted_from.replayed_steps if counted_from else 0
+        self.unreplayed_s = counted_from.unreplayed_s if counted_from else 0.0  # host seconds in eager steps and captures on CUDA
         if device.kind == "cuda":
             self.stream = torch.cuda.Stream(device.torch_device)
             self.pool = torch.cuda.graph_pool_handle()  # one pool: the graphs never run at once
@@ -105,7 +110,7 @@ class GraphedFusedStep:
         """This attempt's graphs captured (one per input shape), steps run eagerly (a shape's first steps, and
         every step off CUDA), steps replayed, and on CUDA the host's seconds in eager steps and captures (a GPU's
         eager step is bound by its host; a kernel's first call compiles it there)."""
-        return {"graphs": self.captured, "eager_steps": self.eager_steps, "replayed_steps": self.replayed_steps,
+        return {"graphs": self.graphs_before + self.captured, "eager_steps": self.eager_steps, "replayed_steps": self.replayed_steps,
                 "eager_and_capture_s": round(self.unreplayed_s, 3), "warmup": self.warmup}
 
     def __call__(self, inputs: dict[str, torch.Tensor], labels: torch.Tensor, weights: torch.Tensor, layout: RowLayout,
