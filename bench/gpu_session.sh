@@ -201,21 +201,27 @@ run_part() {
     presetlarge) part presetlarge 90 --backbones bert-large --variants "" "${NONE[@]}" --fused 8 --fused-methods adapters64 \
         --fused-batch-sets length_grouped,padded_128 --fused-optimizer together --fused-masks counter --fused-compile step_graphs \
         --fused-attention kernel --fused-layer-norm kernel ;;
-    # SQuAD's top_k runs (648 BERT-large runs, 411 of paper_full's 1,703 H100-hours, priced at the 128-token row scaled by
+    # SQuAD's top_k runs (648 BERT-large runs, 411 of paper_full's 1,757 H100-hours, priced at the 128-token row scaled by
     # length, which overpriced its adapter runs 2.7x): the trainer's one-run step at 384 tokens at two depths, and full
     # fine-tuning (top_k 24 and the embeddings).
     squadtopk) part squadtopk 90 --backbones bert-large --variants now --methods top_k1,top_k12,full --batch-sets padded_384 --repeats 1 \
         "${NONE[@]}" --fused "" ;;
     # Full fine-tuning as a group of one (run_groups.GroupedEmbedding, new 2026-11-27: under step graphs a run that trains
     # the whole model now trains so, where it trained in the host-bound trainer's step): its replayed step beside the
-    # trainer's, BERT-base and BERT-large, real lengths. 363 of paper_full's 1,703 H100-hours are such runs.
+    # trainer's, BERT-base and BERT-large, real lengths. 363 of paper_full's 1,757 H100-hours are such runs.
     wholealone) part wholealone 110 --backbones bert-base,bert-large --variants now --methods full --batch-sets length_grouped \
         "${NONE[@]}" --fused 1 --fused-methods full --fused-batch-sets length_grouped --fused-optimizer together --fused-masks counter \
         --fused-compile step_graphs --fused-attention kernel ;;
+    # How the preset's step time grows with a group's runs: the plan prices a size between two measured ones on the
+    # line between their step times (cost.table_fused_speedup), and paper_full's group keys hold 9, 12 or 15 runs,
+    # trained as 5+4, 6+6 and 8+7 at runs_per_group 8; a group of 12 says whether 12 a group would pay.
+    groupsizes) part groupsizes 170 --backbones bert-base --variants "" "${NONE[@]}" --fused 1,2,4,6,8,12 --fused-methods adapters64 \
+        --fused-batch-sets length_grouped --fused-optimizer together --fused-masks counter --fused-compile step_graphs \
+        --fused-attention kernel --fused-layer-norm kernel ;;
     *) log "no part $1" ;;
     esac
 }
-# A second call while the machine is warm: PARTS='squadtopk presetlarge wholealone compiledlarge' (wholealone again if the first ran out of time).
+# A second call while the machine is warm: PARTS='groupsizes squadtopk presetlarge wholealone' (wholealone again if the first ran out of time).
 # Other parts (shardmix, shardoverlap, graphcheck1, shardwarmup1, lncheck, leversbase, leverslarge, topkdepths, dropgraphs, squadlarge, projections, compiledlarge, compileddrop, shardcompiledattn, attncheck, attngraphs, compiledattn,
 # attnwide, profileattn, shardattn, compiledcheck, compiledgraphs, profilecompiled, shardcompiled, graphcheck, graphs, shardgraphs,
 # profilegraphs, graphsfused, shardfused, compiled, shard, base, topk, profile, fused8, large) stay for later calls: PARTS="..." picks them.

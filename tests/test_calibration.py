@@ -131,33 +131,50 @@ def test_a_fused_group_is_charged_once_and_prices_the_runs_that_will_train_fused
     assert estimate_hours(layernorm, spec, measured) == estimate_hours(layernorm, spec)
     source = plan(spec, measured).estimate_source()
     assert "all-MiniLM-L6-v2 adapters on cpu: 40.0 examples/s from 1 run(s)" in source
-    assert "6 run(s) that train fused 8 at a time priced one run at a time" in source  # 3 adapter, 3 LayerNorm-only runs
-    monkeypatch.setenv("ADAPTUNE_RUNS_PER_GROUP", "4")
-    assert "adapters fused 4 at a time on cpu: 200.0 examples/s from 4 run(s)" in plan(spec, measured).estimate_source()
+    # 3 adapter and 3 LayerNorm-only runs: each method's 3 seeds train as one group of 3, as the runner will form it
+    assert "6 run(s) that train fused 3 at a time priced one run at a time" in source
+    monkeypatch.setenv("ADAPTUNE_RUNS_PER_GROUP", "4")  # 4 seeds a method: groups of 4, priced as the store measured them
+    four_seeds = spec_from_dict({**GROWN, "max_train_examples": 1000, "sweeps": [{**GROWN["sweeps"][0], "seeds": [0, 1, 2, 3]}]})
+    assert "adapters fused 4 at a time on cpu: 200.0 examples/s from 4 run(s)" in plan(four_seeds, measured).estimate_source()
 
 
-def test_a_gpu_plan_prices_planned_groups_at_the_measured_fused_speedup(monkeypatch: pytest.MonkeyPatch) -> None:
-    """On the H100 preset (8 runs per group) with no store measurement, an adapter or LayerNorm-only run is
-    priced at the table's one-run throughput times bench-gpu's measured fused speedup at 8 (7.77 for
-    BERT-base); full fine-tuning trains alone and is priced alone; the plan says which figures it used."""
-    spec = spec_from_dict({**GROWN, "backbone": "bert-base-uncased", "accelerator": "h100"})
-    runs = {run.method["name"]: run for run in plan(spec).runs}
-    grouped = {name: estimate_hours(run, spec) for name, run in runs.items()}
-    monkeypatch.setenv("ADAPTUNE_RUNS_PER_GROUP", "1")
-    alone = {name: estimate_hours(run, spec) for name, run in runs.items()}
-    assert grouped["full"] == alone["full"]
-    assert grouped["adapters"] == pytest.approx(alone["adapters"] / FUSED_SPEEDUP["frozen_backbone"]["bert-base-uncased"][8])
-    assert grouped["layernorm"] == pytest.approx(alone["layernorm"] / FUSED_SPEEDUP["frozen_backbone"]["bert-base-uncased"][8])
+def test_a_gpu_plan_prices_each_group_at_its_size_from_the_measured_fused_speedups() -> None:
+    """On the H100 preset (8 runs per group) with no store measurement, an adapter or LayerNorm-only run is priced
+    at the table's one-run throughput times bench-gpu's fused speedup at its own group's size: measured at 8 (7.77
+    for BERT-base) and at 1 (a lone run replayed as CUDA graphs), on the line between their step times in between,
+    at 8's above; full fine-tuning is priced alone. The plan prices the groups it forms, and says so."""
+    eight_seeds = spec_from_dict({**GROWN, "backbone": "bert-base-uncased", "accelerator": "h100",
+                                  "sweeps": [{**GROWN["sweeps"][0], "seeds": list(range(8))}]})
+    planned = plan(eight_seeds)
+    assert {planned.group_sizes[run.run_id] for run in planned.runs if run.method["name"] != "full"} == {8}
+    assert {planned.group_sizes[run.run_id] for run in planned.runs if run.method["name"] == "full"} == {1}
+    runs = {run.method["name"]: run for run in planned.runs}
+    speedups = FUSED_SPEEDUP["frozen_backbone"]["bert-base-uncased"]
+    hours = {size: estimate_hours(runs["adapters"], eight_seeds, group_size=size) for size in range(1, 13)}
+    assert planned.run_hours[runs["adapters"].run_id] == hours[8]
+    assert planned.run_hours[runs["full"].run_id] == estimate_hours(runs["full"], eight_seeds, group_size=1)
+    assert hours[8] * speedups[8] == pytest.approx(hours[1] * speedups[1])
+    step_1, step_8 = 1 / speedups[1], 8 / speedups[8]  # in one plain run's step times
+    assert hours[4] * 4 / (step_1 + 3 * (step_8 - step_1) / 7) == pytest.approx(hours[1] * speedups[1])
+    assert [hours[size] for size in range(1, 9)] == sorted((hours[size] for size in range(1, 9)), reverse=True)
+    assert hours[12] == hours[8]  # above the largest measured size: its speedup
     # A measured adapter step on an H100 is no cheaper than a full one (launch-bound): the table says so.
-    assert alone["adapters"] == pytest.approx(alone["full"] * MEASURED_PARAMETER_EFFICIENT_STEP_COST[("bert-base-uncased", "NVIDIA_H100_80GB")])
-    assert "fused" not in plan(spec).estimate_source()  # one run at a time: nothing fused to price
-    monkeypatch.setenv("ADAPTUNE_RUNS_PER_GROUP", "4")  # smaller than any measured group: priced one at a time
-    assert estimate_hours(runs["adapters"], spec) == alone["adapters"]
-    monkeypatch.delenv("ADAPTUNE_RUNS_PER_GROUP")
-    assert "6 run(s) that train fused 8 at a time priced at bench-gpu's measured fused speedup" in plan(spec).estimate_source()
+    full_alone = estimate_hours(runs["full"], eight_seeds, group_size=1)
+    assert hours[1] * speedups[1] == pytest.approx(full_alone * MEASURED_PARAMETER_EFFICIENT_STEP_COST[("bert-base-uncased", "NVIDIA_H100_80GB")])
+    assert "16 run(s) that train fused 8 at a time priced at bench-gpu's measured fused speedup" in planned.estimate_source()
+    # 3 seeds a method: the plan forms groups of 3 and prices them at 3
+    three_seeds = spec_from_dict({**GROWN, "backbone": "bert-base-uncased", "accelerator": "h100"})
+    planned = plan(three_seeds)
+    adapters = next(run for run in planned.runs if run.method["name"] == "adapters")
+    assert planned.run_hours[adapters.run_id] == pytest.approx(hours[3])
+    assert "6 run(s) that train fused 3 at a time priced at bench-gpu's measured fused speedup" in planned.estimate_source()
+    # The A100 preset fuses nothing and replays no steps: every run priced alone
+    a100 = spec_from_dict({**GROWN, "backbone": "bert-base-uncased", "accelerator": "a100"})
+    assert {table_fused_speedup(run, a100) for run in plan(a100).runs} == {1.0}
+    assert "fused" not in plan(a100).estimate_source()
 
 
-def test_a_gpu_plan_prices_top_k_groups_at_the_shallowest_measured_depth_at_least_theirs(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_gpu_plan_prices_top_k_groups_at_the_shallowest_measured_depth_at_least_theirs() -> None:
     """top_k below the full depth trains fused on the H100 preset. A GPU measured groups of top_k 1, 3, 6 and 11
     on BERT-base: top_k 3 prices at top_k 3's speedup, top_k 5 at top_k 6's (more stacked layers share less:
     the deeper figure is the floor); top_k over every layer trains alone, and BERT-large's top_k, never measured
@@ -172,15 +189,15 @@ def test_a_gpu_plan_prices_top_k_groups_at_the_shallowest_measured_depth_at_leas
     assert {table_fused_speedup(run, spec) for run in by_k[5]} == {FUSED_SPEEDUP["top_k6"]["bert-base-uncased"][8]}
     assert FUSED_SPEEDUP["top_k6"]["bert-base-uncased"][8] < FUSED_SPEEDUP["top_k3"]["bert-base-uncased"][8]
     assert all(table_fused_speedup(run, spec) == 1.0 for run in by_k[12])
-    grouped = estimate_hours(by_k[5][0], spec)
-    monkeypatch.setenv("ADAPTUNE_RUNS_PER_GROUP", "1")
-    assert grouped == pytest.approx(estimate_hours(by_k[5][0], spec) / FUSED_SPEEDUP["top_k6"]["bert-base-uncased"][8])
-    monkeypatch.delenv("ADAPTUNE_RUNS_PER_GROUP")
-    assert "6 run(s) that train fused 8 at a time priced at bench-gpu's measured fused speedup" in plan(spec).estimate_source()
+    grouped, alone = (estimate_hours(by_k[5][0], spec, group_size=size) for size in (8, 1))
+    assert grouped * FUSED_SPEEDUP["top_k6"]["bert-base-uncased"][8] == pytest.approx(alone * FUSED_SPEEDUP["top_k6"]["bert-base-uncased"][1])
+    # top_k 3 was measured at 8 only: a group of 3 at 8's step time, a third of its runs' work
+    assert table_fused_speedup(by_k[3][0], spec, 3) == pytest.approx(FUSED_SPEEDUP["top_k3"]["bert-base-uncased"][8] * 3 / 8)
+    assert "6 run(s) that train fused 3 at a time priced at bench-gpu's measured fused speedup" in plan(spec).estimate_source()
     large = spec_from_dict({**GROWN, "backbone": "bert-large-uncased", "accelerator": "h100",
                             "sweeps": [{**GROWN["sweeps"][0], "methods": ["top_k:3"]}]})
     assert {table_fused_speedup(run, large) for run in plan(large).runs} == {1.0}
-    assert "3 run(s) that train fused 8 at a time priced one run at a time (no fused measurement for their method" in plan(large).estimate_source()
+    assert "3 run(s) that train fused 3 at a time priced one run at a time (no fused measurement for their method" in plan(large).estimate_source()
 
 
 

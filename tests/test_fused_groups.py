@@ -426,3 +426,25 @@ def test_the_whole_run_timing_trains_the_same_runs_fused_and_alone_in_the_precis
     assert timed["runs"] == 2 and timed["precision"] == "float32"
     assert len(timed["group_walls_s"]) == len(timed["alone_walls_s"]) == 2 and timed["speedup"] > 0
     assert timed["largest_test_score_difference"] is not None and timed["largest_test_score_difference"] < 1e-6
+
+
+def test_a_group_keys_runs_split_into_as_few_groups_as_fit_of_even_sizes() -> None:
+    """9 runs at 8 a group train as 5 and 4 (a run alone would pay a whole launch-bound step for itself), 16 as 8
+    and 8, 12 at 256 tokens (4 a group) as three 4s; a run no group shares keeps its place, and groups come in
+    the order of their first runs."""
+    from adaptune.train.grouping import fused_groups
+
+    adapters = {"name": "adapters", "size": 64}
+    nine = [_config(adapters, lr, seed) for lr in (3e-5, 3e-4, 3e-3) for seed in range(3)]
+    full = _config({"name": "full"}, 3e-5, 0)
+    groups = fused_groups([full, *nine], 8)
+    assert [len(group) for group in groups] == [1, 5, 4]
+    assert groups[0] == [full] and groups[1] + groups[2] == nine
+    sixteen = [_config(adapters, 3e-4, seed) for seed in range(16)]
+    assert [len(group) for group in fused_groups(sixteen, 8)] == [8, 8]
+    long = [_config(adapters, 3e-4, seed, max_length=256, batch_size=32) for seed in range(12)]
+    assert [len(group) for group in fused_groups(long, 8)] == [4, 4, 4]
+    layernorm = [_config({"name": "layernorm"}, 3e-4, seed) for seed in range(3)]
+    interleaved = [nine[0], layernorm[0], *nine[1:], *layernorm[1:]]
+    assert [[config.method["name"] for config in group][0] for group in fused_groups(interleaved, 8)] == ["adapters", "layernorm", "adapters"]
+    assert fused_groups(nine, 1) == [[config] for config in nine]

@@ -223,3 +223,35 @@ def test_shards_start_in_the_order_of_their_first_run_across_tasks() -> None:
     assert [shard.id for shard in planned.shards[:3]] == ["0000-cola", "0001-mrpc", "0002-sst2"]
     assert sorted(run.run_id for shard in planned.shards for run in shard.runs) == sorted(position)
     assert all(len({run.task for run in shard.runs}) == 1 for shard in planned.shards)
+
+
+def test_a_plans_shards_hold_whole_fused_groups_and_the_runner_forms_those_groups() -> None:
+    """On the H100 preset (8 runs a group), a group key's runs are packed a group at a time, never cut where a
+    shard fills: RTE's 9 adapter runs (3 learning rates x 3 seeds) train as 5 and 4, not as 8 and a run alone, and
+    its 4 full fine-tuning runs alone. The shard runner, given each shard, forms exactly the plan's groups, and
+    the plan prices each run at its group's size."""
+    from adaptune.sweep.device_sharing import runs_per_group
+    from adaptune.sweep.experiments import ACCELERATORS
+    from adaptune.sweep.run_attempt import form_groups
+
+    spec = dataclasses.replace(
+        EXPERIMENTS["glue_local"], name="groups_check", accelerator=ACCELERATORS["h100"], shard_size=6,
+        backbone="bert-base-uncased",
+        sweeps=(Sweep(tasks=("rte",), methods=method_grid(full=True, adapter_sizes=(64,)), learning_rates=(3e-5, 3e-4, 3e-3),
+                      seeds=(0, 1, 2)), Sweep(tasks=("rte",), methods=method_grid(full=True), learning_rates=(1e-4,), seeds=(0,))))
+    planned = plan(spec)
+    adapters = [run.run_id for run in planned.runs if run.method["name"] == "adapters"]
+    assert len(adapters) == 9
+    assert sorted(len(group) for group in planned.groups if group[0].method["name"] == "adapters") == [4, 5]
+    assert all(len(group) == 1 for group in planned.groups if group[0].method["name"] == "full")
+    shard_of = {run.run_id: shard.id for shard in planned.shards for run in shard.runs}
+    assert sorted(shard_of) == sorted(run.run_id for run in planned.runs)
+    assert all(len({shard_of[run.run_id] for run in group}) == 1 for group in planned.groups)
+    assert all(len(shard.runs) <= spec.shard_size for shard in planned.shards)
+    formed = [[run.run_id for run in group] for shard in planned.shards
+              for group in form_groups(list(shard.runs), runs_per_group(spec.accelerator))]
+    assert sorted(formed) == sorted([run.run_id for run in group] for group in planned.groups)
+    assert {planned.group_sizes[run_id] for run_id in adapters} == {4, 5}
+    five = next(group for group in planned.groups if len(group) == 5)
+    four = next(group for group in planned.groups if len(group) == 4)
+    assert planned.run_hours[four[0].run_id] > planned.run_hours[five[0].run_id]  # fewer runs share a group's launches

@@ -16,8 +16,10 @@ DROPOUT_ENV = "ADAPTUNE_DROPOUT"  # adaptune.model.dropout_kernel
 PROJECTIONS_ENV = "ADAPTUNE_PROJECTIONS"  # adaptune.model.frozen_projections
 LAYER_NORM_ENV = "ADAPTUNE_LAYER_NORM"  # adaptune.model.layer_norm_kernel
 GRAPH_WARMUP_ENV = "ADAPTUNE_GRAPH_WARMUP"  # adaptune.train.step_graphs
+# The compile modes that replay a group's step as CUDA graphs (adaptune.train.step_graphs), a lone run's too.
+STEP_GRAPH_MODES = ("step_graphs", "compiled_step_graphs")
 STEP_SETTINGS: dict[str, tuple[str, tuple[str, ...]]] = {
-    COMPILE_ENV: ("a compile mode", ("eager", "compiled", "graphs", "step_graphs", "compiled_step_graphs")),
+    COMPILE_ENV: ("a compile mode", ("eager", "compiled", "graphs", *STEP_GRAPH_MODES)),
     DROPOUT_MASKS_ENV: ("a dropout mask scheme", ("generator", "counter")),
     ATTENTION_ENV: ("an attention mode", ("eager", "kernel")),
     DROPOUT_ENV: ("a dropout mode", ("mask", "kernel")),

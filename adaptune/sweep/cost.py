@@ -6,12 +6,13 @@ accelerator-hours. A run store's own measurements (adaptune.sweep.throughput) re
 
 from __future__ import annotations
 
+from adaptune.core.step_settings import COMPILE_ENV, STEP_GRAPH_MODES
 from adaptune.data.tasks import get_task
 from adaptune.sweep.device_sharing import runs_per_group
 from adaptune.sweep.experiments import ExperimentSpec
 from adaptune.sweep.throughput import REFERENCE_MAX_LENGTH, Measured, ThroughputKey, backbone_key, throughput_key
 from adaptune.train.config import TrainConfig
-from adaptune.train.grouping import GROUPABLE_METHODS, group_capacity, group_key
+from adaptune.train.grouping import GROUPABLE_METHODS, group_capacity, group_key, trains_alone_for_its_length
 
 # Training throughput in examples per second for full fine-tuning at max_length 128, batch 32,
 # per backbone and accelerator (Vertex AI accelerator type, or "cpu"), for one run. These are
@@ -66,13 +67,18 @@ MEASURED_ONE_RUN_AT_LENGTH: dict[tuple[str, str, int], float] = {
 # 3,374 examples/s at 1, 6 and 11 layers ("h100_2026_11_27_levers"); 3 layers eager, 5,029 ("h100_2026_11_26").
 # A group prices as its method's kind: "frozen_backbone" (adapters, LayerNorm-only, LoRA, (IA)3: a group's
 # step launches what an adapter group's does), or top_k at the shallowest depth measured at least its own
-# (more stacked layers share less); at the largest measured group size not above its own.
+# (more stacked layers share less). Size 1 is a run alone with its step replayed as CUDA graphs, as the preset
+# trains a groupable run without companions (run_attempt._graphed_alone): BERT-base adapters 2,033 examples/s and
+# BERT-large 838, counter masks, without either kernel, a floor ("h100_2026_11_26_step_graphs"); top_k at 1, 6 and
+# 11 layers 10,498, 4,751 and 3,127 in the preset's step ("h100_2026_11_27_levers"). Between two measured sizes a
+# group is priced on the line between their step times, and below the smallest at that size's step time (see
+# table_fused_speedup).
 FUSED_SPEEDUP: dict[str, dict[str, dict[int, float]]] = {
-    "frozen_backbone": {"bert-base-uncased": {8: 7.77}, "bert-large-uncased": {8: 4.15}},
-    "top_k1": {"bert-base-uncased": {8: 13.82}},
+    "frozen_backbone": {"bert-base-uncased": {1: 2.98, 8: 7.77}, "bert-large-uncased": {1: 1.98, 8: 4.15}},
+    "top_k1": {"bert-base-uncased": {1: 15.41, 8: 13.82}},
     "top_k3": {"bert-base-uncased": {8: 7.38}},
-    "top_k6": {"bert-base-uncased": {8: 7.26}},
-    "top_k11": {"bert-base-uncased": {8: 4.95}},
+    "top_k6": {"bert-base-uncased": {1: 6.97, 8: 7.26}},
+    "top_k11": {"bert-base-uncased": {1: 4.59, 8: 4.95}},
 }
 TOP_K_DEPTHS_MEASURED = sorted(int(kind.removeprefix("top_k")) for kind in FUSED_SPEEDUP if kind.startswith("top_k"))
 EVALUATION_OVERHEAD = 1.1  # per-epoch validation adds roughly a tenth
@@ -84,23 +90,47 @@ KNOWN_TRAIN_SIZES = {
 
 
 def planned_group_size(run: TrainConfig, spec: ExperimentSpec) -> int:
-    """The fused group a run will train in: `runs_per_group` where it can share a forward pass (fewer for
-    longer steps: group_capacity), else 1.
-    (A shard's last group of a kind may be smaller; the estimate does not count on that.)"""
+    """The largest fused group a run may train in: `runs_per_group` where it can share a forward pass (fewer
+    for longer steps: group_capacity), else 1. The plan knows each run's own group (Plan.group_sizes: a
+    group key's runs split evenly, so 9 runs train as 5 and 4) and prices it at that size."""
     fused = runs_per_group(spec.accelerator)
     return group_capacity(run, fused) if fused > 1 and group_key(run) is not None else 1
 
 
-def table_fused_speedup(run: TrainConfig, spec: ExperimentSpec) -> float:
-    """How much faster a run trains in its planned group than alone, from FUSED_SPEEDUP: at the largest
-    measured group size that is not larger than the planned one; 1 where nothing was measured (top_k deeper
-    than any measured, groups smaller than any measured, such as SQuAD's pairs)."""
-    size = planned_group_size(run, spec)
+def table_fused_speedup(run: TrainConfig, spec: ExperimentSpec, group_size: int | None = None) -> float:
+    """How much faster a run trains in its group (of `group_size`, else planned_group_size) than alone in the
+    plain trainer, from FUSED_SPEEDUP, on a GPU: at its size where
+    measured; between two measured sizes on the line between their step times (a step's time grows with its
+    runs no faster than that line where it is launch-bound at few runs and compute-bound at many, so the line
+    does not underprice); below the smallest measured size m, at m's step time (the same launches over fewer
+    rows); above the largest, at the largest's speedup. 1 for a run that trains alone for its length, where
+    nothing like it was measured (top_k deeper than any measured), and for a run alone where the preset does not
+    replay steps as CUDA graphs."""
+    size = planned_group_size(run, spec) if group_size is None else group_size
     kind = fused_kind(run)
-    if spec.accelerator.family != "gpu" or size <= 1 or kind is None:
+    if spec.accelerator.family != "gpu" or kind is None or trains_alone_for_its_length(run):
         return 1.0
-    measured = {k: speedup for k, speedup in FUSED_SPEEDUP[kind].get(backbone_key(run.backbone), {}).items() if k <= size}
-    return measured[max(measured)] if measured else 1.0
+    if size <= 1 and not _replays_step_graphs(spec):
+        return 1.0
+    measured = FUSED_SPEEDUP[kind].get(backbone_key(run.backbone), {})
+    if not measured:
+        return 1.0
+    if size in measured:
+        return measured[size]
+    below, above = [k for k in measured if k < size], [k for k in measured if k > size]
+    if not above:
+        return measured[max(below)]
+    upper = min(above)
+    if not below:
+        return max(1.0, measured[upper] * size / upper)
+    lower = max(below)
+    step_lower, step_upper = lower / measured[lower], upper / measured[upper]  # in one plain run's step times
+    return size / (step_lower + (size - lower) * (step_upper - step_lower) / (upper - lower))
+
+
+def _replays_step_graphs(spec: ExperimentSpec) -> bool:
+    """Whether the accelerator preset's tasks replay steps as CUDA graphs, a lone groupable run's too."""
+    return dict(spec.accelerator.step_settings).get(COMPILE_ENV) in STEP_GRAPH_MODES
 
 
 def fused_kind(run: TrainConfig) -> str | None:
@@ -111,31 +141,35 @@ def fused_kind(run: TrainConfig) -> str | None:
     return "frozen_backbone" if run.method["name"] in GROUPABLE_METHODS else None
 
 
-def measurement_for(run: TrainConfig, spec: ExperimentSpec, measured: dict[ThroughputKey, Measured]
-                    ) -> tuple[ThroughputKey, Measured] | None:
-    """The store's throughput that prices this run: measured at the group size it will train in, else
-    measured one run at a time (fusing is then not counted on), else none."""
+def measurement_for(run: TrainConfig, spec: ExperimentSpec, measured: dict[ThroughputKey, Measured],
+                    group_size: int | None = None) -> tuple[ThroughputKey, Measured] | None:
+    """The store's throughput that prices this run: measured at the group size it will train in
+    (`group_size`, else planned_group_size), else measured one run at a time (fusing is then not counted
+    on), else none."""
     if not measured:
         return None
-    for size in dict.fromkeys((planned_group_size(run, spec), 1)):
+    for size in dict.fromkeys((planned_group_size(run, spec) if group_size is None else group_size, 1)):
         key = throughput_key(run.backbone, spec.accelerator.label, run.method, size)
         if key in measured:
             return key, measured[key]
     return None
 
 
-def estimate_hours(run: TrainConfig, spec: ExperimentSpec, measured: dict[ThroughputKey, Measured] | None = None) -> float:
-    """Estimated accelerator-hours of one run: examples x epochs / throughput, the throughput measured
-    by the store's records where `measured` has it (wall time, evaluation included, shared among a fused
-    group's runs), else THROUGHPUT (one run at a time, times the measured FUSED_SPEEDUP of its group on a GPU)."""
+def estimate_hours(run: TrainConfig, spec: ExperimentSpec, measured: dict[ThroughputKey, Measured] | None = None,
+                   group_size: int | None = None) -> float:
+    """Estimated accelerator-hours of one run in a group of `group_size` (else planned_group_size):
+    examples x epochs / throughput, the throughput measured by the store's records where `measured` has it
+    (wall time, evaluation included, shared among a fused group's runs), else THROUGHPUT (one run at a
+    time, times the measured FUSED_SPEEDUP of its group on a GPU)."""
     task = get_task(run.task)
     train_size = task.paper_sizes[0] if task.paper_sizes else KNOWN_TRAIN_SIZES.get(task.name, 10_000)
     if run.max_train_examples:
         train_size = min(train_size, run.max_train_examples)
-    found = measurement_for(run, spec, measured or {})
+    found = measurement_for(run, spec, measured or {}, group_size)
     if found is not None:
         return train_size * run.epochs / (found[1].examples_per_s * REFERENCE_MAX_LENGTH / run.max_length) / 3600
-    return train_size * run.epochs / (table_one_run_throughput(run, spec) * table_fused_speedup(run, spec)) * EVALUATION_OVERHEAD / 3600
+    speedup = table_fused_speedup(run, spec, group_size)
+    return train_size * run.epochs / (table_one_run_throughput(run, spec) * speedup) * EVALUATION_OVERHEAD / 3600
 
 
 def measured_at_length(run: TrainConfig, spec: ExperimentSpec) -> bool:

@@ -19,7 +19,7 @@ from adaptune.sweep.store import CHECKPOINT_DIR, RECORD_FILE, RUNS_DIR, RunDir, 
 from adaptune.sweep.transient import backoff_s, is_transient
 from adaptune.train.config import TrainConfig
 from adaptune.train.event_log import write_run_summary
-from adaptune.train.grouping import group_capacity, group_key, trains_alone_for_its_length, trains_whole_model
+from adaptune.train.grouping import fused_groups, group_key, trains_alone_for_its_length, trains_whole_model
 from adaptune.train.record import failed_run_record, is_stale, one_line_reason, save_traceback, with_provenance
 
 
@@ -32,24 +32,12 @@ def train_runs(configs: Iterable[TrainConfig], shard_id: str, store: RunStore, o
 
 
 def form_groups(configs: list[TrainConfig], runs_per_group: int) -> list[list[TrainConfig]]:
-    """Runs with equal group keys (adaptune.train.grouping.group_key), in plan order, up to `runs_per_group` a
-    group (fewer for longer steps: group_capacity); every other run alone. A stand-in trainer
+    """The shard's groups (adaptune.train.grouping.fused_groups: runs with equal group keys, at most
+    `runs_per_group` a group, fewer for longer steps); every other run alone. A stand-in trainer
     ($ADAPTUNE_TRAINER) trains runs alone."""
-    if runs_per_group <= 1 or os.environ.get(TRAINER_ENV):
+    if os.environ.get(TRAINER_ENV):
         return [[config] for config in configs]
-    groups: list[list[TrainConfig]] = []
-    open_groups: dict[tuple, list[TrainConfig]] = {}
-    for config in configs:
-        key = group_key(config)
-        if key is None:
-            groups.append([config])
-            continue
-        group = open_groups.get(key)
-        if group is None or len(group) >= group_capacity(config, runs_per_group):
-            group = open_groups[key] = []
-            groups.append(group)
-        group.append(config)
-    return groups
+    return fused_groups(configs, runs_per_group)
 
 
 def train_groups(groups: Iterable[list[TrainConfig]], shard_id: str, store: RunStore, options: dict[str, Any]) -> dict[str, str]:

@@ -4,6 +4,8 @@ shapes and count, differing only in learning rate, seed and init std."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from adaptune.core.backbones import BackboneError
 from adaptune.model.layouts import backbone_layers
 from adaptune.train.config import TrainConfig
@@ -41,6 +43,33 @@ def group_capacity(config: TrainConfig, runs_per_group: int) -> int:
     if trains_alone_for_its_length(config):
         return 1
     return max(1, min(runs_per_group, runs_per_group * REFERENCE_STEP_TOKENS // (config.batch_size * config.max_length)))
+
+
+def fused_groups(configs: Sequence[TrainConfig], runs_per_group: int) -> list[list[TrainConfig]]:
+    """The groups these runs train in: the runs of each group key (in order of first appearance) in as few
+    groups as group_capacity allows, of sizes that differ by at most one (9 runs at 8 a group: 5 and 4, not 8
+    and one alone, whose step is bound by launches as 4's is); every other run alone. Groups come in the order
+    of their first runs. The plan packs shards from these groups and the shard runner forms them again from a
+    shard's runs, so both find the same ones."""
+    if runs_per_group <= 1:
+        return [[config] for config in configs]
+    by_key: dict[tuple, list[int]] = {}
+    alone: list[int] = []
+    for index, config in enumerate(configs):
+        key = group_key(config)
+        (alone if key is None else by_key.setdefault(key, [])).append(index)
+    groups = [[index] for index in alone]
+    for indexes in by_key.values():
+        capacity = group_capacity(configs[indexes[0]], runs_per_group)
+        count = -(-len(indexes) // capacity)
+        size, larger = divmod(len(indexes), count)
+        start = 0
+        for position in range(count):
+            end = start + size + (position < larger)
+            groups.append(indexes[start:end])
+            start = end
+    groups.sort(key=lambda group: group[0])
+    return [[configs[index] for index in group] for group in groups]
 
 
 def trains_alone_for_its_length(config: TrainConfig) -> bool:

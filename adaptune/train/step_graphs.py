@@ -33,16 +33,15 @@ import torch
 from torch.nn import functional as F
 
 from adaptune.core.devices import Device
-from adaptune.core.step_settings import GRAPH_WARMUP_ENV, step_setting
+from adaptune.core.step_settings import GRAPH_WARMUP_ENV, STEP_GRAPH_MODES, step_setting
 from adaptune.model.run_dropout import RowLayout, RunRandomness
 from adaptune.train.group_optimizer import clip_each
 
-STEP_GRAPHS = "step_graphs"
-# The same capture around the model with its Transformer layers compiled (adaptune.train.compiling): inductor
-# fuses each layer's elementwise work (casts, residuals, bias and GELU, softmax) and draws the counter masks
-# inside the kernels that apply them, where the eager replay spends most of its device time (bench/gpu.json).
-COMPILED_STEP_GRAPHS = "compiled_step_graphs"
-STEP_GRAPH_MODES = (STEP_GRAPHS, COMPILED_STEP_GRAPHS)
+# COMPILED_STEP_GRAPHS: the same capture around the model with its Transformer layers compiled
+# (adaptune.train.compiling): inductor fuses each layer's elementwise work (casts, residuals, bias and GELU,
+# softmax) and draws the counter masks inside the kernels that apply them, where the eager replay spends most
+# of its device time (bench/gpu.json).
+STEP_GRAPHS, COMPILED_STEP_GRAPHS = STEP_GRAPH_MODES
 LENGTH_BUCKET = 32  # tokens: BERT batches of up to 128 tokens need at most 4 graphs
 StepResult = tuple[torch.Tensor, torch.Tensor]
 
