@@ -228,7 +228,7 @@ def test_shards_start_in_the_order_of_their_first_run_across_tasks() -> None:
 def test_a_plans_shards_hold_whole_fused_groups_and_the_runner_forms_those_groups() -> None:
     """On the H100 preset (8 runs a group), a group key's runs are packed a group at a time, never cut where a
     shard fills: RTE's 9 adapter runs (3 learning rates x 3 seeds) train as 5 and 4, not as 8 and a run alone, and
-    its 4 full fine-tuning runs alone. The shard runner, given each shard, forms exactly the plan's groups, and
+    its 10 full fine-tuning runs alone. The shard runner, given each shard, forms exactly the plan's groups, and
     the plan prices each run at its group's size."""
     from adaptune.sweep.device_sharing import runs_per_group
     from adaptune.sweep.experiments import ACCELERATORS
@@ -255,3 +255,4 @@ def test_a_plans_shards_hold_whole_fused_groups_and_the_runner_forms_those_group
     five = next(group for group in planned.groups if len(group) == 5)
     four = next(group for group in planned.groups if len(group) == 4)
     assert planned.run_hours[four[0].run_id] > planned.run_hours[five[0].run_id]  # fewer runs share a group's launches
+    assert "fused: 2 groups (1 of 5, 1 of 4); 10 runs alone" in planned.summary().splitlines()

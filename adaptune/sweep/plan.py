@@ -230,6 +230,8 @@ class Plan:
         if self.merged_duplicates:
             lines.append(f"{self.merged_duplicates} runs shared by several blocks are planned once")
         lines.append(f"{len(self.runs)} runs")
+        if fused := self.fused_line():
+            lines.append(fused)
         lines.append(self.fanout_line())
         if accel.count:
             quota = f" (max_accelerators {spec.max_accelerators})" if spec.max_accelerators is not None else ""
@@ -241,6 +243,14 @@ class Plan:
         lines.append(f"estimate basis: {self.estimate_source()}")
         return "\n".join(lines)
 
+
+    def fused_line(self) -> str:
+        """How the runs share forward passes (runs_per_group): groups by size, and the runs that train alone."""
+        sizes = Counter(len(group) for group in self.groups)
+        if not any(size > 1 for size in sizes):
+            return ""
+        grouped = ", ".join(f"{count:,} of {size}" for size, count in sorted(sizes.items(), reverse=True) if size > 1)
+        return f"fused: {sum(count for size, count in sizes.items() if size > 1):,} groups ({grouped}); {sizes[1]:,} runs alone"
 
     def fanout_line(self) -> str:
         """The DAG's fan-out (ParallelFor iterations) on Vertex AI and, with its ceiling, on a KFP cluster."""
