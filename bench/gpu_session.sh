@@ -218,10 +218,15 @@ run_part() {
     groupsizes) part groupsizes 170 --backbones bert-base --variants "" "${NONE[@]}" --fused 1,2,4,6,8,12 --fused-methods adapters64 \
         --fused-batch-sets length_grouped --fused-optimizer together --fused-masks counter --fused-compile step_graphs \
         --fused-attention kernel --fused-layer-norm kernel ;;
+    # The same for top-k 3 (paper_full's 3,012 GLUE top-k runs train in groups of 4 to 6, priced at 8's step time:
+    # only 8 was measured for 3 layers), and a lone top-k 3 run replayed.
+    topksizes) part topksizes 120 --backbones bert-base --variants "" "${NONE[@]}" --fused 1,4,6 --fused-methods top_k3 \
+        --fused-batch-sets length_grouped --fused-optimizer together --fused-masks counter --fused-compile step_graphs \
+        --fused-attention kernel --fused-layer-norm kernel ;;
     *) log "no part $1" ;;
     esac
 }
-# A second call while the machine is warm: PARTS='groupsizes squadtopk presetlarge wholealone' (wholealone again if the first ran out of time).
+# A second call while the machine is warm: PARTS='groupsizes topksizes squadtopk presetlarge' (wholealone first if the first call ran out of time).
 # Other parts (shardmix, shardoverlap, graphcheck1, shardwarmup1, lncheck, leversbase, leverslarge, topkdepths, dropgraphs, squadlarge, projections, compiledlarge, compileddrop, shardcompiledattn, attncheck, attngraphs, compiledattn,
 # attnwide, profileattn, shardattn, compiledcheck, compiledgraphs, profilecompiled, shardcompiled, graphcheck, graphs, shardgraphs,
 # profilegraphs, graphsfused, shardfused, compiled, shard, base, topk, profile, fused8, large) stay for later calls: PARTS="..." picks them.

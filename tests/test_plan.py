@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -256,3 +257,24 @@ def test_a_plans_shards_hold_whole_fused_groups_and_the_runner_forms_those_group
     four = next(group for group in planned.groups if len(group) == 4)
     assert planned.run_hours[four[0].run_id] > planned.run_hours[five[0].run_id]  # fewer runs share a group's launches
     assert "fused: 2 groups (1 of 5, 1 of 4); 10 runs alone" in planned.summary().splitlines()
+
+
+def test_paper_fulls_8800_runs_train_in_the_groups_the_plan_priced() -> None:
+    """At the paper's scale on H100s (8 runs a group): every planned group lies in one shard, the shard runner
+    forms exactly the plan's groups from every shard, and no run that could share a forward pass trains alone
+    (before 2026-11-28, 133 did: shards were packed run by run)."""
+    from adaptune.sweep.device_sharing import runs_per_group
+    from adaptune.sweep.run_attempt import form_groups
+    from adaptune.train.grouping import group_capacity, group_key
+
+    spec = EXPERIMENTS["paper_full"]
+    planned = plan(spec)
+    per_group = runs_per_group(spec.accelerator)
+    formed = sorted(tuple(run.run_id for run in group) for shard in planned.shards for group in form_groups(list(shard.runs), per_group))
+    assert formed == sorted(tuple(run.run_id for run in group) for group in planned.groups)
+    assert sum(map(len, formed)) == len(planned.runs) == 8800
+    keys = Counter(group_key(run) for run in planned.runs)
+    could_share = [group[0] for group in planned.groups if len(group) == 1 and group_key(group[0]) is not None
+                   and keys[group_key(group[0])] > 1 and group_capacity(group[0], per_group) > 1]
+    assert could_share == []
+    assert max(map(len, formed)) == per_group
