@@ -161,13 +161,13 @@ def test_a_gpu_plan_prices_each_group_at_its_size_from_the_measured_fused_speedu
     # A measured adapter step on an H100 is no cheaper than a full one (launch-bound): the table says so.
     full_alone = estimate_hours(runs["full"], eight_seeds, group_size=1)
     assert hours[1] * speedups[1] == pytest.approx(full_alone * MEASURED_PARAMETER_EFFICIENT_STEP_COST[("bert-base-uncased", "NVIDIA_H100_80GB")])
-    assert "16 run(s) that train fused 8 at a time priced at bench-gpu's measured fused speedup" in planned.estimate_source()
+    assert "16 run(s) priced at bench-gpu's measured fused speedup (16 fused 8 at a time;" in planned.estimate_source()
     # 3 seeds a method: the plan forms groups of 3 and prices them at 3
     three_seeds = spec_from_dict({**GROWN, "backbone": "bert-base-uncased", "accelerator": "h100"})
     planned = plan(three_seeds)
     adapters = next(run for run in planned.runs if run.method["name"] == "adapters")
     assert planned.run_hours[adapters.run_id] == pytest.approx(hours[3])
-    assert "6 run(s) that train fused 3 at a time priced at bench-gpu's measured fused speedup" in planned.estimate_source()
+    assert "6 run(s) priced at bench-gpu's measured fused speedup (6 fused 3 at a time;" in planned.estimate_source()
     # The A100 preset fuses nothing and replays no steps: every run priced alone
     a100 = spec_from_dict({**GROWN, "backbone": "bert-base-uncased", "accelerator": "a100"})
     assert {table_fused_speedup(run, a100) for run in plan(a100).runs} == {1.0}
@@ -193,7 +193,7 @@ def test_a_gpu_plan_prices_top_k_groups_at_the_shallowest_measured_depth_at_leas
     assert grouped * FUSED_SPEEDUP["top_k6"]["bert-base-uncased"][8] == pytest.approx(alone * FUSED_SPEEDUP["top_k6"]["bert-base-uncased"][1])
     # top_k 3 was measured at 8 only: a group of 3 at 8's step time, a third of its runs' work
     assert table_fused_speedup(by_k[3][0], spec, 3) == pytest.approx(FUSED_SPEEDUP["top_k3"]["bert-base-uncased"][8] * 3 / 8)
-    assert "6 run(s) that train fused 3 at a time priced at bench-gpu's measured fused speedup" in plan(spec).estimate_source()
+    assert "6 run(s) priced at bench-gpu's measured fused speedup (6 fused 3 at a time;" in plan(spec).estimate_source()
     large = spec_from_dict({**GROWN, "backbone": "bert-large-uncased", "accelerator": "h100",
                             "sweeps": [{**GROWN["sweeps"][0], "methods": ["top_k:3"]}]})
     assert {table_fused_speedup(run, large) for run in plan(large).runs} == {1.0}

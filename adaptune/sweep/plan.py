@@ -174,12 +174,13 @@ class Plan:
             elif planned > 1 and (found is None or found[0][3] != planned):
                 unpriced_groups[planned] += 1
         used = {key: self.measured[key] for key in sorted(keys) if key in self.measured}
-        fused_note = "".join(f"; {count:,} run(s) that train "
-                             + (f"fused {size} at a time" if size > 1 else "alone, their step replayed as CUDA graphs,")
-                             + " priced at bench-gpu's measured fused speedup (adaptune.sweep.cost.FUSED_SPEEDUP: of the "
-                             "training step; what a group spends outside its steps is not in it, so the store's records, once "
-                             "there, price these runs)"
-                             for size, count in sorted(table_groups.items()))
+        fused_note = ""
+        if table_groups:
+            by_size = ", ".join(f"{count:,} " + (f"fused {size} at a time" if size > 1 else "alone, the step replayed as CUDA graphs")
+                                for size, count in sorted(table_groups.items(), reverse=True))
+            fused_note = (f"; {sum(table_groups.values()):,} run(s) priced at bench-gpu's measured fused speedup ({by_size}; "
+                          "adaptune.sweep.cost.FUSED_SPEEDUP: of the training step; what a group spends outside its steps is "
+                          "not in it, so the store's records, once there, price these runs)")
         fused_note += "".join(f"; {count:,} run(s) that train fused {size} at a time priced one run at a time (no "
                               f"fused measurement for their method at that group size yet)" for size, count in sorted(unpriced_groups.items()))
         if at_length:
