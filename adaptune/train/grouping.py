@@ -4,6 +4,7 @@ shapes and count, differing only in learning rate, seed and init std."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from adaptune.core.backbones import BackboneError
@@ -48,8 +49,8 @@ def group_capacity(config: TrainConfig, runs_per_group: int) -> int:
 def fused_groups(configs: Sequence[TrainConfig], runs_per_group: int) -> list[list[TrainConfig]]:
     """The groups these runs train in: the runs of each group key (in order of first appearance) in as few
     groups as group_capacity allows, of sizes that differ by at most one (9 runs at 8 a group: 5 and 4, not 8
-    and one alone, whose step is bound by launches as 4's is); every other run alone. Groups come in the order
-    of their first runs. The plan packs shards from these groups and the shard runner forms them again from a
+    and one alone, which pays a whole launch-bound step for itself); every other run alone. Groups come in the
+    order of their first runs. The plan packs shards from these groups and the shard runner forms them again from a
     shard's runs, so both find the same ones."""
     if runs_per_group <= 1:
         return [[config] for config in configs]
@@ -61,7 +62,7 @@ def fused_groups(configs: Sequence[TrainConfig], runs_per_group: int) -> list[li
     groups = [[index] for index in alone]
     for indexes in by_key.values():
         capacity = group_capacity(configs[indexes[0]], runs_per_group)
-        count = -(-len(indexes) // capacity)
+        count = math.ceil(len(indexes) / capacity)
         size, larger = divmod(len(indexes), count)
         start = 0
         for position in range(count):
