@@ -171,7 +171,7 @@ class ExperimentSpec:
     # peak exceeds max_accelerators (None: unchecked), so a sweep cannot ask for more than the quota.
     parallelism: int = 32
     shard_size: int = 16
-    shard_hours: float = 4.0  # estimated hours per shard (cost.THROUGHPUT); a longer run is a shard alone
+    shard_hours: float = 4.0  # estimated hours per shard (cost.THROUGHPUT); a longer run or fused group is a shard alone
     max_accelerators: int | None = 64
     retries: int = 3  # preemption and other transient errors; a deterministic failure is a "failed" record
     max_train_examples: int | None = None  # subsampling for CPU-sized experiments

@@ -93,7 +93,8 @@ class Plan:
         """The runs packed per (task, backbone, length), a fused group at a time (never split: the shard runner
         forms the same groups again), in plan order, into shards of at most spec.shard_size runs and about
         spec.shard_hours estimated hours: many small-task runs share a shard, while a long run (MNLI on
-        BERT-large) gets one to itself, so no shard holds up the sweep for days. The shards are in the order
+        BERT-large), or a long group (QQP's adapter runs fused 8), gets one to itself, so no shard holds up the
+        sweep for days. The shards are in the order
         the sweeps declare their first runs."""
         buckets: dict[tuple, list[list[TrainConfig]]] = {}
         for group in self.groups:
