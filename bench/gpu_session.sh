@@ -223,10 +223,15 @@ run_part() {
     topksizes) part topksizes 120 --backbones bert-base --variants "" "${NONE[@]}" --fused 1,4,6 --fused-methods top_k3 \
         --fused-batch-sets length_grouped --fused-optimizer together --fused-masks counter --fused-compile step_graphs \
         --fused-attention kernel --fused-layer-norm kernel ;;
+    # Whole models stacked per run (full fine-tuning as HFTA fuses it; new 2026-11-28): 436 of paper_full's runs, 197 h,
+    # train one a group (grouping.WHOLE_MODEL_RUNS_PER_GROUP) until this times groups of 2 and 4 and their peak memory.
+    wholegroups) part wholegroups 150 --backbones bert-base,bert-large --variants "" "${NONE[@]}" --fused 1,2,4 --fused-methods full \
+        --fused-batch-sets length_grouped --fused-optimizer together --fused-masks counter --fused-compile step_graphs \
+        --fused-attention kernel --fused-layer-norm kernel ;;
     *) log "no part $1" ;;
     esac
 }
-# A second call while the machine is warm: PARTS='groupsizes topksizes squadtopk presetlarge' (wholealone first if the first call ran out of time).
+# A second call while the machine is warm: PARTS='groupsizes wholegroups topksizes squadtopk' (wholealone first if the first call ran out of time).
 # Other parts (shardmix, shardoverlap, graphcheck1, shardwarmup1, lncheck, leversbase, leverslarge, topkdepths, dropgraphs, squadlarge, projections, compiledlarge, compileddrop, shardcompiledattn, attncheck, attngraphs, compiledattn,
 # attnwide, profileattn, shardattn, compiledcheck, compiledgraphs, profilecompiled, shardcompiled, graphcheck, graphs, shardgraphs,
 # profilegraphs, graphsfused, shardfused, compiled, shard, base, topk, profile, fused8, large) stay for later calls: PARTS="..." picks them.

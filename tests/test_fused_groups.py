@@ -19,10 +19,8 @@ import torch
 import adaptune.train.group_loop as group_loop
 import adaptune.train.loop as loop
 from adaptune.core.run_files import STATE_FILE
-from adaptune.model.backbone import load_model
 from adaptune.model.checkpoint import load_task_checkpoint
 from adaptune.model.run_dropout import DROPOUT_MASKS_ENV, MASK_SCHEMES
-from adaptune.model.run_groups import GroupingError, group_model, trained_tensors
 from adaptune.sweep.run_attempt import form_groups
 from adaptune.train.compiling import COMPILE_ENV
 from adaptune.train.config import TrainConfig
@@ -265,33 +263,52 @@ def test_group_key_groups_only_runs_that_can_share_a_step() -> None:
     assert group_key(base) != group_key(_config({**adapters, "size": 8}, 3e-4, 0))  # other shapes
     assert group_key(base) != group_key(_config(adapters, 3e-4, 0, epochs=20))  # other step count
     assert group_key(base) != group_key(_config(adapters, 3e-4, 0, task="rte"))
-    assert group_key(_config({"name": "full"}, 3e-4, 0)) is None
+    assert group_key(_config({"name": "full"}, 3e-4, 0)) == group_key(_config({"name": "full"}, 3e-3, 1))  # whole models stacked
     top_2 = {"name": "top_k", "k": 2}
     assert group_key(_config(top_2, 3e-4, 0)) == group_key(_config(top_2, 3e-3, 1)) != group_key(_config({"name": "top_k", "k": 3}, 3e-4, 0))
-    assert group_key(_config({"name": "top_k", "k": 6}, 3e-4, 0)) is None  # every layer of the 6: the embeddings train too
-    assert group_key(_config({"name": "top_k", "k": 12}, 3e-4, 0, backbone="bert-base-uncased")) is None
+    # every layer (of the 6, of BERT-base's 12): the embeddings train too, a whole model stacked per run, one a group
+    assert group_key(_config({"name": "top_k", "k": 6}, 3e-4, 0)) != group_key(_config({"name": "full"}, 3e-4, 0))
+    assert group_capacity(_config({"name": "top_k", "k": 12}, 3e-4, 0, backbone="bert-base-uncased"), 8) == 1
     assert group_key(_config({"name": "top_k", "k": 11}, 3e-4, 0, backbone="bert-base-uncased")) is not None
     assert group_key(TrainConfig(task="squad", method=adapters)) is not None  # span tasks too
     with pytest.raises(ValueError, match="cannot train as one group"):
         train_group([base, _config({"name": "full"}, 3e-4, 1)], ["x", "y"])
-    with pytest.raises(ValueError, match="cannot train as one group"):  # whole models share nothing: a group of one at most
-        train_group([_config({"name": "full"}, 3e-4, 0), _config({"name": "full"}, 3e-4, 1)], ["x", "y"])
 
 
 @pytest.mark.parametrize("method", [{"name": "full"}, {"name": "top_k", "k": 6}], ids=["full", "top_k-every-layer"])
 def test_a_whole_model_run_trains_as_a_group_of_one_as_it_does_alone(method: dict[str, Any], tmp_path: Path, shared_data_dir: Path,
                                                                      step_losses: list[list[float]]) -> None:
-    """Full fine-tuning and top_k over every layer (the embeddings train: GroupedEmbedding) share no step, but train as
-    a group of one, which the step-graph step replays: step by step the run alone (dropout on, its own masks), the
-    same record fields, metrics and checkpoint (a group of one multiplies as the solo layers do: observed equal)."""
-    assert trains_whole_model(_config(method, 1e-4, 0)) and group_key(_config(method, 1e-4, 0)) is None
+    """Full fine-tuning and top_k over every layer (the embeddings train: GroupedEmbedding) train one a group
+    (WHOLE_MODEL_RUNS_PER_GROUP) as a group of one, which the step-graph step replays: step by step the run alone
+    (dropout on, its own masks), the same record fields, metrics and checkpoint (a group of one multiplies as the
+    solo layers do: observed equal)."""
+    assert trains_whole_model(_config(method, 1e-4, 0)) and group_capacity(_config(method, 1e-4, 0), 8) == 1
     config = _config(method, 1e-4, 0)
     (fused,) = train_group([config], [tmp_path / "group" / config.run_id], data_dir=shared_data_dir)
     alone = train_and_evaluate(config, data_dir=shared_data_dir, out_dir=tmp_path / "alone" / config.run_id, progress=False)
     assert fused["group_size"] == alone["group_size"] == 1
     _assert_same_run(fused, alone, step_losses[0], step_losses[1])
-    with pytest.raises(GroupingError, match="train each alone"):
-        group_model(load_model(None, "classification"), [trained_tensors(load_model(None, "classification"))] * 2)
+
+
+@pytest.mark.parametrize("method", [{"name": "full"}, {"name": "top_k", "k": 6}], ids=["full", "top_k-every-layer"])
+def test_whole_models_stacked_in_a_group_match_their_solo_training_step_by_step(
+        method: dict[str, Any], tmp_path: Path, shared_data_dir: Path, without_dropout: None, step_losses: list[list[float]]) -> None:
+    """Whole models stacked per run, as HFTA fuses them: every Linear and LayerNorm a batched per-run operator, each
+    run's embedding tables looked up for its own rows (positions too, which BERT adds to every row alike). Each of 3
+    full fine-tuning runs matches its solo training step by step, as the frozen-backbone methods do (losses,
+    metrics, final logits within the tolerance), though no group takes more than one such run until a GPU has
+    measured them (WHOLE_MODEL_RUNS_PER_GROUP)."""
+    configs = [_config(method, lr, seed) for lr, seed in zip((1e-4, 3e-5, 1e-5), range(3))]
+    assert len({group_key(config) for config in configs}) == 1 and None not in {group_key(config) for config in configs}
+    fused = train_group(configs, [tmp_path / "group" / config.run_id for config in configs], data_dir=shared_data_dir)
+    fused_losses = list(step_losses)
+    alone = [train_and_evaluate(config, data_dir=shared_data_dir, out_dir=tmp_path / "alone" / config.run_id, progress=False)
+             for config in configs]
+    alone_losses = step_losses[len(fused_losses):]
+    assert [record["group_size"] for record in fused] == [3, 3, 3]
+    for index in range(3):
+        _assert_same_run(fused[index], alone[index], fused_losses[index], alone_losses[index])
+    assert len({round(losses[-1], 6) for losses in fused_losses}) == 3  # the runs really differ
 
 
 def test_a_group_takes_fewer_runs_where_a_step_holds_more_tokens() -> None:

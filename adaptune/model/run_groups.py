@@ -19,10 +19,10 @@ state and checkpoint, and an update of its slice is an update of the stack. When
 ready, a hook hands each run its slice (a view) and clears the stack's. Stacking per forward pass
 instead (one leaf per run) cost k autograd nodes per tensor, their selects and copies: on an H100 a
 group of 8 BERT-base adapter runs spent 144 ms a step with the device busy 38% of it
-(bench/gpu.json). The embeddings that full fine-tuning and top_k over every layer train (`GroupedEmbedding`)
-group only as a group of one: a table is read by token, not by a run's block of rows, and BERT adds its
-position embeddings to every row alike. Such a run trains alone, in a group of one where that is what the
-step-graph step replays. Any other module a method trains is refused with `GroupingError`.
+(bench/gpu.json). The embedding tables that full fine-tuning and top_k over every layer train
+(`GroupedEmbedding`) are looked up per run, each run's block of ids in its own table; BERT's positions, looked
+up once and added to every row alike, are then given one row per input row, so that each row reads its own
+run's table. Any other module a method trains is refused with `GroupingError`.
 """
 
 from __future__ import annotations
@@ -103,19 +103,36 @@ class GroupedLayerNorm(nn.Module):
 
 
 class GroupedEmbedding(nn.Module):
-    """A trained embedding table, in a group of one run (module docstring): the solo table's lookup on the run's
-    slice of the stack, with the solo table's settings (padding row, norms)."""
+    """A trained embedding table per run: run i's block of ids looked up in run i's table, each with the solo
+    table's lookup and settings (padding row, norms), one lookup per run (a table is read by token, so the runs'
+    lookups cannot be one batched operator; k small gathers beside a step's hundreds of kernels)."""
 
     def __init__(self, template: nn.Embedding, weights: list[torch.Tensor]) -> None:
         super().__init__()
-        if len(weights) != 1:
-            raise GroupingError("runs that train an embedding table cannot share a step; train each alone (a group of one)")
         self.padding_idx, self.max_norm, self.norm_type = template.padding_idx, template.max_norm, template.norm_type
         self.scale_grad_by_freq, self.sparse = template.scale_grad_by_freq, template.sparse
-        self.weight = _stack(weights)  # 1, rows of the table, features
+        self.weight = _stack(weights)  # runs, rows of the table, features
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(ids, self.weight[0], self.padding_idx, self.max_norm, self.norm_type, self.scale_grad_by_freq, self.sparse)
+        weight = self.weight
+        if holds_one_run(weight):
+            return self._lookup(ids, weight[0])
+        blocks = ids.reshape(weight.shape[0], -1, *ids.shape[1:])
+        return torch.cat([self._lookup(block, table) for block, table in zip(blocks, weight, strict=True)])
+
+    def _lookup(self, ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, table, self.padding_idx, self.max_norm, self.norm_type, self.scale_grad_by_freq, self.sparse)
+
+
+def _position_ids_per_row(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """BERT's embeddings look positions up once, (1, length), and add them to every row alike; with a table per run,
+    each row looks its positions up in its run's table, so the positions come one row per input row."""
+    if kwargs.get("position_ids") is None:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        rows, length = ids.shape if ids is not None else kwargs["inputs_embeds"].shape[:2]
+        start = kwargs.get("past_key_values_length", 0)
+        kwargs["position_ids"] = module.position_ids[:, start:start + length].expand(rows, length)
+    return args, kwargs
 
 
 def recorded_layer_norm(model: nn.Module) -> str:
@@ -205,9 +222,15 @@ def group_model(model: nn.Module, trained: list[Mapping[str, torch.Tensor]]) -> 
     model.requires_grad_(False)
     for module_name, replacement in replacements.items():
         parent, _, attribute = module_name.rpartition(".")
-        setattr(model.get_submodule(parent) if parent else model, attribute, replacement)
+        holder = model.get_submodule(parent) if parent else model
+        setattr(holder, attribute, replacement)
         for parameter in replacement.parameters():
             parameter.requires_grad_(getattr(parameter, "run_stack", False))
+        if attribute == "position_embeddings" and isinstance(replacement, GroupedEmbedding) and len(trained) > 1:
+            if not isinstance(getattr(holder, "position_ids", None), torch.Tensor):
+                raise GroupingError(f"{type(holder).__name__} {parent!r} trains its position table but has no position_ids "
+                                    "to look them up by row; train these runs alone")
+            holder.register_forward_pre_hook(_position_ids_per_row, with_kwargs=True)
     grouped = {name for run in run_parameters(model) for name in run}
     if grouped != names:
         raise GroupingError(f"grouping lost trained tensors: {sorted(names ^ grouped)[:5]}")

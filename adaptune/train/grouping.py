@@ -23,14 +23,17 @@ REFERENCE_STEP_TOKENS = 32 * 128
 # batch 32 padded to 384 tokens (SQuAD's), the trainer's one-run step took 83 ms (20% MFU) and a group of 2 took
 # 198 ms, 0.84x as fast per run (bench/gpu.json "h100_2026_11_27_levers").
 LONG_STEP_TOKENS = 3 * REFERENCE_STEP_TOKENS
+# Runs that train the whole model group as stacked whole models (adaptune.model.run_groups), each holding its own
+# weights, gradients and AdamW moments (BERT-large: 5.4 GB a run before activations). No GPU has timed such a group
+# or measured its memory yet (bench/gpu_session.sh `wholegroups`), so they train one a group until one does.
+WHOLE_MODEL_RUNS_PER_GROUP = 1
 
 
 def group_key(config: TrainConfig) -> tuple | None:
-    """Runs with equal keys can train as one group; None for a run that trains alone: full fine-tuning
-    and top_k over every layer (the embeddings train too, and nothing below is frozen to share)."""
-    if config.method.get("name") not in GROUPABLE_METHODS:
-        return None
-    if config.method["name"] == "top_k" and not _frozen_below(config):
+    """Runs with equal keys can train as one group; None for a run whose method no group splits by run. Runs
+    that train the whole model (full fine-tuning, top_k over every layer: nothing is frozen to share) have keys,
+    as HFTA stacks whole models, but a group takes at most WHOLE_MODEL_RUNS_PER_GROUP of them."""
+    if config.method.get("name") not in GROUPABLE_METHODS and not trains_whole_model(config):
         return None
     fields = tuple(sorted((name, str(value)) for name, value in config.to_dict().items() if name not in _FREE_FIELDS and name != "method"))
     method = tuple(sorted((name, str(value)) for name, value in config.method.items() if name not in _FREE_METHOD_FIELDS))
@@ -40,9 +43,11 @@ def group_key(config: TrainConfig) -> tuple | None:
 def group_capacity(config: TrainConfig, runs_per_group: int) -> int:
     """How many runs like this one a group takes: `runs_per_group` at the reference step's tokens, fewer
     where a step holds more (a group's memory grows with its rows x tokens), one from LONG_STEP_TOKENS
-    (SQuAD's 384 tokens at batch 32)."""
+    (SQuAD's 384 tokens at batch 32); at most WHOLE_MODEL_RUNS_PER_GROUP for a run that trains the whole model."""
     if trains_alone_for_its_length(config):
         return 1
+    if trains_whole_model(config):
+        runs_per_group = min(runs_per_group, WHOLE_MODEL_RUNS_PER_GROUP)
     return max(1, min(runs_per_group, runs_per_group * REFERENCE_STEP_TOKENS // (config.batch_size * config.max_length)))
 
 
@@ -79,8 +84,9 @@ def trains_alone_for_its_length(config: TrainConfig) -> bool:
 
 
 def trains_whole_model(config: TrainConfig) -> bool:
-    """Full fine-tuning, or top_k over every layer: runs that share no frozen part (group_key is None), and train
-    alone; in a group of one where the step-graph step replays it (adaptune.sweep.run_attempt)."""
+    """Full fine-tuning, or top_k over every layer: runs that share no frozen part, and train one a group
+    (WHOLE_MODEL_RUNS_PER_GROUP): a group of one where the step-graph step replays it (adaptune.sweep.run_attempt),
+    else alone."""
     name = config.method.get("name")
     return name == "full" or (name == "top_k" and not _frozen_below(config))
 
