@@ -24,8 +24,9 @@ REFERENCE_STEP_TOKENS = 32 * 128
 # 198 ms, 0.84x as fast per run (bench/gpu.json "h100_2026_11_27_levers").
 LONG_STEP_TOKENS = 3 * REFERENCE_STEP_TOKENS
 # Runs that train the whole model group as stacked whole models (adaptune.model.run_groups), each holding its own
-# weights, gradients and AdamW moments (BERT-large: 5.4 GB a run before activations). No GPU has timed such a group
-# or measured its memory yet (bench/gpu_session.sh `wholegroups`), so they train one a group until one does.
+# weights, gradients and AdamW moments: alone on an H100 a run peaked at 3.0 GiB (BERT-base) and 8.4 GiB (BERT-large)
+# at batch 32 x 128 (bench/gpu.json), so 8 and 4 of them would fit. No GPU has timed such a group yet
+# (bench/gpu_session.sh `wholegroups`), so they train one a group until one does.
 WHOLE_MODEL_RUNS_PER_GROUP = 1
 
 
