@@ -465,3 +465,22 @@ def test_a_group_keys_runs_split_into_as_few_groups_as_fit_of_even_sizes() -> No
     interleaved = [nine[0], layernorm[0], *nine[1:], *layernorm[1:]]
     assert [[config.method["name"] for config in group][0] for group in fused_groups(interleaved, 8)] == ["adapters", "layernorm", "adapters"]
     assert fused_groups(nine, 1) == [[config] for config in nine]
+
+
+def test_a_trained_position_table_without_position_ids_to_look_up_by_row_is_refused() -> None:
+    """BERT's embeddings add one position lookup to every row; stacked per run, each row must look positions up in
+    its own run's table, from the module's position_ids. A module that trains such a table without them is refused."""
+    from adaptune.model.run_groups import GroupingError, group_model, trained_tensors
+
+    class Embeddings(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.position_embeddings = torch.nn.Embedding(16, 4)
+
+    model = torch.nn.Sequential()
+    model.add_module("embeddings", Embeddings())
+    with pytest.raises(GroupingError, match="has no position_ids"):
+        group_model(model, [trained_tensors(model)] * 2)
+    one = Embeddings()  # a group of one needs no position rows: it looks up as alone
+    alone = one.position_embeddings(torch.arange(5))
+    assert torch.equal(group_model(one, [trained_tensors(one)]).position_embeddings(torch.arange(5)), alone)
