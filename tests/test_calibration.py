@@ -191,7 +191,7 @@ def test_a_gpu_plan_prices_top_k_groups_at_the_shallowest_measured_depth_at_leas
     assert all(table_fused_speedup(run, spec) == 1.0 for run in by_k[12])
     grouped, alone = (estimate_hours(by_k[5][0], spec, group_size=size) for size in (8, 1))
     assert grouped * FUSED_SPEEDUP["top_k6"]["bert-base-uncased"][8] == pytest.approx(alone * FUSED_SPEEDUP["top_k6"]["bert-base-uncased"][1])
-    # top_k 3 was measured at 8 only: a group of 3 at 8's step time, a third of its runs' work
+    # top_k 3 was measured at 8 only: a group of 3 at 8's step time, three eighths of its runs' work
     assert table_fused_speedup(by_k[3][0], spec, 3) == pytest.approx(FUSED_SPEEDUP["top_k3"]["bert-base-uncased"][8] * 3 / 8)
     assert "6 run(s) priced at bench-gpu's measured fused speedup (6 fused 3 at a time;" in plan(spec).estimate_source()
     large = spec_from_dict({**GROWN, "backbone": "bert-large-uncased", "accelerator": "h100",

@@ -1,6 +1,6 @@
 """Fused run groups on the CPU (part of `make bench`): operators launched per training example and
 training examples per second for a group of k = 1, 4, 16 adapter runs (and top_k runs, their top layers
-stacked per run), each k side by side in one run.
+stacked per run; and full fine-tuning runs at k = 1, 4, whole models stacked per run), each k side by side in one run.
 
 Two backbones: the embedded all-MiniLM-L6-v2 (real cost on this CPU), and an overhead-bound proxy, the
 same 6-layer BERT at width 32 (2 heads), where each operator's fixed cost dominates as kernel launches
@@ -48,6 +48,10 @@ VARIANTS = (("per_run", "generator"), ("together", "generator"), ("together", "c
 ADAPTERS = {"name": "adapters", "size": 64}
 # top_k's series: the top 3 of 6 layers trained, stacked per run (HFTA's way), the trainer's default variant.
 TOP_K = {"name": "top_k", "k": 3}
+# Full fine-tuning's series: whole models stacked per run (each run's weights, gradients and AdamW moments: 16 of
+# MiniLM's would hold 6 GB here), at the sizes a GPU is asked to time (bench/gpu_session.sh `wholegroups`).
+FULL = {"name": "full"}
+WHOLE_MODEL_GROUP_SIZES = (1, 4)
 
 
 class _CountOps(TorchDispatchMode):
@@ -287,6 +291,17 @@ def measure_stacked_projections(batch: dict[str, torch.Tensor], device: Device, 
     return {"stacked_projections": entries}
 
 
+def _method_series(backbone: str, name: str, proxy: bool, label: str, method: dict[str, Any], sizes: tuple[int, ...],
+                   batch: dict[str, torch.Tensor], device: Device, repeats: int) -> list[dict[str, Any]]:
+    """One method's groups at these sizes in the trainer's variant, side by side: operators per example, examples/s."""
+    rows = batch["input_ids"].shape[0]
+    steps = {k: _step_fn(backbone, k, device, batch, method=method) for k in sizes}
+    measured = _compare(steps, {k: rows * k for k in sizes}, repeats, 3 if proxy else 1)
+    return [{"k": k, "backbone": name, "proxy": proxy, "method": label, "optimizer_step": VARIANTS[1][0], "masks": VARIANTS[1][1],
+             "ops_per_example": round(ops, 2), "examples_per_s": round(per_s, 1), "speedup_vs_k1": round(per_s / measured[1][0], 2)}
+            for k, (per_s, ops) in measured.items()]
+
+
 def measure_fused_groups(batch: dict[str, torch.Tensor], device: Device, repeats: int) -> dict[str, Any]:
     """Each group size k with the group's optimizer step done for all runs at once ("together", the
     trainer's) and one run after another ("per_run", as before), and with counter-based dropout masks
@@ -308,16 +323,11 @@ def measure_fused_groups(batch: dict[str, torch.Tensor], device: Device, repeats
                                 "speedup_vs_k1_per_run": round(per_s / measured[(1, *VARIANTS[0])][0], 2),
                                 "speedup_vs_per_run": round(per_s / measured[(k, *VARIANTS[0])][0], 2)})
             del steps
-            top_k = {k: _step_fn(backbone, k, device, batch, method=TOP_K) for k in GROUP_SIZES}
-            measured_top_k = _compare(top_k, {k: rows * k for k in GROUP_SIZES}, repeats, 3 if proxy else 1)
-            for k, (per_s, ops) in measured_top_k.items():
-                entries.append({"k": k, "backbone": name, "proxy": proxy, "method": f"top_k{TOP_K['k']}",
-                                "optimizer_step": VARIANTS[1][0], "masks": VARIANTS[1][1], "ops_per_example": round(ops, 2),
-                                "examples_per_s": round(per_s, 1), "speedup_vs_k1": round(per_s / measured_top_k[1][0], 2)})
-            del top_k
+            for label, method, sizes in ((f"top_k{TOP_K['k']}", TOP_K, GROUP_SIZES), ("full", FULL, WHOLE_MODEL_GROUP_SIZES)):
+                entries += _method_series(backbone, name, proxy, label, method, sizes, batch, device, repeats)
     return {"fused_groups": entries, **mask_site_kernels(), **measure_cpu_bf16(batch, device, repeats),
             "fused_groups_note": ("k runs of adapters 64 (and of top_k 3: the top 3 of 6 layers trained, stacked per "
-                                  "run, the trainer's step) on the same SST-2 batch of "
+                                  "run; and of full fine-tuning, whole models stacked per run; the trainer's step) on the same SST-2 batch of "
                                   f"{rows} rows each (batch x k rows per step); optimizer_step 'together' is the group's "
                                   "multi-tensor clipping and AdamW for all runs (the trainer's), 'per_run' each run's own "
                                   "clip_grad_norm_ and AdamW in turn; masks 'generator' draws each run's dropout masks "
