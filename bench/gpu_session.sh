@@ -228,10 +228,14 @@ run_part() {
     wholegroups) part wholegroups 150 --backbones bert-base,bert-large --variants "" "${NONE[@]}" --fused 1,2,4 --fused-methods full \
         --fused-batch-sets length_grouped --fused-optimizer together --fused-masks counter --fused-compile step_graphs \
         --fused-attention kernel --fused-layer-norm kernel ;;
+    # The same through the trainer: RTE's 9 BERT-base full fine-tuning runs one at a time (each a replayed group of one)
+    # against whole models stacked 4 a group (groups of 3, 3 and 3), runs per GPU-hour and how far results moved.
+    shardwhole) ADAPTUNE_WHOLE_MODEL_RUNS_PER_GROUP=4 part shardwhole 200 --backbones bert-base --variants "" --fused "" \
+        --shard 1 --shard-groups 4 --shard-methods full ;;
     *) log "no part $1" ;;
     esac
 }
-# A second call while the machine is warm: PARTS='groupsizes wholegroups topksizes squadtopk' (wholealone first if the first call ran out of time).
+# A second call while the machine is warm: PARTS='groupsizes wholegroups topksizes shardwhole' (wholealone first if the first call ran out of time).
 # Other parts (shardmix, shardoverlap, graphcheck1, shardwarmup1, lncheck, leversbase, leverslarge, topkdepths, dropgraphs, squadlarge, projections, compiledlarge, compileddrop, shardcompiledattn, attncheck, attngraphs, compiledattn,
 # attnwide, profileattn, shardattn, compiledcheck, compiledgraphs, profilecompiled, shardcompiled, graphcheck, graphs, shardgraphs,
 # profilegraphs, graphsfused, shardfused, compiled, shard, base, topk, profile, fused8, large) stay for later calls: PARTS="..." picks them.

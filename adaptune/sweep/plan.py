@@ -309,8 +309,12 @@ def plan(spec: ExperimentSpec, measured: dict[ThroughputKey, Measured] | None = 
                 runs.append(config)
     if spec.ablation:
         _check_ablation(spec.ablation, runs)
+    try:
+        groups = planned_groups(runs, spec)
+    except ValueError as error:  # a group size set in the environment that is not a number of runs
+        raise PlanError(str(error)) from None
     grouped = Plan(spec=spec, runs=runs, run_hours={}, merged_duplicates=sum(map(len, per_task.values())) - len(runs),
-                   groups=planned_groups(runs, spec), declared_order=declared)
+                   groups=groups, declared_order=declared)
     planned = dataclasses.replace(grouped, run_hours={run.run_id: estimate_hours(run, spec, group_size=grouped.group_sizes[run.run_id])
                                                       for run in runs})
     if spec.max_accelerators is not None and planned.peak_accelerators > spec.max_accelerators:

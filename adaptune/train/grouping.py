@@ -5,6 +5,7 @@ shapes and count, differing only in learning rate, seed and init std."""
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 
 from adaptune.core.backbones import BackboneError
@@ -26,14 +27,16 @@ LONG_STEP_TOKENS = 3 * REFERENCE_STEP_TOKENS
 # Runs that train the whole model group as stacked whole models (adaptune.model.run_groups), each holding its own
 # weights, gradients and AdamW moments: alone on an H100 a run peaked at 3.0 GiB (BERT-base) and 8.4 GiB (BERT-large)
 # at batch 32 x 128 (bench/gpu.json), so 8 and 4 of them would fit. No GPU has timed such a group yet
-# (bench/gpu_session.sh `wholegroups`), so they train one a group until one does.
+# (bench/gpu_session.sh `wholegroups`), so they train one a group until one does; the environment variable sets
+# another number where a measurement asks for it (`shardwhole`), as ADAPTUNE_RUNS_PER_GROUP does for the rest.
 WHOLE_MODEL_RUNS_PER_GROUP = 1
+WHOLE_MODEL_RUNS_PER_GROUP_ENV = "ADAPTUNE_WHOLE_MODEL_RUNS_PER_GROUP"
 
 
 def group_key(config: TrainConfig) -> tuple | None:
     """Runs with equal keys can train as one group; None for a run whose method no group splits by run. Runs
     that train the whole model (full fine-tuning, top_k over every layer: nothing is frozen to share) have keys,
-    as HFTA stacks whole models, but a group takes at most WHOLE_MODEL_RUNS_PER_GROUP of them."""
+    as HFTA stacks whole models, but a group takes at most whole_model_runs_per_group() of them."""
     if config.method.get("name") not in GROUPABLE_METHODS and not trains_whole_model(config):
         return None
     fields = tuple(sorted((name, str(value)) for name, value in config.to_dict().items() if name not in _FREE_FIELDS and name != "method"))
@@ -44,12 +47,21 @@ def group_key(config: TrainConfig) -> tuple | None:
 def group_capacity(config: TrainConfig, runs_per_group: int) -> int:
     """How many runs like this one a group takes: `runs_per_group` at the reference step's tokens, fewer
     where a step holds more (a group's memory grows with its rows x tokens), one from LONG_STEP_TOKENS
-    (SQuAD's 384 tokens at batch 32); at most WHOLE_MODEL_RUNS_PER_GROUP for a run that trains the whole model."""
+    (SQuAD's 384 tokens at batch 32); at most whole_model_runs_per_group() for a run that trains the whole model."""
     if trains_alone_for_its_length(config):
         return 1
     if trains_whole_model(config):
-        runs_per_group = min(runs_per_group, WHOLE_MODEL_RUNS_PER_GROUP)
+        runs_per_group = min(runs_per_group, whole_model_runs_per_group())
     return max(1, min(runs_per_group, runs_per_group * REFERENCE_STEP_TOKENS // (config.batch_size * config.max_length)))
+
+
+def whole_model_runs_per_group() -> int:
+    """The most runs that train the whole model a group takes: $ADAPTUNE_WHOLE_MODEL_RUNS_PER_GROUP, else
+    WHOLE_MODEL_RUNS_PER_GROUP."""
+    value = os.environ.get(WHOLE_MODEL_RUNS_PER_GROUP_ENV) or str(WHOLE_MODEL_RUNS_PER_GROUP)
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{WHOLE_MODEL_RUNS_PER_GROUP_ENV} must be a whole number >= 1, got {value!r}")
+    return int(value)
 
 
 def fused_groups(configs: Sequence[TrainConfig], runs_per_group: int) -> list[list[TrainConfig]]:
@@ -85,8 +97,8 @@ def trains_alone_for_its_length(config: TrainConfig) -> bool:
 
 
 def trains_whole_model(config: TrainConfig) -> bool:
-    """Full fine-tuning, or top_k over every layer: runs that share no frozen part, and train one a group
-    (WHOLE_MODEL_RUNS_PER_GROUP): a group of one where the step-graph step replays it (adaptune.sweep.run_attempt),
+    """Full fine-tuning, or top_k over every layer: runs that share no frozen part, and train one a group unless
+    whole_model_runs_per_group() says otherwise: a group of one where the step-graph step replays it (adaptune.sweep.run_attempt),
     else alone."""
     name = config.method.get("name")
     return name == "full" or (name == "top_k" and not _frozen_below(config))
