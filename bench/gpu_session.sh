@@ -235,8 +235,8 @@ run_part() {
     *) log "no part $1" ;;
     esac
 }
-# A second call while the machine is warm: PARTS='groupsizes wholegroups topksizes shardwhole' (wholealone first if the first call ran out of time).
-# Other parts (squadtopk, presetlarge, shardmix, shardoverlap, graphcheck1, shardwarmup1, lncheck, leversbase, leverslarge, topkdepths, dropgraphs, squadlarge, projections, compiledlarge, compileddrop, shardcompiledattn, attncheck, attngraphs, compiledattn,
+# A second call while the machine is warm: PARTS='groupsizes wholegroups squadtopk' (410 s; wholealone first if the first call ran out of time).
+# Other parts (topksizes, shardwhole, presetlarge, shardmix, shardoverlap, graphcheck1, shardwarmup1, lncheck, leversbase, leverslarge, topkdepths, dropgraphs, squadlarge, projections, compiledlarge, compileddrop, shardcompiledattn, attncheck, attngraphs, compiledattn,
 # attnwide, profileattn, shardattn, compiledcheck, compiledgraphs, profilecompiled, shardcompiled, graphcheck, graphs, shardgraphs,
 # profilegraphs, graphsfused, shardfused, compiled, shard, base, topk, profile, fused8, large) stay for later calls: PARTS="..." picks them.
 # A kernel that fails its check outright (not for time: exit 124) is left out of the parts after it; if the attention
