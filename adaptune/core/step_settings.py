@@ -56,3 +56,14 @@ def step_settings_applied(settings: Iterable[tuple[str, str]]) -> Iterator[dict[
     finally:
         for name in applied:
             os.environ.pop(name, None)
+
+
+def run_count(name: str, value: object) -> int:
+    """`value` of the setting `name` as a number of runs (runs per group, per device), or one line saying what is wrong."""
+    try:
+        count = int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        count = 0
+    if count < 1:
+        raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+    return count

@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from adaptune.core.step_settings import run_count
+
 RUNS_PER_DEVICE_ENV = "ADAPTUNE_RUNS_PER_DEVICE"
 RUNS_PER_GROUP_ENV = "ADAPTUNE_RUNS_PER_GROUP"
 
@@ -21,11 +23,4 @@ def runs_per_group(accelerator: Any) -> int:
 
 
 def _count(env: str, field: str, accelerator: Any) -> int:
-    value = os.environ.get(env) or getattr(accelerator, field, 1)
-    try:
-        count = int(value)
-    except ValueError:
-        count = 0
-    if count < 1:
-        raise ValueError(f"{env} / {field} must be a whole number >= 1, got {value!r}")
-    return count
+    return run_count(f"{env} / {field}", os.environ.get(env) or getattr(accelerator, field, 1))

@@ -9,6 +9,7 @@ import os
 from collections.abc import Sequence
 
 from adaptune.core.backbones import BackboneError
+from adaptune.core.step_settings import run_count
 from adaptune.model.layouts import backbone_layers
 from adaptune.train.config import TrainConfig
 
@@ -58,10 +59,7 @@ def group_capacity(config: TrainConfig, runs_per_group: int) -> int:
 def whole_model_runs_per_group() -> int:
     """The most runs that train the whole model a group takes: $ADAPTUNE_WHOLE_MODEL_RUNS_PER_GROUP, else
     WHOLE_MODEL_RUNS_PER_GROUP."""
-    value = os.environ.get(WHOLE_MODEL_RUNS_PER_GROUP_ENV) or str(WHOLE_MODEL_RUNS_PER_GROUP)
-    if not value.isdigit() or int(value) < 1:
-        raise ValueError(f"{WHOLE_MODEL_RUNS_PER_GROUP_ENV} must be a whole number >= 1, got {value!r}")
-    return int(value)
+    return run_count(WHOLE_MODEL_RUNS_PER_GROUP_ENV, os.environ.get(WHOLE_MODEL_RUNS_PER_GROUP_ENV) or WHOLE_MODEL_RUNS_PER_GROUP)
 
 
 def fused_groups(configs: Sequence[TrainConfig], runs_per_group: int) -> list[list[TrainConfig]]:

@@ -107,8 +107,8 @@ class GraphedFusedStep:
 
     def counts(self) -> dict[str, int]:
         """This attempt's graphs captured (one per input shape), steps run eagerly (a shape's first steps, and
-        every step off CUDA), steps replayed, and on CUDA the host's seconds in eager steps and captures (a GPU's
-        eager step is bound by its host; a kernel's first call compiles it there)."""
+        every step off CUDA), steps replayed, and the seconds spent outside replays, in eager steps and captures (on a
+        GPU the host's: its eager step is bound by the host, and a kernel's first call compiles it there)."""
         return {"graphs": self.graphs_before + self.captured, "eager_steps": self.eager_steps, "replayed_steps": self.replayed_steps,
                 "eager_and_capture_s": round(self.unreplayed_s, 3), "warmup": self.warmup}
 
