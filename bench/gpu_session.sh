@@ -184,6 +184,10 @@ run_part() {
     # steps and the host's seconds outside replays; shardfull has the same at 2).
     graphcheck1) ADAPTUNE_GRAPH_WARMUP=1 part graphcheck1 80 --backbones bert-base --variants "" "${NONE[@]}" --fused "" --graph-check 8 \
         --fused-methods adapters64 ;;
+    # The RTE shard fused 8 alone (no one-at-a-time pass), all rows; named twice (shardfused8a shardfused8b) it says how
+    # much of a group's eager steps and captures is Triton compiling kernels: the second process finds them in the
+    # on-disk cache (~/.triton/cache), as a later shard on the same node would.
+    shardfused8*) part "$1" 100 --backbones bert-base --variants "" --fused "" --shard "" --shard-groups 8 ;;
     shardwarmup1) ADAPTUNE_GRAPH_WARMUP=1 part shardwarmup1 100 --backbones bert-base --variants "" --fused "" --shard "" --shard-groups 8 ;;
     # Two processes side by side, each training groups of 8, against one (18 RTE adapter runs, all rows): whether a
     # group's fixed costs (setup, evaluation, saving: seconds_by_phase) hide behind another's steps (runs_per_device 2).

@@ -140,9 +140,10 @@ def test_a_fused_group_is_charged_once_and_prices_the_runs_that_will_train_fused
 
 def test_a_gpu_plan_prices_each_group_at_its_size_from_the_measured_fused_speedups() -> None:
     """On the H100 preset (8 runs per group) with no store measurement, an adapter or LayerNorm-only run is priced
-    at the table's one-run throughput times bench-gpu's fused speedup at its own group's size: measured at 8 (7.77
-    for BERT-base) and at 1 (a lone run replayed as CUDA graphs), on the line between their step times in between,
-    at 8's above; full fine-tuning is priced alone. The plan prices the groups it forms, and says so."""
+    at the table's one-run throughput times bench-gpu's fused speedup at its own group's size: at a measured size
+    (1, 2, 4, 6, 8 and 12 for BERT-base) its measurement, on the line between two measured sizes' step times in
+    between, the largest's above. Full fine-tuning trains one a group, replayed, at the whole-model figure. The plan
+    prices the groups it forms, and says so."""
     eight_seeds = spec_from_dict({**GROWN, "backbone": "bert-base-uncased", "accelerator": "h100",
                                   "sweeps": [{**GROWN["sweeps"][0], "seeds": list(range(8))}]})
     planned = plan(eight_seeds)
@@ -150,24 +151,29 @@ def test_a_gpu_plan_prices_each_group_at_its_size_from_the_measured_fused_speedu
     assert {planned.group_sizes[run.run_id] for run in planned.runs if run.method["name"] == "full"} == {1}
     runs = {run.method["name"]: run for run in planned.runs}
     speedups = FUSED_SPEEDUP["frozen_backbone"]["bert-base-uncased"]
-    hours = {size: estimate_hours(runs["adapters"], eight_seeds, group_size=size) for size in range(1, 13)}
+    hours = {size: estimate_hours(runs["adapters"], eight_seeds, group_size=size) for size in range(1, 17)}
     assert planned.run_hours[runs["adapters"].run_id] == hours[8]
     assert planned.run_hours[runs["full"].run_id] == estimate_hours(runs["full"], eight_seeds, group_size=1)
-    assert hours[8] * speedups[8] == pytest.approx(hours[1] * speedups[1])
-    step_1, step_8 = 1 / speedups[1], 8 / speedups[8]  # in one plain run's step times
-    assert hours[4] * 4 / (step_1 + 3 * (step_8 - step_1) / 7) == pytest.approx(hours[1] * speedups[1])
-    assert [hours[size] for size in range(1, 9)] == sorted((hours[size] for size in range(1, 9)), reverse=True)
-    assert hours[12] == hours[8]  # above the largest measured size: its speedup
-    # A measured adapter step on an H100 is no cheaper than a full one (launch-bound): the table says so.
+    alone_in_the_table = hours[1] * speedups[1]  # the table's one-run hours
+    for size in speedups:
+        assert hours[size] * speedups[size] == pytest.approx(alone_in_the_table)
+    step_4, step_6 = 4 / speedups[4], 6 / speedups[6]  # in one plain run's step times
+    assert hours[5] * 5 / ((step_4 + step_6) / 2) == pytest.approx(alone_in_the_table)
+    assert hours[16] == hours[12]  # above the largest measured size: its speedup
+    # A measured adapter step on an H100 is no cheaper than a full one (launch-bound): the table says so. A full
+    # fine-tuning run alone is replayed as a group of one, at the whole-model figure.
     full_alone = estimate_hours(runs["full"], eight_seeds, group_size=1)
-    assert hours[1] * speedups[1] == pytest.approx(full_alone * MEASURED_PARAMETER_EFFICIENT_STEP_COST[("bert-base-uncased", "NVIDIA_H100_80GB")])
-    assert "16 run(s) priced at bench-gpu's measured fused speedup (16 fused 8 at a time;" in planned.estimate_source()
+    whole = FUSED_SPEEDUP["whole_model"]["bert-base-uncased"][1]
+    assert alone_in_the_table == pytest.approx(
+        full_alone * whole * MEASURED_PARAMETER_EFFICIENT_STEP_COST[("bert-base-uncased", "NVIDIA_H100_80GB")])
+    assert ("24 run(s) priced at bench-gpu's measured fused speedup (16 fused 8 at a time, 8 alone, the step replayed as "
+            "CUDA graphs;") in planned.estimate_source()
     # 3 seeds a method: the plan forms groups of 3 and prices them at 3
     three_seeds = spec_from_dict({**GROWN, "backbone": "bert-base-uncased", "accelerator": "h100"})
     planned = plan(three_seeds)
     adapters = next(run for run in planned.runs if run.method["name"] == "adapters")
     assert planned.run_hours[adapters.run_id] == pytest.approx(hours[3])
-    assert "6 run(s) priced at bench-gpu's measured fused speedup (6 fused 3 at a time;" in planned.estimate_source()
+    assert "9 run(s) priced at bench-gpu's measured fused speedup (6 fused 3 at a time, 3 alone, the step replayed as CUDA graphs;" in planned.estimate_source()
     # The A100 preset fuses nothing and replays no steps: every run priced alone
     a100 = spec_from_dict({**GROWN, "backbone": "bert-base-uncased", "accelerator": "a100"})
     assert {table_fused_speedup(run, a100) for run in plan(a100).runs} == {1.0}
@@ -177,7 +183,7 @@ def test_a_gpu_plan_prices_each_group_at_its_size_from_the_measured_fused_speedu
 def test_a_gpu_plan_prices_top_k_groups_at_the_shallowest_measured_depth_at_least_theirs() -> None:
     """top_k below the full depth trains fused on the H100 preset. A GPU measured groups of top_k 1, 3, 6 and 11
     on BERT-base: top_k 3 prices at top_k 3's speedup, top_k 5 at top_k 6's (more stacked layers share less:
-    the deeper figure is the floor); top_k over every layer trains alone, and BERT-large's top_k, never measured
+    the deeper figure is the floor); top_k over every layer trains alone at the whole-model figure, and BERT-large's top_k, never measured
     fused, is priced one run at a time; the plan says which is which."""
     spec = spec_from_dict({**GROWN, "backbone": "bert-base-uncased", "accelerator": "h100",
                            "sweeps": [{**GROWN["sweeps"][0], "methods": ["top_k:3", "top_k:5", "top_k:12"]}]})
@@ -188,12 +194,12 @@ def test_a_gpu_plan_prices_top_k_groups_at_the_shallowest_measured_depth_at_leas
     assert {table_fused_speedup(run, spec) for run in by_k[3]} == {FUSED_SPEEDUP["top_k3"]["bert-base-uncased"][8]}
     assert {table_fused_speedup(run, spec) for run in by_k[5]} == {FUSED_SPEEDUP["top_k6"]["bert-base-uncased"][8]}
     assert FUSED_SPEEDUP["top_k6"]["bert-base-uncased"][8] < FUSED_SPEEDUP["top_k3"]["bert-base-uncased"][8]
-    assert all(table_fused_speedup(run, spec) == 1.0 for run in by_k[12])
+    assert {table_fused_speedup(run, spec) for run in by_k[12]} == {FUSED_SPEEDUP["whole_model"]["bert-base-uncased"][1]}
     grouped, alone = (estimate_hours(by_k[5][0], spec, group_size=size) for size in (8, 1))
     assert grouped * FUSED_SPEEDUP["top_k6"]["bert-base-uncased"][8] == pytest.approx(alone * FUSED_SPEEDUP["top_k6"]["bert-base-uncased"][1])
     # top_k 3 was measured at 8 only: a group of 3 at 8's step time, three eighths of its runs' work
     assert table_fused_speedup(by_k[3][0], spec, 3) == pytest.approx(FUSED_SPEEDUP["top_k3"]["bert-base-uncased"][8] * 3 / 8)
-    assert "6 run(s) priced at bench-gpu's measured fused speedup (6 fused 3 at a time;" in plan(spec).estimate_source()
+    assert "9 run(s) priced at bench-gpu's measured fused speedup (6 fused 3 at a time, 3 alone, the step replayed as CUDA graphs;" in plan(spec).estimate_source()
     large = spec_from_dict({**GROWN, "backbone": "bert-large-uncased", "accelerator": "h100",
                             "sweeps": [{**GROWN["sweeps"][0], "methods": ["top_k:3"]}]})
     assert {table_fused_speedup(run, large) for run in plan(large).runs} == {1.0}

@@ -50,7 +50,7 @@ def test_an_experiment_that_pins_its_cpu_precision_carries_it_and_auto_leaves_it
 
 
 def test_an_accelerators_step_settings_reach_its_training_tasks_and_nothing_else_sets_them() -> None:
-    """The H100 preset trains as measured fastest (bench/gpu.json "h100_2026_11_27_levers"): its
+    """The H100 preset trains as measured fastest (bench/gpu.json "h100_2026_11_27_levers", "h100_2026_11_28"): its
     tasks carry the step settings; a CPU experiment's carry none, so a local run keeps the defaults."""
     from adaptune.sweep.experiments import H100
 
@@ -58,5 +58,5 @@ def test_an_accelerators_step_settings_reach_its_training_tasks_and_nothing_else
     env = {item["name"]: item["value"] for item in _train_env("glue_full")}
     assert {name: env.get(name) for name, _ in H100.step_settings} == dict(H100.step_settings)
     assert dict(H100.step_settings) == {"ADAPTUNE_COMPILE": "step_graphs", "ADAPTUNE_DROPOUT_MASKS": "counter",
-                                        "ADAPTUNE_ATTENTION": "kernel", "ADAPTUNE_LAYER_NORM": "kernel"}
+                                        "ADAPTUNE_ATTENTION": "kernel", "ADAPTUNE_LAYER_NORM": "kernel", "ADAPTUNE_DROPOUT": "kernel"}
     assert not {item["name"] for item in _train_env("smoke")} & set(dict(H100.step_settings))

@@ -25,7 +25,7 @@ STEP_SETTINGS: dict[str, tuple[str, tuple[str, ...]]] = {
     DROPOUT_ENV: ("a dropout mode", ("mask", "kernel")),
     PROJECTIONS_ENV: ("a way to multiply frozen query, key and value projections", ("stacked", "separate")),
     LAYER_NORM_ENV: ("a grouped LayerNorm mode", ("torch", "kernel")),
-    GRAPH_WARMUP_ENV: ("a number of eager steps before a shape's CUDA graph is captured", ("2", "1")),
+    GRAPH_WARMUP_ENV: ("a number of eager steps before a shape's CUDA graph is captured", ("1", "2")),
 }
 
 

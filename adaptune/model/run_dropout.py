@@ -10,7 +10,9 @@ Two ways to draw them (`ADAPTUNE_DROPOUT_MASKS`, recorded in each run's state; a
   block size can move a run's bits. Written with plain integer tensor operators so that it runs on
   any device and torch.compile can fuse it into one kernel; no library offers a keyed elementwise
   hash, and torch's generators take one seed per call. With `ADAPTUNE_DROPOUT=kernel`, a hidden-state
-  site's mask is drawn and applied in one Triton kernel instead (adaptune.model.dropout_kernel: the same bits).
+  site's mask is drawn and applied in one Triton kernel instead (adaptune.model.dropout_kernel: the same bits,
+  checked on an H100). Compiled (torch.compile's Triton code) the hash drew other bits on an H100
+  (fused_counter_keep_mask), so compiled layers' masks are not known to be these there.
 
 Every dropout of a training model (the embeddings', each sublayer's, the attention probabilities',
 the classifier's, LoRA's) becomes a `RunDropout`. It draws run i's mask from run i's own
@@ -143,12 +145,12 @@ def counter_keep_mask(keys: torch.Tensor, draws: torch.Tensor, shape: torch.Size
 
 @functools.cache
 def fused_counter_keep_mask() -> Callable[..., torch.Tensor]:
-    """counter_keep_mask as one kernel (torch.compile; the same integers, so the same bits), the mask's
-    shape given as a meta tensor's, whose sizes compile as symbols (a tuple of ints recompiled per size
-    until dynamo's limit): (keys, draws, like, p) -> mask. Eagerly the mask is about 25 elementwise
-    kernels per site over the site's whole block. In the int64 form the masks had until 2026-11-26, they
-    took 57% of a fused group's step on an H100 once the step was replayed as a CUDA graph
-    (bench/gpu.json), and compiled, 20%. Used on GPUs, where that step is device-bound."""
+    """counter_keep_mask as one kernel (torch.compile), the mask's shape given as a meta tensor's, whose sizes
+    compile as symbols: (keys, draws, like, p) -> mask. Training no longer draws masks with it: on the CPU it
+    draws counter_keep_mask's bits (tests/test_run_dropout.py), but on an H100 it drew others at a training
+    step's inputs (int32 draws, the token axis padded 32 to 128 in turn; bench/gpu.json "h100_2026_11_28"),
+    while the dropout kernel (adaptune.model.dropout_kernel) and the eager operators agreed bit for bit. Kept
+    for bench-gpu's check (adaptune.bench.gpu_fused), which tells the next GPU call whether that changes."""
     return torch.compile(_keep_mask_like, dynamic=True)
 
 
@@ -267,8 +269,8 @@ class RunRandomness(nn.Module):
         """Every run's mask for one site (counter_keep_mask): draw `base + site`, the site's ordinal also
         given as a tensor (`ordinal`), so that one compiled layer serves every layer's sites."""
         draws = self.site_draws(site, ordinal)
-        if self.keys.is_cuda and not torch.compiler.is_compiling():  # compiled, the layer's own kernels draw it
-            return fused_counter_keep_mask()(self.keys, draws, torch.empty(shape, device="meta"), p)
+        # Eager operators on a GPU too: the compiled form drew other bits than these on an H100 at a training step's
+        # inputs (bench/gpu.json "h100_2026_11_28", dropout_check), where the dropout kernel drew these exactly.
         return counter_keep_mask(self.keys, draws, shape, p)
 
 

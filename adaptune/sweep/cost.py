@@ -12,7 +12,7 @@ from adaptune.sweep.device_sharing import runs_per_group
 from adaptune.sweep.experiments import ExperimentSpec
 from adaptune.sweep.throughput import REFERENCE_MAX_LENGTH, Measured, ThroughputKey, backbone_key, throughput_key
 from adaptune.train.config import TrainConfig
-from adaptune.train.grouping import GROUPABLE_METHODS, group_capacity, group_key, trains_alone_for_its_length
+from adaptune.train.grouping import GROUPABLE_METHODS, group_capacity, group_key, trains_alone_for_its_length, trains_whole_model
 
 # Training throughput in examples per second for full fine-tuning at max_length 128, batch 32,
 # per backbone and accelerator (Vertex AI accelerator type, or "cpu"), for one run. These are
@@ -57,28 +57,36 @@ MEASURED_ONE_RUN_AT_LENGTH: dict[tuple[str, str, int], float] = {
 }
 # Fused run groups on a GPU, as the H100 preset trains them (its step_settings: the step replayed as CUDA
 # graphs, counter dropout masks, the attention kernel, the grouped LayerNorm kernel): training examples/s of a
-# group of 8 runs on 64 real length-grouped GLUE batches, bf16, over this table's one-run adapter throughput
-# (THROUGHPUT x MEASURED_PARAMETER_EFFICIENT_STEP_COST, 681 and 422 examples/s), so that their product is the
-# measured group's (bench/gpu.json "h100_2026_11_27_levers"): BERT-base adapters 5,294 / 681; BERT-large 1,751 /
-# 422, measured without the LayerNorm kernel (1.13x more padded to 128), a floor. (Against the one-run step
-# measured on another H100 earlier that day, 669 and 337 examples/s, the groups were 6.6x and 4.9x without
-# the LayerNorm kernel: a one-run step is bound by its host, and hosts differ by a third.) top_k groups (each
-# run's top layers stacked) by depth, in the preset's step without the LayerNorm kernel: 9,409, 4,944 and
-# 3,374 examples/s at 1, 6 and 11 layers ("h100_2026_11_27_levers"); 3 layers eager, 5,029 ("h100_2026_11_26").
-# A group prices as its method's kind: "frozen_backbone" (adapters, LayerNorm-only, LoRA, (IA)3: a group's
-# step launches what an adapter group's does), or top_k at the shallowest depth measured at least its own
-# (more stacked layers share less). Size 1 is a run alone with its step replayed as CUDA graphs, as the preset
-# trains a groupable run without companions (run_attempt._graphed_alone): BERT-base adapters 2,033 examples/s and
-# BERT-large 838, counter masks, without either kernel, a floor ("h100_2026_11_26_step_graphs"); top_k at 1, 6 and
-# 11 layers 10,498, 4,751 and 3,127 in the preset's step ("h100_2026_11_27_levers"). Between two measured sizes a
-# group is priced on the line between their step times, and below the smallest at that size's step time (see
-# table_fused_speedup).
+# group of k runs on 64 real length-grouped GLUE batches, bf16, over this table's one-run throughput for the
+# method's step (THROUGHPUT x MEASURED_PARAMETER_EFFICIENT_STEP_COST: adapters 681 and 422 examples/s; THROUGHPUT
+# alone for whole models: 695 and 359), so that their product is the measured group's. The trainer's one-run step
+# measured on an H100 at real lengths (669 and 337 examples/s, "h100_2026_11_27_attention_kernel") is close to
+# the table's: it is bound by its host, not by its tokens.
+# - "frozen_backbone" (adapters, LayerNorm-only, LoRA, (IA)3: a group's step launches what an adapter group's does),
+#   BERT-base at k = 1, 2, 4, 6, 8 and 12 in one call: 4,477, 5,078, 5,066, 5,157, 5,291 and 4,919 examples/s
+#   ("h100_2026_11_28" groupsizes; 8 repeats 2026-11-27's 5,294). So a lone run replayed is already 85% of a group
+#   of 8: step graphs, not sharing, make most of the step's gain; the group's gain is in the costs outside steps.
+#   BERT-large at 8: 1,751 ("h100_2026_11_27_levers", without the LayerNorm kernel: 1.13x more padded to 128, a
+#   floor); at 1: 838, without either kernel, a floor ("h100_2026_11_26_step_graphs").
+# - top_k groups (each run's top layers stacked) by depth, without the LayerNorm kernel: 9,409, 4,944 and 3,374
+#   examples/s at 1, 6 and 11 layers in groups of 8, 10,498, 4,751 and 3,127 alone ("h100_2026_11_27_levers");
+#   3 layers eager, 5,029 ("h100_2026_11_26"). A top_k run prices at the shallowest depth measured at least its own
+#   (more stacked layers share less).
+# - "whole_model" (full fine-tuning, top_k over every layer: no frozen part to share; HFTA's stacked whole models):
+#   BERT-base at 1, 2 and 4 runs 3,022, 3,039 and 3,000 examples/s, BERT-large 1,214, 1,129 and 1,083
+#   ("h100_2026_11_28" wholegroups): stacking does not pay, so they train one a group
+#   (grouping.WHOLE_MODEL_RUNS_PER_GROUP), and a group of one replayed is 4.3x and 3.4x the table.
+# None of these has the dropout kernel, which the preset took on 2026-11-28 (1.31x a group of 8's step with the
+# LayerNorm kernel, "h100_2026_11_27_levers"): they are floors. Between two measured sizes a group is priced on the
+# line between their step times, and below the smallest at that size's step time (see table_fused_speedup).
 FUSED_SPEEDUP: dict[str, dict[str, dict[int, float]]] = {
-    "frozen_backbone": {"bert-base-uncased": {1: 2.98, 8: 7.77}, "bert-large-uncased": {1: 1.98, 8: 4.15}},
+    "frozen_backbone": {"bert-base-uncased": {1: 6.57, 2: 7.46, 4: 7.44, 6: 7.57, 8: 7.77, 12: 7.22},
+                        "bert-large-uncased": {1: 1.98, 8: 4.15}},
     "top_k1": {"bert-base-uncased": {1: 15.41, 8: 13.82}},
     "top_k3": {"bert-base-uncased": {8: 7.38}},
     "top_k6": {"bert-base-uncased": {1: 6.97, 8: 7.26}},
     "top_k11": {"bert-base-uncased": {1: 4.59, 8: 4.95}},
+    "whole_model": {"bert-base-uncased": {1: 4.35, 2: 4.37, 4: 4.32}, "bert-large-uncased": {1: 3.38, 2: 3.14, 4: 3.02}},
 }
 TOP_K_DEPTHS_MEASURED = sorted(int(kind.removeprefix("top_k")) for kind in FUSED_SPEEDUP if kind.startswith("top_k"))
 EVALUATION_OVERHEAD = 1.1  # per-epoch validation adds roughly a tenth
@@ -135,6 +143,8 @@ def _replays_step_graphs(spec: ExperimentSpec) -> bool:
 
 def fused_kind(run: TrainConfig) -> str | None:
     """Which FUSED_SPEEDUP a grouped run's method prices at; None where nothing like it was measured."""
+    if trains_whole_model(run):
+        return "whole_model"
     if run.method["name"] == "top_k":
         depth = next((depth for depth in TOP_K_DEPTHS_MEASURED if depth >= run.method.get("k", 0)), None)
         return None if depth is None else f"top_k{depth}"

@@ -47,10 +47,11 @@ StepResult = tuple[torch.Tensor, torch.Tensor]
 
 
 def graph_warmup() -> int:
-    """Eager steps of a shape before it is captured: $ADAPTUNE_GRAPH_WARMUP, 2 unless set. One may do (the first
-    makes the optimizer's state, compiles the shape's kernels, sizes library workspaces): a group of 8 on RTE pays
-    10 eager steps and 5 captures at 2 (5 shapes), each eager step about 2-3 replayed ones on an H100. Kept at 2
-    until a GPU shows that one trains the same (bench/gpu_session.sh parts graphcheck1 and shardwarmup1)."""
+    """Eager steps of a shape before it is captured: $ADAPTUNE_GRAPH_WARMUP, 1 unless set (the first makes the
+    optimizer's state, compiles the shape's kernels, sizes library workspaces). On an H100 (bench/gpu.json
+    "h100_2026_11_28"), RTE's 9 adapter runs fused as 5 and 4 trained to the same losses and validation scores
+    at 1 as at 2 (every epoch of every run, to the 4 digits printed), and the shard took 40.1 s against 47.0 s:
+    an eager step of a group cost about 1.1 s of the host's time there, 30 replayed ones."""
     return int(step_setting(GRAPH_WARMUP_ENV))
 
 
@@ -97,6 +98,7 @@ class GraphedFusedStep:
         self.eager_steps = counted_from.eager_steps if counted_from else 0
         self.replayed_steps = counted_from.replayed_steps if counted_from else 0
         self.unreplayed_s = counted_from.unreplayed_s if counted_from else 0.0  # host seconds in eager steps and captures on CUDA
+        self.capture_s = counted_from.capture_s if counted_from else 0.0  # of which in captures
         if device.kind == "cuda":
             self.stream = torch.cuda.Stream(device.torch_device)
             self.pool = torch.cuda.graph_pool_handle()  # one pool: the graphs never run at once
@@ -107,10 +109,11 @@ class GraphedFusedStep:
 
     def counts(self) -> dict[str, int]:
         """This attempt's graphs captured (one per input shape), steps run eagerly (a shape's first steps, and
-        every step off CUDA), steps replayed, and the seconds spent outside replays, in eager steps and captures (on a
-        GPU the host's: its eager step is bound by the host, and a kernel's first call compiles it there)."""
+        every step off CUDA), steps replayed, and the seconds spent outside replays, in eager steps and captures, and
+        in captures alone (on a GPU the host's: its eager step is bound by the host, and a kernel's first call
+        compiles it there)."""
         return {"graphs": self.graphs_before + self.captured, "eager_steps": self.eager_steps, "replayed_steps": self.replayed_steps,
-                "eager_and_capture_s": round(self.unreplayed_s, 3), "warmup": self.warmup}
+                "eager_and_capture_s": round(self.unreplayed_s, 3), "capture_s": round(self.capture_s, 3), "warmup": self.warmup}
 
     def __call__(self, inputs: dict[str, torch.Tensor], labels: torch.Tensor, weights: torch.Tensor, layout: RowLayout,
                  runs: Sequence[Any]) -> list[StepResult]:
@@ -131,6 +134,7 @@ class GraphedFusedStep:
                 return self._after(results, runs)
             captured = self.graphs[key] = self._capture(inputs, labels, weights, layout, runs)
             self.unreplayed_s += time.perf_counter() - started
+            self.capture_s += time.perf_counter() - started
         captured.load(inputs, labels, weights)
         captured.graph.replay()
         self.replayed_steps += 1
