@@ -179,9 +179,9 @@ run_part() {
     # phase says where each attempt's seconds went (seconds_by_phase).
     shardmix) part shardmix 300 --backbones bert-base --variants "" --fused "" --shard 1 --shard-groups 8 --shard-train-rows 1000 \
         --shard-tasks rte,mrpc,cola --shard-methods adapters64,layernorm ;;
-    # One eager step per shape before its capture (ADAPTUNE_GRAPH_WARMUP=1; the default is 2): first whether replays
-    # still train as the eager steps do, then the RTE shard fused 8 with it (its records' step_graphs count the eager
-    # steps and the host's seconds outside replays; shardfull has the same at 2).
+    # One eager step per shape before its capture (ADAPTUNE_GRAPH_WARMUP=1, the default since 2026-11-28, when
+    # shardwarmup1 trained RTE's 9 runs to the same losses and scores as at 2, in 40.1 s against 47.0): first whether
+    # replays still train as the eager steps do, tensor by tensor, then the RTE shard fused 8 with it.
     graphcheck1) ADAPTUNE_GRAPH_WARMUP=1 part graphcheck1 80 --backbones bert-base --variants "" "${NONE[@]}" --fused "" --graph-check 8 \
         --fused-methods adapters64 ;;
     # The RTE shard fused 8 alone (no one-at-a-time pass), all rows; named twice (shardfused8a shardfused8b) it says how
@@ -199,7 +199,7 @@ run_part() {
     # The same shard one run at a time in the plain trainer (eager, generator masks: the environment overrides the
     # preset's settings), the baseline runs per GPU-hour are counted against.
     shardplain) ADAPTUNE_COMPILE=eager ADAPTUNE_DROPOUT_MASKS=generator ADAPTUNE_ATTENTION=eager ADAPTUNE_LAYER_NORM=torch \
-        part shardplain 200 --backbones bert-base --variants "" --fused "" --shard 1 --shard-groups "" ;;
+        part shardplain 260 --backbones bert-base --variants "" --fused "" --shard 1 --shard-groups "" ;;
     # BERT-large's group of 8 in the preset's step with the LayerNorm kernel, real lengths (the plan's FUSED_SPEEDUP row)
     # and padded to 128 (the MFU goal's figure).
     presetlarge) part presetlarge 90 --backbones bert-large --variants "" "${NONE[@]}" --fused 8 --fused-methods adapters64 \
@@ -239,15 +239,18 @@ run_part() {
     *) log "no part $1" ;;
     esac
 }
-# A second call while the machine is warm: PARTS='groupsizes wholegroups squadtopk' (410 s; wholealone first if the first call ran out of time).
-# Other parts (topksizes, shardwhole, presetlarge, shardmix, shardoverlap, graphcheck1, shardwarmup1, lncheck, leversbase, leverslarge, topkdepths, dropgraphs, squadlarge, projections, compiledlarge, compileddrop, shardcompiledattn, attncheck, attngraphs, compiledattn,
+# The default queue (2026-11-28): the RTE shard in the preset as it now is (the dropout kernel, one eager step before a
+# capture; its records say captures' seconds apart from eager steps'), the plain trainer's on the same card (it ran
+# past 200 s on 2026-11-28: 212-242 s), and SQuAD's top_k step (411 of paper_full's 1,461 H100-hours, unmeasured).
+# A second call: PARTS='topksizes shardmix' (420 s).
+# Other parts (dropcheck, groupsizes, wholegroups, wholealone, shardwhole, presetlarge, shardfused8a, shardfused8b, shardoverlap, graphcheck1, shardwarmup1, lncheck, leversbase, leverslarge, topkdepths, dropgraphs, squadlarge, projections, compiledlarge, compileddrop, shardcompiledattn, attncheck, attngraphs, compiledattn,
 # attnwide, profileattn, shardattn, compiledcheck, compiledgraphs, profilecompiled, shardcompiled, graphcheck, graphs, shardgraphs,
 # profilegraphs, graphsfused, shardfused, compiled, shard, base, topk, profile, fused8, large) stay for later calls: PARTS="..." picks them.
 # A kernel that fails its check outright (not for time: exit 124) is left out of the parts after it; if the attention
 # kernel fails, the call goes on to FALLBACK's parts, so that one failed compile on the device's Triton does not cost the whole call.
 DROPOUT_MODES=${DROPOUT_MODES:-mask,kernel}
 LAYER_NORM_MODES=${LAYER_NORM_MODES:-torch,kernel}
-queue=(${PARTS:-dropcheck shardfull shardplain wholealone})
+queue=(${PARTS:-shardfull shardplain squadtopk})
 while [ ${#queue[@]} -gt 0 ]; do
     name=${queue[0]}; queue=("${queue[@]:1}")
     run_part "$name"; status=$?
