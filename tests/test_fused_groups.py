@@ -18,6 +18,7 @@ import torch
 
 import adaptune.train.group_loop as group_loop
 import adaptune.train.loop as loop
+import adaptune.train.step_graphs as step_graphs
 from adaptune.core.run_files import STATE_FILE
 from adaptune.model.checkpoint import load_task_checkpoint
 from adaptune.model.run_dropout import DROPOUT_MASKS_ENV, MASK_SCHEMES
@@ -179,6 +180,25 @@ def test_a_group_stepped_for_cuda_graphs_trains_as_it_does_eagerly(name: str, tm
     groupable method (the H100 preset trains them all so). The capture itself needs a GPU: `make bench-gpu`'s
     step_graphs check compares replays with eager steps."""
     assert_a_group_in_mode_trains_as_eager(STEP_GRAPHS, tmp_path, shared_data_dir, step_losses, monkeypatch, name)
+
+
+def test_a_step_padded_up_to_a_longer_shapes_graph_trains_as_at_its_own(tmp_path: Path, shared_data_dir: Path,
+                                                                        step_losses: list[list[float]],
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU a group's shorter step replays a longer captured graph, its token axis padded up
+    (step_graphs.PAD_UP_STEPS). Every step padded to 128 tokens, where these batches hold at most 48, a group
+    trains as the eager group does, step by step: padding moves no run's result."""
+    lengths: list[int] = []
+    real_pad = step_graphs.pad_to_length
+
+    def pad_to_length(inputs: dict[str, torch.Tensor], length: int) -> dict[str, torch.Tensor]:
+        lengths.append(length)
+        return real_pad(inputs, length)
+
+    monkeypatch.setattr(step_graphs, "pad_to_length", pad_to_length)
+    monkeypatch.setattr(step_graphs.GraphedFusedStep.__init__, "__defaults__", (None, 128, None))  # warmup, bucket, counted_from
+    assert_a_group_in_mode_trains_as_eager(STEP_GRAPHS, tmp_path, shared_data_dir, step_losses, monkeypatch)
+    assert len(lengths) == 2 * -(-40 // 16) and set(lengths) == {128}  # epochs x batches, every one padded to 128
 
 
 def assert_a_group_in_mode_trains_as_eager(mode: str, tmp_path: Path, shared_data_dir: Path, step_losses: list[list[float]],

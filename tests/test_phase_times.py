@@ -53,7 +53,7 @@ def test_a_groups_runs_each_record_the_groups_time_and_step_graph_counts(tmp_pat
         _assert_phases_fill_the_wall_time(record)
     assert records[0]["time_s"] == records[1]["time_s"]  # the group's, as its wall time
     steps = 2 * -(-40 // 16)  # epochs x batches: a CPU captures nothing, so every step ran eagerly
-    assert [record["step_graphs"] for record in records] == [{"graphs": 0, "eager_steps": steps, "replayed_steps": 0,
+    assert [record["step_graphs"] for record in records] == [{"graphs": 0, "eager_steps": steps, "replayed_steps": 0, "padded_up_steps": 0,
                                                               "eager_and_capture_s": 0.0, "capture_s": 0.0, "warmup": 2}] * 2  # seconds: CUDA's only
 
 

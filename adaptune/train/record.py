@@ -48,7 +48,7 @@ def run_record(config: TrainConfig, primary_metric: str, device: str | None = No
         # Where the wall time went (adaptune.train.phase_times): {setup, steps, evaluation, saving} seconds; a fused
         # group's runs each record the group's, as their wall_time_s.
         "time_s": {},
-        # A group trained as CUDA graphs (ADAPTUNE_COMPILE=step_graphs): {graphs, eager_steps, replayed_steps, eager_and_capture_s, capture_s, warmup} of the
+        # A group trained as CUDA graphs (ADAPTUNE_COMPILE=step_graphs): {graphs, eager_steps, replayed_steps, padded_up_steps, eager_and_capture_s, capture_s, warmup} of the
         # group; None where no step graphs were asked for.
         "step_graphs": None,
         "train_examples_per_s": None,

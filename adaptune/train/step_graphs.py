@@ -11,6 +11,8 @@ finished compiling a group in a GPU call), so capture costs about one eager step
 What a replay needs, and how the step provides it:
 - fixed shapes: token axes padded up to a multiple of `LENGTH_BUCKET` (a handful of graphs per run
   group); a shape seen fewer than `warmup` + 1 times just runs eagerly (an epoch's short last step);
+  a shorter shape replays a longer captured graph, padded up to it, for its first `PAD_UP_STEPS` steps
+  (an eager step and a capture cost the host far more than the padding costs the device);
 - no host work inside the step: counter dropout masks (adaptune.model.run_dropout, "counter"), whose
   draw counts live on the device; each run's torch AdamW (fused, capturable) reading its learning rate
   from a device tensor that the host-side schedule fills between replays; no host sync in the model
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -43,6 +45,12 @@ from adaptune.train.group_optimizer import clip_each
 # of its device time (bench/gpu.json).
 STEP_GRAPHS, COMPILED_STEP_GRAPHS = STEP_GRAPH_MODES
 LENGTH_BUCKET = 32  # tokens: BERT batches of up to 128 tokens need at most 4 graphs
+# Steps of a shape that replay a longer captured graph (same rows, its token axis padded up) before the shape gets
+# its own graph. On an H100 a group's eager step and capture cost about 1.1 s of the host's time together, a
+# replayed step of 5 BERT-base runs 36 ms at 128 tokens (bench/gpu.json "h100_2026_11_28"): padding a step from 96
+# to 128 tokens costs at most a third of a step, so a shape that comes this rarely is cheaper padded. A group's step
+# pads to its longest run's batch, so most of its steps meet the longest bucket and the others come rarely.
+PAD_UP_STEPS = 32
 StepResult = tuple[torch.Tensor, torch.Tensor]
 
 
@@ -59,10 +67,38 @@ def pad_to_bucket(inputs: dict[str, torch.Tensor], bucket: int = LENGTH_BUCKET) 
     """The inputs with their token axis right-padded with zeros (attention mask 0: padding no real
     position reads) up to a multiple of `bucket`."""
     length = next(iter(inputs.values())).shape[1]
-    extra = -length % bucket
+    return pad_to_length(inputs, length - length % -bucket)
+
+
+def pad_to_length(inputs: dict[str, torch.Tensor], length: int) -> dict[str, torch.Tensor]:
+    """The inputs with their token axis right-padded with zeros (attention mask 0) up to `length` tokens."""
+    extra = length - next(iter(inputs.values())).shape[1]
     if not extra:
         return inputs
     return {name: F.pad(tensor, (0, extra), value=0) for name, tensor in inputs.items()}
+
+
+def shape_key(inputs: dict[str, torch.Tensor], labels: torch.Tensor) -> tuple:
+    """What a captured graph is for: every input's name and shape, and the labels' shape."""
+    return tuple((name, tuple(tensor.shape)) for name, tensor in sorted(inputs.items())), tuple(labels.shape)
+
+
+def key_length(key: tuple) -> int:
+    """A shape key's token axis (every input's axis 1)."""
+    inputs, _ = key
+    return inputs[0][1][1]
+
+
+def longer_captured(key: tuple, captured: Iterable[tuple]) -> tuple | None:
+    """The captured shape this step can replay padded: of those whose shapes differ from `key`'s only in a longer
+    token axis, the shortest; None where none does."""
+    def without_length(shape_key: tuple) -> tuple:
+        inputs, labels = shape_key
+        return tuple((name, shape[:1] + shape[2:]) for name, shape in inputs), labels
+
+    rest = without_length(key)
+    longer = [other for other in captured if without_length(other) == rest and key_length(other) > key_length(key)]
+    return min(longer, key=key_length, default=None)
 
 
 @dataclasses.dataclass
@@ -92,11 +128,13 @@ class GraphedFusedStep:
         self.capturing_allowed = device.kind == "cuda" and randomness.scheme == "counter" and kind != "span"
         self.graphs: dict[tuple, _Captured] = {}
         self.seen: dict[tuple, int] = {}
+        self.padded_up: dict[tuple, int] = {}  # steps of a shape that replayed a longer graph (PAD_UP_STEPS)
         # The record's step_graphs: what the capture cost, what it saved; counted on from the step this one replaces
         # (a group whose runs left: the old graphs held the old stacks).
         self.graphs_before = counted_from.graphs_before + counted_from.captured if counted_from else 0
         self.eager_steps = counted_from.eager_steps if counted_from else 0
         self.replayed_steps = counted_from.replayed_steps if counted_from else 0
+        self.padded_up_before = counted_from.padded_up_steps if counted_from else 0
         self.unreplayed_s = counted_from.unreplayed_s if counted_from else 0.0  # host seconds in eager steps and captures on CUDA
         self.capture_s = counted_from.capture_s if counted_from else 0.0  # of which in captures
         if device.kind == "cuda":
@@ -107,13 +145,18 @@ class GraphedFusedStep:
     def captured(self) -> int:
         return len(self.graphs)
 
+    @property
+    def padded_up_steps(self) -> int:
+        return self.padded_up_before + sum(self.padded_up.values())
+
     def counts(self) -> dict[str, int]:
         """This attempt's graphs captured (one per input shape), steps run eagerly (a shape's first steps, and
-        every step off CUDA), steps replayed, and the seconds spent outside replays, in eager steps and captures, and
-        in captures alone (on a GPU the host's: its eager step is bound by the host, and a kernel's first call
-        compiles it there)."""
+        every step off CUDA), steps replayed (of which padded up to a longer shape's graph), and the seconds spent
+        outside replays, in eager steps and captures, and in captures alone (on a GPU the host's: its eager step is
+        bound by the host, and a kernel's first call compiles it there)."""
         return {"graphs": self.graphs_before + self.captured, "eager_steps": self.eager_steps, "replayed_steps": self.replayed_steps,
-                "eager_and_capture_s": round(self.unreplayed_s, 3), "capture_s": round(self.capture_s, 3), "warmup": self.warmup}
+                "padded_up_steps": self.padded_up_steps, "eager_and_capture_s": round(self.unreplayed_s, 3),
+                "capture_s": round(self.capture_s, 3), "warmup": self.warmup}
 
     def __call__(self, inputs: dict[str, torch.Tensor], labels: torch.Tensor, weights: torch.Tensor, layout: RowLayout,
                  runs: Sequence[Any]) -> list[StepResult]:
@@ -122,8 +165,11 @@ class GraphedFusedStep:
             self.eager_steps += 1
             return self._after(self._step(inputs, labels, weights, layout, runs, skip_non_finite=True), runs)
         self._make_capturable(runs)
-        key = (tuple((name, tuple(tensor.shape)) for name, tensor in sorted(inputs.items())), tuple(labels.shape))
+        key = shape_key(inputs, labels)
         captured = self.graphs.get(key)
+        longer = self.longer_graph_to_replay(key)
+        if longer is not None:
+            inputs, captured = pad_to_length(inputs, key_length(longer)), self.graphs[longer]
         if captured is None:
             started = time.perf_counter()
             self.seen[key] = self.seen.get(key, 0) + 1
@@ -139,6 +185,16 @@ class GraphedFusedStep:
         captured.graph.replay()
         self.replayed_steps += 1
         return self._after(captured.results.clone(), runs)
+
+    def longer_graph_to_replay(self, key: tuple) -> tuple | None:
+        """The longer captured shape a step of shape `key` replays, padded up to it, counted; None where the step
+        has its own graph, none is longer, or the shape has had its PAD_UP_STEPS (then it gets its own)."""
+        if key in self.graphs or not self.capturing_allowed or self.padded_up.get(key, 0) >= PAD_UP_STEPS:
+            return None
+        longer = longer_captured(key, self.graphs)
+        if longer is not None:
+            self.padded_up[key] = self.padded_up.get(key, 0) + 1
+        return longer
 
     def _step(self, inputs: dict[str, torch.Tensor], labels: torch.Tensor, weights: torch.Tensor, layout: RowLayout,
               runs: Sequence[Any], skip_non_finite: bool = False) -> torch.Tensor:
