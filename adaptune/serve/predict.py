@@ -28,7 +28,7 @@ from typing import Any, TextIO
 
 from adaptune.data.tasks import Task, get_task
 
-BATCH_SIZE = 32  # as evaluation (adaptune.train.evaluate.EVAL_BATCH_SIZE)
+BATCH_SIZE = 32  # as evaluation on a CPU (adaptune.train.evaluate.EVAL_BATCH_SIZE)
 
 
 class PredictInputError(ValueError):

@@ -17,7 +17,15 @@ from adaptune.train.metrics import compute_metrics, squad_scores
 from adaptune.data.squad import postprocess_predictions
 from adaptune.data.tasks import Task
 
-EVAL_BATCH_SIZE = 32  # batches are sorted by length; larger ones mostly add padding on CPU
+EVAL_BATCH_SIZE = 32  # rows a batch on a CPU: batches are sorted by length; larger ones mostly add padding there
+# On a GPU an evaluation batch is bound by the host launching its kernels (a fused group's forward pass launches
+# what its training step's does), so fewer, larger batches: sorted by length, they add little padding.
+GPU_EVAL_BATCH_SIZE = 128
+
+
+def evaluation_batch_size(device: Device) -> int:
+    """Rows a batch when evaluating on this device."""
+    return GPU_EVAL_BATCH_SIZE if device.kind == "cuda" else EVAL_BATCH_SIZE
 
 
 @dataclasses.dataclass
@@ -50,7 +58,7 @@ class EvalResult:
 
 
 def evaluate_split(
-    model: nn.Module, task: Task, split: EvalSplit, device: Device, collator: DataCollatorWithPadding, batch_size: int = EVAL_BATCH_SIZE
+    model: nn.Module, task: Task, split: EvalSplit, device: Device, collator: DataCollatorWithPadding, batch_size: int | None = None
 ) -> EvalResult:
     """The task's metrics on this split (model left in eval mode; the caller switches back to train)."""
     return evaluate_runs(model, 1, task, split, device, collator, batch_size)[0]
@@ -59,12 +67,13 @@ def evaluate_split(
 @torch.inference_mode()
 def evaluate_runs(
     model: nn.Module, runs: int, task: Task, split: EvalSplit, device: Device, collator: DataCollatorWithPadding,
-    batch_size: int = EVAL_BATCH_SIZE,
+    batch_size: int | None = None,
 ) -> list[EvalResult]:
     """Each run's metrics on this split, in one pass: a group's model (adaptune.model.run_groups) reads
-    every batch replicated once per run, block i scored for run i. `runs=1`: a solo model."""
+    every batch replicated once per run, block i scored for run i. `runs=1`: a solo model. `batch_size`: rows
+    a batch, else evaluation_batch_size(device)."""
     model.eval()
-    batches = evaluation_batches(split.lengths, batch_size)
+    batches = evaluation_batches(split.lengths, batch_size or evaluation_batch_size(device))
     model_inputs = [{k: v for k, v in row.items() if k in ("input_ids", "attention_mask", "token_type_ids")} for row in split.rows]
     outputs: list[list[Any]] = [[None] * len(split.rows) for _ in range(runs)]
     on_device = []  # read back after the last batch: no wait for the device per batch (a GPU runs ahead of the host)
