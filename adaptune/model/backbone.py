@@ -17,6 +17,7 @@ untrained pooler with the head, mean pooling scored as well or better (analysis/
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import functools
 import os
@@ -287,6 +288,28 @@ def load_model(name: str | None, task_kind: str, num_labels: int = 2, mean_pool_
     if mean_pool_untrained and pooler_is_untrained(model):
         use_mean_pooling(model)
     return model
+
+
+TASK_HEADS = ("classifier", "qa_outputs")  # the head a task model adds to the encoder, by task kind's model class
+
+
+def fresh_head_copy(model: PreTrainedModel) -> PreTrainedModel | None:
+    """A copy of a model load_model returned whose every tensor is the same object as the model's, but for its task
+    head, a fresh Linear drawn from torch's global generator as from_pretrained draws a head the checkpoint lacks
+    (weight normal(0, the config's initializer_range), bias zero): after the same set_seed it equals what load_model
+    would return, and leaves the generator where load_model leaves it (tests/test_backbone.py), without reading or
+    copying the encoder. None where the head is not one Linear (another architecture's): load the model again there.
+    A fused group's runs start from one load so (adaptune.train.group_loop)."""
+    name = next((name for name in TASK_HEADS if isinstance(getattr(model, name, None), nn.Linear)), None)
+    std = getattr(model.config, "initializer_range", None)
+    if name is None or std is None or getattr(model, name).bias is None:
+        return None
+    shared = {id(tensor): tensor for tensor in (*model.parameters(), *model.buffers())}
+    copied = copy.deepcopy(model, shared)
+    head = getattr(copied, name)
+    head.weight = nn.Parameter(nn.init.normal_(torch.empty_like(head.weight), mean=0.0, std=std))
+    head.bias = nn.Parameter(torch.zeros_like(head.bias))
+    return copied
 
 
 # A pooler whose bias is exactly zero never took an optimizer step (any step moves a bias), and

@@ -33,7 +33,7 @@ from adaptune.core.devices import Device, is_out_of_memory, pick_device, release
 from adaptune.data.batching import epoch_batches, make_collator
 from adaptune.data.tasks import get_task
 from adaptune.model.attention_kernel import recorded_attention
-from adaptune.model.backbone import load_model, load_tokenizer
+from adaptune.model.backbone import fresh_head_copy, load_model, load_tokenizer
 from adaptune.model.dropout_kernel import recorded_dropout
 from adaptune.model.methods import apply_method, method_from_dict
 from adaptune.model.params import count_parameters
@@ -176,17 +176,18 @@ class _Group:
         tokenizer = load_tokenizer(first.backbone)
         data, companions = prepare_data(first, task, tokenizer, data_dir, cache_dir)
         trained = []
+        loaded = load_model(first.backbone, task.kind, task.num_labels)  # the encoder read once; each run draws its own head
         for member in self.members:  # each run's model starts exactly as it would alone
             member.record.update(data_split=data.data_split, split_note=data.split_note, split_sizes=data.split_sizes)
             member.companion_splits = companions
             set_seed(member.config.seed)
-            model = load_model(member.config.backbone, task.kind, task.num_labels)
+            model = fresh_head_copy(loaded) or load_model(member.config.backbone, task.kind, task.num_labels)
             apply_method(model, member.method_cfg)
             trained.append(trained_tensors(model))
         counts, decayed = count_parameters(model), decayed_names(model)
         template = copy.deepcopy(model)
         model = group_model(model, trained)
-        del trained
+        del trained, loaded
         self.randomness = use_run_dropout(model, [dropout_stream(member.config.seed, device.torch_device, self.mask_scheme)
                                                   for member in self.members])
         model.to(device.torch_device)
