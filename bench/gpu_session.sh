@@ -236,13 +236,19 @@ run_part() {
     # against whole models stacked 4 a group (groups of 3, 3 and 3), runs per GPU-hour and how far results moved.
     shardwhole) ADAPTUNE_WHOLE_MODEL_RUNS_PER_GROUP=4 part shardwhole 200 --backbones bert-base --variants "" --fused "" \
         --shard 1 --shard-groups 4 --shard-methods full ;;
+    # Why the compiled counter masks drew other bits than the eager operators on the H100 (2026-11-28): each factor
+    # alone (dynamic or static sizes, int32 or int64 draws, one shape or the training sequence), with inductor's code.
+    maskcode) local left=$((BUDGET - SECONDS)); if [ "$left" -lt 60 ]; then log "part maskcode skipped: $left s left"; return; fi
+        log "part maskcode (at most 60 s)"
+        TORCH_LOGS=output_code,recompiles timeout --signal=INT --kill-after=10 60 $PY bench/mask_code.py >"$OUT/maskcode.json" 2>"$OUT/maskcode_code.log"
+        local status=$?; gzip -f "$OUT/maskcode_code.log"; log "part maskcode ended: exit $status" ;;
     *) log "no part $1" ;;
     esac
 }
 # The default queue (2026-11-28): the RTE shard in the preset as it now is (the dropout kernel, one eager step before a
 # capture; its records say captures' seconds apart from eager steps'), the plain trainer's on the same card (it ran
 # past 200 s on 2026-11-28: 212-242 s), and SQuAD's top_k step (411 of paper_full's 1,461 H100-hours, unmeasured).
-# A second call: PARTS='topksizes shardmix' (420 s).
+# A second call: PARTS='maskcode topksizes shardmix' (480 s).
 # Other parts (dropcheck, groupsizes, wholegroups, wholealone, shardwhole, presetlarge, shardfused8a, shardfused8b, shardoverlap, graphcheck1, shardwarmup1, lncheck, leversbase, leverslarge, topkdepths, dropgraphs, squadlarge, projections, compiledlarge, compileddrop, shardcompiledattn, attncheck, attngraphs, compiledattn,
 # attnwide, profileattn, shardattn, compiledcheck, compiledgraphs, profilecompiled, shardcompiled, graphcheck, graphs, shardgraphs,
 # profilegraphs, graphsfused, shardfused, compiled, shard, base, topk, profile, fused8, large) stay for later calls: PARTS="..." picks them.
