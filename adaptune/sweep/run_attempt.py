@@ -66,10 +66,10 @@ def train_groups(groups: Iterable[list[TrainConfig]], shard_id: str, store: RunS
 
 def _graphed_alone(config: TrainConfig) -> bool:
     """Under step graphs (adaptune.train.step_graphs, either mode) a groupable run without companions trains as a
-    group of one, its step replayed as a CUDA graph: on an H100 that step ran 2.2x the solo trainer's
-    (BERT-base adapters, bench/gpu.json "h100_2026_11_26_step_graphs"), 3.9-5.7x for top_k
-    ("h100_2026_11_27_levers"). So does a run that trains the whole model (full fine-tuning, top_k over every
-    layer), which no group shares. Not a run whose step keeps the GPU busy alone (grouping.LONG_STEP_TOKENS):
+    group of one, its step replayed as a CUDA graph: on an H100 that step ran 6.6x the solo trainer's table figure
+    (BERT-base adapters with the attention and LayerNorm kernels, bench/gpu.json "h100_2026_11_28"), 3.9-5.7x for
+    top_k ("h100_2026_11_27_levers"). So does a run that trains the whole model (full fine-tuning, top_k over every
+    layer), which no group shares: 4.35x (BERT-base) and 3.38x (BERT-large) for full fine-tuning ("h100_2026_11_28"). Not a run whose step keeps the GPU busy alone (grouping.LONG_STEP_TOKENS):
     the trainer's own step was the faster there."""
     if os.environ.get(TRAINER_ENV) or trains_alone_for_its_length(config):
         return False
