@@ -25,11 +25,12 @@ REFERENCE_STEP_TOKENS = 32 * 128
 # batch 32 padded to 384 tokens (SQuAD's), the trainer's one-run step took 83 ms (20% MFU) and a group of 2 took
 # 198 ms, 0.84x as fast per run (bench/gpu.json "h100_2026_11_27_levers").
 LONG_STEP_TOKENS = 3 * REFERENCE_STEP_TOKENS
-# Runs that train the whole model group as stacked whole models (adaptune.model.run_groups), each holding its own
-# weights, gradients and AdamW moments: alone on an H100 a run peaked at 3.0 GiB (BERT-base) and 8.4 GiB (BERT-large)
-# at batch 32 x 128 (bench/gpu.json), so 8 and 4 of them would fit. No GPU has timed such a group yet
-# (bench/gpu_session.sh `wholegroups`), so they train one a group until one does; the environment variable sets
-# another number where a measurement asks for it (`shardwhole`), as ADAPTUNE_RUNS_PER_GROUP does for the rest.
+# Runs that train the whole model can group as stacked whole models (adaptune.model.run_groups), each holding its own
+# weights, gradients and AdamW moments. On an H100, in the preset's step, stacking did not pay: full fine-tuning
+# trained 3,022, 3,039 and 3,000 examples/s at 1, 2 and 4 runs a group (BERT-base), 1,214, 1,129 and 1,083
+# (BERT-large; bench/gpu.json "h100_2026_11_28"): a whole model's replayed step keeps the GPU as busy alone. So they
+# train one a group; the environment variable sets another number (bench/gpu_session.sh `shardwhole`), as
+# ADAPTUNE_RUNS_PER_GROUP does for the rest.
 WHOLE_MODEL_RUNS_PER_GROUP = 1
 WHOLE_MODEL_RUNS_PER_GROUP_ENV = "ADAPTUNE_WHOLE_MODEL_RUNS_PER_GROUP"
 
