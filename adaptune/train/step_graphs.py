@@ -179,8 +179,9 @@ class GraphedFusedStep:
                 self.unreplayed_s += time.perf_counter() - started
                 return self._after(results, runs)
             captured = self.graphs[key] = self._capture(inputs, labels, weights, layout, runs)
-            self.unreplayed_s += time.perf_counter() - started
-            self.capture_s += time.perf_counter() - started
+            capturing = time.perf_counter() - started
+            self.unreplayed_s += capturing
+            self.capture_s += capturing
         captured.load(inputs, labels, weights)
         captured.graph.replay()
         self.replayed_steps += 1
