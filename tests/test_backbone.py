@@ -36,3 +36,31 @@ def test_a_method_applied_to_a_copy_leaves_the_loaded_model_as_it_was() -> None:
     assert any("adapter" in name for name in copied.state_dict())
     after = loaded.state_dict()
     assert after.keys() == before.keys() and all(torch.equal(after[name], before[name]) for name in before)
+
+
+@pytest.mark.parametrize("checkpoint", ["encoder", "with_its_own_head"])
+def test_a_groups_runs_start_as_load_model_starts_each_alone(checkpoint: str, tmp_path) -> None:
+    """group_loop's runs' models, one load for the group: each equals load_model after its run's set_seed, the generator
+    left where load_model leaves it. A checkpoint that holds its own head (a fine-tuned model as the backbone) draws
+    nothing, so a fresh head would be wrong there: every run loads it, and the runs share nothing."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from adaptune.train.group_loop import _models_as_alone
+
+    backbone = None
+    if checkpoint == "with_its_own_head":
+        backbone = str(tmp_path / "tiny")
+        torch.manual_seed(0)
+        BertForSequenceClassification(BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                                 intermediate_size=64)).save_pretrained(backbone)
+    seeds = [3, 5, 8]
+    models = []
+    for seed, model in zip(seeds, _models_as_alone(backbone, "classification", 2, seeds), strict=True):
+        generator = torch.get_rng_state()
+        set_seed(seed)
+        alone = load_model(backbone, "classification", 2)
+        assert torch.equal(generator, torch.get_rng_state())
+        assert all(torch.equal(tensor, dict(alone.named_parameters())[name]) for name, tensor in model.named_parameters())
+        models.append(model)
+    shared = models[0].bert.embeddings.word_embeddings.weight is models[1].bert.embeddings.word_embeddings.weight
+    assert shared == (checkpoint == "encoder")

@@ -93,7 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--data-dir", default=None, help="local data mirror (default: found automatically)")
     parser.add_argument("--tokenizer", default=None, help="a BERT uncased tokenizer (default: the embedded MiniLM's)")
     parser.add_argument("--backbones", default=",".join(CONFIGS), help=f"comma-separated, of {', '.join(CONFIGS)}")
-    parser.add_argument("--variants", default="before,now", help="comma-separated, of before, now, compiled, graphs")
+    parser.add_argument("--variants", default="before,now", help="comma-separated, of before, now, compiled, graphs, preset (now with "
+                        "the trainer's run dropout, so that the step settings in the environment reach it as in a pipeline task)")
     parser.add_argument("--methods", default="full,adapters64", help=f"the solo step's methods, comma-separated, of {', '.join(METHODS)}")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--batch-sets", default="length_grouped,padded_128")
@@ -386,6 +387,7 @@ def build_step(config: dict[str, int], method: str, variant: str, device: Device
     from transformers import BertConfig, BertForSequenceClassification
 
     from adaptune.model.methods import apply_method, method_from_dict
+    from adaptune.model.run_dropout import dropout_stream, use_run_dropout
     from adaptune.train.compiling import COMPILE_MODES, training_forward
     from adaptune.train.loop import _adamw, frozen_backbone_for_autocast, training_step
 
@@ -393,6 +395,8 @@ def build_step(config: dict[str, int], method: str, variant: str, device: Device
     with device.torch_device:  # initialised on the GPU: seconds, not a minute of CPU per BERT-large
         model = BertForSequenceClassification(BertConfig(**config, num_labels=2, attn_implementation="sdpa"))
         apply_method(model, method_from_dict(METHODS[method]))
+    if variant == "preset":  # the trainer's dropout, as loop.py sets it: its scheme and kernels from the step settings
+        use_run_dropout(model, [dropout_stream(0, device.torch_device)])
     model.to(device.torch_device).train()
     trainable = [p for p in model.parameters() if p.requires_grad]
     if variant == "before":

@@ -21,7 +21,7 @@ import copy
 import math
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -126,6 +126,27 @@ class _Member(_Run):
         return self.template
 
 
+def _models_as_alone(backbone: str | None, task_kind: str, num_labels: int, seeds: Sequence[int]) -> Iterator[torch.nn.Module]:
+    """For each seed in turn, what load_model returns after set_seed(seed), the generator left where load_model leaves
+    it. The encoder is read once where the first load shows that load_model draws nothing but a fresh head (the
+    generator after it stands where fresh_head_copy leaves it): each run then takes a copy sharing the encoder's
+    tensors. Else (a checkpoint with its own head, or missing more than a head) every run loads it."""
+    set_seed(seeds[0])
+    loaded = load_model(backbone, task_kind, num_labels)
+    after_load = torch.get_rng_state()
+    set_seed(seeds[0])
+    copied = fresh_head_copy(loaded)
+    if copied is None or not torch.equal(torch.get_rng_state(), after_load):
+        for seed in seeds:
+            set_seed(seed)
+            yield load_model(backbone, task_kind, num_labels)
+        return
+    yield copied
+    for seed in seeds[1:]:
+        set_seed(seed)
+        yield fresh_head_copy(loaded)
+
+
 class _Group:
     def __init__(self, configs: list[TrainConfig], outs: list[Path], callbacks: list[Callable[[], None] | None],
                  mask_scheme: str) -> None:
@@ -176,18 +197,16 @@ class _Group:
         tokenizer = load_tokenizer(first.backbone)
         data, companions = prepare_data(first, task, tokenizer, data_dir, cache_dir)
         trained = []
-        loaded = load_model(first.backbone, task.kind, task.num_labels)  # the encoder read once; each run draws its own head
-        for member in self.members:  # each run's model starts exactly as it would alone
+        models = _models_as_alone(first.backbone, task.kind, task.num_labels, [member.config.seed for member in self.members])
+        for member, model in zip(self.members, models, strict=True):  # each run's model starts exactly as it would alone
             member.record.update(data_split=data.data_split, split_note=data.split_note, split_sizes=data.split_sizes)
             member.companion_splits = companions
-            set_seed(member.config.seed)
-            model = fresh_head_copy(loaded) or load_model(member.config.backbone, task.kind, task.num_labels)
             apply_method(model, member.method_cfg)
             trained.append(trained_tensors(model))
         counts, decayed = count_parameters(model), decayed_names(model)
         template = copy.deepcopy(model)
         model = group_model(model, trained)
-        del trained, loaded
+        del trained
         self.randomness = use_run_dropout(model, [dropout_stream(member.config.seed, device.torch_device, self.mask_scheme)
                                                   for member in self.members])
         model.to(device.torch_device)
