@@ -223,3 +223,17 @@ def test_squads_long_steps_train_alone_and_adapters_price_at_the_step_measured_a
     assert estimate_hours(runs["top_k"], spec) == pytest.approx(
         examples / (scaled / MEASURED_PARAMETER_EFFICIENT_STEP_COST[("bert-large-uncased", "NVIDIA_H100_80GB")]) * EVALUATION_OVERHEAD / 3600)
     assert "1 run(s) priced at bench-gpu's one-run step measured at their length" in plan(spec).estimate_source()
+
+
+def test_the_fused_speedups_are_bench_gpus_measurements_over_the_table() -> None:
+    """FUSED_SPEEDUP's rows measured on 2026-11-28 are bench/gpu.json's examples/s over the table's one-run throughput
+    for the method's step (an adapter step's for the frozen-backbone kind, a full one's for whole models)."""
+    measured = json.loads((Path(__file__).resolve().parents[1] / "bench" / "gpu.json").read_text())["h100_2026_11_28"]
+    h100 = "NVIDIA_H100_80GB"
+    names = {"bert-base": "bert-base-uncased", "bert-large": "bert-large-uncased"}
+    for kind, rows, cost in (("frozen_backbone", measured["group_sizes_bert_base_adapters64"], MEASURED_PARAMETER_EFFICIENT_STEP_COST),
+                             ("whole_model", measured["whole_model_groups_full_fine_tuning"], {})):
+        for row in rows:
+            backbone = names[row["backbone"]]
+            table = THROUGHPUT[(backbone, h100)] / cost.get((backbone, h100), 1.0)  # a step's cost over a full one's
+            assert FUSED_SPEEDUP[kind][backbone][row["k"]] == pytest.approx(row["examples_per_s"] / table, abs=0.01), (kind, row["k"])
