@@ -19,7 +19,7 @@ from adaptune.sweep.store import CHECKPOINT_DIR, RECORD_FILE, RUNS_DIR, RunDir, 
 from adaptune.sweep.transient import backoff_s, is_transient
 from adaptune.train.config import TrainConfig
 from adaptune.train.event_log import write_run_summary
-from adaptune.train.grouping import fused_groups, group_key, trains_alone_for_its_length, trains_whole_model
+from adaptune.train.grouping import fused_groups, group_key, trains_alone_for_its_length
 from adaptune.train.record import failed_run_record, is_stale, one_line_reason, save_traceback, with_provenance
 
 
@@ -73,7 +73,7 @@ def _graphed_alone(config: TrainConfig) -> bool:
     the trainer's own step was the faster there."""
     if os.environ.get(TRAINER_ENV) or trains_alone_for_its_length(config):
         return False
-    if group_key(config) is None and not trains_whole_model(config):
+    if group_key(config) is None:  # whole-model runs have keys too
         return False
     from adaptune.train.compiling import compile_mode  # torch's: imported only where runs train
     from adaptune.train.step_graphs import STEP_GRAPH_MODES

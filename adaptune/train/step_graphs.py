@@ -67,7 +67,7 @@ def pad_to_bucket(inputs: dict[str, torch.Tensor], bucket: int = LENGTH_BUCKET) 
     """The inputs with their token axis right-padded with zeros (attention mask 0: padding no real
     position reads) up to a multiple of `bucket`."""
     length = next(iter(inputs.values())).shape[1]
-    return pad_to_length(inputs, length - length % -bucket)
+    return pad_to_length(inputs, length + -length % bucket)
 
 
 def pad_to_length(inputs: dict[str, torch.Tensor], length: int) -> dict[str, torch.Tensor]:
