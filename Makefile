@@ -8,7 +8,7 @@ PIPELINE ?= smoke
 OUT ?= outputs
 export PYTHONHASHSEED := 0
 
-.PHONY: venv test test-heavy demo run plan status tensorboard report compile submit stage-models bench bench-fused bench-bf16 bench-projections bench-data bench-attention bench-gpu gpu-carry bench-status bench-tensorboard bench-soak images lint lock clean
+.PHONY: venv test test-heavy demo run plan status tensorboard report compile submit stage-models bench bench-fused bench-bf16 bench-projections bench-data bench-attention bench-states bench-gpu gpu-carry bench-status bench-tensorboard bench-soak images lint lock clean
 
 $(VENV)/.installed: pyproject.toml requirements.lock requirements-kernel-tests.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -88,6 +88,11 @@ bench-data: venv
 # written per layer, eager attention against the kernel under Triton's interpreter; bench/attention_kernel.json).
 bench-attention: venv
 	$(PY) -m adaptune.bench.attention --out bench/attention_kernel.json
+
+# What saving a run's resume state costs (BERT-base and -large shapes, on this disk), and the states and hours
+# paper_full's runs save at every epoch's end against adaptune.train.state_saves' rule (bench/state_saves.json).
+bench-states: venv
+	$(PY) -m adaptune.bench.state_saves --out bench/state_saves.json
 
 # On a CUDA machine: BERT-base/-large training speed and MFU, and runs side by side on one GPU (bench/gpu.json).
 bench-gpu: venv

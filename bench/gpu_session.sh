@@ -211,6 +211,14 @@ run_part() {
     # `preset` is the same step with the trainer's run dropout under the preset's step settings, as a SQuAD run trains in a
     # pipeline task (counter masks, the attention and dropout kernels); `now` is the plain step every price so far used.
     # Methods in order of value: each is saved as it is measured, so a cut-off part keeps the first ones.
+    # Whether SQuAD's one-run step pays replayed (new 2026-11-28: a span task's loss reads each run's token count from
+    # the device, so its step can be captured; run_attempt._graphed_alone still sends 384-token runs to the trainer's
+    # step). On 2026-11-27 a replayed group of one took 95.6 ms against the trainer's 83.1 ms, with the masks' dropout;
+    # here with the dropout and LayerNorm kernels, beside the trainer's step under the same environment.
+    squadgraphs) ADAPTUNE_DROPOUT_MASKS=counter ADAPTUNE_ATTENTION=kernel ADAPTUNE_DROPOUT=kernel part squadgraphs 120 \
+        --backbones bert-large --variants preset --methods adapters64,top_k12 --batch-sets padded_384 --repeats 1 "${NONE[@]}" \
+        --fused 1 --fused-methods adapters64,top_k12 --fused-batch-sets padded_384 --fused-optimizer together --fused-masks counter \
+        --fused-compile step_graphs --fused-attention kernel --fused-dropout kernel --fused-layer-norm kernel ;;
     squadtopk) ADAPTUNE_DROPOUT_MASKS=counter ADAPTUNE_ATTENTION=kernel ADAPTUNE_DROPOUT=kernel part squadtopk 140 --backbones bert-large \
         --variants now,preset --methods adapters64,top_k12,top_k1,full --batch-sets padded_384 --repeats 1 "${NONE[@]}" --fused "" ;;
     # Full fine-tuning as a group of one (run_groups.GroupedEmbedding, new 2026-11-27: under step graphs a run that trains

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from adaptune.train.config import TrainConfig
+from adaptune.train.state_saves import STATE_EVERY_S_ENV
 from adaptune.sweep.experiments import (
     CPU,
     EXPERIMENTS,
@@ -247,6 +248,7 @@ def test_a_run_killed_mid_shard_resumes_in_the_next_attempt(
         return real_step(*args, **kwargs)
 
     monkeypatch.setattr(train_module, "training_step", step)
+    monkeypatch.setenv(STATE_EVERY_S_ENV, "0")  # a state at the first epoch's end: by default it waits a minute, this run's seconds
     with pytest.raises(Killed):
         run_shard(spec, shard.id, store, data_dir=shared_data_dir)
     assert store.record(shard.runs[0].run_id) is None

@@ -103,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "PxG: P processes side by side, each training groups of G (one group's fixed costs beside another's "
                         "steps); empty: skip")
     parser.add_argument("--fused", default="1,4,8,16", help="group sizes of the fused step to measure (empty: skip)")
-    parser.add_argument("--fused-methods", default="adapters64,layernorm", help="comma-separated, of adapters64, layernorm, top_k1, top_k3, top_k6, top_k11, full")
+    parser.add_argument("--fused-methods", default="adapters64,layernorm", help="comma-separated, of adapters64, layernorm, top_k1, top_k3, top_k6, top_k11, top_k12, full")
     parser.add_argument("--fused-optimizer", default="together,per_run",
                         help="the fused step's optimizer steps to compare: together (the trainer's), per_run")
     parser.add_argument("--fused-masks", default="generator,counter",

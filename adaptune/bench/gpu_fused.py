@@ -43,7 +43,7 @@ from adaptune.train.step_graphs import STEP_GRAPH_MODES, STEP_GRAPHS, GraphedFus
 GROUP_SIZES = (1, 4, 8, 16)
 # top_kN: the top N layers stacked per run (the plan's deepest BERT-base groups are top_k 11).
 FUSED_METHODS = {"adapters64": {"name": "adapters", "size": 64}, "layernorm": {"name": "layernorm"},
-                 **{f"top_k{depth}": {"name": "top_k", "k": depth} for depth in (1, 3, 6, 11)},
+                 **{f"top_k{depth}": {"name": "top_k", "k": depth} for depth in (1, 3, 6, 11, 12)},
                  "full": {"name": "full"}}  # whole models stacked per run (run_groups: each run's embedding tables too)
 Batch = dict[str, torch.Tensor]
 

@@ -61,12 +61,15 @@ from adaptune.train.loop import (
 )
 from adaptune.train.record import record_in_run_dir, run_record, with_provenance
 from adaptune.train.state import load_state, resume_point
+from adaptune.train.state_saves import StateSaves
 from adaptune.train.step_graphs import STEP_GRAPH_MODES, GraphedFusedStep
 
 _PAD_VALUES = {"attention_mask": 0, "token_type_ids": 0}
 # What a span task's collated batch holds besides the model's inputs (others: "labels"): the answer's
-# first and last token, stacked as a step's labels (rows x 2).
+# first and last token, stacked as a step's labels with each row's run's own token count (rows x 3:
+# SPAN_TARGETS), so that the loss reads every length from the device and a replayed step takes new ones.
 _SPAN_LABELS = ("start_positions", "end_positions")
+SPAN_TARGETS = (*_SPAN_LABELS, "run_tokens")
 
 
 def train_group(
@@ -234,6 +237,7 @@ class _Group:
         for member in self.members:
             member.sharing = sharing
         phase_times.add(sharing, "setup", time.perf_counter() - setup_started)
+        saves = StateSaves()  # one decision for every run: they stay at one step
         lengths = [len(row["input_ids"]) for row in data.train_rows]
         while self.members and self.members[0].progress.epoch < first.epochs:
             epoch, start = self.members[0].progress.epoch, self.members[0].progress.step_in_epoch
@@ -260,9 +264,11 @@ class _Group:
                     member.progress.train_time_s += elapsed
                 if failed:
                     plans = self._drop(failed, plans, started, write_record)
-                for member in self.members:
-                    if member.saving:
-                        member._save(model, member.optimizer, member.scheduler, member.segment_started)
+                if any(member.saving for member in self.members):
+                    with saves.saving():
+                        for member in self.members:
+                            if member.saving:
+                                member._save(model, member.optimizer, member.scheduler, member.segment_started)
                 if step_callback is not None and self.members:
                     step_callback(self.members[0].progress.global_step)
                 if not self.members:
@@ -271,7 +277,10 @@ class _Group:
             self.randomness.layout = None
             for index, member in enumerate(self.members):
                 member._end_epoch(model, data, evaluation.for_run(index))
-                member._save(model, member.optimizer, member.scheduler, member.segment_started)
+            if saves.due_at_epoch_end(last_epoch=self.members[0].progress.epoch == first.epochs):
+                with saves.saving():
+                    for member in self.members:
+                        member._save(model, member.optimizer, member.scheduler, member.segment_started)
         for member in self.members:
             member._finish()
 
@@ -319,8 +328,8 @@ class _Group:
 def stack_run_batches(per_run: list[dict[str, torch.Tensor]], pad_token_id: int, target: Any
                       ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor, RowLayout]:
     """Collated batches, one per run, padded to one length and one block size (short blocks repeat
-    their first row, weighted 0) and stacked run after run on `target`: a fused step's inputs, labels,
-    row weights (runs x block) and row layout."""
+    their first row, weighted 0) and stacked run after run on `target`: a fused step's inputs, labels
+    (a span task's: SPAN_TARGETS), row weights (runs x block) and row layout."""
     sizes = [collated["input_ids"].shape[0] for collated in per_run]
     block = max(sizes)
     length = max(collated["input_ids"].shape[1] for collated in per_run)
@@ -336,7 +345,8 @@ def stack_run_batches(per_run: list[dict[str, torch.Tensor]], pad_token_id: int,
     if "labels" in stacked:
         labels = torch.cat(stacked["labels"])
     else:
-        labels = torch.stack([torch.cat(stacked[name]) for name in _SPAN_LABELS], dim=1)
+        own_tokens = torch.tensor([collated["input_ids"].shape[1] for collated in per_run]).repeat_interleave(block)
+        labels = torch.stack([*(torch.cat(stacked[name]) for name in _SPAN_LABELS), own_tokens], dim=1)
     labels = labels.to(target, non_blocking=True)
     weights = torch.tensor([[1.0] * size + [0.0] * (block - size) for size in sizes], device=target)
     layout = RowLayout(block, sizes, [collated["input_ids"].shape[1] for collated in per_run])
@@ -374,7 +384,7 @@ def run_losses(kind: str, output: Any, labels: torch.Tensor, weights: torch.Tens
     """Each run's mean loss over its real rows (a vector of runs): what the model computes alone."""
     runs = len(layout.rows)
     if kind == "span":
-        per_row = _span_losses(output.start_logits, output.end_logits, labels, layout)
+        per_row = _span_losses(output.start_logits, output.end_logits, labels)
     elif kind == "regression":
         per_row = (output.logits.float().reshape(-1) - labels.float().reshape(-1)) ** 2
     else:
@@ -384,15 +394,14 @@ def run_losses(kind: str, output: Any, labels: torch.Tensor, weights: torch.Tens
     return per_row.sum(dim=1) / weights.sum(dim=1)
 
 
-def _span_losses(starts: torch.Tensor, ends: torch.Tensor, labels: torch.Tensor, layout: RowLayout) -> torch.Tensor:
+def _span_losses(starts: torch.Tensor, ends: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Each row's question-answering loss as BertForQuestionAnswering computes it alone (the mean of the
     start's and the end's cross-entropy over token positions), over the positions its own run's batch
-    has: a span's softmax runs over every position of the batch, padding included, so the positions a
-    longer run's batch added to the group's are masked out."""
-    lengths = torch.tensor(layout.lengths, device=starts.device).repeat_interleave(layout.block_rows)
-    beyond = torch.arange(starts.shape[1], device=starts.device).unsqueeze(0) >= lengths.unsqueeze(1)
-    start = F.cross_entropy(starts.float().masked_fill(beyond, -math.inf), labels[:, 0], reduction="none")
-    end = F.cross_entropy(ends.float().masked_fill(beyond, -math.inf), labels[:, 1], reduction="none")
+    has (`targets`: SPAN_TARGETS): a span's softmax runs over every position of the batch, padding
+    included, so the positions a longer run's batch, or a step graph's bucket, added are masked out."""
+    beyond = torch.arange(starts.shape[1], device=starts.device).unsqueeze(0) >= targets[:, 2:]
+    start = F.cross_entropy(starts.float().masked_fill(beyond, -math.inf), targets[:, 0], reduction="none")
+    end = F.cross_entropy(ends.float().masked_fill(beyond, -math.inf), targets[:, 1], reduction="none")
     return (start + end) / 2
 
 

@@ -4,9 +4,9 @@ The procedure follows the paper's official code: AdamW with weight decay 0.01 (n
 LayerNorm weights, as BERT does), linear warmup over the first 10% of steps then linear decay to
 zero, gradient clipping at 1.0, batch 32, max length 128, the head on the first token (or mean
 pooling where the backbone's pooler was never trained: backbone.py's head rule). Batches are
-dynamically padded and length-grouped. The full training state is saved at epoch ends (and every
-`checkpoint_every_steps`), so a preempted run restarted with the same out dir resumes and ends with
-the same result. A diverging run comes back as a record with status "failed"; out of memory is
+dynamically padded and length-grouped. The full training state is saved at epoch ends (as often as
+adaptune.train.state_saves allows, never after the last) and every `checkpoint_every_steps`, so a
+preempted run restarted with the same out dir resumes and ends with the same result. A diverging run comes back as a record with status "failed"; out of memory is
 raised for the caller (adaptune.sweep.shard_runner) to retry, as it is transient on a shared device.
 """
 
@@ -48,6 +48,7 @@ from adaptune.core.run_files import CHECKPOINT_DIR, PREDICTIONS_FILE, RECORD_FIL
 from adaptune.data.tasks import Task, get_task, scored_companions
 from adaptune.model.run_dropout import dropout_stream, mask_scheme, use_run_dropout
 from adaptune.train.state import Progress, load_state, remove_state, resume_point, save_state, trained_parameters
+from adaptune.train.state_saves import StateSaves
 from adaptune.train.step_graphs import STEP_GRAPH_MODES
 
 StepCallback = Callable[[int], None]
@@ -170,6 +171,7 @@ class _Run:
         segment_started = time.perf_counter()
         trainable = [p for p in model.parameters() if p.requires_grad]
         guard = FiniteGuard(device)
+        saves = StateSaves()
         phase_times.add([self.progress], "setup", time.perf_counter() - setup_started)
 
         bar = tqdm(total=total_steps, initial=self.progress.global_step, desc=config.run_id, disable=not show_progress, leave=False)
@@ -194,11 +196,14 @@ class _Run:
                     p.train_time_s += time.perf_counter() - step_started
                     bar.update(1)
                     if saving:
-                        self._save(model, optimizer, scheduler, segment_started)
+                        with saves.saving():
+                            self._save(model, optimizer, scheduler, segment_started)
                     if step_callback is not None:
                         step_callback(p.global_step)
                 self._end_epoch(model, data, self._evaluator(model, collator))
-                self._save(model, optimizer, scheduler, segment_started)
+                if saves.due_at_epoch_end(last_epoch=p.epoch == config.epochs):
+                    with saves.saving():
+                        self._save(model, optimizer, scheduler, segment_started)
         finally:
             bar.close()
         self._finish()

@@ -19,8 +19,8 @@ What a replay needs, and how the step provides it:
   (run_dropout's attention never asks whether a mask has padding);
 - warm-up steps on the capture's own stream, so optimizer state and library workspaces exist before
   capture (PyTorch's CUDA graph notes: "whole-network capture").
-A group drawing generator masks, or a span task (its loss reads each run's length on the host), trains
-eagerly in this mode. On a CPU the mode is the eager fused step with the same padding, so every path
+A group drawing generator masks trains eagerly in this mode. A span task's loss reads each run's own
+token count from its labels (group_loop.SPAN_TARGETS), on the device, so its steps replay too. On a CPU the mode is the eager fused step with the same padding, so every path
 stays testable there.
 """
 
@@ -125,7 +125,7 @@ class GraphedFusedStep:
                  counted_from: GraphedFusedStep | None = None) -> None:
         self.model, self.randomness, self.kind, self.device, self.losses = model, randomness, kind, device, losses
         self.warmup, self.bucket = graph_warmup() if warmup is None else warmup, bucket
-        self.capturing_allowed = device.kind == "cuda" and randomness.scheme == "counter" and kind != "span"
+        self.capturing_allowed = device.kind == "cuda" and randomness.scheme == "counter"
         self.graphs: dict[tuple, _Captured] = {}
         self.seen: dict[tuple, int] = {}
         self.padded_up: dict[tuple, int] = {}  # steps of a shape that replayed a longer graph (PAD_UP_STEPS)
