@@ -113,7 +113,7 @@ def experiment_saves(name: str, bytes_per_s: float) -> dict[str, Any]:
     hours = planned.accelerator_hours
     return {"experiment": name, "accelerator": planned.spec.accelerator.label, "planned_hours": round(hours, 1),
             "groups": len(planned.groups), "runs": len(planned.runs), "bytes_per_s": round(bytes_per_s),
-            **{policy: {"states": states, "terabytes": round(tb, 2), "hours_saving": round(h, 1), "share_of_plan": round(h / hours, 4)}
+            **{policy: {"states": states, "terabytes": round(tb, 2), "hours_writing": round(h, 1), "share_of_plan": round(h / hours, 4)}
                for policy, (states, tb, h) in totals.items()}}
 
 
