@@ -211,6 +211,11 @@ run_part() {
     # `preset` is the same step with the trainer's run dropout under the preset's step settings, as a SQuAD run trains in a
     # pipeline task (counter masks, the attention and dropout kernels); `now` is the plain step every price so far used.
     # Methods in order of value: each is saved as it is measured, so a cut-off part keeps the first ones.
+    # Where BERT-large's group of 8 spends its step in the full preset (the dropout and LayerNorm kernels, new since the
+    # last profile, which was BERT-base's with the masks): the MFU goal's step. Reading its profile took over 40 s once.
+    profilelarge) part profilelarge 150 --backbones bert-large --variants "" "${NONE[@]}" --fused "" --fused-profile 8 \
+        --fused-methods adapters64 --fused-masks counter --fused-compile step_graphs --fused-attention kernel --fused-dropout kernel \
+        --fused-layer-norm kernel ;;
     # Whether SQuAD's one-run step pays replayed (new 2026-11-28: a span task's loss reads each run's token count from
     # the device, so its step can be captured; run_attempt._graphed_alone still sends 384-token runs to the trainer's
     # step). On 2026-11-27 a replayed group of one took 95.6 ms against the trainer's 83.1 ms, with the masks' dropout;
@@ -259,8 +264,8 @@ run_part() {
 # The default queue (2026-11-28): the RTE shard in the preset as it now is (the dropout kernel, one eager step before a
 # capture; its records say captures' seconds apart from eager steps'), the plain trainer's on the same card (it ran
 # past 200 s on 2026-11-28: 212-242 s), and SQuAD's top_k step (411 of paper_full's 1,461 H100-hours, unmeasured).
-# A second call: PARTS='maskcode topksizes shardmix' (480 s).
-# Other parts (dropcheck, groupsizes, wholegroups, wholealone, shardwhole, presetlarge, shardfused8a, shardfused8b, shardoverlap, graphcheck1, shardwarmup1, lncheck, leversbase, leverslarge, topkdepths, dropgraphs, squadlarge, projections, compiledlarge, compileddrop, shardcompiledattn, attncheck, attngraphs, compiledattn,
+# A second call: PARTS='presetlarge profilelarge squadgraphs maskcode' (420 s); then 'topksizes shardmix'.
+# Other parts (squadgraphs, profilelarge, dropcheck, groupsizes, wholegroups, wholealone, shardwhole, presetlarge, shardfused8a, shardfused8b, shardoverlap, graphcheck1, shardwarmup1, lncheck, leversbase, leverslarge, topkdepths, dropgraphs, squadlarge, projections, compiledlarge, compileddrop, shardcompiledattn, attncheck, attngraphs, compiledattn,
 # attnwide, profileattn, shardattn, compiledcheck, compiledgraphs, profilecompiled, shardcompiled, graphcheck, graphs, shardgraphs,
 # profilegraphs, graphsfused, shardfused, compiled, shard, base, topk, profile, fused8, large) stay for later calls: PARTS="..." picks them.
 # A kernel that fails its check outright (not for time: exit 124) is left out of the parts after it; if the attention
