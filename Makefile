@@ -99,7 +99,7 @@ bench-gpu: venv
 	$(PY) -m adaptune.bench.gpu --out bench/gpu.json
 
 # What a lent GPU machine lacks, for bench/gpu_session.sh (git-ignored, sent with the device call's `carry`):
-# the four GLUE tasks' files, the embedded tokenizer, and wheels of datasets and this lock's transformers for
+# the four GLUE tasks' files, the embedded tokenizer, SQuAD's padded batch lengths (bench/gpu.py's squad_lengths), and wheels of datasets and this lock's transformers for
 # the image's Python 3.12 (it has torch and most of the rest).
 GPU_WHEELS := datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 fsspec==2026.9.0 transformers==5.23.0
 gpu-carry: venv
@@ -111,6 +111,7 @@ gpu-carry: venv
 	tokenizer=$$($(PY) -c 'from adaptune.bench.gpu import _embedded_tokenizer_dir; print(_embedded_tokenizer_dir())'); \
 	  cp "$$tokenizer"/{vocab.txt,tokenizer.json,tokenizer_config.json,special_tokens_map.json} .devcarry/tokenizer/
 	rm -f .devcarry/batches.pt && $(PY) -m adaptune.bench.gpu --write-batches .devcarry/batches.pt --data-dir .devcarry/data --tokenizer .devcarry/tokenizer
+	$(PY) -m adaptune.bench.gpu --write-squad-lengths .devcarry/squad_lengths.json --tokenizer .devcarry/tokenizer
 	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl $(GPU_WHEELS)
 	du -sh .devcarry .whl

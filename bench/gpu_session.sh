@@ -206,8 +206,9 @@ run_part() {
         --fused-batch-sets length_grouped,padded_128 --fused-optimizer together --fused-masks counter --fused-compile step_graphs \
         --fused-attention kernel --fused-layer-norm kernel ;;
     # SQuAD's runs (686 of paper_full's 1,461 H100-hours; its 648 top_k runs priced at the 128-token row scaled by length,
-    # which overpriced its adapter runs 2.7x): the trainer's one-run step at 384 tokens, adapters 64, top_k at two depths,
-    # and full fine-tuning (top_k 24 and the embeddings).
+    # which overpriced its adapter runs 2.7x): the trainer's one-run step at SQuAD's own batch lengths (185 tokens on
+    # average, squad_lengths), then at 384, adapters 64, top_k at two depths, and full fine-tuning (top_k 24 and the
+    # embeddings).
     # `preset` is the same step with the trainer's run dropout under the preset's step settings, as a SQuAD run trains in a
     # pipeline task (counter masks, the attention and dropout kernels); `now` is the plain step every price so far used.
     # Methods in order of value: each is saved as it is measured, so a cut-off part keeps the first ones.
@@ -218,14 +219,18 @@ run_part() {
         --fused-layer-norm kernel ;;
     # Whether SQuAD's one-run step pays replayed (new 2026-11-28: a span task's loss reads each run's token count from
     # the device, so its step can be captured; run_attempt._graphed_alone still sends 384-token runs to the trainer's
-    # step). On 2026-11-27 a replayed group of one took 95.6 ms against the trainer's 83.1 ms, with the masks' dropout;
-    # here with the dropout and LayerNorm kernels, beside the trainer's step under the same environment.
-    squadgraphs) ADAPTUNE_DROPOUT_MASKS=counter ADAPTUNE_ATTENTION=kernel ADAPTUNE_DROPOUT=kernel part squadgraphs 120 \
-        --backbones bert-large --variants preset --methods adapters64,top_k12 --batch-sets padded_384 --repeats 1 "${NONE[@]}" \
-        --fused 1 --fused-methods adapters64,top_k12 --fused-batch-sets padded_384 --fused-optimizer together --fused-masks counter \
-        --fused-compile step_graphs --fused-attention kernel --fused-dropout kernel --fused-layer-norm kernel ;;
+    # step). On 2026-11-27 a replayed group of one took 95.6 ms against the trainer's 83.1 ms, both with every step at 384
+    # tokens and the replay with the masks' dropout. But a SQuAD run's batches average 185 tokens (squad_lengths, from
+    # make gpu-carry), and the trainer's step is bound by its host below about 384 (76.1 ms at 128): shorter steps should
+    # pay replayed. Here at SQuAD's own lengths, with the dropout and LayerNorm kernels, beside the trainer's step under
+    # the same environment; then both at 384.
+    squadgraphs) ADAPTUNE_DROPOUT_MASKS=counter ADAPTUNE_ATTENTION=kernel ADAPTUNE_DROPOUT=kernel part squadgraphs 200 \
+        --backbones bert-large --variants preset --methods adapters64,top_k12 --batch-sets squad_lengths --repeats 1 "${NONE[@]}" \
+        --fused 1 --fused-methods adapters64,top_k12 --fused-batch-sets squad_lengths,padded_384 --fused-optimizer together \
+        --fused-masks counter --fused-compile step_graphs --fused-attention kernel --fused-dropout kernel --fused-layer-norm kernel ;;
     squadtopk) ADAPTUNE_DROPOUT_MASKS=counter ADAPTUNE_ATTENTION=kernel ADAPTUNE_DROPOUT=kernel part squadtopk 140 --backbones bert-large \
-        --variants now,preset --methods adapters64,top_k12,top_k1,full --batch-sets padded_384 --repeats 1 "${NONE[@]}" --fused "" ;;
+        --variants now,preset --methods adapters64,top_k12,top_k1,full --batch-sets squad_lengths,padded_384 --repeats 1 "${NONE[@]}" \
+        --fused "" ;;
     # Full fine-tuning as a group of one (run_groups.GroupedEmbedding, new 2026-11-27: under step graphs a run that trains
     # the whole model now trains so, where it trained in the host-bound trainer's step): its replayed step beside the
     # trainer's, BERT-base and BERT-large, real lengths. 363 of paper_full's 1,757 H100-hours are such runs.

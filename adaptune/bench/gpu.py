@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from adaptune.bench.cpu import _interleaved
+from adaptune.bench.squad_lengths import read_padded_lengths, squad_length_batches, write_squad_lengths
 from adaptune.bench.step_cost import timed_pass, training_flops
 from adaptune.core.devices import Device, pick_device
 from adaptune.train import phase_times
@@ -45,6 +46,7 @@ from adaptune.train import phase_times
 BATCH_SIZE = 32
 MAX_LENGTH = 128
 SQUAD_LENGTH = 384  # the paper's SQuAD windows (max_length 384, doc stride 128)
+SQUAD_LENGTHS_FILE = ".devcarry/squad_lengths.json"  # make gpu-carry
 TASKS = ("cola", "sst2", "mrpc", "rte")
 BATCHES_PER_TASK = 16
 CUDA_PAD_MULTIPLE = 8  # adaptune.core.devices.Device.pad_multiple on a GPU
@@ -97,7 +99,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "the trainer's run dropout, so that the step settings in the environment reach it as in a pipeline task)")
     parser.add_argument("--methods", default="full,adapters64", help=f"the solo step's methods, comma-separated, of {', '.join(METHODS)}")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--batch-sets", default="length_grouped,padded_128")
+    parser.add_argument("--batch-sets", default="length_grouped,padded_128",
+                        help="the solo step's batches, comma-separated: as --fused-batch-sets")
     parser.add_argument("--shard", default="1,4", help="runs at a time to compare on one shard (empty: skip)")
     parser.add_argument("--shard-groups", default="4,16", help="runs fused per group to compare on the same shard, comma-separated; "
                         "PxG: P processes side by side, each training groups of G (one group's fixed costs beside another's "
@@ -110,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="the fused step's dropout mask schemes to compare: generator (the default), counter")
     parser.add_argument("--fused-batch-sets", default="length_grouped",
                         help="the fused step's batches, comma-separated, of length_grouped, padded_128 (the latter: MFU at full length), "
-                             "padded_384 (SQuAD's step shape)")
+                             "padded_384 (SQuAD's longest step), squad_lengths (SQuAD's own batch lengths, where --squad-lengths is)")
     parser.add_argument("--fused-compile", default="eager",
                         help="comma-separated, of eager, compiled, graphs (as --variants), step_graphs (the whole step as CUDA graphs), "
                              "compiled_step_graphs (the same around compiled layers)")
@@ -150,11 +153,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="a file to keep the tokenized batches in: read if there, else written (saves re-tokenizing per call)")
     parser.add_argument("--write-batches", default=None, metavar="PATH",
                         help="only tokenize the batches, padded as on a CUDA device, into PATH (make gpu-carry: no device minutes spent on it)")
+    parser.add_argument("--squad-lengths", default=SQUAD_LENGTHS_FILE,
+                        help="SQuAD's padded batch lengths (make gpu-carry writes them): the `squad_lengths` batch set, where the file is")
+    parser.add_argument("--write-squad-lengths", default=None, metavar="PATH",
+                        help="only write one epoch's padded batch lengths of a SQuAD run from the local data into PATH (make gpu-carry)")
     parser.add_argument("--rehearse", action="store_true",
                         help="every part on this machine (the CPU too) with a 12-layer width-32 BERT and few rows: a check that the "
                              "benchmark runs, before a lent GPU's minutes go to it; its figures measure nothing")
     args = parser.parse_args(argv)
     device = pick_device()
+    if args.write_squad_lengths:
+        written = write_squad_lengths(args.write_squad_lengths, args.data_dir, args.tokenizer, CUDA_PAD_MULTIPLE)
+        print(json.dumps({key: value for key, value in written.items() if key != "padded_lengths"}), file=sys.stderr)
+        return 0
     if args.write_batches:
         batch_sets = cached_batches(args.write_batches, args.data_dir, args.tokenizer, device, pad_multiple=CUDA_PAD_MULTIPLE)
         print(json.dumps({name: describe(batches) for name, batches in batch_sets.items()}), file=sys.stderr)
@@ -169,7 +180,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     variants = _names(args.variants)  # none: the solo step is not measured
     needs_batches = bool(variants or args.fused or _counts(args.fused_profile) or _counts(args.graph_check)
                          or _counts(args.attention_check) or _counts(args.dropout_check) or _counts(args.layer_norm_check))  # the shard tokenizes its own task
-    batch_sets = cached_batches(args.batches_cache, args.data_dir, args.tokenizer, device, scale) if needs_batches else {}
+    batch_sets = cached_batches(args.batches_cache, args.data_dir, args.tokenizer, device, scale,
+                                squad_lengths=args.squad_lengths) if needs_batches else {}
     results: dict[str, Any] = {
         "device": device.name,
         "torch": torch.__version__,
@@ -298,9 +310,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def cached_batches(cache: str | None, data_dir: str | None, tokenizer_name: str | None, device: Device, scale: Scale = FULL_SCALE,
-                   pad_multiple: int | None = None) -> dict[str, list[Batch]]:
+                   pad_multiple: int | None = None, squad_lengths: str | None = None) -> dict[str, list[Batch]]:
     """real_batches, kept in `cache` (a torch file) when one is named: the same batches for every call; and
-    "padded_384", the padded rows padded on to SQuAD's 384 tokens (made on loading, never cached)."""
+    "padded_384", the padded rows padded on to SQuAD's 384 tokens, and where the file `squad_lengths` is,
+    "squad_lengths", the padded rows cut or padded to SQuAD's own batch lengths (adaptune.bench.squad_lengths;
+    both made on loading, never cached)."""
     if cache and Path(cache).is_file():
         batch_sets = {name: [{k: v.to(device.torch_device) for k, v in b.items()} for b in batches]
                       for name, batches in torch.load(cache, weights_only=True).items()}
@@ -308,12 +322,14 @@ def cached_batches(cache: str | None, data_dir: str | None, tokenizer_name: str 
         batch_sets = real_batches(data_dir, tokenizer_name, device, scale, pad_multiple)
         if cache:
             torch.save({name: [{k: v.cpu() for k, v in b.items()} for b in batches] for name, batches in batch_sets.items()}, cache)
-    return {**batch_sets, "padded_384": padded_on(batch_sets["padded_128"], SQUAD_LENGTH)}
+    padded_lengths = read_padded_lengths(squad_lengths) if squad_lengths else None
+    squad = {"squad_lengths": squad_length_batches(batch_sets["padded_128"], padded_lengths)} if padded_lengths else {}
+    return {**batch_sets, "padded_384": padded_on(batch_sets["padded_128"], SQUAD_LENGTH), **squad}
 
 
 def padded_on(batches: list[Batch], length: int) -> list[Batch]:
-    """The batches padded with zeros (BERT's [PAD] id, no attention, segment 0) to `length` tokens: a step of
-    SQuAD's shape (a window is 384 tokens, mostly full) on the same real rows, for its speed and memory."""
+    """The batches padded with zeros (BERT's [PAD] id, no attention, segment 0) to `length` tokens: at 384, SQuAD's
+    longest step (its windows are mostly far shorter: `squad_lengths`) on the same real rows, for its speed and memory."""
     return [{name: torch.nn.functional.pad(tensor, (0, length - tensor.shape[1])) if tensor.dim() == 2 else tensor
              for name, tensor in batch.items()} for batch in batches]
 
