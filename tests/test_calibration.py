@@ -11,6 +11,7 @@ from adaptune.sweep.experiments import spec_from_dict
 from adaptune.sweep.cost import (
     EVALUATION_OVERHEAD,
     FUSED_SPEEDUP,
+    MEAN_PADDED_LENGTH,
     MEASURED_ONE_RUN_AT_LENGTH,
     MEASURED_PARAMETER_EFFICIENT_STEP_COST,
     THROUGHPUT,
@@ -210,7 +211,8 @@ def test_a_gpu_plan_prices_top_k_groups_at_the_shallowest_measured_depth_at_leas
 def test_squads_long_steps_train_alone_and_adapters_price_at_the_step_measured_at_their_length() -> None:
     """SQuAD's 384-token steps keep an H100 busy alone (grouping.LONG_STEP_TOKENS): its runs are planned alone. An
     adapter run prices at the one-run step bench-gpu measured at 384 tokens on BERT-large, not at the 128-token
-    row scaled by length (a host-bound step's); top_k, whose backward grows with its depth, stays at the scaled row."""
+    row scaled by length (a host-bound step's); top_k, whose backward grows with its depth, stays at the scaled row,
+    scaled to the tokens SQuAD's batches are padded to on average (MEAN_PADDED_LENGTH), not to 384."""
     spec = spec_from_dict({**SWEEP, "backbone": "bert-large-uncased", "accelerator": "h100",
                            "sweeps": [{"tasks": ["squad"], "methods": ["adapters:64", "top_k:3"], "learning_rates": [1e-4],
                                        "epochs": [2], "seeds": [0], "max_length": 384}]})
@@ -219,10 +221,21 @@ def test_squads_long_steps_train_alone_and_adapters_price_at_the_step_measured_a
     examples = SWEEP["max_train_examples"] * 2  # SQuAD's training set capped
     assert estimate_hours(runs["adapters"], spec) == pytest.approx(examples / MEASURED_ONE_RUN_AT_LENGTH[
         ("bert-large-uncased", "NVIDIA_H100_80GB", 384)] * EVALUATION_OVERHEAD / 3600)
-    scaled = THROUGHPUT[("bert-large-uncased", "NVIDIA_H100_80GB")] * 128 / 384
+    scaled = THROUGHPUT[("bert-large-uncased", "NVIDIA_H100_80GB")] * 128 / MEAN_PADDED_LENGTH[("squad", 384, 128, 32)]
     assert estimate_hours(runs["top_k"], spec) == pytest.approx(
         examples / (scaled / MEASURED_PARAMETER_EFFICIENT_STEP_COST[("bert-large-uncased", "NVIDIA_H100_80GB")]) * EVALUATION_OVERHEAD / 3600)
     assert "1 run(s) priced at bench-gpu's one-run step measured at their length" in plan(spec).estimate_source()
+    assert "1 run(s) priced at the tokens their task's batches are padded to on average" in plan(spec).estimate_source()
+
+
+def test_squads_mean_padded_length_is_what_its_data_gives(tmp_path: Path, shared_data_dir: Path) -> None:
+    """MEAN_PADDED_LENGTH's SQuAD row is the mean tokens a feature is padded to in the trainer's own batches of the
+    local SQuAD files (adaptune.bench.squad_lengths), at a GPU's pad multiple; far below 384, and above 128."""
+    from adaptune.bench.squad_lengths import write_squad_lengths
+
+    written = write_squad_lengths(tmp_path / "lengths.json", str(shared_data_dir), None, pad_multiple=8)
+    assert MEAN_PADDED_LENGTH[("squad", written["max_length"], written["doc_stride"], written["batch_size"])] == written["mean_padded_length"]
+    assert 128 < written["mean_padded_length"] < 384 / 2
 
 
 def test_the_fused_speedups_are_bench_gpus_measurements_over_the_table() -> None:

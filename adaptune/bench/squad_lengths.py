@@ -20,7 +20,8 @@ Batch = dict[str, torch.Tensor]
 
 def write_squad_lengths(path: str | Path, data_dir: str | None, tokenizer_name: str | None, pad_multiple: int,
                         max_length: int = 384, doc_stride: int = 128, batch_size: int = 32) -> dict[str, Any]:
-    """One epoch's padded batch lengths of a SQuAD run (seed 0) into `path` (JSON); returns what it wrote."""
+    """One epoch's padded batch lengths of a SQuAD run (seed 0) into `path` (JSON), with the tokens a feature is padded
+    to on average (adaptune.sweep.cost.MEAN_PADDED_LENGTH); returns what it wrote."""
     from adaptune.data.batching import epoch_batches
     from adaptune.data.tasks import get_task
     from adaptune.model.backbone import load_tokenizer
@@ -31,10 +32,13 @@ def write_squad_lengths(path: str | Path, data_dir: str | None, tokenizer_name: 
                          batch_size=batch_size)
     data, _ = prepare_data(config, get_task("squad"), load_tokenizer(tokenizer_name or config.backbone), data_dir, None)
     lengths = [len(row["input_ids"]) for row in data.train_rows]
-    padded = [-(-max(lengths[i] for i in batch) // pad_multiple) * pad_multiple for batch in epoch_batches(lengths, batch_size, 0, 0)]
+    batches = epoch_batches(lengths, batch_size, 0, 0)
+    padded = [-(-max(lengths[i] for i in batch) // pad_multiple) * pad_multiple for batch in batches]
     written = {"data_split": data.data_split, "split_note": data.split_note, "features": len(lengths), "max_length": max_length,
                "doc_stride": doc_stride, "batch_size": batch_size, "pad_multiple": pad_multiple,
-               "mean_feature_length": round(sum(lengths) / len(lengths), 1), "padded_lengths": padded}
+               "mean_feature_length": round(sum(lengths) / len(lengths), 1),
+               "mean_padded_length": round(sum(length * len(batch) for length, batch in zip(padded, batches)) / len(lengths), 1),
+               "padded_lengths": padded}
     Path(path).write_text(json.dumps(written) + "\n")
     return written
 

@@ -88,6 +88,16 @@ FUSED_SPEEDUP: dict[str, dict[str, dict[int, float]]] = {
     "top_k11": {"bert-base-uncased": {1: 4.59, 8: 4.95}},
     "whole_model": {"bert-base-uncased": {1: 4.35, 2: 4.37, 4: 4.32}, "bert-large-uncased": {1: 3.38, 2: 3.14, 4: 3.02}},
 }
+# A task whose rows are mostly far shorter than its max_length, trained in length-grouped batches padded to their own
+# longest row (adaptune.data.batching): the mean tokens a row is padded to, by (task, max_length, doc_stride,
+# batch size). SQuAD v1.1 at 384 (stride 128): 185.1, one epoch's batches at a GPU's pad multiple of 8, through the
+# trainer's own features and batching (adaptune.bench.squad_lengths; here from the dev-v1.1 stand-in's 9,080 train
+# features, mean 178.1 tokens, 13 of 284 batches at 384; tests/test_calibration.py checks it against the data). The
+# table's 128-token rows scale by it where a step is longer than 128: a step measured at 128 tokens was bound by its
+# host (a step took the same time at 40 tokens as at 128), so at L tokens it takes at most L/128 of it (its GPU time
+# grows with its tokens, attention's share being a few percent at 185): an upper bound, where scaling by 384 priced
+# SQuAD's top-k steps at twice their tokens. bench/gpu_session.sh `squadtopk` measures those steps.
+MEAN_PADDED_LENGTH: dict[tuple[str, int, int, int], float] = {("squad", 384, 128, 32): 185.1}
 TOP_K_DEPTHS_MEASURED = sorted(int(kind.removeprefix("top_k")) for kind in FUSED_SPEEDUP if kind.startswith("top_k"))
 EVALUATION_OVERHEAD = 1.1  # per-epoch validation adds roughly a tenth
 # Public GLUE / SQuAD training-set sizes, for tasks whose registry entry has no paper_sizes.
@@ -182,6 +192,13 @@ def estimate_hours(run: TrainConfig, spec: ExperimentSpec, measured: dict[Throug
     return train_size * run.epochs / (table_one_run_throughput(run, spec) * speedup) * EVALUATION_OVERHEAD / 3600
 
 
+def step_tokens(run: TrainConfig) -> float:
+    """The tokens a run's step pads its rows to, on average, where measured longer than the table's 128
+    (MEAN_PADDED_LENGTH), else its max_length, as the table's rows were scaled before."""
+    measured = MEAN_PADDED_LENGTH.get((run.task, run.max_length, run.doc_stride, run.batch_size))
+    return max(REFERENCE_MAX_LENGTH, measured) if measured is not None else run.max_length
+
+
 def measured_at_length(run: TrainConfig, spec: ExperimentSpec) -> bool:
     """Whether MEASURED_ONE_RUN_AT_LENGTH prices this run alone: a frozen backbone's method at a measured length."""
     return fused_kind(run) == "frozen_backbone" and _length_key(run, spec) in MEASURED_ONE_RUN_AT_LENGTH
@@ -193,14 +210,14 @@ def _length_key(run: TrainConfig, spec: ExperimentSpec) -> tuple[str, str, int]:
 
 def table_one_run_throughput(run: TrainConfig, spec: ExperimentSpec) -> float:
     """Examples/s of one run alone, from the tables: MEASURED_ONE_RUN_AT_LENGTH where it has the run (a frozen
-    backbone's method), else THROUGHPUT scaled to the run's length and method."""
+    backbone's method), else THROUGHPUT scaled to the run's tokens a step (step_tokens) and method."""
     if measured_at_length(run, spec):
         return MEASURED_ONE_RUN_AT_LENGTH[_length_key(run, spec)]
     backbone, accelerator = backbone_key(run.backbone), spec.accelerator.label
     per_second = THROUGHPUT.get((backbone, accelerator))
     if per_second is None:  # unknown pair: assume BERT-base on this accelerator, else the CPU row
         per_second = THROUGHPUT.get(("bert-base-uncased", accelerator), THROUGHPUT[("bert-base-uncased", "cpu")])
-    per_second *= REFERENCE_MAX_LENGTH / run.max_length
+    per_second *= REFERENCE_MAX_LENGTH / step_tokens(run)
     if run.method["name"] != "full":
         per_second /= MEASURED_PARAMETER_EFFICIENT_STEP_COST.get((backbone, accelerator), PARAMETER_EFFICIENT_STEP_COST)
     return per_second

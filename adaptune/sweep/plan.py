@@ -21,7 +21,7 @@ from adaptune.sweep.experiments import PAPER_EPOCHS, Ablation, ExperimentSpec, S
 from adaptune.data.tasks import Task, UnknownTaskError, get_task
 from adaptune.core.precision import CPU_PRECISIONS
 from adaptune.core.step_settings import checked_value
-from adaptune.sweep.cost import estimate_hours, measured_at_length, measurement_for, table_fused_speedup
+from adaptune.sweep.cost import estimate_hours, measured_at_length, measurement_for, step_tokens, table_fused_speedup
 from adaptune.sweep.device_sharing import runs_per_group
 from adaptune.train.grouping import fused_groups
 from adaptune.sweep.throughput import Measured, ThroughputKey, throughput_key
@@ -164,11 +164,12 @@ class Plan:
         group size they were fused at) or the table, and where fused runs were priced one at a time."""
         table = "adaptune.sweep.cost.THROUGHPUT (published figures, not a measurement)"
         keys, unpriced_groups, table_groups = set(), Counter(), Counter()
-        at_length = 0
+        at_length = at_mean_length = 0
         for run in self.runs:
             planned = self.group_sizes[run.run_id]
             found = measurement_for(run, self.spec, self.measured, planned)
             at_length += found is None and measured_at_length(run, self.spec)
+            at_mean_length += found is None and not measured_at_length(run, self.spec) and step_tokens(run) != run.max_length
             keys.add(found[0] if found else throughput_key(run.backbone, self.spec.accelerator.label, run.method))
             if found is None and table_fused_speedup(run, self.spec, planned) > 1:
                 table_groups[planned] += 1
@@ -187,6 +188,9 @@ class Plan:
         if at_length:
             fused_note += (f"; {at_length:,} run(s) priced at bench-gpu's one-run step measured at their length "
                            "(adaptune.sweep.cost.MEASURED_ONE_RUN_AT_LENGTH)")
+        if at_mean_length:
+            fused_note += (f"; {at_mean_length:,} run(s) priced at the tokens their task's batches are padded to on average, not "
+                           "their max_length (adaptune.sweep.cost.MEAN_PADDED_LENGTH: an upper bound from a step measured at 128)")
         if not used:
             return f"throughput from {table}{fused_note}"
         measured = "; ".join(f"{backbone} {method}{f' fused {size} at a time' if size > 1 else ''} on {label}: "
