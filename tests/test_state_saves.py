@@ -49,11 +49,16 @@ def test_a_costly_save_spaces_the_next_ones_out_by_its_multiple() -> None:
     assert saves.due_at_epoch_end(last_epoch=False)
 
 
-def test_a_malformed_interval_fails_in_one_line_that_says_what_to_set(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_malformed_interval_fails_in_one_line_that_says_what_to_set(tmp_path: Path, shared_data_dir: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    message = rf"^{STATE_EVERY_S_ENV} must be a number of seconds >= 0 \(0: a state at every epoch's end\), got"
     for value in ("-1", "soon", "nan"):
         monkeypatch.setenv(STATE_EVERY_S_ENV, value)
-        with pytest.raises(ValueError, match=rf"^{STATE_EVERY_S_ENV} must be a number of seconds >= 0 \(0: a state at every epoch's end\), got"):
+        with pytest.raises(ValueError, match=message):
             state_every_s()
+    with pytest.raises(ValueError, match=message):  # a run stops there, before it loads or trains anything
+        train_and_evaluate(TrainConfig(lr=1e-3, seed=0, **SMALL), data_dir=shared_data_dir, out_dir=tmp_path, progress=False)
+    assert not any(tmp_path.iterdir())
     monkeypatch.setenv(STATE_EVERY_S_ENV, "0")
     assert state_every_s() == 0
 

@@ -1,8 +1,8 @@
 """A run directory's uploads to a bucket store, off the training thread (adaptune.sweep.store.RunStore.run_dir).
 
 A run on a gs:// store trains in a local directory and uploads it whenever it saves its state: at epoch
-ends (adaptune.train.state_saves says which) and every `checkpoint_every_steps`. Uploaded in line, each save stopped the accelerator for as long
-as the upload took: a BERT-base adapter run's state is 29 MB (its weights and AdamW's two moments), a fused
+ends (adaptune.train.state_saves says which) and every `checkpoint_every_steps`. Uploaded in line, each
+save stopped the accelerator for as long as the upload took: a BERT-base adapter run's state is 29 MB (its weights and AdamW's two moments), a fused
 group of 8 saves 8 of them at once, and a whole model's state is three copies of its weights (1.3 GB for
 BERT-base, 4 GB for BERT-large). Here the upload runs on a worker thread while training goes on. What stays true:
 - the bucket never holds half a file: each file is one object write, and a state is written locally under a

@@ -196,6 +196,7 @@ class _Group:
                  started: float, write_record: bool) -> None:
         first, device, task = self.members[0].config, self.device, self.task
         setup_started = time.perf_counter()
+        saves = StateSaves()  # one decision for every run, so they stay at one step; a malformed setting fails before loading
         _seed_everything(first.seed, device)
         tokenizer = load_tokenizer(first.backbone)
         data, companions = prepare_data(first, task, tokenizer, data_dir, cache_dir)
@@ -237,7 +238,6 @@ class _Group:
         for member in self.members:
             member.sharing = sharing
         phase_times.add(sharing, "setup", time.perf_counter() - setup_started)
-        saves = StateSaves()  # one decision for every run: they stay at one step
         lengths = [len(row["input_ids"]) for row in data.train_rows]
         while self.members and self.members[0].progress.epoch < first.epochs:
             epoch, start = self.members[0].progress.epoch, self.members[0].progress.step_in_epoch

@@ -6,8 +6,9 @@ zero, gradient clipping at 1.0, batch 32, max length 128, the head on the first 
 pooling where the backbone's pooler was never trained: backbone.py's head rule). Batches are
 dynamically padded and length-grouped. The full training state is saved at epoch ends (as often as
 adaptune.train.state_saves allows, never after the last) and every `checkpoint_every_steps`, so a
-preempted run restarted with the same out dir resumes and ends with the same result. A diverging run comes back as a record with status "failed"; out of memory is
-raised for the caller (adaptune.sweep.shard_runner) to retry, as it is transient on a shared device.
+preempted run restarted with the same out dir resumes and ends with the same result. A diverging run
+comes back as a record with status "failed"; out of memory is raised for the caller
+(adaptune.sweep.shard_runner) to retry, as it is transient on a shared device.
 """
 
 from __future__ import annotations
@@ -137,6 +138,7 @@ class _Run:
     def execute(self, data_dir: Any, cache_dir: Any, show_progress: bool, step_callback: StepCallback | None) -> None:
         config, task, device = self.config, self.task, self.device
         setup_started = time.perf_counter()
+        saves = StateSaves()  # a malformed $ADAPTUNE_STATE_EVERY_S fails here, before anything loads
         _seed_everything(config.seed, device)
         tokenizer = load_tokenizer(config.backbone)
         data, self.companion_splits = prepare_data(config, task, tokenizer, data_dir, cache_dir)
@@ -171,7 +173,6 @@ class _Run:
         segment_started = time.perf_counter()
         trainable = [p for p in model.parameters() if p.requires_grad]
         guard = FiniteGuard(device)
-        saves = StateSaves()
         phase_times.add([self.progress], "setup", time.perf_counter() - setup_started)
 
         bar = tqdm(total=total_steps, initial=self.progress.global_step, desc=config.run_id, disable=not show_progress, leave=False)
