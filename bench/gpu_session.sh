@@ -200,11 +200,11 @@ run_part() {
     # preset's settings), the baseline runs per GPU-hour are counted against.
     shardplain) ADAPTUNE_COMPILE=eager ADAPTUNE_DROPOUT_MASKS=generator ADAPTUNE_ATTENTION=eager ADAPTUNE_LAYER_NORM=torch \
         part shardplain 260 --backbones bert-base --variants "" --fused "" --shard 1 --shard-groups "" ;;
-    # BERT-large's group of 8 in the preset's step with the LayerNorm kernel, real lengths (the plan's FUSED_SPEEDUP row)
-    # and padded to 128 (the MFU goal's figure).
+    # BERT-large's group of 8 in the preset's step (the LayerNorm and dropout kernels), real lengths (the plan's
+    # FUSED_SPEEDUP row) and padded to 128 (the MFU goal's figure).
     presetlarge) part presetlarge 90 --backbones bert-large --variants "" "${NONE[@]}" --fused 8 --fused-methods adapters64 \
         --fused-batch-sets length_grouped,padded_128 --fused-optimizer together --fused-masks counter --fused-compile step_graphs \
-        --fused-attention kernel --fused-layer-norm kernel ;;
+        --fused-attention kernel --fused-dropout kernel --fused-layer-norm kernel ;;
     # SQuAD's runs (686 of paper_full's 1,461 H100-hours; its 648 top_k runs priced at the 128-token row scaled by length,
     # which overpriced its adapter runs 2.7x): the trainer's one-run step at SQuAD's own batch lengths (185 tokens on
     # average, squad_lengths), then at 384, adapters 64, top_k at two depths, and full fine-tuning (top_k 24 and the
