@@ -8,7 +8,7 @@ PIPELINE ?= smoke
 OUT ?= outputs
 export PYTHONHASHSEED := 0
 
-.PHONY: venv test test-heavy demo run plan status tensorboard report compile submit stage-models bench bench-fused bench-bf16 bench-projections bench-data bench-attention bench-states bench-gpu gpu-carry bench-status bench-tensorboard bench-soak images lint lock clean
+.PHONY: venv test test-heavy demo run plan status tensorboard report compile submit stage-models bench bench-fused bench-bf16 bench-projections bench-data bench-attention bench-states bench-lengths bench-gpu gpu-carry bench-status bench-tensorboard bench-soak images lint lock clean
 
 $(VENV)/.installed: pyproject.toml requirements.lock requirements-kernel-tests.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -93,6 +93,11 @@ bench-attention: venv
 # paper_full's runs save at every epoch's end against adaptune.train.state_saves' rule (bench/state_saves.json).
 bench-states: venv
 	$(PY) -m adaptune.bench.state_saves --out bench/state_saves.json
+
+# The tokens a training row of each task is padded to, as a run batches it (bench/task_lengths.json): how far each task's
+# steps are from the mix bench-gpu's fused figures were measured on.
+bench-lengths: venv
+	$(PY) -m adaptune.bench.task_lengths --out bench/task_lengths.json
 
 # On a CUDA machine: BERT-base/-large training speed and MFU, and runs side by side on one GPU (bench/gpu.json).
 bench-gpu: venv

@@ -212,6 +212,13 @@ run_part() {
     # `preset` is the same step with the trainer's run dropout under the preset's step settings, as a SQuAD run trains in a
     # pipeline task (counter masks, the attention and dropout kernels); `now` is the plain step every price so far used.
     # Methods in order of value: each is saved as it is measured, so a cut-off part keeps the first ones.
+    # How a replayed group's step grows with its tokens: FUSED_SPEEDUP was measured on a mix of CoLA, SST-2, MRPC and RTE
+    # batches padded to 39.8 tokens on average, but tasks pad to 15 (CoLA) to 127 (20 Newsgroups) (bench/task_lengths.json),
+    # and a step that keeps the device busy grows with them: RTE's shard (72.9 tokens) replayed its steps at about 0.79
+    # of the mix's rate on 2026-11-28. A group of 6, BERT-base adapters 64, the full preset, at fixed lengths.
+    lengthcurve) part lengthcurve 120 --backbones bert-base --variants "" "${NONE[@]}" --fused 1,6 --fused-methods adapters64 \
+        --fused-batch-sets tokens_16,tokens_40,tokens_72,tokens_128 --fused-optimizer together --fused-masks counter \
+        --fused-compile step_graphs --fused-attention kernel --fused-dropout kernel --fused-layer-norm kernel ;;
     # Where BERT-large's group of 8 spends its step in the full preset (the dropout and LayerNorm kernels, new since the
     # last profile, which was BERT-base's with the masks): the MFU goal's step. Reading its profile took over 40 s once.
     profilelarge) part profilelarge 150 --backbones bert-large --variants "" "${NONE[@]}" --fused "" --fused-profile 8 \
@@ -269,8 +276,8 @@ run_part() {
 # The default queue (2026-11-28): the RTE shard in the preset as it now is (the dropout kernel, one eager step before a
 # capture; its records say captures' seconds apart from eager steps'), the plain trainer's on the same card (it ran
 # past 200 s on 2026-11-28: 212-242 s), and SQuAD's top_k step (411 of paper_full's 1,461 H100-hours, unmeasured).
-# A second call: PARTS='presetlarge profilelarge squadgraphs maskcode' (420 s); then 'topksizes shardmix'.
-# Other parts (squadgraphs, profilelarge, dropcheck, groupsizes, wholegroups, wholealone, shardwhole, presetlarge, shardfused8a, shardfused8b, shardoverlap, graphcheck1, shardwarmup1, lncheck, leversbase, leverslarge, topkdepths, dropgraphs, squadlarge, projections, compiledlarge, compileddrop, shardcompiledattn, attncheck, attngraphs, compiledattn,
+# A second call: PARTS='presetlarge squadgraphs lengthcurve profilelarge' (560 s); then 'maskcode topksizes shardmix'.
+# Other parts (squadgraphs, profilelarge, lengthcurve, dropcheck, groupsizes, wholegroups, wholealone, shardwhole, presetlarge, shardfused8a, shardfused8b, shardoverlap, graphcheck1, shardwarmup1, lncheck, leversbase, leverslarge, topkdepths, dropgraphs, squadlarge, projections, compiledlarge, compileddrop, shardcompiledattn, attncheck, attngraphs, compiledattn,
 # attnwide, profileattn, shardattn, compiledcheck, compiledgraphs, profilecompiled, shardcompiled, graphcheck, graphs, shardgraphs,
 # profilegraphs, graphsfused, shardfused, compiled, shard, base, topk, profile, fused8, large) stay for later calls: PARTS="..." picks them.
 # A kernel that fails its check outright (not for time: exit 124) is left out of the parts after it; if the attention

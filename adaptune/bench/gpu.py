@@ -26,6 +26,7 @@ import gc
 import itertools
 import json
 import math
+import re
 import statistics
 import sys
 import time
@@ -38,7 +39,7 @@ import torch
 from torch import nn
 
 from adaptune.bench.cpu import _interleaved
-from adaptune.bench.squad_lengths import read_padded_lengths, squad_length_batches, write_squad_lengths
+from adaptune.bench.squad_lengths import batches_at_lengths, read_padded_lengths, write_squad_lengths
 from adaptune.bench.step_cost import timed_pass, training_flops
 from adaptune.core.devices import Device, pick_device
 from adaptune.train import phase_times
@@ -113,7 +114,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="the fused step's dropout mask schemes to compare: generator (the default), counter")
     parser.add_argument("--fused-batch-sets", default="length_grouped",
                         help="the fused step's batches, comma-separated, of length_grouped, padded_128 (the latter: MFU at full length), "
-                             "padded_384 (SQuAD's longest step), squad_lengths (SQuAD's own batch lengths, where --squad-lengths is)")
+                             "padded_384 (SQuAD's longest step), squad_lengths (SQuAD's own batch lengths, where --squad-lengths is), "
+                             "tokens_<L> (every step L tokens, all attended)")
     parser.add_argument("--fused-compile", default="eager",
                         help="comma-separated, of eager, compiled, graphs (as --variants), step_graphs (the whole step as CUDA graphs), "
                              "compiled_step_graphs (the same around compiled layers)")
@@ -182,6 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                          or _counts(args.attention_check) or _counts(args.dropout_check) or _counts(args.layer_norm_check))  # the shard tokenizes its own task
     batch_sets = cached_batches(args.batches_cache, args.data_dir, args.tokenizer, device, scale,
                                 squad_lengths=args.squad_lengths) if needs_batches else {}
+    batch_sets.update(fixed_length_sets([*_names(args.batch_sets), *_names(args.fused_batch_sets)], batch_sets))
     results: dict[str, Any] = {
         "device": device.name,
         "torch": torch.__version__,
@@ -323,8 +326,17 @@ def cached_batches(cache: str | None, data_dir: str | None, tokenizer_name: str 
         if cache:
             torch.save({name: [{k: v.cpu() for k, v in b.items()} for b in batches] for name, batches in batch_sets.items()}, cache)
     padded_lengths = read_padded_lengths(squad_lengths) if squad_lengths else None
-    squad = {"squad_lengths": squad_length_batches(batch_sets["padded_128"], padded_lengths)} if padded_lengths else {}
+    squad = {"squad_lengths": batches_at_lengths(batch_sets["padded_128"], padded_lengths)} if padded_lengths else {}
     return {**batch_sets, "padded_384": padded_on(batch_sets["padded_128"], SQUAD_LENGTH), **squad}
+
+
+def fixed_length_sets(names: Sequence[str], batch_sets: dict[str, list[Batch]]) -> dict[str, list[Batch]]:
+    """The `tokens_<L>` batch sets named: every step of padded_128's rows cut or padded to L tokens, every position
+    attended, so that a step's time can be read against its tokens alone (a device-bound step grows with them)."""
+    wanted = [name for name in names if re.fullmatch(r"tokens_\d+", name)]
+    if not wanted or "padded_128" not in batch_sets:
+        return {}
+    return {name: batches_at_lengths(batch_sets["padded_128"], [int(name.removeprefix("tokens_"))]) for name in wanted}
 
 
 def padded_on(batches: list[Batch], length: int) -> list[Batch]:

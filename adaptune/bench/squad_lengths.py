@@ -4,7 +4,7 @@ A SQuAD run's features are windows of at most 384 tokens (stride 128), and its b
 padded only to their longest row: most windows are far shorter than 384 (a context averages a few hundred words),
 so `padded_384` (every step at 384 tokens) is SQuAD's longest step, not its typical one. `make gpu-carry` writes
 one epoch's padded batch lengths, from the local SQuAD files through the trainer's own feature and batching code
-(`write_squad_lengths`), and bench-gpu builds steps of those lengths (`squad_length_batches`).
+(`write_squad_lengths`), and bench-gpu builds steps of those lengths (`batches_at_lengths`).
 """
 
 from __future__ import annotations
@@ -18,10 +18,17 @@ import torch
 Batch = dict[str, torch.Tensor]
 
 
-def write_squad_lengths(path: str | Path, data_dir: str | None, tokenizer_name: str | None, pad_multiple: int,
-                        max_length: int = 384, doc_stride: int = 128, batch_size: int = 32) -> dict[str, Any]:
-    """One epoch's padded batch lengths of a SQuAD run (seed 0) into `path` (JSON), with the tokens a feature is padded
-    to on average (adaptune.sweep.cost.MEAN_PADDED_LENGTH); returns what it wrote."""
+def write_squad_lengths(path: str | Path, data_dir: str | None, tokenizer_name: str | None, pad_multiple: int) -> dict[str, Any]:
+    """squad_lengths into `path` (JSON); returns what it wrote."""
+    written = squad_lengths(data_dir, tokenizer_name, pad_multiple)
+    Path(path).write_text(json.dumps(written) + "\n")
+    return written
+
+
+def squad_lengths(data_dir: str | None, tokenizer_name: str | None, pad_multiple: int, max_length: int = 384,
+                  doc_stride: int = 128, batch_size: int = 32) -> dict[str, Any]:
+    """One epoch's padded batch lengths of a SQuAD run (seed 0), with the tokens a feature is padded to on average
+    (adaptune.sweep.cost.MEAN_PADDED_LENGTH)."""
     from adaptune.data.batching import epoch_batches
     from adaptune.data.tasks import get_task
     from adaptune.model.backbone import load_tokenizer
@@ -39,14 +46,14 @@ def write_squad_lengths(path: str | Path, data_dir: str | None, tokenizer_name: 
                "mean_feature_length": round(sum(lengths) / len(lengths), 1),
                "mean_padded_length": round(sum(length * len(batch) for length, batch in zip(padded, batches)) / len(lengths), 1),
                "padded_lengths": padded}
-    Path(path).write_text(json.dumps(written) + "\n")
     return written
 
 
-def squad_length_batches(batches: list[Batch], padded_lengths: list[int], seed: int = 0) -> list[Batch]:
+def batches_at_lengths(batches: list[Batch], padded_lengths: list[int], seed: int = 0) -> list[Batch]:
     """`batches` cut or padded, one each, to lengths spread evenly over `padded_lengths`' distribution (its
-    quantiles, so their mean is SQuAD's), in a seeded order as training meets them; every position attended (a
-    SQuAD window is real tokens up to its batch's longest, near enough in a length-grouped batch)."""
+    quantiles, so their mean is the distribution's: SQuAD's, or one length for bench-gpu's `tokens_<L>`), in a
+    seeded order as training meets them; every position attended (a SQuAD window is real tokens up to its
+    batch's longest, near enough in a length-grouped batch)."""
     ordered = sorted(padded_lengths)
     count = len(batches)
     chosen = [ordered[min(len(ordered) - 1, (2 * index + 1) * len(ordered) // (2 * count))] for index in range(count)]
