@@ -274,8 +274,9 @@ run_part() {
     esac
 }
 # The default queue (2026-11-28): the RTE shard in the preset as it now is (the dropout kernel, one eager step before a
-# capture; its records say captures' seconds apart from eager steps'), the plain trainer's on the same card (it ran
-# past 200 s on 2026-11-28: 212-242 s), and SQuAD's top_k step (411 of paper_full's 1,461 H100-hours, unmeasured).
+# capture, resume states only as often as they pay; its records say captures' seconds apart from eager steps'), the
+# plain trainer's on the same card (it ran past 200 s on 2026-11-28: 212-242 s), and SQuAD's top_k step at its own
+# lengths (198 of paper_full's 1,248 H100-hours, an upper bound from the 128-token row; unmeasured).
 # A second call: PARTS='presetlarge squadgraphs lengthcurve profilelarge' (560 s); then 'maskcode topksizes shardmix'.
 # Other parts (squadgraphs, profilelarge, lengthcurve, dropcheck, groupsizes, wholegroups, wholealone, shardwhole, presetlarge, shardfused8a, shardfused8b, shardoverlap, graphcheck1, shardwarmup1, lncheck, leversbase, leverslarge, topkdepths, dropgraphs, squadlarge, projections, compiledlarge, compileddrop, shardcompiledattn, attncheck, attngraphs, compiledattn,
 # attnwide, profileattn, shardattn, compiledcheck, compiledgraphs, profilecompiled, shardcompiled, graphcheck, graphs, shardgraphs,
