@@ -205,8 +205,8 @@ run_part() {
     presetlarge) part presetlarge 90 --backbones bert-large --variants "" "${NONE[@]}" --fused 8 --fused-methods adapters64 \
         --fused-batch-sets length_grouped,padded_128 --fused-optimizer together --fused-masks counter --fused-compile step_graphs \
         --fused-attention kernel --fused-dropout kernel --fused-layer-norm kernel ;;
-    # SQuAD's runs (686 of paper_full's 1,461 H100-hours; its 648 top_k runs priced at the 128-token row scaled by length,
-    # which overpriced its adapter runs 2.7x): the trainer's one-run step at SQuAD's own batch lengths (185 tokens on
+    # SQuAD's runs (473 of paper_full's 1,248 H100-hours; its 648 top_k runs priced at the 128-token row scaled to the
+    # 185 tokens its batches average, an upper bound; that row scaled to 384 overpriced its adapter runs 2.7x): the trainer's one-run step at SQuAD's own batch lengths (185 tokens on
     # average, squad_lengths), then at 384, adapters 64, top_k at two depths, and full fine-tuning (top_k 24 and the
     # embeddings).
     # `preset` is the same step with the trainer's run dropout under the preset's step settings, as a SQuAD run trains in a
