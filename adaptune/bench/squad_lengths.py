@@ -29,7 +29,6 @@ def squad_lengths(data_dir: str | None, tokenizer_name: str | None, pad_multiple
                   doc_stride: int = 128, batch_size: int = 32) -> dict[str, Any]:
     """One epoch's padded batch lengths of a SQuAD run (seed 0), with the tokens a feature is padded to on average
     (adaptune.sweep.cost.MEAN_PADDED_LENGTH)."""
-    from adaptune.data.batching import epoch_batches
     from adaptune.data.tasks import get_task
     from adaptune.model.backbone import load_tokenizer
     from adaptune.train.config import TrainConfig
@@ -39,14 +38,22 @@ def squad_lengths(data_dir: str | None, tokenizer_name: str | None, pad_multiple
                          batch_size=batch_size)
     data, _ = prepare_data(config, get_task("squad"), load_tokenizer(tokenizer_name or config.backbone), data_dir, None)
     lengths = [len(row["input_ids"]) for row in data.train_rows]
+    padded, mean_padded = padded_batch_lengths(lengths, batch_size, pad_multiple)
+    return {"data_split": data.data_split, "split_note": data.split_note, "features": len(lengths), "max_length": max_length,
+            "doc_stride": doc_stride, "batch_size": batch_size, "pad_multiple": pad_multiple,
+            "mean_feature_length": round(sum(lengths) / len(lengths), 1), "mean_padded_length": round(mean_padded, 1),
+            "padded_lengths": padded}
+
+
+def padded_batch_lengths(lengths: list[int], batch_size: int, pad_multiple: int) -> tuple[list[int], float]:
+    """Rows of these lengths in one epoch's training batches (adaptune.data.batching.epoch_batches, seed 0), each
+    batch padded to its longest row rounded up to `pad_multiple`: each batch's padded length, and the tokens a row
+    is padded to on average."""
+    from adaptune.data.batching import epoch_batches
+
     batches = epoch_batches(lengths, batch_size, 0, 0)
     padded = [-(-max(lengths[i] for i in batch) // pad_multiple) * pad_multiple for batch in batches]
-    written = {"data_split": data.data_split, "split_note": data.split_note, "features": len(lengths), "max_length": max_length,
-               "doc_stride": doc_stride, "batch_size": batch_size, "pad_multiple": pad_multiple,
-               "mean_feature_length": round(sum(lengths) / len(lengths), 1),
-               "mean_padded_length": round(sum(length * len(batch) for length, batch in zip(padded, batches)) / len(lengths), 1),
-               "padded_lengths": padded}
-    return written
+    return padded, sum(length * len(batch) for length, batch in zip(padded, batches, strict=True)) / len(lengths)
 
 
 def batches_at_lengths(batches: list[Batch], padded_lengths: list[int], seed: int = 0) -> list[Batch]:

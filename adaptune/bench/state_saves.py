@@ -34,7 +34,7 @@ from adaptune.sweep.experiments import get_experiment
 from adaptune.sweep.plan import plan
 from adaptune.sweep.throughput import backbone_key
 from adaptune.train.state import Progress, save_state, trained_parameters
-from adaptune.train.state_saves import SAVE_COST_MULTIPLE, STATE_EVERY_S
+from adaptune.train.state_saves import SAVE_COST_MULTIPLE, STATE_EVERY_S, StateSaves
 
 SHAPES = {  # BERT's published sizes (Devlin et al. 2019), by the throughput table's names
     "bert-base-uncased": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
@@ -87,14 +87,18 @@ def state_bytes(backbone: str, method: dict[str, Any]) -> int:
 
 
 def _saves(epoch_s: float, epochs: int, save_s: float, every_epoch: bool) -> int:
-    """How many states a group writes: at every epoch's end, or by state_saves' rule (StateSaves.due_at_epoch_end)."""
+    """How many states a group writes: at every epoch's end, or as StateSaves decides on a clock that each epoch
+    moves on by `epoch_s` and each save by `save_s`."""
     if every_epoch:
         return epochs
-    count, since, cost = 0, 0.0, 0.0
-    for epoch in range(1, epochs):  # never after the last
-        since += epoch_s
-        if since >= max(STATE_EVERY_S, SAVE_COST_MULTIPLE * cost):
-            count, since, cost = count + 1, 0.0, save_s
+    now = [0.0]
+    saves, count = StateSaves(every_s=STATE_EVERY_S, clock=lambda: now[0]), 0
+    for epoch in range(1, epochs + 1):
+        now[0] += epoch_s
+        if saves.due_at_epoch_end(last_epoch=epoch == epochs):
+            with saves.saving():
+                now[0] += save_s
+            count += 1
     return count
 
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from adaptune.bench.squad_lengths import squad_lengths
+from adaptune.bench.squad_lengths import padded_batch_lengths, squad_lengths
 
 SAMPLE_ROWS = 8192
 BATCH_SIZE = 32
@@ -29,7 +29,7 @@ PAD_MULTIPLE = 8  # a GPU's (adaptune.core.devices.Device.pad_multiple)
 def task_lengths(experiment: str, data_dir: str | None = None) -> dict[str, Any]:
     from datasets import DatasetDict
 
-    from adaptune.data.batching import epoch_batches, model_rows, subsample
+    from adaptune.data.batching import model_rows, subsample
     from adaptune.data.loading import load_task_data, tokenize_task
     from adaptune.data.tasks import get_task
     from adaptune.model.backbone import load_tokenizer
@@ -55,10 +55,9 @@ def task_lengths(experiment: str, data_dir: str | None = None) -> dict[str, Any]
             continue
         rows = model_rows(tokenize_task(task, DatasetDict(train=raw), tokenizer, max_length, None)["train"])
         lengths = [len(row["input_ids"]) for row in rows]
-        batches = epoch_batches(lengths, BATCH_SIZE, 0, 0)
-        padded = sum(-(-max(lengths[i] for i in batch) // PAD_MULTIPLE) * PAD_MULTIPLE * len(batch) for batch in batches)
+        _, mean_padded = padded_batch_lengths(lengths, BATCH_SIZE, PAD_MULTIPLE)
         tasks[name] = {"rows": len(lengths), "max_length": max_length, "mean_length": round(sum(lengths) / len(lengths), 1),
-                       "mean_padded_length": round(padded / len(lengths), 1)}
+                       "mean_padded_length": round(mean_padded, 1)}
     return {"experiment": experiment, "sample_rows": SAMPLE_ROWS, "batch_size": BATCH_SIZE, "pad_multiple": PAD_MULTIPLE,
             "tasks": tasks, "missing": missing}
 

@@ -69,8 +69,8 @@ def _graphed_alone(config: TrainConfig) -> bool:
     group of one, its step replayed as a CUDA graph: on an H100 that step ran 6.6x the solo trainer's table figure
     (BERT-base adapters with the attention and LayerNorm kernels, bench/gpu.json "h100_2026_11_28"), 3.9-5.7x for
     top_k ("h100_2026_11_27_levers"). So does a run that trains the whole model (full fine-tuning, top_k over every
-    layer), which no group shares: 4.35x (BERT-base) and 3.38x (BERT-large) for full fine-tuning ("h100_2026_11_28"). Not a run whose step keeps the GPU busy alone (grouping.LONG_STEP_TOKENS):
-    the trainer's own step was the faster there."""
+    layer), which no group shares: 4.35x (BERT-base) and 3.38x (BERT-large) for full fine-tuning ("h100_2026_11_28").
+    Not a run whose step keeps the GPU busy alone (grouping.LONG_STEP_TOKENS): the trainer's own step was the faster there."""
     if os.environ.get(TRAINER_ENV) or trains_alone_for_its_length(config):
         return False
     if group_key(config) is None:  # whole-model runs have keys too

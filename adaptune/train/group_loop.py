@@ -331,8 +331,8 @@ def stack_run_batches(per_run: list[dict[str, torch.Tensor]], pad_token_id: int,
     their first row, weighted 0) and stacked run after run on `target`: a fused step's inputs, labels
     (a span task's: SPAN_TARGETS), row weights (runs x block) and row layout."""
     sizes = [collated["input_ids"].shape[0] for collated in per_run]
-    block = max(sizes)
-    length = max(collated["input_ids"].shape[1] for collated in per_run)
+    lengths = [collated["input_ids"].shape[1] for collated in per_run]
+    block, length = max(sizes), max(lengths)
     stacked: dict[str, list[torch.Tensor]] = {}
     for collated in per_run:
         for name, tensor in collated.items():
@@ -345,11 +345,11 @@ def stack_run_batches(per_run: list[dict[str, torch.Tensor]], pad_token_id: int,
     if "labels" in stacked:
         labels = torch.cat(stacked["labels"])
     else:
-        own_tokens = torch.tensor([collated["input_ids"].shape[1] for collated in per_run]).repeat_interleave(block)
+        own_tokens = torch.tensor(lengths).repeat_interleave(block)
         labels = torch.stack([*(torch.cat(stacked[name]) for name in _SPAN_LABELS), own_tokens], dim=1)
     labels = labels.to(target, non_blocking=True)
     weights = torch.tensor([[1.0] * size + [0.0] * (block - size) for size in sizes], device=target)
-    layout = RowLayout(block, sizes, [collated["input_ids"].shape[1] for collated in per_run])
+    layout = RowLayout(block, sizes, lengths)
     return inputs, labels, weights, layout
 
 

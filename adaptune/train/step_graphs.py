@@ -20,8 +20,8 @@ What a replay needs, and how the step provides it:
 - warm-up steps on the capture's own stream, so optimizer state and library workspaces exist before
   capture (PyTorch's CUDA graph notes: "whole-network capture").
 A group drawing generator masks trains eagerly in this mode. A span task's loss reads each run's own
-token count from its labels (group_loop.SPAN_TARGETS), on the device, so its steps replay too. On a CPU the mode is the eager fused step with the same padding, so every path
-stays testable there.
+token count from its labels (group_loop.SPAN_TARGETS), on the device, so its steps replay too. On a
+CPU the mode is the eager fused step with the same padding, so every path stays testable there.
 """
 
 from __future__ import annotations
