@@ -205,6 +205,12 @@ run_part() {
     presetlarge) part presetlarge 90 --backbones bert-large --variants "" "${NONE[@]}" --fused 8 --fused-methods adapters64 \
         --fused-batch-sets length_grouped,padded_128 --fused-optimizer together --fused-masks counter --fused-compile step_graphs \
         --fused-attention kernel --fused-dropout kernel --fused-layer-norm kernel ;;
+    # presetlarge's group with the residual stream in float32 (autocast's own: presetlarge's rows) and in bf16
+    # (adaptune.model.residual_stream, new 2026-11-28): a quarter of the bytes a layer's step writes, by this CPU's census
+    # (make bench-attention); then how far the bf16 stream moves the group's training in 16 steps, beside the kernels' checks.
+    residuallarge) part residuallarge 170 --backbones bert-large --variants "" "${NONE[@]}" --fused 8 --fused-methods adapters64 \
+        --fused-batch-sets padded_128,length_grouped --fused-optimizer together --fused-masks counter --fused-compile step_graphs \
+        --fused-attention kernel --fused-dropout kernel --fused-layer-norm kernel --fused-residual float32,autocast --residual-check 8 ;;
     # SQuAD's runs (473 of paper_full's 1,248 H100-hours; its 648 top_k runs priced at the 128-token row scaled to the
     # 185 tokens its batches average, an upper bound; that row scaled to 384 overpriced its adapter runs 2.7x): the trainer's one-run step at SQuAD's own batch lengths (185 tokens on
     # average, squad_lengths), then at 384, adapters 64, top_k at two depths, and full fine-tuning (top_k 24 and the
@@ -277,8 +283,9 @@ run_part() {
 # capture, resume states only as often as they pay; its records say captures' seconds apart from eager steps'), the
 # plain trainer's on the same card (it ran past 200 s on 2026-11-28: 212-242 s), and SQuAD's top_k step at its own
 # lengths (198 of paper_full's 1,248 H100-hours, an upper bound from the 128-token row; unmeasured).
-# A second call: PARTS='presetlarge squadgraphs lengthcurve profilelarge' (560 s); then 'maskcode topksizes shardmix'.
-# Other parts (squadgraphs, profilelarge, lengthcurve, dropcheck, groupsizes, wholegroups, wholealone, shardwhole, presetlarge, shardfused8a, shardfused8b, shardoverlap, graphcheck1, shardwarmup1, lncheck, leversbase, leverslarge, topkdepths, dropgraphs, squadlarge, projections, compiledlarge, compileddrop, shardcompiledattn, attncheck, attngraphs, compiledattn,
+# A second call: PARTS='residuallarge squadgraphs lengthcurve profilelarge' (575 s: residuallarge holds presetlarge's rows);
+# then 'maskcode topksizes shardmix'.
+# Other parts (residuallarge, squadgraphs, profilelarge, lengthcurve, dropcheck, groupsizes, wholegroups, wholealone, shardwhole, presetlarge, shardfused8a, shardfused8b, shardoverlap, graphcheck1, shardwarmup1, lncheck, leversbase, leverslarge, topkdepths, dropgraphs, squadlarge, projections, compiledlarge, compileddrop, shardcompiledattn, attncheck, attngraphs, compiledattn,
 # attnwide, profileattn, shardattn, compiledcheck, compiledgraphs, profilecompiled, shardcompiled, graphcheck, graphs, shardgraphs,
 # profilegraphs, graphsfused, shardfused, compiled, shard, base, topk, profile, fused8, large) stay for later calls: PARTS="..." picks them.
 # A kernel that fails its check outright (not for time: exit 124) is left out of the parts after it; if the attention

@@ -131,6 +131,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fused-layer-norm", default="torch",
                         help="comma-separated, of torch (the runs' trained LayerNorms with torch's operators), kernel "
                              "(adaptune.model.layer_norm_kernel: each run's LayerNorm in one kernel each way)")
+    parser.add_argument("--fused-residual", default="float32",
+                        help="comma-separated, of float32 (the hidden states between layers as autocast leaves them), autocast "
+                             "(adaptune.model.residual_stream: each LayerNorm's output in bf16)")
     parser.add_argument("--attention-check", default="", help="group sizes at which to check that the attention kernel computes "
                         "what eager attention does (one call: mask bits, output, gradients; a group trained both ways), first fused "
                         "method, first --fused-compile mode (empty: skip)")
@@ -140,6 +143,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--layer-norm-check", default="", help="group sizes at which to check that the grouped LayerNorm kernel "
                         "computes what torch's operators do (calls; a group trained both ways), first fused method, first --fused-compile, "
                         "--fused-attention and --fused-dropout modes (empty: skip)")
+    parser.add_argument("--residual-check", default="", help="group sizes at which to train a group with the residual stream "
+                        "in float32 and in bf16 (adaptune.model.residual_stream) and say how far apart they end, first fused method, first "
+                        "--fused-compile, --fused-attention, --fused-dropout and --fused-layer-norm modes (empty: skip)")
     parser.add_argument("--graph-check", default="", help="group sizes at which to check that the step replayed as CUDA graphs "
                         "(the first step-graph mode of --fused-compile, else step_graphs) trains as it does uncaptured, first fused "
                         "method (empty: skip)")
@@ -181,7 +187,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     variants = _names(args.variants)  # none: the solo step is not measured
     needs_batches = bool(variants or args.fused or _counts(args.fused_profile) or _counts(args.graph_check)
-                         or _counts(args.attention_check) or _counts(args.dropout_check) or _counts(args.layer_norm_check))  # the shard tokenizes its own task
+                         or _counts(args.attention_check) or _counts(args.dropout_check) or _counts(args.layer_norm_check)
+                         or _counts(args.residual_check))  # the shard tokenizes its own task
     batch_sets = cached_batches(args.batches_cache, args.data_dir, args.tokenizer, device, scale,
                                 squad_lengths=args.squad_lengths) if needs_batches else {}
     batch_sets.update(fixed_length_sets([*_names(args.batch_sets), *_names(args.fused_batch_sets)], batch_sets))
@@ -221,7 +228,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             results["fused"].append(row)
             save()
             log(f"fused {row['backbone']} {row['method']} {row['batches']} k={row['k']} {row['optimizer_step']} {row['masks']} {row['compile']} "
-                f"attention {row['attention']} dropout {row['dropout']} projections {row['projections']} layer_norm {row['layer_norm']}: "
+                f"attention {row['attention']} dropout {row['dropout']} projections {row['projections']} layer_norm {row['layer_norm']} "
+                f"residual {row['residual']}: "
                 f"{row.get('examples_per_s', row.get('error'))} ex/s, MFU {row.get('mfu')}, peak {row.get('peak_gib')} GiB")
 
         for backbone, method, batches_name in itertools.product(args.backbones.split(","), args.fused_methods.split(","),
@@ -231,7 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  mask_schemes=_names(args.fused_masks), compile_modes=_names(args.fused_compile), on_row=keep,
                                  task_count=len(TASKS), batches_name=batches_name, attention_modes=_names(args.fused_attention),
                                  dropout_modes=_names(args.fused_dropout), projection_modes=_names(args.fused_projections),
-                                 layer_norm_modes=_names(args.fused_layer_norm))
+                                 layer_norm_modes=_names(args.fused_layer_norm), residual_modes=_names(args.fused_residual))
             save()  # `keep` holds the same rows, now with their speedups against k = 1
             log(f"{backbone} {method} {batches_name} fused: " + ", ".join(f"k={r['k']} {r['optimizer_step']} {r['masks']} {r['compile']} {r.get('examples_per_s', r.get('error'))} ex/s MFU {r.get('mfu')}" for r in rows))
     if _counts(args.graph_check):
@@ -277,6 +285,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                    lambda row: f"calls {row['layer_norm_call']}, trained {row['kernel']}, "
                                f"{row['layer_norm_kernel_calls']} + {row['layer_norm_backward_calls']} kernel launches",
                    attention=_names(args.fused_attention)[0], dropout=_names(args.fused_dropout)[0])
+    if _counts(args.residual_check):
+        from adaptune.bench.gpu_fused import check_residual_stream
+
+        run_checks("residual_check", _counts(args.residual_check), check_residual_stream,
+                   lambda row: f"bf16 stream against float32: {row['autocast']}, last losses {row['last_losses']}",
+                   attention=_names(args.fused_attention)[0], dropout=_names(args.fused_dropout)[0],
+                   layer_norm=_names(args.fused_layer_norm)[0])
     if _counts(args.fused_profile):
         from adaptune.bench.gpu_fused import profile_fused
 

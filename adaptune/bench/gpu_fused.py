@@ -30,9 +30,10 @@ import torch
 from adaptune.bench.fused import _Run, grouped_runs
 from adaptune.bench.step_cost import timed_pass, training_flops
 from adaptune.core.devices import Device, is_out_of_memory
-from adaptune.core.step_settings import ATTENTION_ENV, DROPOUT_ENV, LAYER_NORM_ENV, PROJECTIONS_ENV
+from adaptune.core.step_settings import ATTENTION_ENV, DROPOUT_ENV, LAYER_NORM_ENV, PROJECTIONS_ENV, RESIDUAL_ENV
 from adaptune.model import attention_kernel, dropout_kernel, layer_norm_kernel
 from adaptune.model.methods import apply_method, method_from_dict
+from adaptune.model.residual_stream import RESIDUAL_MODES
 from adaptune.model.counter_coordinates import keep_threshold
 from adaptune.model.run_dropout import CounterStream, RunRandomness, counter_keep_mask, fused_counter_keep_mask
 from adaptune.model.run_groups import GroupedLayerNorm, trained_tensors
@@ -54,7 +55,7 @@ def measure_fused(config: dict[str, Any], size: str, method: str, batches: list[
                   compile_modes: Sequence[str] = ("eager",), on_row: Callable[[dict[str, Any]], None] | None = None,
                   task_count: int = 1, batches_name: str = "length_grouped", attention_modes: Sequence[str] = ("eager",),
                   dropout_modes: Sequence[str] = ("mask",), projection_modes: Sequence[str] = ("stacked",),
-                  layer_norm_modes: Sequence[str] = ("torch",)) -> list[dict[str, Any]]:
+                  layer_norm_modes: Sequence[str] = ("torch",), residual_modes: Sequence[str] = ("float32",)) -> list[dict[str, Any]]:
     """One row per group size and variant: optimizer step ("together": the trainer's one multi-tensor
     step for all runs; "per_run": each run's own clipping and torch AdamW, fused on a GPU, in turn;
     which launches fewer kernels on a GPU depends on how many tensors one multi-tensor launch takes, so
@@ -63,7 +64,9 @@ def measure_fused(config: dict[str, Any], size: str, method: str, batches: list[
     (adaptune.model.dropout_kernel: "mask", or "kernel", the hidden-state sites' masks drawn and applied in one kernel,
     counter masks only) x projections (adaptune.model.frozen_projections: frozen query, key and value as one "stacked"
     matmul, or "separate") x layer_norm (adaptune.model.layer_norm_kernel: the runs' trained LayerNorms with torch's
-    operators, "torch", or in one "kernel" each way). A size that runs out of memory is recorded so and ends the sweep."""
+    operators, "torch", or in one "kernel" each way) x residual (adaptune.model.residual_stream: the hidden states between
+    layers in "float32", autocast's own, or in the "autocast" dtype). A size that runs out of memory is recorded so and
+    ends the sweep."""
     rows: list[dict[str, Any]] = []
     cuda = device.kind == "cuda"  # the CPU runs it too, for a check, without memory figures
 
@@ -76,12 +79,15 @@ def measure_fused(config: dict[str, Any], size: str, method: str, batches: list[
         fused = _fused_steps(batches, task_count, k, steps, device)
         examples = sum(sum(layout.rows) for *_, layout in fused)
         # A fresh group for each variant: its own optimizer state and memory peak.
-        for optimizer_step, masks, compile_mode, attention, dropout, projections, layer_norm in itertools.product(
-                optimizer_steps, mask_schemes, compile_modes, attention_modes, dropout_modes, projection_modes, layer_norm_modes):
+        for optimizer_step, masks, compile_mode, attention, dropout, projections, layer_norm, residual in itertools.product(
+                optimizer_steps, mask_schemes, compile_modes, attention_modes, dropout_modes, projection_modes, layer_norm_modes,
+                residual_modes):
             variant = {"batches": batches_name, "optimizer_step": optimizer_step, "masks": masks, "compile": compile_mode,
-                       "attention": attention, "dropout": dropout, "projections": projections, "layer_norm": layer_norm}
+                       "attention": attention, "dropout": dropout, "projections": projections, "layer_norm": layer_norm,
+                       "residual": residual}
             model = randomness = runs = runner = one_pass = None
-            settings = {ATTENTION_ENV: attention, DROPOUT_ENV: dropout, PROJECTIONS_ENV: projections, LAYER_NORM_ENV: layer_norm}
+            settings = {ATTENTION_ENV: attention, DROPOUT_ENV: dropout, PROJECTIONS_ENV: projections, LAYER_NORM_ENV: layer_norm,
+                        RESIDUAL_ENV: residual}
             with mock.patch.dict(os.environ, settings), KernelLaunches() as kernel_calls:
                 try:
                     model, randomness, runs, run_flops = _group(config, FUSED_METHODS[method], k, device, fused, masks)
@@ -253,6 +259,23 @@ def check_layer_norm_kernel(config: dict[str, Any], size: str, method: str, batc
             "reference": "torch's LayerNorm operators", "kernel": _differences(trained["kernel"], trained["torch"]),
             "layer_norm_kernel_calls": launches.layer_norm, "layer_norm_backward_calls": launches.layer_norm_backward,
             "first_losses": trained["torch"][0][:k], "last_losses": trained["torch"][0][-k:]}
+
+
+def check_residual_stream(config: dict[str, Any], size: str, method: str, batches: list[Batch], k: int, device: Device,
+                          steps: int = 8, passes: int = 2, task_count: int = 1, mode: str = "eager", attention: str = "eager",
+                          dropout: str = "mask", layer_norm: str = "torch") -> dict[str, Any]:
+    """How far a bf16 residual stream (adaptune.model.residual_stream) moves a group's training: two groups from the same
+    initial tensors, counter masks and the settings given, trained `passes` passes of `steps` fused steps in compile
+    `mode`, the stream in float32 (autocast's own) and in the autocast dtype: the largest differences of their step
+    losses and trained tensors. Not an equality check: a precision change, to be read beside the kernels' checks'
+    differences (reduction order only) and the step losses themselves."""
+    fused = _fused_steps(batches, task_count, k, steps, device)
+    trained, _ = _trained_each_way(config, method, k, device, fused, mode, passes, RESIDUAL_ENV, RESIDUAL_MODES,
+                                   {ATTENTION_ENV: attention, DROPOUT_ENV: dropout, LAYER_NORM_ENV: layer_norm})
+    return {"backbone": size, "method": method, "k": k, "steps": steps * passes, "masks": "counter", "compile": mode, "attention": attention,
+            "dropout": dropout, "layer_norm": layer_norm, "reference": "the float32 residual stream",
+            "autocast": _differences(trained["autocast"], trained["float32"]),
+            "first_losses": trained["float32"][0][:k], "last_losses": trained["float32"][0][-k:]}
 
 
 def layer_norm_kernel_matches(device: Device, features: int) -> dict[str, Any]:

@@ -15,7 +15,8 @@ layers) the torch operators stay for inductor.
 
 Statistics in float32: mean, then the variance of the centred values (as torch's), rstd = 1 / sqrt(var + eps). The
 output's dtype is the promotion of the input's and the scale's (float32 for the trainers' float32 scales, as
-torch's path gives under autocast, which runs layer_norm in float32). On a CPU the kernel runs only under Triton's
+torch's path gives under autocast, which runs layer_norm in float32), or the one asked for (the autocast dtype, for
+a residual stream in bf16: adaptune.model.residual_stream), written by the kernel with no cast after it. On a CPU the kernel runs only under Triton's
 interpreter (TRITON_INTERPRET=1), which is how the tests check it.
 """
 
@@ -54,10 +55,12 @@ def kernel_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return fits and runs_triton(x)
 
 
-def grouped_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+def grouped_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
+                       out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """LayerNorm over x's last axis with run r's `weight[r]` and `bias[r]` ((runs, features) each) applied to the
-    r-th of x's runs equal blocks of rows. Differentiable in x, weight and bias."""
-    return _forward(x, weight, bias, eps)[0]
+    r-th of x's runs equal blocks of rows, in `out_dtype` (None: the promotion of x's and weight's). Differentiable in
+    x, weight and bias."""
+    return _forward(x, weight, bias, eps, out_dtype)[0]
 
 
 def _block(features: int) -> int:
@@ -76,10 +79,12 @@ def _warps(features: int) -> int:
 # Custom operators (torch.library), as the other kernels': one opaque node to torch.compile, shapes from the fake
 # implementations, the backward pass its own operator.
 @torch.library.custom_op("adaptune::grouped_layer_norm", mutates_args=())
-def _forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    dtype = torch.promote_types(x.dtype, weight.dtype)
-    if any(interpreted_bf16(tensor) for tensor in (x, weight, bias)):  # float32 in, the result rounded: the GPU's values
-        out, mean, rstd = _forward(x.float(), weight.float(), bias.float(), eps)
+def _forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
+             out_dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    dtype = out_dtype or torch.promote_types(x.dtype, weight.dtype)
+    # bf16 in or out under Triton's interpreter: float32 in, the result rounded with torch, the GPU kernel's values.
+    if any(interpreted_bf16(tensor) for tensor in (x, weight, bias)) or (dtype == torch.bfloat16 and not x.is_cuda):
+        out, mean, rstd = _forward(x.float(), weight.float(), bias.float(), eps, None)
         return out.to(dtype), mean, rstd
     x = x.contiguous()
     runs, features = weight.shape
@@ -94,10 +99,11 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: flo
 
 
 @_forward.register_fake
-def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
+      out_dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     rows = x.numel() // weight.shape[1]
     statistics = x.new_empty(rows, dtype=torch.float32)
-    return x.new_empty(x.shape, dtype=torch.promote_types(x.dtype, weight.dtype)), statistics, torch.empty_like(statistics)
+    return x.new_empty(x.shape, dtype=out_dtype or torch.promote_types(x.dtype, weight.dtype)), statistics, torch.empty_like(statistics)
 
 
 @torch.library.custom_op("adaptune::grouped_layer_norm_backward", mutates_args=())
@@ -127,7 +133,7 @@ def _(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, mean: torch
 
 
 def _keep_for_backward(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, ...]) -> None:
-    x, weight, _, _ = inputs
+    x, weight, *_ = inputs
     _, mean, rstd = output
     ctx.save_for_backward(x, weight, mean, rstd)
     ctx.set_materialize_grads(False)  # the statistics' gradients are never used: no tensors of zeros for them
@@ -137,7 +143,7 @@ def _backward(ctx: Any, grad_out: torch.Tensor, *_statistics: Any) -> tuple[Any,
     x, weight, mean, rstd = ctx.saved_tensors
     needed = ctx.needs_input_grad[0]
     grad_x, grad_weight, grad_bias = _backward_op(grad_out, x, weight, mean, rstd, needed)
-    return grad_x if needed else None, grad_weight, grad_bias, None
+    return grad_x if needed else None, grad_weight, grad_bias, None, None
 
 
 _forward.register_autograd(_backward, setup_context=_keep_for_backward)

@@ -89,17 +89,21 @@ class GroupedLayerNorm(nn.Module):
         self.normalized_shape, self.eps = template.normalized_shape, template.eps
         self.weight = _stack(weights)
         self.bias = _stack(biases)
+        self.rounds_to: torch.dtype | None = None  # the output's dtype under autocast (adaptune.model.residual_stream)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight, bias = self.weight, self.bias
+        out_dtype = self.rounds_to if self.rounds_to is not None and torch.is_autocast_enabled(x.device.type) else None
         if holds_one_run(weight):
-            return F.layer_norm(x, self.normalized_shape, weight[0], bias[0], self.eps)
-        if layer_norm_kernel.kernel_applies(x, weight):
-            return layer_norm_kernel.grouped_layer_norm(x, weight, bias, self.eps)
-        normalized = F.layer_norm(x, self.normalized_shape, None, None, self.eps)
-        blocks = normalized.reshape(weight.shape[0], -1, *self.normalized_shape)
-        # Not addcmul: its backward writes a copy of `blocks` times its scalar (make bench-attention: 2 more operators a layer).
-        return (blocks * weight.unsqueeze(1) + bias.unsqueeze(1)).reshape(x.shape)
+            out = F.layer_norm(x, self.normalized_shape, weight[0], bias[0], self.eps)
+        elif layer_norm_kernel.kernel_applies(x, weight):
+            return layer_norm_kernel.grouped_layer_norm(x, weight, bias, self.eps, out_dtype)
+        else:
+            normalized = F.layer_norm(x, self.normalized_shape, None, None, self.eps)
+            blocks = normalized.reshape(weight.shape[0], -1, *self.normalized_shape)
+            # Not addcmul: its backward writes a copy of `blocks` times its scalar (make bench-attention: 2 more operators a layer).
+            out = (blocks * weight.unsqueeze(1) + bias.unsqueeze(1)).reshape(x.shape)
+        return out if out_dtype is None else out.to(out_dtype)
 
 
 class GroupedEmbedding(nn.Module):

@@ -214,13 +214,12 @@ class _Group:
         self.randomness = use_run_dropout(model, [dropout_stream(member.config.seed, device.torch_device, self.mask_scheme)
                                                   for member in self.members])
         model.to(device.torch_device)
-        projections = frozen_backbone_for_autocast(model, device.autocast_dtype)
+        backbone_fields = frozen_backbone_for_autocast(model, device.autocast_dtype)
         layer_norm = recorded_layer_norm(model)
         steps_per_epoch = math.ceil(len(data.train_rows) / first.batch_size)
         total_steps = steps_per_epoch * first.epochs
         for member, params, generator in zip(self.members, run_parameters(model), self.randomness.streams, strict=True):
-            member.record.update(trained_params=counts.trained, total_params=counts.total, projections=projections,
-                                 layer_norm=layer_norm)
+            member.record.update(trained_params=counts.trained, total_params=counts.total, layer_norm=layer_norm, **backbone_fields)
             member.params, member.template, member.dropout = params, template, generator
             member.optimizer = adamw(params, decayed, member.config.lr, member.config.weight_decay)
             member.scheduler = get_linear_schedule_with_warmup(member.optimizer, int(first.warmup_fraction * total_steps), total_steps)

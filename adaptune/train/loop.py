@@ -29,6 +29,7 @@ from transformers.trainer_pt_utils import get_parameter_names
 from adaptune.model.attention_kernel import recorded_attention
 from adaptune.model.dropout_kernel import recorded_dropout
 from adaptune.model.frozen_projections import stack_frozen_projections
+from adaptune.model.residual_stream import round_residual_stream
 from adaptune.model.run_groups import recorded_layer_norm
 from adaptune.model.backbone import load_model, load_tokenizer
 from adaptune.data.batching import epoch_batches, iterate_batches, make_collator
@@ -151,7 +152,7 @@ class _Run:
         self.dropout = dropout_stream(config.seed, device.torch_device, scheme)
         use_run_dropout(model, [self.dropout])
         model.to(device.torch_device)
-        self.record["projections"] = frozen_backbone_for_autocast(model, device.autocast_dtype)
+        self.record.update(frozen_backbone_for_autocast(model, device.autocast_dtype))
         self.record["layer_norm"] = recorded_layer_norm(model)  # "torch": a run alone has torch's LayerNorms
         mode = compile_mode()
         self.record["compile"] = mode = "eager" if mode in STEP_GRAPH_MODES else mode  # step graphs are a fused group's
@@ -433,15 +434,17 @@ def adamw(trained: Mapping[str, nn.Parameter], decayed: set[str], lr: float, wei
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, weight_decay=weight_decay, fused=fused or None)
 
 
-def frozen_backbone_for_autocast(model: nn.Module, dtype: torch.dtype | None) -> str:
+def frozen_backbone_for_autocast(model: nn.Module, dtype: torch.dtype | None) -> dict[str, str]:
     """The frozen backbone as training runs it under autocast in `dtype` (None: no autocast, left as it is):
-    its Linear layers stored in `dtype`, and each frozen query, key and value as one matmul where the settings
-    allow (it saves the input's casts; in float32 it saved nothing, bench/projections.json). Returns what
-    records say of the projections: "stacked" or "separate"."""
+    its Linear layers stored in `dtype`, each frozen query, key and value as one matmul where the settings
+    allow (it saves the input's casts; in float32 it saved nothing, bench/projections.json), and the residual
+    stream in `dtype` where $ADAPTUNE_RESIDUAL asks. Returns what records say: "projections" ("stacked" or
+    "separate") and "residual" (the stream's dtype)."""
+    residual = round_residual_stream(model, dtype)  # a misspelt setting fails here, before training
     if dtype is None:
-        return "separate"
+        return {"projections": "separate", "residual": residual}
     keep_frozen_matmuls_in(model, dtype)
-    return "stacked" if stack_frozen_projections(model) else "separate"
+    return {"projections": "stacked" if stack_frozen_projections(model) else "separate", "residual": residual}
 
 
 def keep_frozen_matmuls_in(model: nn.Module, dtype: torch.dtype) -> None:
