@@ -10,6 +10,7 @@ bit for bit, and a gradient exactly representable in bf16 flows back through it 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,11 +18,12 @@ from transformers import BertConfig, BertForSequenceClassification
 
 from adaptune.bench.attention import step_census
 from adaptune.bench.gpu_fused import check_residual_stream
-from adaptune.core.devices import Device
+from adaptune.core.devices import Device, native_cpu_bf16
 from adaptune.core.step_settings import LAYER_NORM_ENV, RESIDUAL_ENV
 from adaptune.model.run_groups import GroupedLayerNorm
-from adaptune.train.loop import frozen_backbone_for_autocast
-from tests.test_bench_gpu_fused import TINY, _batches
+from adaptune.train.group_loop import train_group
+from adaptune.train.loop import frozen_backbone_for_autocast, train_and_evaluate
+from tests.test_bench_gpu_fused import TINY, _batches, tiny_adapter_runs
 
 BF16 = Device("cpu", torch.device("cpu"), "cpu:bf16", torch.bfloat16)
 
@@ -94,10 +96,12 @@ def test_a_misspelt_setting_fails_in_one_line_before_anything_trains(monkeypatch
         frozen_backbone_for_autocast(torch.nn.Linear(2, 2), torch.bfloat16)
 
 
-def test_the_check_trains_a_group_both_ways_and_finds_them_close_but_apart() -> None:
-    """bench-gpu's --residual-check on a tiny BERT: two adapter runs, 8 steps each way in bf16 autocast: the streams end
-    apart (the setting acted) by less than a hundredth of a step loss (the loss is about 0.69)."""
-    checked = check_residual_stream(TINY, "tiny", "adapters64", _batches((12, 20, 16, 9)), 2, BF16, steps=4, passes=2)
+@pytest.mark.parametrize("mode", ["eager", "step_graphs"])
+def test_the_check_trains_a_group_both_ways_and_finds_them_close_but_apart(mode: str) -> None:
+    """bench-gpu's --residual-check on a tiny BERT: two adapter runs, 8 steps each way in bf16 autocast, in the eager fused
+    step and the step-graph step (on a CPU: uncaptured): the streams end apart (the setting acted) by less than a
+    hundredth of a step loss (the loss is about 0.69)."""
+    checked = check_residual_stream(TINY, "tiny", "adapters64", _batches((12, 20, 16, 9)), 2, BF16, steps=4, passes=2, mode=mode)
     differences = checked["autocast"]
     assert 0 < differences["max_loss_difference"] < 0.01 and 0 < differences["max_tensor_difference"] < 0.05
     assert len(checked["first_losses"]) == len(checked["last_losses"]) == 2
@@ -109,3 +113,20 @@ def test_the_census_counts_fewer_bytes_and_operators_with_the_bf16_stream() -> N
                       "kernel+dropout_kernel+stacked_projections+layer_norm_kernel+bf16_residual")
     (float32_ops, float32_bytes), (bf16_ops, bf16_bytes) = (step_census(1, 2, 16, configuration) for configuration in configurations)
     assert bf16_ops < float32_ops and bf16_bytes < 0.9 * float32_bytes
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not native_cpu_bf16(), reason="bf16 autocast on a CPU needs native bf16 (avx512_bf16 or AMX)")
+def test_the_trainers_train_with_a_bf16_stream_and_record_it(tmp_path: Path, shared_data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two adapter runs on MRPC (a tiny BERT), in bf16 autocast on this CPU: a group (train_group) and the first run alone
+    (train_and_evaluate) train to ok records that say the stream was bf16; under the default, float32."""
+    runs = tiny_adapter_runs(tmp_path, monkeypatch)
+    monkeypatch.setenv("ADAPTUNE_CPU_BF16", "1")
+    monkeypatch.setenv(RESIDUAL_ENV, "autocast")
+    grouped = train_group(runs, [tmp_path / "group" / name for name in ("a", "b")], data_dir=shared_data_dir)
+    alone = train_and_evaluate(runs[0], data_dir=shared_data_dir, out_dir=tmp_path / "alone", progress=False)
+    monkeypatch.setenv(RESIDUAL_ENV, "float32")
+    default = train_and_evaluate(runs[0], data_dir=shared_data_dir, out_dir=tmp_path / "default", progress=False)
+    assert [record["status"] for record in [*grouped, alone, default]] == ["ok"] * 4
+    assert [record["residual"] for record in [*grouped, alone, default]] == ["bf16"] * 3 + ["float32"]
+    assert {record["device"] for record in [*grouped, alone, default]} == {"cpu:bf16"}

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-# The kernels apply on a CPU only under Triton's interpreter, which must be chosen before triton is imported (their launches are skipped).
+# The kernels apply on a CPU only under Triton's interpreter (their launches are skipped), chosen before triton is imported.
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import torch  # noqa: E402

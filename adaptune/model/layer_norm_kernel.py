@@ -16,8 +16,8 @@ layers) the torch operators stay for inductor.
 Statistics in float32: mean, then the variance of the centred values (as torch's), rstd = 1 / sqrt(var + eps). The
 output's dtype is the promotion of the input's and the scale's (float32 for the trainers' float32 scales, as
 torch's path gives under autocast, which runs layer_norm in float32), or the one asked for (the autocast dtype, for
-a residual stream in bf16: adaptune.model.residual_stream), written by the kernel with no cast after it. On a CPU the kernel runs only under Triton's
-interpreter (TRITON_INTERPRET=1), which is how the tests check it.
+a residual stream in bf16: adaptune.model.residual_stream), written by the kernel with no cast after it. On a CPU
+the kernel runs only under Triton's interpreter (TRITON_INTERPRET=1), which is how the tests check it.
 """
 
 from __future__ import annotations
@@ -103,7 +103,8 @@ def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
       out_dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     rows = x.numel() // weight.shape[1]
     statistics = x.new_empty(rows, dtype=torch.float32)
-    return x.new_empty(x.shape, dtype=out_dtype or torch.promote_types(x.dtype, weight.dtype)), statistics, torch.empty_like(statistics)
+    out = x.new_empty(x.shape, dtype=out_dtype or torch.promote_types(x.dtype, weight.dtype))
+    return out, statistics, torch.empty_like(statistics)
 
 
 @torch.library.custom_op("adaptune::grouped_layer_norm_backward", mutates_args=())
