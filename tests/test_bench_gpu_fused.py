@@ -145,9 +145,11 @@ def test_the_fused_step_profile_names_where_its_time_goes() -> None:
     """--fused-profile's row on the CPU: aten operators per step, the heaviest by self time, no kernel
     figures without CUDA (a lent GPU adds kernels per step and the device's busy share)."""
     device, batches = pick_device(), _batches((12, 20, 16, 9))
-    row = profile_fused(TINY, "tiny", "adapters64", batches, 2, device, steps=2, top=5)
+    assert len(profile_fused(TINY, "tiny", "adapters64", batches, 2, device, steps=2, top=5)["top"]) == 5
+    # Every operator (top=1000): which are heaviest depends on this machine's load, that the matmuls are profiled does not.
+    row = profile_fused(TINY, "tiny", "adapters64", batches, 2, device, steps=2, top=1000)
     assert (row["k"], row["steps"], row["kernels_per_step"], row["device_busy_share"]) == (2, 2, None, None)
     assert row["step_ms"] > 0 and row["aten_ops_per_step"] > 100  # a BERT step with its optimizer: hundreds of operators
     times = [entry["self_ms_per_step"] for entry in row["top"]]
-    assert len(times) == 5 and times == sorted(times, reverse=True)
-    assert any(entry["name"] in ("aten::addmm", "aten::mm", "aten::bmm", "aten::linear", "aten::matmul") for entry in row["top"])
+    assert 20 < len(times) < 1000 and times == sorted(times, reverse=True)
+    assert {"aten::addmm", "aten::bmm"} <= {entry["name"] for entry in row["top"] if entry["calls_per_step"] > 0}
