@@ -1,20 +1,23 @@
-"""What the attention kernel, and the dropout kernel, stacked projections, the LayerNorm kernel and a bf16 residual stream
-beside it, take off a fused step's memory traffic (`make bench-attention`, JSON out), counted on the CPU: a proxy for a GPU, where
-the step replayed as CUDA graphs is bound by its elementwise passes (bench/gpu.json "h100_2026_11_26_step_graphs":
-the device busy 96.5% of the step at 7-12% MFU). Counter masks are counted as the one kernel each a GPU draws them with.
+"""What the attention kernel, and the dropout kernel, stacked projections, the LayerNorm kernel and a bf16 residual
+stream beside it, take off a fused step's memory traffic (`make bench-attention`, JSON out), counted on the CPU: a
+proxy for a GPU, where the step replayed as CUDA graphs is bound by its elementwise passes (bench/gpu.json
+"h100_2026_11_26_step_graphs": the device busy 96.5% of the step at 7-12% MFU). Counter masks are counted as the one
+kernel each a GPU draws them with.
 
-For a fused group of BERT-base-width adapter runs (frozen matmuls in bf16 under bf16 autocast, counter
-masks), one training step's torch operators and the bytes their outputs take: eager attention, the attention
-kernel (adaptune.model.attention_kernel), then with the hidden-state dropout kernel (adaptune.model.dropout_kernel, its
-launch computed by torch outside the census), the frozen query, key and value as one matmul
+For a fused group of BERT-base-width adapter runs (frozen matmuls in bf16 under bf16 autocast, counter masks), one
+training step's torch operators and the bytes their outputs take: eager attention, the attention kernel
+(adaptune.model.attention_kernel), then with the hidden-state dropout kernel (adaptune.model.dropout_kernel, its launch
+computed by torch outside the census), the frozen query, key and value as one matmul
 (adaptune.model.frozen_projections), the runs' LayerNorms in one kernel (adaptune.model.layer_norm_kernel), and every
-LayerNorm's output in bf16 (adaptune.model.residual_stream), each added to the ones before. The attention and LayerNorm
-kernels' launches are skipped, their outputs allocated as zeros: a count of outputs needs no values, and Triton's
-interpreter took over 25 minutes a census at 128 tokens (the counts are the same: 0.766 GiB a layer either way). The kernels are torch custom operators, so the census sees each call as one operator
-writing its outputs; what it does inside stays on chip on a GPU (but for the LayerNorm kernel's partial sums of its
-scales' gradients, a few per cent of its input gradient's bytes, which the census does not see). Per Transformer
-layer: the step of a 2-layer model less that of a 1-layer one. Bytes written are a floor on a GPU's traffic (every output is also read at least
-once); views write nothing and are not counted. Not a timing: the interpreter is slow by design.
+LayerNorm's output in bf16 (adaptune.model.residual_stream), each added to the ones before.
+
+The kernels are torch custom operators, so the census sees each call as one operator writing its outputs; what it
+does inside stays on chip on a GPU (but for the LayerNorm kernel's partial sums of its scales' gradients, a few per
+cent of its input gradient's bytes, which the census does not see). The attention and LayerNorm kernels' launches are
+skipped and their outputs allocated as zeros: a count of outputs needs no values, and under Triton's interpreter one
+census at 128 tokens ran past 25 minutes (the counts are the same: 0.766 GiB a layer either way). Per Transformer
+layer: the step of a 2-layer model less that of a 1-layer one. Bytes written are a floor on a GPU's traffic (every
+output is also read at least once); views write nothing and are not counted. Not a timing.
 """
 
 from __future__ import annotations
@@ -90,7 +93,7 @@ CONFIGURATIONS = {
     "eager": {ATTENTION_ENV: "eager", DROPOUT_ENV: "mask", **_SEPARATE},
     "kernel": {ATTENTION_ENV: "kernel", DROPOUT_ENV: "mask", **_SEPARATE},
     "kernel+dropout_kernel": {**_KERNELS, **_SEPARATE},
-    "kernel+dropout_kernel+stacked_projections": {**_KERNELS, PROJECTIONS_ENV: "stacked", LAYER_NORM_ENV: "torch", RESIDUAL_ENV: "float32"},
+    "kernel+dropout_kernel+stacked_projections": {**_KERNELS, **_SEPARATE, PROJECTIONS_ENV: "stacked"},
     "kernel+dropout_kernel+stacked_projections+layer_norm_kernel": {**_ALL_KERNELS, RESIDUAL_ENV: "float32"},
     "kernel+dropout_kernel+stacked_projections+layer_norm_kernel+bf16_residual": {**_ALL_KERNELS, RESIDUAL_ENV: "autocast"},
 }
