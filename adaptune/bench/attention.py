@@ -152,7 +152,7 @@ def _kernels_counted_not_run() -> Any:
     patches = contextlib.ExitStack()
     for module, kernels in ((attention_kernel, 3), (layer_norm_kernel, 2)):
         patches.enter_context(mock.patch.object(module, "_kernels", lambda kernels=kernels: (_SkippedLaunches(),) * kernels))
-        patches.enter_context(mock.patch.object(module, "interpreted_bf16", lambda *tensors: False))
+        patches.enter_context(mock.patch.object(module, "interpreted_bf16", lambda *args: False))
         patches.enter_context(mock.patch.object(module, "torch", _ZerosForOutputs()))
     return patches
 

@@ -42,12 +42,12 @@ def task_lengths(experiment: str, data_dir: str | None = None) -> dict[str, Any]
     tasks: dict[str, Any] = {}
     missing: dict[str, str] = {}
     for name, max_length in lengths_by_task:
-        if get_task(name).kind == "span":
+        task = get_task(name)
+        if task.kind == "span":
             written = squad_lengths(data_dir, None, PAD_MULTIPLE, max_length=max_length)
             tasks[name] = {"rows": written["features"], "max_length": max_length, "mean_length": written["mean_feature_length"],
                            "mean_padded_length": written["mean_padded_length"], "data_split": written["data_split"]}
             continue
-        task = get_task(name)
         try:
             raw = subsample(load_task_data(task, data_dir, splits=("train",))["train"], SAMPLE_ROWS)
         except Exception as error:  # noqa: BLE001 -- a task whose files are not here is reported, not fatal

@@ -83,7 +83,7 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: flo
              out_dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     dtype = out_dtype or torch.promote_types(x.dtype, weight.dtype)
     # bf16 in or out under Triton's interpreter: float32 in, the result rounded with torch, the GPU kernel's values.
-    if any(interpreted_bf16(tensor) for tensor in (x, weight, bias)) or (dtype == torch.bfloat16 and not x.is_cuda):
+    if any(interpreted_bf16(tensor) for tensor in (x, weight, bias)) or interpreted_bf16(x, dtype):
         out, mean, rstd = _forward(x.float(), weight.float(), bias.float(), eps, None)
         return out.to(dtype), mean, rstd
     x = x.contiguous()

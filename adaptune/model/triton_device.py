@@ -15,11 +15,12 @@ def runs_triton(tensor: torch.Tensor) -> bool:
     return tensor.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def interpreted_bf16(tensor: torch.Tensor) -> bool:
-    """Whether a kernel call on `tensor` would run bf16 under Triton's interpreter, which gets bf16 wrong (numpy has
-    no bf16: tiles multiplied wrongly, 41% of a dropout call's values a bf16 step off): the kernels run such a call
-    in float32 and round it to bf16 with torch, which gives the GPU kernels' values."""
-    return not tensor.is_cuda and tensor.dtype == torch.bfloat16
+def interpreted_bf16(tensor: torch.Tensor, dtype: torch.dtype | None = None) -> bool:
+    """Whether a kernel call on `tensor` (or writing `dtype` on its device) would run bf16 under Triton's interpreter,
+    which gets bf16 wrong (numpy has no bf16: tiles multiplied wrongly, 41% of a dropout call's values a bf16 step
+    off, stores truncated): the kernels run such a call in float32 and round it to bf16 with torch, which gives the
+    GPU kernels' values."""
+    return not tensor.is_cuda and (dtype or tensor.dtype) == torch.bfloat16
 
 
 # Elements an elementwise kernel's program takes at least, where its lines are short: one line of BERT-base's 768
