@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from adaptune.core.step_settings import ATTENTION_ENV, COMPILE_ENV, DROPOUT_MASKS_ENV, STEP_SETTINGS, checked_value, step_setting
+from adaptune.core.step_settings import (ATTENTION_ENV, BRANCH_SUMS_ENV, COMPILE_ENV, DROPOUT_MASKS_ENV, STEP_SETTINGS, checked_value,
+                                         step_setting)
 from adaptune.sweep.experiments import spec_from_dict, spec_to_json
 from adaptune.sweep.plan import PlanError, plan
 
@@ -26,11 +27,13 @@ def test_each_setting_defaults_to_its_first_value_and_a_misspelt_one_fails_in_on
 
 def test_the_trainers_modes_are_the_settings_values() -> None:
     from adaptune.model.attention_kernel import ATTENTION_MODES
+    from adaptune.model.branch_sums import BRANCH_SUMS_MODES
     from adaptune.model.run_dropout import MASK_SCHEMES
     from adaptune.train.compiling import COMPILE_MODES
 
     assert tuple(COMPILE_MODES) == STEP_SETTINGS[COMPILE_ENV][1]
     assert MASK_SCHEMES == STEP_SETTINGS[DROPOUT_MASKS_ENV][1] and ATTENTION_MODES == STEP_SETTINGS[ATTENTION_ENV][1]
+    assert BRANCH_SUMS_MODES == STEP_SETTINGS[BRANCH_SUMS_ENV][1]
 
 
 def test_a_sweep_file_may_pin_step_settings_as_a_mapping_and_a_wrong_one_fails_at_planning() -> None:

@@ -16,6 +16,7 @@ DROPOUT_ENV = "ADAPTUNE_DROPOUT"  # adaptune.model.dropout_kernel
 PROJECTIONS_ENV = "ADAPTUNE_PROJECTIONS"  # adaptune.model.frozen_projections
 LAYER_NORM_ENV = "ADAPTUNE_LAYER_NORM"  # adaptune.model.layer_norm_kernel
 RESIDUAL_ENV = "ADAPTUNE_RESIDUAL"  # adaptune.model.residual_stream
+BRANCH_SUMS_ENV = "ADAPTUNE_BRANCH_SUMS"  # adaptune.model.branch_sums
 GRAPH_WARMUP_ENV = "ADAPTUNE_GRAPH_WARMUP"  # adaptune.train.step_graphs
 # The compile modes that replay a group's step as CUDA graphs (adaptune.train.step_graphs), a lone run's too.
 STEP_GRAPH_MODES = ("step_graphs", "compiled_step_graphs")
@@ -27,6 +28,7 @@ STEP_SETTINGS: dict[str, tuple[str, tuple[str, ...]]] = {
     PROJECTIONS_ENV: ("a way to multiply frozen query, key and value projections", ("stacked", "separate")),
     LAYER_NORM_ENV: ("a grouped LayerNorm mode", ("torch", "kernel")),
     RESIDUAL_ENV: ("a residual stream precision", ("float32", "autocast")),
+    BRANCH_SUMS_ENV: ("a way to add a group's adapter and LoRA outputs to their sums", ("in_matmul", "separate")),
     GRAPH_WARMUP_ENV: ("a number of eager steps before a shape's CUDA graph is captured", ("1", "2")),
 }
 

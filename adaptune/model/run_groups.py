@@ -3,7 +3,8 @@
 A step's rows are the k runs' batches one after another, in k equal blocks (block i is run i's). The
 frozen backbone processes all k x b rows at once, one kernel per operator for k runs, and every
 module that holds trained tensors applies run i's to block i:
-  Linear (adapter projections, LoRA's A and B, the task head)  one batched matmul (baddbmm)
+  Linear (adapter projections, LoRA's A and B, the task head)  one batched matmul (baddbmm); an adapter's and LoRA's
+                                                               output added to its sum in it (adaptune.model.branch_sums)
   LayerNorm                                                    shared normalisation, each run's scale and shift broadcast
                                                                (or both in one kernel: adaptune.model.layer_norm_kernel)
   (IA)3 scaling vectors                                        each run's vector broadcast over its block
@@ -34,6 +35,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from adaptune.model import layer_norm_kernel
+from adaptune.model.adapters import Adapter
+from adaptune.model.branch_sums import branch_sums_mode, grouped_adapter, grouped_lora_sum, sums_in_matmul
 from adaptune.model.triton_device import runs_triton
 
 
@@ -81,6 +84,25 @@ class GroupedLinear(nn.Module):
         else:
             out = torch.baddbmm(self.bias.unsqueeze(1), blocks, weight.transpose(1, 2))
         return out.reshape(*x.shape[:-1], weight.shape[1])
+
+
+class GroupedAdapter(nn.Module):
+    """An adapter (adaptune.model.adapters.Adapter) with each run's projections: its skip's sum made in the up
+    projection's matmul where adaptune.model.branch_sums applies, else the adapter's own operators."""
+
+    def __init__(self, adapter: Adapter, trained: list[Mapping[str, torch.Tensor]], prefix: str) -> None:
+        super().__init__()
+        self.down, self.up = (GroupedLinear([run[f"{prefix}{name}.weight"] for run in trained], [run[f"{prefix}{name}.bias"] for run in trained])
+                              for name in ("down", "up"))
+        self.activation = adapter.activation
+        self.enabled = adapter.enabled  # the ablation's switch (adapters.set_adapters_enabled), as on the adapter
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if not self.enabled:
+            return hidden_states
+        if sums_in_matmul(hidden_states, self.down.weight):
+            return grouped_adapter(hidden_states, self.down.weight, self.down.bias, self.up.weight, self.up.bias, self.activation)
+        return hidden_states + self.up(self.activation(self.down(hidden_states)))
 
 
 class GroupedLayerNorm(nn.Module):
@@ -148,6 +170,16 @@ def recorded_layer_norm(model: nn.Module) -> str:
     return "kernel" if grouped and mode == "kernel" and runs_triton(grouped[0]) else "torch"
 
 
+def recorded_branch_sums(model: nn.Module) -> str:
+    """What a run's record says of its adapter or LoRA outputs' sums: "in_matmul" where a group of more than one run
+    makes them in its matmuls (adaptune.model.branch_sums), else "separate" (the layers' own operators: a run alone
+    or in a group of one, or a method without such branches). Reads $ADAPTUNE_BRANCH_SUMS first."""
+    mode = branch_sums_mode()
+    stacks = [module.down.weight for module in model.modules() if isinstance(module, GroupedAdapter)]
+    stacks += [b.weight for module in model.modules() if isinstance(module, GroupedLoRA) for b in module.lora_B.values()]
+    return "in_matmul" if mode == "in_matmul" and any(not holds_one_run(stack) for stack in stacks) else "separate"
+
+
 class GroupedLoRA(nn.Module):
     """peft's LoRA Linear: base(x) + B(A(dropout(x))) * scaling, with each run's A and B."""
 
@@ -164,7 +196,11 @@ class GroupedLoRA(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         result = self.base_layer(x)
         for name in self.lora_A:
-            result = result + self.lora_B[name](self.lora_A[name](self.lora_dropout[name](x))) * self.scaling[name]
+            hidden, b_weight = self.lora_A[name](self.lora_dropout[name](x)), self.lora_B[name].weight
+            if sums_in_matmul(result, b_weight):
+                result = grouped_lora_sum(result, hidden, b_weight, self.scaling[name])
+            else:
+                result = result + self.lora_B[name](hidden) * self.scaling[name]
         return result
 
 
@@ -211,6 +247,8 @@ def group_model(model: nn.Module, trained: list[Mapping[str, torch.Tensor]]) -> 
             replacements[module_name] = GroupedLoRA(module, trained, prefix)
         elif hasattr(module, "ia3_l") and hasattr(module, "base_layer"):
             replacements[module_name] = GroupedIA3(module, trained, prefix)
+        elif isinstance(module, Adapter):
+            replacements[module_name] = GroupedAdapter(module, trained, prefix)
         elif not any(p.requires_grad for p in module.parameters(recurse=False)):
             continue
         elif isinstance(module, nn.Linear):

@@ -38,7 +38,7 @@ from adaptune.model.dropout_kernel import recorded_dropout
 from adaptune.model.methods import apply_method, method_from_dict
 from adaptune.model.params import count_parameters
 from adaptune.model.run_dropout import RowLayout, RunRandomness, dropout_stream, mask_scheme, use_run_dropout
-from adaptune.model.run_groups import group_model, keep_runs, recorded_layer_norm, run_parameters, trained_tensors
+from adaptune.model.run_groups import group_model, keep_runs, recorded_branch_sums, recorded_layer_norm, run_parameters, trained_tensors
 from adaptune.train.compiling import compile_mode, training_forward
 from adaptune.train.config import TrainConfig
 from adaptune.train import phase_times
@@ -215,11 +215,12 @@ class _Group:
                                                   for member in self.members])
         model.to(device.torch_device)
         backbone_fields = frozen_backbone_for_autocast(model, device.autocast_dtype)
-        layer_norm = recorded_layer_norm(model)
+        layer_norm, branch_sums = recorded_layer_norm(model), recorded_branch_sums(model)
         steps_per_epoch = math.ceil(len(data.train_rows) / first.batch_size)
         total_steps = steps_per_epoch * first.epochs
         for member, params, generator in zip(self.members, run_parameters(model), self.randomness.streams, strict=True):
-            member.record.update(trained_params=counts.trained, total_params=counts.total, layer_norm=layer_norm, **backbone_fields)
+            member.record.update(trained_params=counts.trained, total_params=counts.total, layer_norm=layer_norm, branch_sums=branch_sums,
+                                 **backbone_fields)
             member.params, member.template, member.dropout = params, template, generator
             member.optimizer = adamw(params, decayed, member.config.lr, member.config.weight_decay)
             member.scheduler = get_linear_schedule_with_warmup(member.optimizer, int(first.warmup_fraction * total_steps), total_steps)

@@ -30,7 +30,7 @@ from adaptune.model.attention_kernel import recorded_attention
 from adaptune.model.dropout_kernel import recorded_dropout
 from adaptune.model.frozen_projections import stack_frozen_projections
 from adaptune.model.residual_stream import round_residual_stream
-from adaptune.model.run_groups import recorded_layer_norm
+from adaptune.model.run_groups import recorded_branch_sums, recorded_layer_norm
 from adaptune.model.backbone import load_model, load_tokenizer
 from adaptune.data.batching import epoch_batches, iterate_batches, make_collator
 from adaptune.model.checkpoint import save_task_checkpoint
@@ -154,6 +154,7 @@ class _Run:
         model.to(device.torch_device)
         self.record.update(frozen_backbone_for_autocast(model, device.autocast_dtype))
         self.record["layer_norm"] = recorded_layer_norm(model)  # "torch": a run alone has torch's LayerNorms
+        self.record["branch_sums"] = recorded_branch_sums(model)  # "separate": and its adapters' and LoRA's own sums
         mode = compile_mode()
         self.record["compile"] = mode = "eager" if mode in STEP_GRAPH_MODES else mode  # step graphs are a fused group's
         forward = training_forward(model, mode)  # evaluation calls the model itself
