@@ -211,6 +211,13 @@ run_part() {
     residuallarge) part residuallarge 170 --backbones bert-large --variants "" "${NONE[@]}" --fused 8 --fused-methods adapters64 \
         --fused-batch-sets padded_128,length_grouped --fused-optimizer together --fused-masks counter --fused-compile step_graphs \
         --fused-attention kernel --fused-dropout kernel --fused-layer-norm kernel --fused-residual float32,autocast --residual-check 8 ;;
+    # The same group, padded to 128 with the bf16 stream, with its adapters' sums made in their matmuls (the trainers'
+    # default since 2026-11-28: adaptune.model.branch_sums) and by separate operators (every figure before): 48 of a
+    # layer's 592 MiB written, 75 operators to 69, by this CPU's census.
+    sumslarge) part sumslarge 90 --backbones bert-large --variants "" "${NONE[@]}" --fused 8 --fused-methods adapters64 \
+        --fused-batch-sets padded_128 --fused-optimizer together --fused-masks counter --fused-compile step_graphs \
+        --fused-attention kernel --fused-dropout kernel --fused-layer-norm kernel --fused-residual autocast \
+        --fused-branch-sums separate,in_matmul ;;
     # SQuAD's runs (473 of paper_full's 1,248 H100-hours; its 648 top_k runs priced at the 128-token row scaled to the
     # 185 tokens its batches average, an upper bound; that row scaled to 384 overpriced its adapter runs 2.7x): the trainer's one-run step at SQuAD's own batch lengths (185 tokens on
     # average, squad_lengths), then at 384, adapters 64, top_k at two depths, and full fine-tuning (top_k 24 and the
@@ -283,9 +290,10 @@ run_part() {
 # capture, resume states only as often as they pay; its records say captures' seconds apart from eager steps'), the
 # plain trainer's on the same card (it ran past 200 s on 2026-11-28: 212-242 s), and SQuAD's top_k step at its own
 # lengths (198 of paper_full's 1,248 H100-hours, an upper bound from the 128-token row; unmeasured).
-# A second call: PARTS='residuallarge squadgraphs lengthcurve profilelarge' (575 s: residuallarge holds presetlarge's rows);
+# A second call: PARTS='residuallarge sumslarge lengthcurve squadgraphs profilelarge' (residuallarge holds presetlarge's rows;
+# the budget cuts what does not fit);
 # then 'maskcode topksizes shardmix'.
-# Other parts (residuallarge, squadgraphs, profilelarge, lengthcurve, dropcheck, groupsizes, wholegroups, wholealone, shardwhole, presetlarge, shardfused8a, shardfused8b, shardoverlap, graphcheck1, shardwarmup1, lncheck, leversbase, leverslarge, topkdepths, dropgraphs, squadlarge, projections, compiledlarge, compileddrop, shardcompiledattn, attncheck, attngraphs, compiledattn,
+# Other parts (residuallarge, sumslarge, squadgraphs, profilelarge, lengthcurve, dropcheck, groupsizes, wholegroups, wholealone, shardwhole, presetlarge, shardfused8a, shardfused8b, shardoverlap, graphcheck1, shardwarmup1, lncheck, leversbase, leverslarge, topkdepths, dropgraphs, squadlarge, projections, compiledlarge, compileddrop, shardcompiledattn, attncheck, attngraphs, compiledattn,
 # attnwide, profileattn, shardattn, compiledcheck, compiledgraphs, profilecompiled, shardcompiled, graphcheck, graphs, shardgraphs,
 # profilegraphs, graphsfused, shardfused, compiled, shard, base, topk, profile, fused8, large) stay for later calls: PARTS="..." picks them.
 # A kernel that fails its check outright (not for time: exit 124) is left out of the parts after it; if the attention

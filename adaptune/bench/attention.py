@@ -1,5 +1,5 @@
-"""What the attention kernel, and the dropout kernel, stacked projections, the LayerNorm kernel and a bf16 residual
-stream beside it, take off a fused step's memory traffic (`make bench-attention`, JSON out), counted on the CPU: a
+"""What the attention kernel, and the dropout kernel, stacked projections, the LayerNorm kernel, a bf16 residual stream
+and the adapters' sums made in their matmuls beside it, take off a fused step's memory traffic (`make bench-attention`, JSON out), counted on the CPU: a
 proxy for a GPU, where the step replayed as CUDA graphs is bound by its elementwise passes (bench/gpu.json
 "h100_2026_11_26_step_graphs": the device busy 96.5% of the step at 7-12% MFU). Counter masks are counted as the one
 kernel each a GPU draws them with.
@@ -8,8 +8,10 @@ For a fused group of BERT-base-width adapter runs (frozen matmuls in bf16 under 
 training step's torch operators and the bytes their outputs take: eager attention, the attention kernel
 (adaptune.model.attention_kernel), then with the hidden-state dropout kernel (adaptune.model.dropout_kernel, its launch
 computed by torch outside the census), the frozen query, key and value as one matmul
-(adaptune.model.frozen_projections), the runs' LayerNorms in one kernel (adaptune.model.layer_norm_kernel), and every
-LayerNorm's output in bf16 (adaptune.model.residual_stream), each added to the ones before.
+(adaptune.model.frozen_projections), the runs' LayerNorms in one kernel (adaptune.model.layer_norm_kernel), every
+LayerNorm's output in bf16 (adaptune.model.residual_stream), and each adapter's output added to its input in its up
+projection's matmul, its input's gradients summed in a matmul too (adaptune.model.branch_sums), each added to the ones
+before.
 
 The kernels are torch custom operators, so the census sees each call as one operator writing its outputs; what it
 does inside stays on chip on a GPU (but for the LayerNorm kernel's partial sums of its scales' gradients, a few per
@@ -39,7 +41,8 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes  # noqa: E402
 
-from adaptune.core.step_settings import ATTENTION_ENV, DROPOUT_ENV, LAYER_NORM_ENV, PROJECTIONS_ENV, RESIDUAL_ENV  # noqa: E402
+from adaptune.core.step_settings import (ATTENTION_ENV, BRANCH_SUMS_ENV, DROPOUT_ENV, LAYER_NORM_ENV, PROJECTIONS_ENV,  # noqa: E402
+                                         RESIDUAL_ENV)
 from adaptune.model import attention_kernel, dropout_kernel, layer_norm_kernel, run_dropout  # noqa: E402
 
 BERT_BASE_WIDTH = {"hidden_size": 768, "num_attention_heads": 12, "intermediate_size": 3072}
@@ -86,9 +89,9 @@ def _one_kernel_masks(census: _Census) -> Any:
 # The masks' own function, not _one_kernel_masks' counting stand-in: the dropout kernel draws its masks inside.
 _COUNTER_KEEP_MASK = run_dropout.counter_keep_mask
 # What each census compares: the step settings of each configuration.
-_SEPARATE = {PROJECTIONS_ENV: "separate", LAYER_NORM_ENV: "torch", RESIDUAL_ENV: "float32"}
+_SEPARATE = {PROJECTIONS_ENV: "separate", LAYER_NORM_ENV: "torch", RESIDUAL_ENV: "float32", BRANCH_SUMS_ENV: "separate"}
 _KERNELS = {ATTENTION_ENV: "kernel", DROPOUT_ENV: "kernel"}
-_ALL_KERNELS = {**_KERNELS, PROJECTIONS_ENV: "stacked", LAYER_NORM_ENV: "kernel"}
+_ALL_KERNELS = {**_KERNELS, PROJECTIONS_ENV: "stacked", LAYER_NORM_ENV: "kernel", BRANCH_SUMS_ENV: "separate"}
 CONFIGURATIONS = {
     "eager": {ATTENTION_ENV: "eager", DROPOUT_ENV: "mask", **_SEPARATE},
     "kernel": {ATTENTION_ENV: "kernel", DROPOUT_ENV: "mask", **_SEPARATE},
@@ -96,6 +99,8 @@ CONFIGURATIONS = {
     "kernel+dropout_kernel+stacked_projections": {**_KERNELS, **_SEPARATE, PROJECTIONS_ENV: "stacked"},
     "kernel+dropout_kernel+stacked_projections+layer_norm_kernel": {**_ALL_KERNELS, RESIDUAL_ENV: "float32"},
     "kernel+dropout_kernel+stacked_projections+layer_norm_kernel+bf16_residual": {**_ALL_KERNELS, RESIDUAL_ENV: "autocast"},
+    "kernel+dropout_kernel+stacked_projections+layer_norm_kernel+bf16_residual+branch_sums_in_matmul": {
+        **_ALL_KERNELS, RESIDUAL_ENV: "autocast", BRANCH_SUMS_ENV: "in_matmul"},
 }
 
 

@@ -134,6 +134,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fused-residual", default="float32",
                         help="comma-separated, of float32 (the hidden states between layers as autocast leaves them), autocast "
                              "(adaptune.model.residual_stream: each LayerNorm's output in bf16)")
+    parser.add_argument("--fused-branch-sums", default="in_matmul",
+                        help="comma-separated, of in_matmul (adaptune.model.branch_sums: a group's adapter and LoRA outputs added to their "
+                             "sums in their matmuls, the trainers' default), separate")
     parser.add_argument("--attention-check", default="", help="group sizes at which to check that the attention kernel computes "
                         "what eager attention does (one call: mask bits, output, gradients; a group trained both ways), first fused "
                         "method, first --fused-compile mode (empty: skip)")
@@ -229,7 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             save()
             log(f"fused {row['backbone']} {row['method']} {row['batches']} k={row['k']} {row['optimizer_step']} {row['masks']} {row['compile']} "
                 f"attention {row['attention']} dropout {row['dropout']} projections {row['projections']} layer_norm {row['layer_norm']} "
-                f"residual {row['residual']}: "
+                f"residual {row['residual']} branch_sums {row['branch_sums']}: "
                 f"{row.get('examples_per_s', row.get('error'))} ex/s, MFU {row.get('mfu')}, peak {row.get('peak_gib')} GiB")
 
         for backbone, method, batches_name in itertools.product(args.backbones.split(","), args.fused_methods.split(","),
@@ -239,7 +242,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  mask_schemes=_names(args.fused_masks), compile_modes=_names(args.fused_compile), on_row=keep,
                                  task_count=len(TASKS), batches_name=batches_name, attention_modes=_names(args.fused_attention),
                                  dropout_modes=_names(args.fused_dropout), projection_modes=_names(args.fused_projections),
-                                 layer_norm_modes=_names(args.fused_layer_norm), residual_modes=_names(args.fused_residual))
+                                 layer_norm_modes=_names(args.fused_layer_norm), residual_modes=_names(args.fused_residual),
+                                 branch_sums_modes=_names(args.fused_branch_sums))
             save()  # `keep` holds the same rows, now with their speedups against k = 1
             log(f"{backbone} {method} {batches_name} fused: " + ", ".join(f"k={r['k']} {r['optimizer_step']} {r['masks']} {r['compile']} {r.get('examples_per_s', r.get('error'))} ex/s MFU {r.get('mfu')}" for r in rows))
     if _counts(args.graph_check):

@@ -30,7 +30,7 @@ import torch
 from adaptune.bench.fused import _Run, grouped_runs
 from adaptune.bench.step_cost import timed_pass, training_flops
 from adaptune.core.devices import Device, is_out_of_memory
-from adaptune.core.step_settings import ATTENTION_ENV, DROPOUT_ENV, LAYER_NORM_ENV, PROJECTIONS_ENV, RESIDUAL_ENV
+from adaptune.core.step_settings import ATTENTION_ENV, BRANCH_SUMS_ENV, DROPOUT_ENV, LAYER_NORM_ENV, PROJECTIONS_ENV, RESIDUAL_ENV
 from adaptune.model import attention_kernel, dropout_kernel, layer_norm_kernel
 from adaptune.model.methods import apply_method, method_from_dict
 from adaptune.model.residual_stream import RESIDUAL_MODES
@@ -55,7 +55,8 @@ def measure_fused(config: dict[str, Any], size: str, method: str, batches: list[
                   compile_modes: Sequence[str] = ("eager",), on_row: Callable[[dict[str, Any]], None] | None = None,
                   task_count: int = 1, batches_name: str = "length_grouped", attention_modes: Sequence[str] = ("eager",),
                   dropout_modes: Sequence[str] = ("mask",), projection_modes: Sequence[str] = ("stacked",),
-                  layer_norm_modes: Sequence[str] = ("torch",), residual_modes: Sequence[str] = ("float32",)) -> list[dict[str, Any]]:
+                  layer_norm_modes: Sequence[str] = ("torch",), residual_modes: Sequence[str] = ("float32",),
+                  branch_sums_modes: Sequence[str] = ("in_matmul",)) -> list[dict[str, Any]]:
     """One row per group size and variant: optimizer step ("together": the trainer's one multi-tensor
     step for all runs; "per_run": each run's own clipping and torch AdamW, fused on a GPU, in turn;
     which launches fewer kernels on a GPU depends on how many tensors one multi-tensor launch takes, so
@@ -65,8 +66,9 @@ def measure_fused(config: dict[str, Any], size: str, method: str, batches: list[
     counter masks only) x projections (adaptune.model.frozen_projections: frozen query, key and value as one "stacked"
     matmul, or "separate") x layer_norm (adaptune.model.layer_norm_kernel: the runs' trained LayerNorms with torch's
     operators, "torch", or in one "kernel" each way) x residual (adaptune.model.residual_stream: the hidden states between
-    layers in "float32", autocast's own, or in the "autocast" dtype). A size that runs out of memory is recorded so and
-    ends the sweep."""
+    layers in "float32", autocast's own, or in the "autocast" dtype) x branch sums (adaptune.model.branch_sums: adapter and
+    LoRA outputs added to their sums "in_matmul", or by "separate" operators). A size that runs out of memory is recorded
+    so and ends the sweep."""
     rows: list[dict[str, Any]] = []
     cuda = device.kind == "cuda"  # the CPU runs it too, for a check, without memory figures
 
@@ -79,15 +81,15 @@ def measure_fused(config: dict[str, Any], size: str, method: str, batches: list[
         fused = _fused_steps(batches, task_count, k, steps, device)
         examples = sum(sum(layout.rows) for *_, layout in fused)
         # A fresh group for each variant: its own optimizer state and memory peak.
-        for optimizer_step, masks, compile_mode, attention, dropout, projections, layer_norm, residual in itertools.product(
+        for optimizer_step, masks, compile_mode, attention, dropout, projections, layer_norm, residual, branch_sums in itertools.product(
                 optimizer_steps, mask_schemes, compile_modes, attention_modes, dropout_modes, projection_modes, layer_norm_modes,
-                residual_modes):
+                residual_modes, branch_sums_modes):
             variant = {"batches": batches_name, "optimizer_step": optimizer_step, "masks": masks, "compile": compile_mode,
                        "attention": attention, "dropout": dropout, "projections": projections, "layer_norm": layer_norm,
-                       "residual": residual}
+                       "residual": residual, "branch_sums": branch_sums}
             model = randomness = runs = runner = one_pass = None
             settings = {ATTENTION_ENV: attention, DROPOUT_ENV: dropout, PROJECTIONS_ENV: projections, LAYER_NORM_ENV: layer_norm,
-                        RESIDUAL_ENV: residual}
+                        RESIDUAL_ENV: residual, BRANCH_SUMS_ENV: branch_sums}
             with mock.patch.dict(os.environ, settings), KernelLaunches() as kernel_calls:
                 try:
                     model, randomness, runs, run_flops = _group(config, FUSED_METHODS[method], k, device, fused, masks)
