@@ -218,6 +218,13 @@ run_part() {
         --fused-batch-sets padded_128 --fused-optimizer together --fused-masks counter --fused-compile step_graphs \
         --fused-attention kernel --fused-dropout kernel --fused-layer-norm kernel --fused-residual autocast \
         --fused-branch-sums separate,in_matmul ;;
+    # Whether inductor's max-autotune (Triton matmul templates, a matmul's elementwise consumers fused into it: new
+    # 2026-11-28, ADAPTUNE_COMPILE=autotuned_step_graphs) takes BERT-large's group past the kernels' step: compiled layers
+    # in the default mode took 172.5 ms padded to 128 (24.7% MFU) on 2026-11-27, the kernels' step 163.6 ms (26.1%).
+    # The masks inside compiled layers are inductor's (their bits unchecked on a GPU): a timing, not a training mode yet.
+    autotunelarge) part autotunelarge 300 --backbones bert-large --variants "" "${NONE[@]}" --fused 8 --fused-methods adapters64 \
+        --fused-batch-sets padded_128 --fused-optimizer together --fused-masks counter \
+        --fused-compile compiled_step_graphs,autotuned_step_graphs --fused-attention kernel --fused-dropout kernel ;;
     # SQuAD's runs (473 of paper_full's 1,248 H100-hours; its 648 top_k runs priced at the 128-token row scaled to the
     # 185 tokens its batches average, an upper bound; that row scaled to 384 overpriced its adapter runs 2.7x): the trainer's one-run step at SQuAD's own batch lengths (185 tokens on
     # average, squad_lengths), then at 384, adapters 64, top_k at two depths, and full fine-tuning (top_k 24 and the
@@ -292,8 +299,8 @@ run_part() {
 # lengths (198 of paper_full's 1,248 H100-hours, an upper bound from the 128-token row; unmeasured).
 # A second call: PARTS='residuallarge sumslarge lengthcurve squadgraphs profilelarge' (residuallarge holds presetlarge's rows;
 # the budget cuts what does not fit);
-# then 'maskcode topksizes shardmix'.
-# Other parts (residuallarge, sumslarge, squadgraphs, profilelarge, lengthcurve, dropcheck, groupsizes, wholegroups, wholealone, shardwhole, presetlarge, shardfused8a, shardfused8b, shardoverlap, graphcheck1, shardwarmup1, lncheck, leversbase, leverslarge, topkdepths, dropgraphs, squadlarge, projections, compiledlarge, compileddrop, shardcompiledattn, attncheck, attngraphs, compiledattn,
+# then 'autotunelarge maskcode topksizes shardmix'.
+# Other parts (residuallarge, sumslarge, autotunelarge, squadgraphs, profilelarge, lengthcurve, dropcheck, groupsizes, wholegroups, wholealone, shardwhole, presetlarge, shardfused8a, shardfused8b, shardoverlap, graphcheck1, shardwarmup1, lncheck, leversbase, leverslarge, topkdepths, dropgraphs, squadlarge, projections, compiledlarge, compileddrop, shardcompiledattn, attncheck, attngraphs, compiledattn,
 # attnwide, profileattn, shardattn, compiledcheck, compiledgraphs, profilecompiled, shardcompiled, graphcheck, graphs, shardgraphs,
 # profilegraphs, graphsfused, shardfused, compiled, shard, base, topk, profile, fused8, large) stay for later calls: PARTS="..." picks them.
 # A kernel that fails its check outright (not for time: exit 124) is left out of the parts after it; if the attention

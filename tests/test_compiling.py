@@ -84,3 +84,21 @@ def test_the_compile_mode_is_a_setting_checked_at_once(monkeypatch: pytest.Monke
     monkeypatch.setenv(COMPILE_ENV, "jit")
     with pytest.raises(ValueError, match="ADAPTUNE_COMPILE='jit' is not a compile mode: use one of eager, compiled, graphs"):
         compile_mode()
+
+
+def test_the_autotuned_mode_compiles_each_layer_with_max_autotune_and_leaves_the_capture_to_the_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ADAPTUNE_COMPILE=autotuned_step_graphs: every Transformer layer compiled with inductor's max-autotune without its own
+    CUDA graphs (the step's capture holds them), the model itself not; compiled_step_graphs' layers in the default mode."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from adaptune.core.step_settings import STEP_GRAPH_MODES
+
+    asked = []
+    monkeypatch.setattr(compiling.torch, "compile", lambda module, dynamic, mode: asked.append((type(module).__name__, dynamic, mode)) or module)
+    model = BertForSequenceClassification(BertConfig(hidden_size=32, num_hidden_layers=3, num_attention_heads=2, intermediate_size=64))
+    assert "autotuned_step_graphs" in STEP_GRAPH_MODES
+    compiling.training_forward(model, "autotuned_step_graphs")
+    assert asked == [("BertLayer", True, "max-autotune-no-cudagraphs")] * 3
+    asked.clear()
+    compiling.training_forward(model, COMPILED_STEP_GRAPHS)
+    assert asked == [("BertLayer", True, "default")] * 3

@@ -118,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "tokens_<L> (every step L tokens, all attended)")
     parser.add_argument("--fused-compile", default="eager",
                         help="comma-separated, of eager, compiled, graphs (as --variants), step_graphs (the whole step as CUDA graphs), "
-                             "compiled_step_graphs (the same around compiled layers)")
+                             "compiled_step_graphs (the same around compiled layers), autotuned_step_graphs (the layers compiled with max-autotune)")
     parser.add_argument("--fused-attention", default="eager",
                         help="comma-separated, of eager, kernel (adaptune.model.attention_kernel: counter masks drawn inside one "
                              "attention kernel; groups drawing generator masks stay eager)")

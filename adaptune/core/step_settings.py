@@ -19,7 +19,7 @@ RESIDUAL_ENV = "ADAPTUNE_RESIDUAL"  # adaptune.model.residual_stream
 BRANCH_SUMS_ENV = "ADAPTUNE_BRANCH_SUMS"  # adaptune.model.branch_sums
 GRAPH_WARMUP_ENV = "ADAPTUNE_GRAPH_WARMUP"  # adaptune.train.step_graphs
 # The compile modes that replay a group's step as CUDA graphs (adaptune.train.step_graphs), a lone run's too.
-STEP_GRAPH_MODES = ("step_graphs", "compiled_step_graphs")
+STEP_GRAPH_MODES = ("step_graphs", "compiled_step_graphs", "autotuned_step_graphs")
 STEP_SETTINGS: dict[str, tuple[str, tuple[str, ...]]] = {
     COMPILE_ENV: ("a compile mode", ("eager", "compiled", "graphs", *STEP_GRAPH_MODES)),
     DROPOUT_MASKS_ENV: ("a dropout mask scheme", ("generator", "counter")),

@@ -21,9 +21,13 @@ from adaptune.model.adapters import UnsupportedModelError, encoder_layers
 
 # torch.compile's mode; "step_graphs": a fused group's whole step captured as CUDA graphs, the model eager;
 # "compiled_step_graphs": the same capture around the compiled layers (adaptune.train.step_graphs; a run that
-# cannot be grouped, full fine-tuning, runs eagerly in those modes).
+# cannot be grouped, full fine-tuning, runs eagerly in those modes); "autotuned_step_graphs": the layers compiled with
+# inductor's max-autotune (without its own CUDA graphs: the step's capture holds them), which on a GPU times Triton
+# matmul templates against cuBLAS and can fuse a matmul's elementwise consumers (bias and GELU, a residual add) into
+# it: what a BERT-large group's step still writes apart from its matmuls' outputs (make bench-attention) is mostly
+# such passes. Slow to compile (each matmul shape autotuned); a GPU call times it (bench/gpu_session.sh autotunelarge).
 COMPILE_MODES: dict[str, str | None] = {"eager": None, "compiled": "default", "graphs": "reduce-overhead", "step_graphs": None,
-                                        "compiled_step_graphs": "default"}
+                                        "compiled_step_graphs": "default", "autotuned_step_graphs": "max-autotune-no-cudagraphs"}
 
 
 def compile_mode() -> str:

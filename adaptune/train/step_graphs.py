@@ -1,12 +1,14 @@
 """A fused group's whole training step replayed as one CUDA graph (`ADAPTUNE_COMPILE=step_graphs`, or
-`compiled_step_graphs` with the model's layers compiled inside the captured step).
+`compiled_step_graphs` with the model's layers compiled inside the captured step, `autotuned_step_graphs` compiled
+with max-autotune).
 
 On an H100 the fused step of 8 BERT-base adapter runs launched 2,718 kernels from 15,710 host
 operators and kept the device busy 40% of the time (bench/gpu.json "h100_2026_11_26"): the host was the
 bottleneck. Captured once per input shape, a step is one launch: forward, backward, every run's
 clipping and AdamW update. In `step_graphs` no compiler is involved (torch.compile's CUDA graphs never
 finished compiling a group in a GPU call), so capture costs about one eager step; in
-`compiled_step_graphs` the layers compile during a shape's first eager steps, never inside a capture.
+`compiled_step_graphs` (and `autotuned_step_graphs`) the layers compile during a shape's first eager steps, never inside
+a capture.
 
 What a replay needs, and how the step provides it:
 - fixed shapes: token axes padded up to a multiple of `LENGTH_BUCKET` (a handful of graphs per run
@@ -43,7 +45,7 @@ from adaptune.train.group_optimizer import clip_each
 # (adaptune.train.compiling): inductor fuses each layer's elementwise work (casts, residuals, bias and GELU,
 # softmax) and draws the counter masks inside the kernels that apply them, where the eager replay spends most
 # of its device time (bench/gpu.json).
-STEP_GRAPHS, COMPILED_STEP_GRAPHS = STEP_GRAPH_MODES
+STEP_GRAPHS, COMPILED_STEP_GRAPHS, AUTOTUNED_STEP_GRAPHS = STEP_GRAPH_MODES
 LENGTH_BUCKET = 32  # tokens: BERT batches of up to 128 tokens need at most 4 graphs
 # Steps of a shape that replay a longer captured graph (same rows, its token axis padded up) before the shape gets
 # its own graph. On an H100 a group's eager step and capture cost about 1.1 s of the host's time together, a
