@@ -7,8 +7,8 @@ by its down projection and by its skip, gets two gradients that autograd adds up
 matmul can do both additions itself (baddbmm's input is added to its product with the product's own accumulator):
 - adapters: the up projection's output is added to `a` in the matmul, its bias taken in as one more input column of
   ones (padded with zeros to a multiple of 8 columns, which tensor-core matmuls want), and the input's gradient is the
-  skip's plus the down projection's in one matmul too (`grouped_adapter`, an autograd Function, since autograd
-  would add the two up itself);
+  skip's plus the down projection's in one matmul too (`grouped_adapter`: an autograd Function gives the down
+  projection and the skip together, so that its backward pass gets both gradients, which autograd would add itself);
 - LoRA: `baddbmm(base(x), A(x), B, alpha=scaling)` (`grouped_lora_sum`), autograd's own.
 At BERT-base width that takes 4 full-width passes a layer off an adapter group's step (`make bench-attention`);
 rounding differs only in that a sum is rounded once instead of twice. A run alone, or in a group of one, keeps
@@ -46,7 +46,11 @@ def grouped_adapter(x: torch.Tensor, down_weight: torch.Tensor, down_bias: torch
                     up_bias: torch.Tensor, activation: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """`x + up(activation(down(x)))` for a group: run r's weights ((runs, out, in) stacks, biases (runs, out)) applied
     to the r-th of x's runs equal blocks of rows, in x's dtype (sums_in_matmul: autocast's, where it is on)."""
-    return _GroupedAdapter.apply(x, down_weight, down_bias, up_weight, up_bias, activation)
+    runs = down_weight.shape[0]
+    pre_activation, skip = _DownAndSkip.apply(x.reshape(runs, -1, x.shape[-1]), down_weight, down_bias)
+    hidden = _with_ones(activation(pre_activation))
+    up = _with_bias(up_weight, up_bias)
+    return torch.baddbmm(skip, hidden, up.transpose(1, 2)).reshape(x.shape)  # x + the up projection: one pass
 
 
 def grouped_lora_sum(base: torch.Tensor, hidden: torch.Tensor, b_weight: torch.Tensor, scaling: float) -> torch.Tensor:
@@ -66,48 +70,36 @@ def matmul_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
 
 
 def _with_ones(hidden: torch.Tensor) -> torch.Tensor:
-    """hidden's rows with columns of ones after them, up to a multiple of _ALIGN (one at least): the bias's inputs."""
-    return torch.nn.functional.pad(hidden, (0, _ALIGN - hidden.shape[-1] % _ALIGN), value=1.0)
+    """hidden's rows with columns of ones after them, up to a multiple of _ALIGN (one at least): the bias's inputs.
+    A cat, whose backward pass hands hidden its gradient as a view (a pad's copies it)."""
+    ones = hidden.new_ones(1, 1, 1).expand(*hidden.shape[:-1], _ALIGN - hidden.shape[-1] % _ALIGN)
+    return torch.cat([hidden, ones], dim=-1)
 
 
-def _with_bias(weight: torch.Tensor, bias: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def _with_bias(weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """(runs, out, in) weights with the bias as the next input column and zeros after it, as _with_ones' columns."""
     runs, out, inner = weight.shape
-    zeros = weight.new_zeros(runs, out, _ALIGN - inner % _ALIGN - 1)
-    return torch.cat([weight, bias.unsqueeze(-1), zeros], dim=-1).to(dtype)
+    return torch.cat([weight, bias.unsqueeze(-1), weight.new_zeros(runs, out, _ALIGN - inner % _ALIGN - 1)], dim=-1)
 
 
-class _GroupedAdapter(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, down_weight: torch.Tensor, down_bias: torch.Tensor, up_weight: torch.Tensor,
-                up_bias: torch.Tensor, activation: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        device, dtype, runs = x.device.type, x.dtype, down_weight.shape[0]
-        with torch.autocast(device, enabled=False):
-            blocks = x.reshape(runs, -1, x.shape[-1])
-            pre_activation = torch.baddbmm(down_bias.to(dtype).unsqueeze(1), blocks, down_weight.to(dtype).transpose(1, 2))
-        activated = activation(pre_activation).to(dtype)  # under autocast as the adapter's own (some activations' ops run in float32)
-        with torch.autocast(device, enabled=False):
-            hidden = _with_ones(activated)
-            up = _with_bias(up_weight, up_bias, dtype)
-            out = torch.baddbmm(blocks, hidden, up.transpose(1, 2))  # x + the up projection: one pass
-        ctx.save_for_backward(blocks, pre_activation, hidden, down_weight, up)
-        ctx.activation, ctx.autocast = activation, torch.is_autocast_enabled(device)
-        ctx.dtypes = down_weight.dtype, up_weight.dtype
-        return out.reshape(x.shape)
+class _DownAndSkip(torch.autograd.Function):
+    """The down projection of x's blocks, and x itself for the skip: autograd hands the backward pass both gradients
+    at once, so the input's gradient is the skip's plus the down projection's in one baddbmm."""
 
     @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
-        blocks, pre_activation, hidden, down_weight, up = ctx.saved_tensors
-        down_dtype, up_dtype = ctx.dtypes
-        device, dtype, inner = blocks.device.type, blocks.dtype, pre_activation.shape[-1]
-        grad = grad_out.reshape(blocks.shape).to(dtype)
-        grad_up = torch.bmm(grad.transpose(1, 2), hidden)  # the up weights' and (column `inner`) the bias's gradient
-        grad_hidden = torch.bmm(grad, up[..., :inner])
-        # Any activation's derivative, recomputed at the bottleneck's small width under the forward pass's autocast.
-        with torch.enable_grad(), torch.autocast(device, dtype=dtype, enabled=ctx.autocast):
-            point = pre_activation.detach().requires_grad_()
-            (grad_pre,) = torch.autograd.grad(ctx.activation(point).to(dtype), point, grad_hidden)
-        grad_x = torch.baddbmm(grad, grad_pre, down_weight.to(dtype))  # the skip's gradient plus the down projection's: one pass
-        grad_down = torch.bmm(grad_pre.transpose(1, 2), blocks)
-        return (grad_x.reshape(grad_out.shape), grad_down.to(down_dtype), grad_pre.sum(1).to(down_dtype),
-                grad_up[..., :inner].to(up_dtype), grad_up[..., inner].to(up_dtype), None)
+    def forward(ctx: Any, blocks: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        dtype = matmul_dtype(blocks, weight)
+        with torch.autocast(blocks.device.type, enabled=False):  # as autocast runs baddbmm: every operand in its dtype
+            pre_activation = torch.baddbmm(bias.to(dtype).unsqueeze(1), blocks.to(dtype), weight.to(dtype).transpose(1, 2))
+        ctx.save_for_backward(blocks, weight)
+        ctx.bias_dtype = bias.dtype
+        return pre_activation, blocks
+
+    @staticmethod
+    def backward(ctx: Any, grad_pre_activation: torch.Tensor, grad_skip: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        blocks, weight = ctx.saved_tensors
+        dtype = grad_pre_activation.dtype
+        grad_blocks = torch.baddbmm(grad_skip.to(dtype), grad_pre_activation, weight.to(dtype))
+        grad_weight = torch.bmm(grad_pre_activation.transpose(1, 2), blocks.to(dtype))
+        return (grad_blocks.to(blocks.dtype), grad_weight.to(weight.dtype),
+                grad_pre_activation.sum(1).to(ctx.bias_dtype))
