@@ -212,8 +212,8 @@ run_part() {
         --fused-batch-sets padded_128,length_grouped --fused-optimizer together --fused-masks counter --fused-compile step_graphs \
         --fused-attention kernel --fused-dropout kernel --fused-layer-norm kernel --fused-residual float32,autocast --residual-check 8 ;;
     # The same group, padded to 128 with the bf16 stream, with its adapters' sums made in their matmuls (the trainers'
-    # default since 2026-11-28: adaptune.model.branch_sums) and by separate operators (every figure before): 48 of a
-    # layer's 592 MiB written, 75 operators to 69, by this CPU's census.
+    # default since 2026-11-28: adaptune.model.branch_sums) and by separate operators (every figure before): 46 of a
+    # layer's 592 MiB written fewer, by this CPU's census.
     sumslarge) part sumslarge 90 --backbones bert-large --variants "" "${NONE[@]}" --fused 8 --fused-methods adapters64 \
         --fused-batch-sets padded_128 --fused-optimizer together --fused-masks counter --fused-compile step_graphs \
         --fused-attention kernel --fused-dropout kernel --fused-layer-norm kernel --fused-residual autocast \
