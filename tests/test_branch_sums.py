@@ -119,6 +119,7 @@ def test_records_say_where_a_group_made_its_sums(monkeypatch: pytest.MonkeyPatch
     assert recorded_branch_sums(_grouped({"name": "lora"})) == "in_matmul"
     assert recorded_branch_sums(_grouped({"name": "adapters", "size": 8}, runs=1)) == "separate"
     assert recorded_branch_sums(_grouped({"name": "layernorm"})) == "separate"
+    assert recorded_branch_sums(_grouped({"name": "adapters", "size": 8}), compiled=True) == "separate"
     monkeypatch.setenv(BRANCH_SUMS_ENV, "separate")
     assert recorded_branch_sums(_grouped({"name": "adapters", "size": 8})) == "separate"
     monkeypatch.setenv(BRANCH_SUMS_ENV, "fused")

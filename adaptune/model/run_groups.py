@@ -170,11 +170,14 @@ def recorded_layer_norm(model: nn.Module) -> str:
     return "kernel" if grouped and mode == "kernel" and runs_triton(grouped[0]) else "torch"
 
 
-def recorded_branch_sums(model: nn.Module) -> str:
-    """What a run's record says of its adapter or LoRA outputs' sums: "in_matmul" where a group of more than one run
-    makes them in its matmuls (adaptune.model.branch_sums), else "separate" (the layers' own operators: a run alone
-    or in a group of one, or a method without such branches). Reads $ADAPTUNE_BRANCH_SUMS first."""
+def recorded_branch_sums(model: nn.Module, compiled: bool = False) -> str:
+    """What a run's record says of its adapter or LoRA outputs' sums in training: "in_matmul" where a group of more than
+    one run makes them in its matmuls (adaptune.model.branch_sums), else "separate" (the layers' own operators: a run
+    alone or in a group of one, a method without such branches, or `compiled` layers, which inductor fuses itself).
+    Reads $ADAPTUNE_BRANCH_SUMS first."""
     mode = branch_sums_mode()
+    if compiled:
+        return "separate"
     stacks = [module.down.weight for module in model.modules() if isinstance(module, GroupedAdapter)]
     stacks += [b.weight for module in model.modules() if isinstance(module, GroupedLoRA) for b in module.lora_B.values()]
     return "in_matmul" if mode == "in_matmul" and any(not holds_one_run(stack) for stack in stacks) else "separate"

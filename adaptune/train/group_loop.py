@@ -39,7 +39,7 @@ from adaptune.model.methods import apply_method, method_from_dict
 from adaptune.model.params import count_parameters
 from adaptune.model.run_dropout import RowLayout, RunRandomness, dropout_stream, mask_scheme, use_run_dropout
 from adaptune.model.run_groups import group_model, keep_runs, recorded_branch_sums, recorded_layer_norm, run_parameters, trained_tensors
-from adaptune.train.compiling import compile_mode, training_forward
+from adaptune.train.compiling import COMPILE_MODES, compile_mode, training_forward
 from adaptune.train.config import TrainConfig
 from adaptune.train import phase_times
 from adaptune.train.evaluate import evaluate_runs
@@ -215,7 +215,8 @@ class _Group:
                                                   for member in self.members])
         model.to(device.torch_device)
         backbone_fields = frozen_backbone_for_autocast(model, device.autocast_dtype)
-        layer_norm, branch_sums = recorded_layer_norm(model), recorded_branch_sums(model)
+        compiled = COMPILE_MODES[self.compile_mode] is not None  # compiled layers keep their own operators for inductor
+        layer_norm, branch_sums = recorded_layer_norm(model), recorded_branch_sums(model, compiled=compiled)
         steps_per_epoch = math.ceil(len(data.train_rows) / first.batch_size)
         total_steps = steps_per_epoch * first.epochs
         for member, params, generator in zip(self.members, run_parameters(model), self.randomness.streams, strict=True):
