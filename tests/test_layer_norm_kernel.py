@@ -192,7 +192,7 @@ def test_the_benchmarks_rows_say_which_layer_norm_they_timed(interpreted: None) 
     """bench-gpu's --fused-layer-norm: a row per mode, the kernel's with its launches counted (so a "kernel" row cannot be
     torch's operators unawares), torch's with none."""
     rows = measure_fused(TINY, "tiny", "layernorm", _batches((12, 20)), (2,), CPU, repeats=1, peak=None, steps=1,
-                         mask_schemes=("counter",), layer_norm_modes=("torch", "kernel"))
+                         mask_schemes=("counter",), layer_settings={"layer_norm": ("torch", "kernel")})
     assert [row["layer_norm"] for row in rows] == ["torch", "kernel"]
     assert "layer_norm_kernel_calls" not in rows[0] and rows[1]["layer_norm_kernel_calls"] > 0
 

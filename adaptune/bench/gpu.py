@@ -42,6 +42,7 @@ from adaptune.bench.cpu import _interleaved
 from adaptune.bench.squad_lengths import batches_at_lengths, read_padded_lengths, write_squad_lengths
 from adaptune.bench.step_cost import timed_pass, training_flops
 from adaptune.core.devices import Device, pick_device
+from adaptune.core.step_settings import LAYER_SETTINGS, STEP_SETTINGS
 from adaptune.train import phase_times
 
 BATCH_SIZE = 32
@@ -90,6 +91,23 @@ PEAK_BF16_FLOPS = (
 Batch = dict[str, torch.Tensor]
 
 
+# bench-gpu's --fused-<field> flags, one per layer setting (adaptune.core.step_settings.LAYER_SETTINGS): their values.
+_LAYER_SETTING_FLAGS = {
+    "attention": "eager, kernel (adaptune.model.attention_kernel: counter masks drawn inside one attention kernel; groups drawing "
+                 "generator masks stay eager)",
+    "dropout": "mask, kernel (adaptune.model.dropout_kernel: each hidden-state dropout site's counter mask drawn and applied in one "
+               "kernel; groups drawing generator masks apply masks)",
+    "projections": "stacked (adaptune.model.frozen_projections: a frozen layer's query, key and value as one matmul, the trainers' "
+                   "default), separate",
+    "layer_norm": "torch (the runs' trained LayerNorms with torch's operators), kernel (adaptune.model.layer_norm_kernel: each run's "
+                  "LayerNorm in one kernel each way)",
+    "residual": "float32 (the hidden states between layers as autocast leaves them), autocast (adaptune.model.residual_stream: each "
+                "LayerNorm's output in bf16)",
+    "branch_sums": "in_matmul (adaptune.model.branch_sums: a group's adapter and LoRA outputs added to their sums in their matmuls, "
+                   "the trainers' default), separate",
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m adaptune.bench.gpu", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="bench/gpu.json")
@@ -119,24 +137,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fused-compile", default="eager",
                         help="comma-separated, of eager, compiled, graphs (as --variants), step_graphs (the whole step as CUDA graphs), "
                              "compiled_step_graphs (the same around compiled layers), autotuned_step_graphs (the layers compiled with max-autotune)")
-    parser.add_argument("--fused-attention", default="eager",
-                        help="comma-separated, of eager, kernel (adaptune.model.attention_kernel: counter masks drawn inside one "
-                             "attention kernel; groups drawing generator masks stay eager)")
-    parser.add_argument("--fused-dropout", default="mask",
-                        help="comma-separated, of mask, kernel (adaptune.model.dropout_kernel: each hidden-state dropout site's counter "
-                             "mask drawn and applied in one kernel; groups drawing generator masks apply masks)")
-    parser.add_argument("--fused-projections", default="stacked",
-                        help="comma-separated, of stacked (adaptune.model.frozen_projections: a frozen layer's query, key and value as "
-                             "one matmul, the trainers' default), separate")
-    parser.add_argument("--fused-layer-norm", default="torch",
-                        help="comma-separated, of torch (the runs' trained LayerNorms with torch's operators), kernel "
-                             "(adaptune.model.layer_norm_kernel: each run's LayerNorm in one kernel each way)")
-    parser.add_argument("--fused-residual", default="float32",
-                        help="comma-separated, of float32 (the hidden states between layers as autocast leaves them), autocast "
-                             "(adaptune.model.residual_stream: each LayerNorm's output in bf16)")
-    parser.add_argument("--fused-branch-sums", default="in_matmul",
-                        help="comma-separated, of in_matmul (adaptune.model.branch_sums: a group's adapter and LoRA outputs added to their "
-                             "sums in their matmuls, the trainers' default), separate")
+    for field, values in _LAYER_SETTING_FLAGS.items():  # --fused-attention ... --fused-branch-sums
+        parser.add_argument(f"--fused-{field.replace('_', '-')}", default=STEP_SETTINGS[LAYER_SETTINGS[field]][1][0],
+                            help=f"comma-separated, of {values}")
     parser.add_argument("--attention-check", default="", help="group sizes at which to check that the attention kernel computes "
                         "what eager attention does (one call: mask bits, output, gradients; a group trained both ways), first fused "
                         "method, first --fused-compile mode (empty: skip)")
@@ -231,8 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             results["fused"].append(row)
             save()
             log(f"fused {row['backbone']} {row['method']} {row['batches']} k={row['k']} {row['optimizer_step']} {row['masks']} {row['compile']} "
-                f"attention {row['attention']} dropout {row['dropout']} projections {row['projections']} layer_norm {row['layer_norm']} "
-                f"residual {row['residual']} branch_sums {row['branch_sums']}: "
+                + " ".join(f"{field} {row[field]}" for field in LAYER_SETTINGS) + ": "
                 f"{row.get('examples_per_s', row.get('error'))} ex/s, MFU {row.get('mfu')}, peak {row.get('peak_gib')} GiB")
 
         for backbone, method, batches_name in itertools.product(args.backbones.split(","), args.fused_methods.split(","),
@@ -240,10 +242,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows = measure_fused(scale.configs[backbone], backbone, method, batch_sets[batches_name], _counts(args.fused), device,
                                  args.repeats, peak_flops(device), optimizer_steps=_names(args.fused_optimizer),
                                  mask_schemes=_names(args.fused_masks), compile_modes=_names(args.fused_compile), on_row=keep,
-                                 task_count=len(TASKS), batches_name=batches_name, attention_modes=_names(args.fused_attention),
-                                 dropout_modes=_names(args.fused_dropout), projection_modes=_names(args.fused_projections),
-                                 layer_norm_modes=_names(args.fused_layer_norm), residual_modes=_names(args.fused_residual),
-                                 branch_sums_modes=_names(args.fused_branch_sums))
+                                 task_count=len(TASKS), batches_name=batches_name,
+                                 layer_settings={field: _names(getattr(args, f"fused_{field}")) for field in LAYER_SETTINGS})
             save()  # `keep` holds the same rows, now with their speedups against k = 1
             log(f"{backbone} {method} {batches_name} fused: " + ", ".join(f"k={r['k']} {r['optimizer_step']} {r['masks']} {r['compile']} {r.get('examples_per_s', r.get('error'))} ex/s MFU {r.get('mfu')}" for r in rows))
     if _counts(args.graph_check):

@@ -21,7 +21,7 @@ import itertools
 import os
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from unittest import mock
 
@@ -30,7 +30,7 @@ import torch
 from adaptune.bench.fused import _Run, grouped_runs
 from adaptune.bench.step_cost import timed_pass, training_flops
 from adaptune.core.devices import Device, is_out_of_memory
-from adaptune.core.step_settings import ATTENTION_ENV, BRANCH_SUMS_ENV, DROPOUT_ENV, LAYER_NORM_ENV, PROJECTIONS_ENV, RESIDUAL_ENV
+from adaptune.core.step_settings import ATTENTION_ENV, DROPOUT_ENV, LAYER_NORM_ENV, LAYER_SETTINGS, RESIDUAL_ENV, STEP_SETTINGS
 from adaptune.model import attention_kernel, dropout_kernel, layer_norm_kernel
 from adaptune.model.methods import apply_method, method_from_dict
 from adaptune.model.residual_stream import RESIDUAL_MODES
@@ -53,22 +53,25 @@ def measure_fused(config: dict[str, Any], size: str, method: str, batches: list[
                   device: Device, repeats: int, peak: float | None, steps: int = 8,
                   optimizer_steps: Sequence[str] = ("together",), mask_schemes: Sequence[str] = ("generator",),
                   compile_modes: Sequence[str] = ("eager",), on_row: Callable[[dict[str, Any]], None] | None = None,
-                  task_count: int = 1, batches_name: str = "length_grouped", attention_modes: Sequence[str] = ("eager",),
-                  dropout_modes: Sequence[str] = ("mask",), projection_modes: Sequence[str] = ("stacked",),
-                  layer_norm_modes: Sequence[str] = ("torch",), residual_modes: Sequence[str] = ("float32",),
-                  branch_sums_modes: Sequence[str] = ("in_matmul",)) -> list[dict[str, Any]]:
+                  task_count: int = 1, batches_name: str = "length_grouped",
+                  layer_settings: Mapping[str, Sequence[str]] | None = None) -> list[dict[str, Any]]:
     """One row per group size and variant: optimizer step ("together": the trainer's one multi-tensor
     step for all runs; "per_run": each run's own clipping and torch AdamW, fused on a GPU, in turn;
     which launches fewer kernels on a GPU depends on how many tensors one multi-tensor launch takes, so
-    it is measured) x dropout mask scheme x compile mode (adaptune.train.compiling, as the trainer runs it) x attention
-    (adaptune.model.attention_kernel: eager, or the kernel, which only counter masks use) x dropout
+    it is measured) x dropout mask scheme x compile mode (adaptune.train.compiling, as the trainer runs it) x each layer
+    setting's values in `layer_settings` (by its field in step_settings.LAYER_SETTINGS, its default where not given):
+    attention (adaptune.model.attention_kernel: eager, or the kernel, which only counter masks use), dropout
     (adaptune.model.dropout_kernel: "mask", or "kernel", the hidden-state sites' masks drawn and applied in one kernel,
-    counter masks only) x projections (adaptune.model.frozen_projections: frozen query, key and value as one "stacked"
-    matmul, or "separate") x layer_norm (adaptune.model.layer_norm_kernel: the runs' trained LayerNorms with torch's
-    operators, "torch", or in one "kernel" each way) x residual (adaptune.model.residual_stream: the hidden states between
-    layers in "float32", autocast's own, or in the "autocast" dtype) x branch sums (adaptune.model.branch_sums: adapter and
+    counter masks only), projections (adaptune.model.frozen_projections: frozen query, key and value as one "stacked"
+    matmul, or "separate"), layer_norm (adaptune.model.layer_norm_kernel: the runs' trained LayerNorms with torch's
+    operators, "torch", or in one "kernel" each way), residual (adaptune.model.residual_stream: the hidden states between
+    layers in "float32", autocast's own, or in the "autocast" dtype), branch_sums (adaptune.model.branch_sums: adapter and
     LoRA outputs added to their sums "in_matmul", or by "separate" operators). A size that runs out of memory is recorded
     so and ends the sweep."""
+    unknown = set(layer_settings or {}) - set(LAYER_SETTINGS)
+    if unknown:
+        raise ValueError(f"not layer settings: {sorted(unknown)}; use {', '.join(LAYER_SETTINGS)}")
+    choices = {field: tuple((layer_settings or {}).get(field, STEP_SETTINGS[env][1][:1])) for field, env in LAYER_SETTINGS.items()}
     rows: list[dict[str, Any]] = []
     cuda = device.kind == "cuda"  # the CPU runs it too, for a check, without memory figures
 
@@ -81,15 +84,12 @@ def measure_fused(config: dict[str, Any], size: str, method: str, batches: list[
         fused = _fused_steps(batches, task_count, k, steps, device)
         examples = sum(sum(layout.rows) for *_, layout in fused)
         # A fresh group for each variant: its own optimizer state and memory peak.
-        for optimizer_step, masks, compile_mode, attention, dropout, projections, layer_norm, residual, branch_sums in itertools.product(
-                optimizer_steps, mask_schemes, compile_modes, attention_modes, dropout_modes, projection_modes, layer_norm_modes,
-                residual_modes, branch_sums_modes):
-            variant = {"batches": batches_name, "optimizer_step": optimizer_step, "masks": masks, "compile": compile_mode,
-                       "attention": attention, "dropout": dropout, "projections": projections, "layer_norm": layer_norm,
-                       "residual": residual, "branch_sums": branch_sums}
+        for optimizer_step, masks, compile_mode, *values in itertools.product(optimizer_steps, mask_schemes, compile_modes,
+                                                                           *choices.values()):
+            chosen = dict(zip(choices, values, strict=True))
+            variant = {"batches": batches_name, "optimizer_step": optimizer_step, "masks": masks, "compile": compile_mode, **chosen}
             model = randomness = runs = runner = one_pass = None
-            settings = {ATTENTION_ENV: attention, DROPOUT_ENV: dropout, PROJECTIONS_ENV: projections, LAYER_NORM_ENV: layer_norm,
-                        RESIDUAL_ENV: residual, BRANCH_SUMS_ENV: branch_sums}
+            settings = {LAYER_SETTINGS[field]: value for field, value in chosen.items()}
             with mock.patch.dict(os.environ, settings), KernelLaunches() as kernel_calls:
                 try:
                     model, randomness, runs, run_flops = _group(config, FUSED_METHODS[method], k, device, fused, masks)
@@ -106,9 +106,9 @@ def measure_fused(config: dict[str, Any], size: str, method: str, batches: list[
                           "mfu": round(k * run_flops / seconds / peak, 3) if peak else None,
                           "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
                           **({"graphs_captured": runner.captured} if isinstance(runner, GraphedFusedStep) else {}),
-                          **({"kernel_calls": kernel_calls.forward} if attention == "kernel" else {}),
-                          **({"dropout_kernel_calls": kernel_calls.dropout} if dropout == "kernel" else {}),
-                          **({"layer_norm_kernel_calls": kernel_calls.layer_norm} if layer_norm == "kernel" else {})})
+                          **({"kernel_calls": kernel_calls.forward} if chosen["attention"] == "kernel" else {}),
+                          **({"dropout_kernel_calls": kernel_calls.dropout} if chosen["dropout"] == "kernel" else {}),
+                          **({"layer_norm_kernel_calls": kernel_calls.layer_norm} if chosen["layer_norm"] == "kernel" else {})})
                 except Exception as error:
                     if not is_out_of_memory(error):
                         raise

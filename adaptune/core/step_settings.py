@@ -31,6 +31,10 @@ STEP_SETTINGS: dict[str, tuple[str, tuple[str, ...]]] = {
     BRANCH_SUMS_ENV: ("a way to add a group's adapter and LoRA outputs to their sums", ("in_matmul", "separate")),
     GRAPH_WARMUP_ENV: ("a number of eager steps before a shape's CUDA graph is captured", ("1", "2")),
 }
+# The settings of how a Transformer layer computes, by the field a run's record (and a benchmark's row) gives each one's
+# value under: what bench-gpu's fused measurements cross (adaptune.bench.gpu_fused.measure_fused, --fused-<field>).
+LAYER_SETTINGS = {"attention": ATTENTION_ENV, "dropout": DROPOUT_ENV, "projections": PROJECTIONS_ENV, "layer_norm": LAYER_NORM_ENV,
+                  "residual": RESIDUAL_ENV, "branch_sums": BRANCH_SUMS_ENV}
 
 
 def step_setting(name: str) -> str:
