@@ -68,9 +68,9 @@ def test_every_kept_unfinished_state_is_a_planned_unfinished_run_that_fits_its_m
         run_id = path.parent.name
         assert run_id in planned, f"{experiment} no longer plans {run_id}: drop its state"
         assert run_id not in finished, f"{run_id} has finished: drop its state"
-        step, scheme = resume_point(path.parent)
+        step, kept = resume_point(path.parent)
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        assert state["run_id"] == run_id and step > 0 and scheme in MASK_SCHEMES
+        assert state["run_id"] == run_id and step > 0 and kept.mask_scheme in MASK_SCHEMES
         config, task = planned[run_id], get_task(planned[run_id].task)
         model = load_model(config.backbone, task.kind, task.num_labels)
         apply_method(model, method_from_dict(config.method))

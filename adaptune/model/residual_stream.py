@@ -29,12 +29,12 @@ def residual_mode() -> str:
     return step_setting(RESIDUAL_ENV)
 
 
-def round_residual_stream(model: nn.Module, dtype: torch.dtype | None) -> str:
-    """Under the "autocast" setting, make every LayerNorm of `model` give its output in `dtype` (the autocast dtype;
-    None: the model trains without autocast, and nothing changes) whenever it runs under autocast. Returns what
-    records say of the stream: the dtype's short name, or "float32". Reads the setting first, so that a misspelt
-    value fails before anything trains."""
-    if residual_mode() != "autocast" or dtype is None:
+def round_residual_stream(model: nn.Module, dtype: torch.dtype | None, mode: str | None = None) -> str:
+    """Under the "autocast" setting (`mode`, else this process's), make every LayerNorm of `model` give its output in
+    `dtype` (the autocast dtype; None: the model trains without autocast, and nothing changes) whenever it runs under
+    autocast. Returns what records say of the stream: the dtype's short name, or "float32". Reads the setting first,
+    so that a misspelt value fails before anything trains."""
+    if (mode or residual_mode()) != "autocast" or dtype is None:
         return "float32"
     for module in model.modules():
         if isinstance(module, GroupedLayerNorm):

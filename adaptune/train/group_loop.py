@@ -37,7 +37,7 @@ from adaptune.model.backbone import fresh_head_copy, load_model, load_tokenizer
 from adaptune.model.dropout_kernel import recorded_dropout
 from adaptune.model.methods import apply_method, method_from_dict
 from adaptune.model.params import count_parameters
-from adaptune.model.run_dropout import RowLayout, RunRandomness, dropout_stream, mask_scheme, use_run_dropout
+from adaptune.model.run_dropout import RowLayout, RunRandomness, dropout_stream, use_run_dropout
 from adaptune.model.run_groups import group_model, keep_runs, recorded_branch_sums, recorded_layer_norm, run_parameters, trained_tensors
 from adaptune.train.compiling import COMPILE_MODES, compile_mode, training_forward
 from adaptune.train.config import TrainConfig
@@ -60,7 +60,7 @@ from adaptune.train.loop import (
     prepare_data,
 )
 from adaptune.train.record import record_in_run_dir, run_record, with_provenance
-from adaptune.train.state import load_state, resume_point
+from adaptune.train.state import KeptSettings, load_state, resume_point
 from adaptune.train.state_saves import StateSaves
 from adaptune.train.step_graphs import STEP_GRAPH_MODES, GraphedFusedStep
 
@@ -96,18 +96,17 @@ def train_group(
     callbacks = list(on_state_saved) if on_state_saved is not None else [None] * len(configs)
     outs = [Path(out) for out in out_dirs]
     records: dict[int, dict[str, Any]] = {}
-    by_resume_point: dict[tuple[int, str], list[int]] = {}
+    by_resume_point: dict[tuple[int, KeptSettings], list[int]] = {}
     for index, (config, out) in enumerate(zip(configs, outs, strict=True)):
         out.mkdir(parents=True, exist_ok=True)
         finished = record_in_run_dir(out, config.run_id)
         if finished is not None and finished.get("status") != "failed":
             records[index] = finished
         else:
-            step, scheme = resume_point(out)
-            by_resume_point.setdefault((step, scheme or mask_scheme()), []).append(index)
-    # Runs resumed at different steps cannot share a step, nor runs whose masks come from different schemes.
-    for (_, scheme), indices in by_resume_point.items():
-        group = _Group([configs[i] for i in indices], [outs[i] for i in indices], [callbacks[i] for i in indices], scheme)
+            by_resume_point.setdefault(resume_point(out), []).append(index)
+    # Runs resumed at different steps cannot share a step, nor runs that keep different settings (masks, stream).
+    for (_, kept), indices in by_resume_point.items():
+        group = _Group([configs[i] for i in indices], [outs[i] for i in indices], [callbacks[i] for i in indices], kept)
         for index, record in zip(indices, group.train(data_dir, cache_dir, progress, step_callback, write_record), strict=True):
             records[index] = record
     return [records[index] for index in range(len(configs))]
@@ -152,7 +151,7 @@ def _models_as_alone(backbone: str | None, task_kind: str, num_labels: int, seed
 
 class _Group:
     def __init__(self, configs: list[TrainConfig], outs: list[Path], callbacks: list[Callable[[], None] | None],
-                 mask_scheme: str) -> None:
+                 kept: KeptSettings) -> None:
         for config in configs:
             _check_config(config)
         self.device: Device = pick_device()
@@ -162,10 +161,11 @@ class _Group:
                     run_record(config, self.task.primary_metric, self.device.name), callback)
             for config, out, callback in zip(configs, outs, callbacks, strict=True)
         ]
-        self.mask_scheme, self.compile_mode = mask_scheme, compile_mode()
+        self.kept, self.compile_mode = kept, compile_mode()
         for member in self.members:
-            member.record.update(group_size=len(self.members), dropout_masks=mask_scheme, compile=self.compile_mode,
-                                 attention=recorded_attention(mask_scheme), dropout=recorded_dropout(mask_scheme))
+            member.kept = kept
+            member.record.update(group_size=len(self.members), dropout_masks=kept.mask_scheme, compile=self.compile_mode,
+                                 attention=recorded_attention(kept.mask_scheme), dropout=recorded_dropout(kept.mask_scheme))
         self.finished: dict[str, dict[str, Any]] = {}
         self.graphed: GraphedFusedStep | None = None
 
@@ -211,10 +211,10 @@ class _Group:
         template = copy.deepcopy(model)
         model = group_model(model, trained)
         del trained
-        self.randomness = use_run_dropout(model, [dropout_stream(member.config.seed, device.torch_device, self.mask_scheme)
+        self.randomness = use_run_dropout(model, [dropout_stream(member.config.seed, device.torch_device, self.kept.mask_scheme)
                                                   for member in self.members])
         model.to(device.torch_device)
-        backbone_fields = frozen_backbone_for_autocast(model, device.autocast_dtype)
+        backbone_fields = frozen_backbone_for_autocast(model, device.autocast_dtype, self.kept.residual)
         compiled = COMPILE_MODES[self.compile_mode] is not None  # compiled layers keep their own operators for inductor
         layer_norm, branch_sums = recorded_layer_norm(model), recorded_branch_sums(model, compiled=compiled)
         steps_per_epoch = math.ceil(len(data.train_rows) / first.batch_size)

@@ -48,8 +48,8 @@ from adaptune.train.record import record_in_run_dir, run_record, with_provenance
 from adaptune.train.run_data import RunData, prepare_run_data
 from adaptune.core.run_files import CHECKPOINT_DIR, PREDICTIONS_FILE, RECORD_FILE
 from adaptune.data.tasks import Task, get_task, scored_companions
-from adaptune.model.run_dropout import dropout_stream, mask_scheme, use_run_dropout
-from adaptune.train.state import Progress, load_state, remove_state, resume_point, save_state, trained_parameters
+from adaptune.model.run_dropout import dropout_stream, use_run_dropout
+from adaptune.train.state import KeptSettings, Progress, load_state, remove_state, resume_point, save_state, trained_parameters
 from adaptune.train.state_saves import StateSaves
 from adaptune.train.step_graphs import STEP_GRAPH_MODES
 
@@ -119,6 +119,7 @@ class _Run:
         self.progress = Progress()
         self.curve_log = CurveLog(out)  # TensorBoard's view of the curve, beside the record's
         self.sharing: list[Progress] | None = None  # a fused group's runs' progress: its phases are theirs too
+        self.kept: KeptSettings | None = None  # the settings it trains under, set as it starts
 
     def _phase_owners(self) -> list[Progress]:
         return self.sharing if self.sharing is not None else [self.progress]
@@ -146,13 +147,13 @@ class _Run:
         self.record.update(data_split=data.data_split, split_note=data.split_note, split_sizes=data.split_sizes)
         model = load_model(config.backbone, task.kind, task.num_labels)
         apply_method(model, self.method_cfg)
-        scheme = resume_point(self.out)[1] or mask_scheme()  # a resumed run keeps its own masks' scheme
-        self.record["dropout_masks"], self.record["attention"] = scheme, recorded_attention(scheme)
-        self.record["dropout"] = recorded_dropout(scheme)
-        self.dropout = dropout_stream(config.seed, device.torch_device, scheme)
+        self.kept = kept = resume_point(self.out)[1]  # a resumed run keeps its own masks' scheme and residual stream
+        self.record["dropout_masks"], self.record["attention"] = kept.mask_scheme, recorded_attention(kept.mask_scheme)
+        self.record["dropout"] = recorded_dropout(kept.mask_scheme)
+        self.dropout = dropout_stream(config.seed, device.torch_device, kept.mask_scheme)
         use_run_dropout(model, [self.dropout])
         model.to(device.torch_device)
-        self.record.update(frozen_backbone_for_autocast(model, device.autocast_dtype))
+        self.record.update(frozen_backbone_for_autocast(model, device.autocast_dtype, kept.residual))
         self.record["layer_norm"] = recorded_layer_norm(model)  # "torch": a run alone has torch's LayerNorms
         self.record["branch_sums"] = recorded_branch_sums(model)  # "separate": and its adapters' and LoRA's own sums
         mode = compile_mode()
@@ -283,7 +284,7 @@ class _Run:
         elapsed_before = self.progress.elapsed_s
         self.progress.elapsed_s = elapsed_before + (time.perf_counter() - segment_started)
         with phase_times.timed(self._phase_owners(), "saving"):
-            save_state(self.out, self.config.run_id, self._trained(model), optimizer, scheduler, self.progress, self.dropout)
+            save_state(self.out, self.config.run_id, self._trained(model), optimizer, scheduler, self.progress, self.dropout, self.kept)
             self.curve_log.flush()
         self.progress.elapsed_s = elapsed_before
         if self.on_state_saved is not None:
@@ -435,13 +436,13 @@ def adamw(trained: Mapping[str, nn.Parameter], decayed: set[str], lr: float, wei
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, weight_decay=weight_decay, fused=fused or None)
 
 
-def frozen_backbone_for_autocast(model: nn.Module, dtype: torch.dtype | None) -> dict[str, str]:
+def frozen_backbone_for_autocast(model: nn.Module, dtype: torch.dtype | None, residual_mode: str | None = None) -> dict[str, str]:
     """The frozen backbone as training runs it under autocast in `dtype` (None: no autocast, left as it is):
     its Linear layers stored in `dtype`, each frozen query, key and value as one matmul where the settings
     allow (it saves the input's casts; in float32 it saved nothing, bench/projections.json), and the residual
-    stream in `dtype` where $ADAPTUNE_RESIDUAL asks. Returns what records say: "projections" ("stacked" or
-    "separate") and "residual" (the stream's dtype)."""
-    residual = round_residual_stream(model, dtype)  # a misspelt setting fails here, before training
+    stream in `dtype` where `residual_mode` (a run's KeptSettings.residual; else $ADAPTUNE_RESIDUAL) asks. Returns
+    what records say: "projections" ("stacked" or "separate") and "residual" (the stream's dtype)."""
+    residual = round_residual_stream(model, dtype, residual_mode)  # a misspelt setting fails here, before training
     if dtype is None:
         return {"projections": "separate", "residual": residual}
     keep_frozen_matmuls_in(model, dtype)
