@@ -200,6 +200,11 @@ run_part() {
     # preset's settings), the baseline runs per GPU-hour are counted against.
     shardplain) ADAPTUNE_COMPILE=eager ADAPTUNE_DROPOUT_MASKS=generator ADAPTUNE_ATTENTION=eager ADAPTUNE_LAYER_NORM=torch \
         part shardplain 260 --backbones bert-base --variants "" --fused "" --shard 1 --shard-groups "" ;;
+    # What a group's host spends outside its replayed steps (RTE's 9 runs fused as 5 and 4, 640 rows a run: 60 steps),
+    # under cProfile: an eager step took about 1.1 s of the host on 2026-11-28 against 36 ms replayed, and 11 of the
+    # shard's 40 s were eager steps and captures; its seconds carry cProfile's overhead, so time comes from shardfull.
+    shardhost) part shardhost 120 --backbones bert-base --variants "" --fused "" --shard "" --shard-groups 8 --shard-train-rows 640 \
+        --shard-host-profile 60 ;;
     # BERT-large's group of 8 in the preset's step (the LayerNorm and dropout kernels), real lengths (the plan's
     # FUSED_SPEEDUP row) and padded to 128 (the MFU goal's figure).
     presetlarge) part presetlarge 90 --backbones bert-large --variants "" "${NONE[@]}" --fused 8 --fused-methods adapters64 \
@@ -297,10 +302,10 @@ run_part() {
 # capture, resume states only as often as they pay; its records say captures' seconds apart from eager steps'), the
 # plain trainer's on the same card (it ran past 200 s on 2026-11-28: 212-242 s), and SQuAD's top_k step at its own
 # lengths (198 of paper_full's 1,248 H100-hours, an upper bound from the 128-token row; unmeasured).
-# A second call: PARTS='residuallarge sumslarge lengthcurve squadgraphs profilelarge' (residuallarge holds presetlarge's rows;
+# A second call: PARTS='shardhost residuallarge sumslarge lengthcurve squadgraphs profilelarge' (residuallarge holds presetlarge's rows;
 # the budget cuts what does not fit);
 # then 'autotunelarge maskcode topksizes shardmix'.
-# Other parts (residuallarge, sumslarge, autotunelarge, squadgraphs, profilelarge, lengthcurve, dropcheck, groupsizes, wholegroups, wholealone, shardwhole, presetlarge, shardfused8a, shardfused8b, shardoverlap, graphcheck1, shardwarmup1, lncheck, leversbase, leverslarge, topkdepths, dropgraphs, squadlarge, projections, compiledlarge, compileddrop, shardcompiledattn, attncheck, attngraphs, compiledattn,
+# Other parts (shardhost, residuallarge, sumslarge, autotunelarge, squadgraphs, profilelarge, lengthcurve, dropcheck, groupsizes, wholegroups, wholealone, shardwhole, presetlarge, shardfused8a, shardfused8b, shardoverlap, graphcheck1, shardwarmup1, lncheck, leversbase, leverslarge, topkdepths, dropgraphs, squadlarge, projections, compiledlarge, compileddrop, shardcompiledattn, attncheck, attngraphs, compiledattn,
 # attnwide, profileattn, shardattn, compiledcheck, compiledgraphs, profilecompiled, shardcompiled, graphcheck, graphs, shardgraphs,
 # profilegraphs, graphsfused, shardfused, compiled, shard, base, topk, profile, fused8, large) stay for later calls: PARTS="..." picks them.
 # A kernel that fails its check outright (not for time: exit 124) is left out of the parts after it; if the attention

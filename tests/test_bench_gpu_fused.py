@@ -153,3 +153,28 @@ def test_the_fused_step_profile_names_where_its_time_goes() -> None:
     times = [entry["self_ms_per_step"] for entry in row["top"]]
     assert 20 < len(times) < 1000 and times == sorted(times, reverse=True)
     assert {"aten::addmm", "aten::bmm"} <= {entry["name"] for entry in row["top"] if entry["calls_per_step"] > 0}
+
+
+def test_a_host_profile_names_where_the_hosts_time_went() -> None:
+    """bench-gpu's --shard-host-profile keeps a cProfile's heaviest functions: a function that waits 50 ms heads the
+    own-time list (as a host waiting on its GPU would), its caller carries it in the cumulative list, and paths read
+    from the repository, not from this machine's root."""
+    import cProfile
+    import time
+
+    from adaptune.bench.gpu import heaviest_functions
+
+    def waits() -> None:
+        time.sleep(0.05)
+
+    def calls_it() -> None:
+        waits()
+        sum(range(1000))
+
+    with cProfile.Profile() as profiler:
+        calls_it()
+    heaviest = heaviest_functions(profiler, 3)
+    assert len(heaviest["by_own"]) == len(heaviest["by_cumulative"]) == 3
+    assert heaviest["by_own"][0]["function"] == "<built-in method time.sleep>" and heaviest["by_own"][0]["own_s"] >= 0.05
+    caller = next(row for row in heaviest["by_cumulative"] if row["function"].endswith("(calls_it)"))
+    assert caller["function"].startswith("tests/test_bench_gpu_fused.py:") and caller["calls"] == 1 and caller["cumulative_s"] >= 0.05

@@ -22,6 +22,7 @@ Not a test: no pass/fail here.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import itertools
 import json
@@ -163,6 +164,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "methods (adapters64, layernorm, ...)")
     parser.add_argument("--shard-train-rows", type=int, default=None,
                         help="the shard's training rows per run (default: all of RTE's 2,490): fewer fit a short GPU lease")
+    parser.add_argument("--shard-host-profile", type=int, default=0, metavar="N",
+                        help="profile each shard attempt's host with cProfile and keep its N heaviest functions by cumulative and "
+                             "by own time (0: none): what a group's eager steps, captures and saves spend; the attempt's seconds then "
+                             "carry cProfile's overhead")
     parser.add_argument("--batches-cache", default=None,
                         help="a file to keep the tokenized batches in: read if there, else written (saves re-tokenizing per call)")
     parser.add_argument("--write-batches", default=None, metavar="PATH",
@@ -324,7 +329,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             shard_throughput(args.data_dir, args.tokenizer or _embedded_tokenizer_dir(), _counts(args.shard), Path(work),
                              group_sizes=_group_attempts(args.shard_groups), max_train_examples=rows, on_attempt=keep_shard,
                              config=scale.configs["bert-base"], tasks=_names(args.shard_tasks),
-                             methods=[FUSED_METHODS[name] for name in _names(args.shard_methods)])
+                             methods=[FUSED_METHODS[name] for name in _names(args.shard_methods)],
+                             host_profile=args.shard_host_profile)
     print_table(results["runs"])
     print(json.dumps({"summary": results.get("summary"), "shard": results.get("shard")}, indent=2))
     print(f"bench_gpu: wrote {out}", file=sys.stderr)
@@ -531,15 +537,17 @@ def _group_attempts(text: str) -> list[tuple[int, int]]:
 def shard_throughput(data_dir: str | None, tokenizer_dir: str, runs_at_once: Sequence[int], work: Path, size: str = "bert-base",
                      max_train_examples: int | None = None, group_sizes: Sequence[tuple[int, int]] = (),
                      on_attempt: Callable[[dict[str, Any]], None] | None = None, config: dict[str, int] | None = None,
-                     tasks: Sequence[str] = ("rte",), methods: Sequence[dict[str, Any]] = ({"name": "adapters", "size": 64},)
-                     ) -> dict[str, Any]:
+                     tasks: Sequence[str] = ("rte",), methods: Sequence[dict[str, Any]] = ({"name": "adapters", "size": 64},),
+                     host_profile: int = 0) -> dict[str, Any]:
     """Runs finished per hour on one realistic shard (by default BERT-base adapters m=64 on RTE; `tasks` x
     `methods` as the plan shards them, a shard per task, trained in turn) at the paper's three adapter learning rates x 3
     seeds, 3 epochs, more seeds where a group needs more runs; randomly initialised, which is all speed needs),
     trained one at a time, then k at a time
     side by side (adaptune.sweep.shard_runner), then fused g runs per group, each into its own run store;
     and whether every run's result is identical (side by side) or how far it moved (fused: float
-    reduction order differs)."""
+    reduction order differs). `host_profile` > 0: each attempt under cProfile, its that many heaviest functions kept
+    (heaviest_functions)."""
+    import cProfile
     import dataclasses
     import shutil
     from collections import Counter
@@ -576,8 +584,10 @@ def shard_throughput(data_dir: str | None, tokenizer_dir: str, runs_at_once: Seq
         store = RunStore(work / f"store-{label}")
         started = time.perf_counter()
         outcomes: Counter[str] = Counter()
-        for shard in shards:
-            outcomes += run_shard(spec, shard.id, store, data_dir=data_dir, runs_at_once=at_once, group_size=group)
+        profiler = cProfile.Profile() if host_profile else None
+        with profiler or contextlib.nullcontext():
+            for shard in shards:
+                outcomes += run_shard(spec, shard.id, store, data_dir=data_dir, runs_at_once=at_once, group_size=group)
         seconds = time.perf_counter() - started
         records[label] = {run.run_id: store.record(run.run_id) for run in runs}
         failures = {run_id: {"reason": record["reason"], "traceback": _traceback_text(work / f"store-{label}", run_id)}
@@ -589,6 +599,8 @@ def shard_throughput(data_dir: str | None, tokenizer_dir: str, runs_at_once: Seq
                           # (None side by side, where the processes' phases overlap in time and sum past the wall clock)
                           "seconds_by_phase": {**by_phase, "other": round(seconds - sum(by_phase.values()), 1) if at_once == 1 else None},
                           "step_graphs": _graph_counts(list(records[label].values()))}
+        if profiler is not None:
+            results[label]["host_profile"] = heaviest_functions(profiler, host_profile)
         for run_id, failure in failures.items():
             log(f"{run_id} failed: {failure['reason']}\n{failure['traceback'] or ''}")
         log(f"shard, {label}: {seconds:.0f} s, {dict(outcomes)}")
@@ -596,6 +608,23 @@ def shard_throughput(data_dir: str | None, tokenizer_dir: str, runs_at_once: Seq
         if on_attempt:
             on_attempt(results)
     return results
+
+
+def heaviest_functions(profiler: Any, count: int) -> dict[str, list[dict[str, Any]]]:
+    """A cProfile's `count` heaviest functions by cumulative and by own time (the main thread's; a GPU's kernels are
+    in the host calls that wait for them), each as where it is (path from site-packages or the repository), calls and
+    seconds."""
+    import pstats
+
+    def where(file: str, line: int, name: str) -> str:
+        for marker in ("site-packages/", f"{Path.cwd()}/"):
+            file = file.split(marker, 1)[-1]
+        return f"{file}:{line}({name})" if line else name
+
+    rows = [{"function": where(*key), "calls": calls, "own_s": round(own, 3), "cumulative_s": round(cumulative, 3)}
+            for key, (_, calls, own, cumulative, _) in pstats.Stats(profiler).stats.items()]
+    return {"by_cumulative": sorted(rows, key=lambda row: -row["cumulative_s"])[:count],
+            "by_own": sorted(rows, key=lambda row: -row["own_s"])[:count]}
 
 
 def _compare(results: dict[str, Any], records: dict[str, dict[str, Any]], attempts: list[tuple[str, int, int]]) -> None:
