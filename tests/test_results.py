@@ -176,3 +176,19 @@ def test_schema_document_lists_every_column():
     documented = set(re.findall(r"^\| `(\w+)` \|", text, flags=re.MULTILINE))
     for schema in (RUNS_SCHEMA, CURVES_SCHEMA, ABLATION_SCHEMA):
         assert set(schema.names) <= documented, set(schema.names) - documented
+
+
+def test_how_each_runs_steps_were_computed_is_a_column(real_records, tmp_path):
+    """step_settings_json holds every setting the trainer recorded (a run of the real trainer records each of
+    RECORDED_SETTINGS), so sweeps trained under other settings can be told apart; a record from before them gives {}."""
+    from adaptune.core.step_settings import RECORDED_SETTINGS
+
+    trained = [record for record in real_records if record["status"] != "failed"]
+    assert trained and all(set(RECORDED_SETTINGS) <= set(record) for record in trained)
+    older = {key: value for key, value in copy.deepcopy(real_records[0]).items() if key not in RECORDED_SETTINGS}
+    older["run_id"] = "older-run"
+    write_runs([*real_records, older], tmp_path)
+    runs = read_results(tmp_path)["runs"].set_index("run_id")
+    for record in trained:
+        assert json.loads(runs.loc[record["run_id"], "step_settings_json"]) == {name: record[name] for name in RECORDED_SETTINGS}
+    assert json.loads(runs.loc["older-run", "step_settings_json"]) == {}

@@ -35,6 +35,9 @@ STEP_SETTINGS: dict[str, tuple[str, tuple[str, ...]]] = {
 # value under: what bench-gpu's fused measurements cross (adaptune.bench.gpu_fused.measure_fused, --fused-<field>).
 LAYER_SETTINGS = {"attention": ATTENTION_ENV, "dropout": DROPOUT_ENV, "projections": PROJECTIONS_ENV, "layer_norm": LAYER_NORM_ENV,
                   "residual": RESIDUAL_ENV, "branch_sums": BRANCH_SUMS_ENV}
+# The fields of a run's record that say how its steps were computed (runs.parquet's step_settings_json). Of them,
+# dropout_masks and residual change what a run computes beyond the order of its sums.
+RECORDED_SETTINGS = ("compile", "dropout_masks", *LAYER_SETTINGS)
 
 
 def step_setting(name: str) -> str:

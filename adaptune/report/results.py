@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from adaptune.core.files import atomic_write
+from adaptune.core.step_settings import RECORDED_SETTINGS
 from adaptune.train.phase_times import PHASES
 from adaptune.train.record import with_companions
 
@@ -66,6 +67,7 @@ RUNS_SCHEMA = pa.schema(
         pa.field("data_scheme", pa.string()),  # how the task's splits were cut (adaptune.data.tasks.DATA_SCHEMES)
         pa.field("code_version", pa.string()),  # the code that trained the run (git describe, or the image's)
         pa.field("provenance_json", pa.string()),  # JSON: packages, device (GPU, driver, CUDA), data files' sha256
+        pa.field("step_settings_json", pa.string()),  # JSON: how its steps were computed (step_settings.RECORDED_SETTINGS)
         pa.field("train_rows", pa.int64()),  # examples each split was used with (after subsampling)
         pa.field("val_rows", pa.int64()),
         pa.field("test_rows", pa.int64()),
@@ -101,7 +103,7 @@ ABLATION_SCHEMA = pa.schema(
 
 # Columns added after runs.parquet files were first written: an older file lacking them reads with nulls.
 ADDED_RUN_COLUMNS = ("data_split", "split_note", "train_rows", "val_rows", "test_rows", "data_scheme", "code_version",
-                     "provenance_json")
+                     "provenance_json", "step_settings_json")
 
 # Keys a run record must carry even when the run failed (ARCHITECTURE.md, "The run record").
 REQUIRED_RECORD_KEYS = ("run_id", "task", "method", "lr", "epochs", "seed", "backbone", "config", "status")
@@ -173,6 +175,7 @@ def run_row(record: dict[str, Any], written_at: dt.datetime | None = None) -> di
         "data_scheme": record.get("data_scheme"),
         "code_version": (record.get("provenance") or {}).get("code_version"),
         "provenance_json": json.dumps(record.get("provenance") or {}, sort_keys=True),
+        "step_settings_json": json.dumps({name: record[name] for name in RECORDED_SETTINGS if name in record}, sort_keys=True),
         "train_rows": sizes.get("train"),
         "val_rows": sizes.get("validation"),
         "test_rows": sizes.get("test"),
