@@ -87,6 +87,11 @@ def _compare(args: argparse.Namespace) -> int:
     print()
     print(summary.to_markdown(index=False, floatfmt=".2f"))
     print(f"\n{len(pairs)} runs in both (b minus a, percent points; intervals: {len(pairs)} pairs resampled)")
+    changed = pairs["settings_changed"].dropna()
+    if (changed != "").any():
+        print("step settings that differ: " + "; ".join(f"{what} ({count} runs)" for what, count in changed[changed != ""].value_counts().items()))
+    if len(changed) < len(pairs):
+        print(f"{len(pairs) - len(changed)} runs with a side whose record predates the step settings (what differs there is not known)")
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)

@@ -47,6 +47,10 @@ def test_pairs_are_the_runs_both_sides_trained_with_b_minus_a(float32_records: l
     assert by_id.loc[lowered["run_id"], "test_delta"] == pytest.approx(-2.0)
     assert (by_id.drop(index=lowered["run_id"])["test_delta"] == 0).all() and (pairs["val_delta"] == 0).all()
     assert pairs["speed_ratio"].to_numpy() == pytest.approx(2.0)
+    # Some of these records predate the step settings (unknown, not "none"); the others recorded two, alike on both sides.
+    recorded = pairs["run_id"].map({record["run_id"]: "dropout_masks" in record for record in b})
+    assert recorded.any() and (~recorded).any()
+    assert pairs.loc[~recorded, "settings_changed"].isna().all() and (pairs.loc[recorded, "settings_changed"] == "").all()
 
     summary = paired_summary(pairs).set_index("task")
     overall = summary.loc["all"]
@@ -74,6 +78,8 @@ def test_compare_command_prints_and_writes_the_pairs(float32_records: list[dict]
     assert main(["compare", str(a), str(b), "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert f"{len(float32_records)} runs in both" in printed and float32_records[0]["run_id"] in printed
+    unknown = sum("dropout_masks" not in record for record in float32_records)
+    assert f"\n{unknown} runs with a side whose record predates the step settings" in printed
     written = pd.read_parquet(out / "paired_runs.parquet")
     assert len(written) == len(float32_records) and (written["test_delta"] == 0).all()
     assert list(pd.read_parquet(out / "paired_summary.parquet")["task"]) == ["cola", "mrpc", "all"]
@@ -103,3 +109,21 @@ def test_the_kept_bf16_check_pairs_every_run_with_its_float32_record(tmp_path: P
     assert kept <= {config.run_id for config in plan(get_experiment("bf16_local")).runs}
     assert set(pairs["device_a"]) == {"cpu"} and set(pairs["device_b"]) == {"cpu:bf16"}
     assert f"{len(pairs)} runs in both" in capsys.readouterr().out
+
+
+def test_pairs_name_the_step_settings_that_changed(float32_records: list[dict]) -> None:
+    """Where both sides' records say how their steps were computed, each pair names what differs (the residual stream
+    here), and "" where nothing does."""
+    from adaptune.core.step_settings import RECORDED_SETTINGS
+
+    settings = {"compile": "eager", "dropout_masks": "generator", "attention": "eager", "dropout": "mask",
+                "projections": "stacked", "layer_norm": "torch", "residual": "float32", "branch_sums": "separate"}
+    assert set(settings) == set(RECORDED_SETTINGS)
+    a = [{**record, **settings} for record in float32_records]
+    b = [{**record, **settings, "residual": "bf16" if index % 2 else "float32"} for index, record in enumerate(a)]
+    pairs = paired_runs(_rows(a), _rows(b)).set_index("run_id")
+    for index, record in enumerate(a):
+        assert pairs.loc[record["run_id"], "settings_changed"] == ("residual: float32 -> bf16" if index % 2 else "")
+    older = [{key: value for key, value in record.items() if key != "branch_sums"} for record in a]  # before branch_sums
+    pairs = paired_runs(_rows(older), _rows(a)).set_index("run_id")
+    assert set(pairs["settings_changed"]) == {"branch_sums: unrecorded -> separate"}

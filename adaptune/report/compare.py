@@ -3,6 +3,7 @@ and run by run, the runs both trained (the same configuration on another precisi
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -61,16 +62,28 @@ PAIR_KEYS = ["run_id", "task", "method_label", "lr", "epochs", "seed"]
 
 def paired_runs(runs_a: pd.DataFrame, runs_b: pd.DataFrame) -> pd.DataFrame:
     """The runs both sweeps trained (same run id, so the same configuration), side by side: device,
-    status and scores (percent) of each, `val_delta` and `test_delta` b minus a, and `speed_ratio`
-    (b's training examples/s over a's). Runs only one side has are left out: there is nothing to pair."""
-    columns = ["device", "status", "val_score", "test_score", "train_examples_per_s"]
+    status and scores (percent) of each, `val_delta` and `test_delta` b minus a, `speed_ratio`
+    (b's training examples/s over a's), and `settings_changed`: the step settings that differ ("residual: float32
+    -> bf16", "" for none; None where a side recorded none of them, "unrecorded" for one a side did not record). Runs only one side has are left out: there is
+    nothing to pair."""
+    columns = ["device", "status", "val_score", "test_score", "train_examples_per_s", "step_settings_json"]
     merged = runs_a[PAIR_KEYS + columns].merge(runs_b[["run_id"] + columns], on="run_id", suffixes=("_a", "_b"))
     for split in ("val", "test"):
         for side in ("a", "b"):
             merged[f"{split}_{side}"] = to_percent(merged.pop(f"{split}_score_{side}"))
         merged[f"{split}_delta"] = merged[f"{split}_b"] - merged[f"{split}_a"]
     merged["speed_ratio"] = merged.pop("train_examples_per_s_b") / merged.pop("train_examples_per_s_a")
+    merged["settings_changed"] = [_settings_changed(a, b) for a, b in zip(merged.pop("step_settings_json_a"),
+                                                                          merged.pop("step_settings_json_b"), strict=True)]
     return merged.sort_values(["task", "method_label", "lr", "epochs", "seed"]).reset_index(drop=True)
+
+
+def _settings_changed(settings_a: str | None, settings_b: str | None) -> str | None:
+    a, b = (json.loads(settings) if isinstance(settings, str) else {} for settings in (settings_a, settings_b))
+    if not a or not b:
+        return None
+    return "; ".join(f"{name}: {a.get(name, 'unrecorded')} -> {b.get(name, 'unrecorded')}"
+                     for name in sorted(a.keys() | b.keys()) if a.get(name) != b.get(name))
 
 
 def paired_summary(pairs: pd.DataFrame) -> pd.DataFrame:
