@@ -374,3 +374,19 @@ def test_squad_figure_shows_bert_large_the_backbone_its_f1_points_to(tmp_path: P
     write_runs(records, tmp_path)
     figure = figure5_squad(read_results(tmp_path)["runs"], load_reference(), tmp_path / "figures")
     assert figure.backbone == "bert-large-uncased" == load_reference()["figures"]["figure5_squad_f1"]["backbone"]
+
+
+def test_report_says_when_its_runs_were_trained_in_more_than_one_precision(real_report, real_records, tmp_path):
+    """A results set whose scoring runs mix residual streams (a resubmission under a preset that changed) or CPU
+    precisions says so above its tables, with the counts; one trained alike says nothing of it."""
+    assert "more than one precision" not in real_report[0].read_text()
+    mixed = copy.deepcopy(real_records)
+    scored = [record for record in mixed if record["status"] != "failed"]
+    for record in scored[:2]:
+        record["residual"] = "bf16"
+    scored[0]["device"] = "cpu:bf16" if scored[0]["device"] == "cpu" else "cpu"
+    write_results(mixed, tmp_path / "results")
+    text = build_report(tmp_path / "results", tmp_path / "report").read_text()
+    others = len(scored) - 2
+    assert f"**Trained in more than one precision:** residual stream: float32 ({others} runs), bf16 (2 runs); CPU precision: " in text
+    assert text.index("more than one precision") < text.index("## Methods side by side")

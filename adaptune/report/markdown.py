@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import warnings
 from pathlib import Path
 from typing import Any
@@ -119,6 +120,7 @@ def _render(
         "",
         *[f"**Left out, unreadable:** {' '.join(problem.split())}\n" for problem in unreadable],
         *_partial_header(coverage),
+        *_precision_header(runs),
         "## Methods side by side",
         "",
         "Every classification task measured: per method, the configuration with the best mean validation score "
@@ -233,6 +235,22 @@ def _partial_header(coverage: Coverage | None) -> list[str]:
     return [f"**Partial report: {finished:,} of {planned:,} planned runs have finished.** Every table and figure "
             "below that reads unfinished runs says so (\"partial: N of M runs\", counted over the tasks it shows), "
             "and so does each claim whose runs are incomplete (claims.parquet `coverage`).", ""]
+
+
+def _precision_header(runs: pd.DataFrame) -> list[str]:
+    """A line where the runs that score were trained in more than one precision: their residual stream
+    (runs.parquet `step_settings_json`) or their CPU's (`device` "cpu" or "cpu:bf16"). A run's id does not carry
+    them, so a resubmission under another preset reuses the finished runs and trains the rest the new way."""
+    scored = runs[runs["status"] != "failed"]
+    residual = scored["step_settings_json"].dropna().map(lambda settings: json.loads(settings).get("residual")).dropna()
+    cpu = scored["device"].dropna()
+    mixed = [(what, values.value_counts()) for what, values in (("residual stream", residual), ("CPU precision", cpu[cpu.str.startswith("cpu")]))
+             if values.nunique() > 1]
+    if not mixed:
+        return []
+    described = "; ".join(f"{what}: " + ", ".join(f"{value} ({count} runs)" for value, count in counts.items()) for what, counts in mixed)
+    return [f"**Trained in more than one precision:** {described}. The tables below set such runs side by side; "
+            "`python -m pipelines compare` pairs runs trained both ways (runs.parquet `step_settings_json`, `device`).", ""]
 
 
 def markdown_safe(table: pd.DataFrame) -> pd.DataFrame:
