@@ -63,9 +63,9 @@ PAIR_KEYS = ["run_id", "task", "method_label", "lr", "epochs", "seed"]
 def paired_runs(runs_a: pd.DataFrame, runs_b: pd.DataFrame) -> pd.DataFrame:
     """The runs both sweeps trained (same run id, so the same configuration), side by side: device,
     status and scores (percent) of each, `val_delta` and `test_delta` b minus a, `speed_ratio`
-    (b's training examples/s over a's), and `settings_changed`: the step settings that differ ("residual: float32
-    -> bf16", "" for none; None where a side recorded none of them, "unrecorded" for one a side did not record). Runs only one side has are left out: there is
-    nothing to pair."""
+    (b's training examples/s over a's), and `settings_changed`: the step settings that differ ("residual:
+    float32 -> bf16"; "" for none, None where a side recorded none of them, "unrecorded" for one a side did
+    not record). Runs only one side has are left out: there is nothing to pair."""
     columns = ["device", "status", "val_score", "test_score", "train_examples_per_s", "step_settings_json"]
     merged = runs_a[PAIR_KEYS + columns].merge(runs_b[["run_id"] + columns], on="run_id", suffixes=("_a", "_b"))
     for split in ("val", "test"):

@@ -244,8 +244,8 @@ def _precision_header(runs: pd.DataFrame) -> list[str]:
     scored = runs[runs["status"] != "failed"]
     residual = scored["step_settings_json"].dropna().map(lambda settings: json.loads(settings).get("residual")).dropna()
     cpu = scored["device"].dropna()
-    mixed = [(what, values.value_counts()) for what, values in (("residual stream", residual), ("CPU precision", cpu[cpu.str.startswith("cpu")]))
-             if values.nunique() > 1]
+    precisions = {"residual stream": residual, "CPU precision": cpu[cpu.str.startswith("cpu")]}
+    mixed = [(what, values.value_counts()) for what, values in precisions.items() if values.nunique() > 1]
     if not mixed:
         return []
     described = "; ".join(f"{what}: " + ", ".join(f"{value} ({count} runs)" for value, count in counts.items()) for what, counts in mixed)
