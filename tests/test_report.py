@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import re
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
