@@ -230,8 +230,7 @@ class GraphedFusedStep:
         static_inputs = {name: tensor.clone() for name, tensor in inputs.items()}
         static_labels, static_weights = labels.clone(), weights.clone()
         graph = torch.cuda.CUDAGraph()
-        torch.cuda.current_stream(self.device.torch_device).synchronize()
-        torch.cuda.empty_cache()  # the eager steps' cached blocks: a capture cannot free them if it runs short
+        # Entering torch.cuda.graph synchronizes the device and empties the allocator's cache (the eager steps' blocks)
         with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
             results = self._step(static_inputs, static_labels, static_weights, layout, runs)
         return _Captured(graph, static_inputs, static_labels, static_weights, results)
