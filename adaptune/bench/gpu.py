@@ -138,9 +138,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fused-compile", default="eager",
                         help="comma-separated, of eager, compiled, graphs (as --variants), step_graphs (the whole step as CUDA graphs), "
                              "compiled_step_graphs (the same around compiled layers), autotuned_step_graphs (the layers compiled with max-autotune)")
-    for field, values in _LAYER_SETTING_FLAGS.items():  # --fused-attention ... --fused-branch-sums
-        parser.add_argument(f"--fused-{field.replace('_', '-')}", default=STEP_SETTINGS[LAYER_SETTINGS[field]][1][0],
-                            help=f"comma-separated, of {values}")
+    for field, env in LAYER_SETTINGS.items():  # --fused-attention ... --fused-branch-sums: a flag for every layer setting
+        parser.add_argument(f"--fused-{field.replace('_', '-')}", default=STEP_SETTINGS[env][1][0],
+                            help=f"comma-separated, of {_LAYER_SETTING_FLAGS[field]}")
     parser.add_argument("--attention-check", default="", help="group sizes at which to check that the attention kernel computes "
                         "what eager attention does (one call: mask bits, output, gradients; a group trained both ways), first fused "
                         "method, first --fused-compile mode (empty: skip)")
