@@ -17,7 +17,7 @@ the softmax, and dropout acts after it.
 
 Up to `MAX_LENGTH` tokens (SQuAD's 384 too), head sizes of 16, 32 or 64 (MiniLM's and BERT's); elsewhere,
 and in evaluation or with generator masks, attention runs eagerly. The kernels are torch custom operators,
-so a compiled layer (adaptune.train.compiling) holds each call as one node. On a CPU the kernel runs only
+so a compiled layer (adaptune.fused.compiling) holds each call as one node. On a CPU the kernel runs only
 under Triton's interpreter (TRITON_INTERPRET=1), which is how the tests check it.
 """
 
@@ -28,31 +28,18 @@ from typing import Any
 
 import torch
 
-from adaptune.core.step_settings import ATTENTION_ENV, STEP_SETTINGS, step_setting
-from adaptune.model.triton_device import interpreted_bf16, power_of_two_at_least, runs_triton
+from adaptune.fused.settings import ATTENTION_ENV, VALUES
+from adaptune.fused.kernels.triton_device import interpreted_bf16, power_of_two_at_least, runs_triton
 
-ATTENTION_MODES = STEP_SETTINGS[ATTENTION_ENV][1]
+ATTENTION_MODES = VALUES["attention"]
 MAX_LENGTH = 512  # tokens: the counter hash's coordinates give queries and keys 9 bits each
 MAX_HEADS, MAX_BLOCK_ROWS = 64, 256  # and heads 6 bits, a run's rows 8 (counter_coordinates.COORDINATE_BITS)
 
 
-def attention_mode() -> str:
-    """$ADAPTUNE_ATTENTION: "eager" (unset) or "kernel"."""
-    return step_setting(ATTENTION_ENV)
-
-
-def recorded_attention(mask_scheme: str) -> str:
-    """What a run's record says its training attention was: "kernel" where the setting asks for it and
-    the run draws counter masks (where a call does not fit the kernel, that call runs eagerly), else "eager"."""
-    return "kernel" if attention_mode() == "kernel" and mask_scheme == "counter" else "eager"
-
-
 def kernel_applies(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, p: float, runs: int) -> bool:
-    """Whether this attention call of `runs` runs' blocks runs in the kernel: the mode asks for it, the
+    """Whether this attention call of `runs` runs' blocks runs in the kernel: the
     shapes fit the counter hash's coordinates and the kernel's tiles, and the device runs Triton (a GPU, or a
     CPU under the interpreter). Elsewhere eager attention draws the same masks (or says why it cannot)."""
-    if attention_mode() != "kernel":
-        return False
     rows, heads, length, head_size = query.shape
     fits = (length <= MAX_LENGTH and heads <= MAX_HEADS and rows // runs <= MAX_BLOCK_ROWS and key.shape[2] == length
             and head_size in (16, 32, 64) and 0 < p < 1 and query.dtype == key.dtype == value.dtype)
@@ -268,10 +255,10 @@ def _block(length: int) -> int:
 
 @functools.cache
 def _kernels() -> tuple[Any, Any, Any]:
-    """The forward kernel and the two backward kernels (adaptune.model.attention_triton, which imports triton: loaded only
+    """The forward kernel and the two backward kernels (adaptune.fused.kernels.attention_triton, which imports triton: loaded only
     where the kernel runs)."""
     try:
-        from adaptune.model import attention_triton
+        from adaptune.fused.kernels import attention_triton
     except ImportError as error:
         raise RuntimeError(f"{ATTENTION_ENV}=kernel needs triton (CUDA builds of torch install it): {error}") from error
     return attention_triton.forward_kernel, attention_triton.backward_key_value_kernel, attention_triton.backward_query_kernel

@@ -5,15 +5,27 @@ shapes and count, differing only in learning rate, seed and init std."""
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Sequence
+from typing import Any, Protocol, TypeVar
 
 from adaptune.core.backbones import BackboneError
-from adaptune.core.step_settings import run_count
 from adaptune.model.layouts import backbone_layers
-from adaptune.train.config import TrainConfig
 
-# Methods whose trained tensors adaptune.model.run_groups splits by run: small tensors beside a frozen
+
+class RunConfig(Protocol):
+    """What grouping reads of a run's config (adaptune.train.config.TrainConfig, a layer above this one)."""
+
+    method: dict[str, Any]
+    backbone: str
+    batch_size: int
+    max_length: int
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+Config = TypeVar("Config", bound=RunConfig)
+
+# Methods whose trained tensors adaptune.fused.run_groups splits by run: small tensors beside a frozen
 # backbone, or (top_k) whole top layers, stacked per run as HFTA does, under a frozen bottom.
 GROUPABLE_METHODS = frozenset({"adapters", "pfeiffer", "layernorm", "lora", "ia3", "top_k"})
 # What may differ between the runs of a group: nothing else changes a step's shapes or count.
@@ -25,20 +37,16 @@ REFERENCE_STEP_TOKENS = 32 * 128
 # batch 32 padded to 384 tokens (SQuAD's), the trainer's one-run step took 83 ms (20% MFU) and a group of 2 took
 # 198 ms, 0.84x as fast per run (bench/gpu.json "h100_2026_11_27_levers").
 LONG_STEP_TOKENS = 3 * REFERENCE_STEP_TOKENS
-# Runs that train the whole model can group as stacked whole models (adaptune.model.run_groups), each holding its own
-# weights, gradients and AdamW moments. On an H100, in the preset's step, stacking did not pay: full fine-tuning
-# trained 3,022, 3,039 and 3,000 examples/s at 1, 2 and 4 runs a group (BERT-base), 1,214, 1,129 and 1,083
-# (BERT-large; bench/gpu.json "h100_2026_11_28"): a whole model's replayed step keeps the GPU as busy alone. So they
-# train one a group; the environment variable sets another number (bench/gpu_session.sh `shardwhole`), as
-# ADAPTUNE_RUNS_PER_GROUP does for the rest.
+# Runs that train the whole model (nothing frozen to share) train one a group: stacking whole models, as HFTA does,
+# did not pay on an H100 (0.89-1.01x at 2 and 4 runs a group, bench/README.md, 2026-11-28); a group of one is replayed
+# as step graphs where the step-graph step runs.
 WHOLE_MODEL_RUNS_PER_GROUP = 1
-WHOLE_MODEL_RUNS_PER_GROUP_ENV = "ADAPTUNE_WHOLE_MODEL_RUNS_PER_GROUP"
 
 
-def group_key(config: TrainConfig) -> tuple | None:
+def group_key(config: RunConfig) -> tuple | None:
     """Runs with equal keys can train as one group; None for a run whose method no group splits by run. Runs
     that train the whole model (full fine-tuning, top_k over every layer: nothing is frozen to share) have keys,
-    as HFTA stacks whole models, but a group takes at most whole_model_runs_per_group() of them."""
+    as HFTA stacks whole models, but a group takes at most WHOLE_MODEL_RUNS_PER_GROUP of them."""
     if config.method.get("name") not in GROUPABLE_METHODS and not trains_whole_model(config):
         return None
     fields = tuple(sorted((name, str(value)) for name, value in config.to_dict().items() if name not in _FREE_FIELDS and name != "method"))
@@ -46,24 +54,18 @@ def group_key(config: TrainConfig) -> tuple | None:
     return fields + method
 
 
-def group_capacity(config: TrainConfig, runs_per_group: int) -> int:
+def group_capacity(config: RunConfig, runs_per_group: int) -> int:
     """How many runs like this one a group takes: `runs_per_group` at the reference step's tokens, fewer
     where a step holds more (a group's memory grows with its rows x tokens), one from LONG_STEP_TOKENS
-    (SQuAD's 384 tokens at batch 32); at most whole_model_runs_per_group() for a run that trains the whole model."""
+    (SQuAD's 384 tokens at batch 32); at most WHOLE_MODEL_RUNS_PER_GROUP for a run that trains the whole model."""
     if trains_alone_for_its_length(config):
         return 1
     if trains_whole_model(config):
-        runs_per_group = min(runs_per_group, whole_model_runs_per_group())
+        runs_per_group = min(runs_per_group, WHOLE_MODEL_RUNS_PER_GROUP)
     return max(1, min(runs_per_group, runs_per_group * REFERENCE_STEP_TOKENS // (config.batch_size * config.max_length)))
 
 
-def whole_model_runs_per_group() -> int:
-    """The most runs that train the whole model a group takes: $ADAPTUNE_WHOLE_MODEL_RUNS_PER_GROUP, else
-    WHOLE_MODEL_RUNS_PER_GROUP."""
-    return run_count(WHOLE_MODEL_RUNS_PER_GROUP_ENV, os.environ.get(WHOLE_MODEL_RUNS_PER_GROUP_ENV) or WHOLE_MODEL_RUNS_PER_GROUP)
-
-
-def fused_groups(configs: Sequence[TrainConfig], runs_per_group: int) -> list[list[TrainConfig]]:
+def fused_groups(configs: Sequence[Config], runs_per_group: int) -> list[list[Config]]:
     """The groups these runs train in: the runs of each group key (in order of first appearance) in as few
     groups as group_capacity allows, of sizes that differ by at most one (9 runs at 8 a group: 5 and 4, not 8
     and one alone, which pays a whole launch-bound step for itself); every other run alone. Groups come in the
@@ -90,20 +92,20 @@ def fused_groups(configs: Sequence[TrainConfig], runs_per_group: int) -> list[li
     return [[configs[index] for index in group] for group in groups]
 
 
-def trains_alone_for_its_length(config: TrainConfig) -> bool:
+def trains_alone_for_its_length(config: RunConfig) -> bool:
     """Whether a run's step holds LONG_STEP_TOKENS or more: it keeps a GPU busy alone, in the trainer's own step."""
     return config.batch_size * config.max_length >= LONG_STEP_TOKENS
 
 
-def trains_whole_model(config: TrainConfig) -> bool:
+def trains_whole_model(config: RunConfig) -> bool:
     """Full fine-tuning, or top_k over every layer: runs that share no frozen part, and train one a group unless
-    whole_model_runs_per_group() says otherwise: a group of one where the step-graph step replays it (adaptune.sweep.run_attempt),
+    WHOLE_MODEL_RUNS_PER_GROUP says otherwise: a group of one where the step-graph step replays it (adaptune.sweep.run_attempt),
     else alone."""
     name = config.method.get("name")
     return name == "full" or (name == "top_k" and not _frozen_below(config))
 
 
-def _frozen_below(config: TrainConfig) -> bool:
+def _frozen_below(config: RunConfig) -> bool:
     """Whether a top_k run leaves layers frozen below its trained ones (k < the backbone's depth)."""
     try:
         return int(config.method["k"]) < backbone_layers(config.backbone)

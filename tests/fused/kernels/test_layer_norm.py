@@ -1,4 +1,4 @@
-"""The grouped LayerNorm kernel (adaptune.model.layer_norm_kernel, ADAPTUNE_LAYER_NORM=kernel) against the torch operators
+"""The grouped LayerNorm kernel (adaptune.fused.kernels.layer_norm, ADAPTUNE_LAYER_NORM=kernel) against the torch operators
 it replaces (run_groups.GroupedLayerNorm's "torch" path), on the CPU under Triton's interpreter (TRITON_INTERPRET=1: the
 kernel's own code, run by numpy, program by program). A lent GPU's call checks bf16 there (`make bench-gpu`'s
 --layer-norm-check, adaptune.bench.gpu_fused.layer_norm_kernel_matches).
@@ -20,12 +20,12 @@ import pytest
 import torch
 from transformers import BertConfig, BertForSequenceClassification
 
-import adaptune.model
+import adaptune.fused.kernels
 from adaptune.bench.gpu_fused import KernelLaunches, check_layer_norm_kernel, layer_norm_kernel_matches, measure_fused
 from adaptune.core.devices import Device
-from adaptune.core.step_settings import LAYER_NORM_ENV
-from adaptune.model import layer_norm_kernel
-from adaptune.model.run_groups import GroupedLayerNorm, recorded_layer_norm
+from adaptune.fused.kernels import layer_norm as layer_norm_kernel
+from adaptune.fused.run_groups import GroupedLayerNorm, recorded_layer_norm
+from adaptune.fused.settings import LAYER_NORM_ENV, StepSettings
 from adaptune.train.group_loop import train_group
 from adaptune.train.loop import train_and_evaluate
 from tests.test_bench_gpu_fused import TINY, _batches, tiny_adapter_runs
@@ -34,7 +34,7 @@ from tests.test_fused_groups import SMALL, _assert_same_run, step_losses  # noqa
 pytest.importorskip("triton", reason="make venv installs triton (requirements-kernel-tests.txt)")
 
 CPU = Device("cpu", torch.device("cpu"), "cpu", None)
-TIGHT = 1e-6  # trained groups' losses and tensors, as tests/test_dropout_kernel.py bounds its kernel
+TIGHT = 1e-6  # trained groups' losses and tensors, as tests/fused/kernels/test_dropout.py bounds its kernel
 
 
 @pytest.fixture
@@ -48,14 +48,14 @@ def _module(runs: int, features: int, seed: int = 0) -> GroupedLayerNorm:
     generator = torch.Generator().manual_seed(seed)
     scales = [1 + torch.randn(features, generator=generator) for _ in range(runs)]
     shifts = [torch.randn(features, generator=generator) for _ in range(runs)]
-    return GroupedLayerNorm(torch.nn.LayerNorm(features, eps=1e-12), scales, shifts)
+    return GroupedLayerNorm(torch.nn.LayerNorm(features, eps=1e-12), scales, shifts, kernel=True)
 
 
 def _both_ways(module: GroupedLayerNorm, x: torch.Tensor, monkeypatch: pytest.MonkeyPatch) -> dict[str, list[torch.Tensor]]:
     grad_out = torch.randn(x.shape, generator=torch.Generator().manual_seed(1))
     results = {}
     for mode in layer_norm_kernel.LAYER_NORM_MODES:
-        monkeypatch.setenv(LAYER_NORM_ENV, mode)
+        module.kernel = mode == "kernel"
         with KernelLaunches() as launches:
             out = module(x)
             wanted = [tensor for tensor in (x, module.weight, module.bias) if tensor.requires_grad]
@@ -152,10 +152,6 @@ def test_the_kernel_applies_only_where_it_can(monkeypatch: pytest.MonkeyPatch) -
     assert not layer_norm_kernel.kernel_applies(x, weight)
     monkeypatch.undo()
     monkeypatch.delenv("TRITON_INTERPRET")  # a CPU without the interpreter: torch's operators
-    monkeypatch.setenv(LAYER_NORM_ENV, "kernel")
-    assert not layer_norm_kernel.kernel_applies(x, weight)
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.setenv(LAYER_NORM_ENV, "torch")
     assert not layer_norm_kernel.kernel_applies(x, weight)
 
 
@@ -221,13 +217,13 @@ def test_the_trainers_train_with_the_kernel_as_with_torch_and_record_it(interpre
 def test_a_group_that_trains_no_layer_norm_records_torch(interpreted: None) -> None:
     """LoRA trains no LayerNorm: its group's record says "torch" whatever the setting; a group that does says "kernel"."""
     from adaptune.model.methods import apply_method, method_from_dict
-    from adaptune.model.run_groups import group_model, trained_tensors
+    from adaptune.fused.run_groups import group_model, trained_tensors
 
     def grouped(method: dict) -> torch.nn.Module:
         torch.manual_seed(0)
         model = BertForSequenceClassification(BertConfig(**TINY))
         apply_method(model, method_from_dict(method))
-        return group_model(model, [trained_tensors(model)] * 2)
+        return group_model(model, [trained_tensors(model)] * 2, StepSettings(layer_norm="kernel"))
 
     assert recorded_layer_norm(grouped({"name": "lora"})) == "torch"
     assert recorded_layer_norm(grouped({"name": "layernorm"})) == "kernel"
@@ -235,13 +231,13 @@ def test_a_group_that_trains_no_layer_norm_records_torch(interpreted: None) -> N
 
 def test_a_misspelt_mode_fails_before_training(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(LAYER_NORM_ENV, "fused")
-    with pytest.raises(ValueError, match=f"^{LAYER_NORM_ENV}='fused' is not a grouped LayerNorm mode: use one of torch, kernel$"):
-        recorded_layer_norm(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match=f"^{LAYER_NORM_ENV}='fused' is not valid: use one of torch, kernel "):
+        StepSettings.from_environment()
 
 
 def test_without_triton_the_kernel_says_what_it_needs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "triton", None)
-    monkeypatch.delitem(sys.modules, "adaptune.model.layer_norm_triton", raising=False)
-    monkeypatch.delattr(adaptune.model, "layer_norm_triton", raising=False)
+    monkeypatch.delitem(sys.modules, "adaptune.fused.kernels.layer_norm_triton", raising=False)
+    monkeypatch.delattr(adaptune.fused.kernels, "layer_norm_triton", raising=False)
     with pytest.raises(RuntimeError, match=f"{LAYER_NORM_ENV}=kernel needs triton"):
         layer_norm_kernel._kernels.__wrapped__()

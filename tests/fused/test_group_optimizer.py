@@ -1,4 +1,4 @@
-"""A fused group's optimizer step (adaptune.train.group_optimizer) is each run's own clipping and torch
+"""A fused group's optimizer step (adaptune.fused.group_optimizer) is each run's own clipping and torch
 AdamW step, done for all runs at once.
 
 The runs here are adapter-shaped tensor sets (two decayed matrices, an undecayed bias and LayerNorm
@@ -19,7 +19,7 @@ import pytest
 import torch
 from transformers import get_linear_schedule_with_warmup
 
-from adaptune.train.group_optimizer import adamw_together, clip_and_step, clip_each
+from adaptune.fused.group_optimizer import adamw_together, clip_and_step, clip_each
 from adaptune.train.loop import adamw
 from adaptune.train.state import saved_optimizer_state
 
@@ -127,7 +127,7 @@ def test_refuses_optimizers_that_differ_beyond_lr_and_decay() -> None:
 
 
 def test_a_state_saved_from_a_step_replayed_as_cuda_graphs_resumes_alone() -> None:
-    """Step graphs (adaptune.train.step_graphs) hold each run's learning rate in a device tensor and mark its
+    """Step graphs (adaptune.fused.step_graphs) hold each run's learning rate in a device tensor and mark its
     AdamW capturable; the run saves plain numbers, so it resumes in a trainer whose AdamW is neither."""
     lrs, scales = [2e-3, 5e-3], [3.0, 0.5]
     graphed, reference = _runs(lrs), _runs(lrs)

@@ -3,10 +3,9 @@
 A step's rows are the k runs' batches one after another, in k equal blocks (block i is run i's). The
 frozen backbone processes all k x b rows at once, one kernel per operator for k runs, and every
 module that holds trained tensors applies run i's to block i:
-  Linear (adapter projections, LoRA's A and B, the task head)  one batched matmul (baddbmm); an adapter's and LoRA's
-                                                               output added to its sum in it (adaptune.model.branch_sums)
+  Linear (adapter projections, LoRA's A and B, the task head)  one batched matmul (baddbmm)
   LayerNorm                                                    shared normalisation, each run's scale and shift broadcast
-                                                               (or both in one kernel: adaptune.model.layer_norm_kernel)
+                                                               (or both in one kernel: adaptune.fused.kernels.layer_norm)
   (IA)3 scaling vectors                                        each run's vector broadcast over its block
 top_k's whole top layers are these same Linear and LayerNorm modules, stacked per run as HFTA (Wang et
 al., MLSys 2021) fuses whole models; the layers below them stay frozen and shared.
@@ -34,10 +33,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from adaptune.model import layer_norm_kernel
+from adaptune.fused.kernels import layer_norm as layer_norm_kernel
 from adaptune.model.adapters import Adapter
-from adaptune.model.branch_sums import branch_sums_mode, grouped_adapter, grouped_lora_sum, sums_in_matmul
-from adaptune.model.triton_device import runs_triton
+from adaptune.fused.kernels.triton_device import runs_triton
+from adaptune.fused.settings import StepSettings
 
 
 class GroupingError(ValueError):
@@ -87,8 +86,7 @@ class GroupedLinear(nn.Module):
 
 
 class GroupedAdapter(nn.Module):
-    """An adapter (adaptune.model.adapters.Adapter) with each run's projections: its skip's sum made in the up
-    projection's matmul where adaptune.model.branch_sums applies, else the adapter's own operators."""
+    """An adapter (adaptune.model.adapters.Adapter) with each run's projections."""
 
     def __init__(self, adapter: Adapter, trained: list[Mapping[str, torch.Tensor]], prefix: str) -> None:
         super().__init__()
@@ -100,32 +98,27 @@ class GroupedAdapter(nn.Module):
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         if not self.enabled:
             return hidden_states
-        if sums_in_matmul(hidden_states, self.down.weight):
-            return grouped_adapter(hidden_states, self.down.weight, self.down.bias, self.up.weight, self.up.bias, self.activation)
         return hidden_states + self.up(self.activation(self.down(hidden_states)))
 
 
 class GroupedLayerNorm(nn.Module):
-    def __init__(self, template: nn.LayerNorm, weights: list[torch.Tensor], biases: list[torch.Tensor]) -> None:
+    def __init__(self, template: nn.LayerNorm, weights: list[torch.Tensor], biases: list[torch.Tensor], kernel: bool = False) -> None:
         super().__init__()
         self.normalized_shape, self.eps = template.normalized_shape, template.eps
         self.weight = _stack(weights)
         self.bias = _stack(biases)
-        self.rounds_to: torch.dtype | None = None  # the output's dtype under autocast (adaptune.model.residual_stream)
+        self.kernel = kernel  # StepSettings.layer_norm == "kernel": one Triton kernel where the device runs Triton
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight, bias = self.weight, self.bias
-        out_dtype = self.rounds_to if self.rounds_to is not None and torch.is_autocast_enabled(x.device.type) else None
         if holds_one_run(weight):
-            out = F.layer_norm(x, self.normalized_shape, weight[0], bias[0], self.eps)
-        elif layer_norm_kernel.kernel_applies(x, weight):
-            return layer_norm_kernel.grouped_layer_norm(x, weight, bias, self.eps, out_dtype)
-        else:
-            normalized = F.layer_norm(x, self.normalized_shape, None, None, self.eps)
-            blocks = normalized.reshape(weight.shape[0], -1, *self.normalized_shape)
-            # Not addcmul: its backward writes a copy of `blocks` times its scalar (make bench-attention: 2 more operators a layer).
-            out = (blocks * weight.unsqueeze(1) + bias.unsqueeze(1)).reshape(x.shape)
-        return out if out_dtype is None else out.to(out_dtype)
+            return F.layer_norm(x, self.normalized_shape, weight[0], bias[0], self.eps)
+        if self.kernel and layer_norm_kernel.kernel_applies(x, weight):
+            return layer_norm_kernel.grouped_layer_norm(x, weight, bias, self.eps)
+        normalized = F.layer_norm(x, self.normalized_shape, None, None, self.eps)
+        blocks = normalized.reshape(weight.shape[0], -1, *self.normalized_shape)
+        # Not addcmul: its backward writes a copy of `blocks` times its scalar (make bench-attention: 2 more operators a layer).
+        return (blocks * weight.unsqueeze(1) + bias.unsqueeze(1)).reshape(x.shape)
 
 
 class GroupedEmbedding(nn.Module):
@@ -162,25 +155,11 @@ def _position_ids_per_row(module: nn.Module, args: tuple, kwargs: dict) -> tuple
 
 
 def recorded_layer_norm(model: nn.Module) -> str:
-    """What a run's record says its trained LayerNorms were: "kernel" where a group's take the kernel (the setting
-    asks for it and their device runs Triton), else "torch" (torch's operators; a run alone or in a group of one, or a
-    method that trains no LayerNorm). Reads $ADAPTUNE_LAYER_NORM first, so that a misspelt value fails before training."""
-    mode = layer_norm_kernel.layer_norm_mode()
-    grouped = [module.weight for module in model.modules() if isinstance(module, GroupedLayerNorm) and not holds_one_run(module.weight)]
-    return "kernel" if grouped and mode == "kernel" and runs_triton(grouped[0]) else "torch"
-
-
-def recorded_branch_sums(model: nn.Module, compiled: bool = False) -> str:
-    """What a run's record says of its adapter or LoRA outputs' sums in training: "in_matmul" where a group of more than
-    one run makes them in its matmuls (adaptune.model.branch_sums), else "separate" (the layers' own operators: a run
-    alone or in a group of one, a method without such branches, or `compiled` layers, which inductor fuses itself).
-    Reads $ADAPTUNE_BRANCH_SUMS first."""
-    mode = branch_sums_mode()
-    if compiled:
-        return "separate"
-    stacks = [module.down.weight for module in model.modules() if isinstance(module, GroupedAdapter)]
-    stacks += [b.weight for module in model.modules() if isinstance(module, GroupedLoRA) for b in module.lora_B.values()]
-    return "in_matmul" if mode == "in_matmul" and any(not holds_one_run(stack) for stack in stacks) else "separate"
+    """What a run's record says its trained LayerNorms were: "kernel" where a group's take the kernel (its settings
+    ask for it and their device runs Triton), else "torch" (torch's operators; a run alone or in a group of one, or a
+    method that trains no LayerNorm)."""
+    grouped = [module for module in model.modules() if isinstance(module, GroupedLayerNorm) and not holds_one_run(module.weight)]
+    return "kernel" if grouped and grouped[0].kernel and runs_triton(grouped[0].weight) else "torch"
 
 
 class GroupedLoRA(nn.Module):
@@ -199,11 +178,7 @@ class GroupedLoRA(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         result = self.base_layer(x)
         for name in self.lora_A:
-            hidden, b_weight = self.lora_A[name](self.lora_dropout[name](x)), self.lora_B[name].weight
-            if sums_in_matmul(result, b_weight):
-                result = grouped_lora_sum(result, hidden, b_weight, self.scaling[name])
-            else:
-                result = result + self.lora_B[name](hidden) * self.scaling[name]
+            result = result + self.lora_B[name](self.lora_A[name](self.lora_dropout[name](x))) * self.scaling[name]
         return result
 
 
@@ -234,9 +209,10 @@ def trained_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
     return {name: parameter.detach() for name, parameter in model.named_parameters() if parameter.requires_grad}
 
 
-def group_model(model: nn.Module, trained: list[Mapping[str, torch.Tensor]]) -> nn.Module:
+def group_model(model: nn.Module, trained: list[Mapping[str, torch.Tensor]], settings: StepSettings = StepSettings()) -> nn.Module:
     """Turn a solo model (any one run's: its frozen weights are every run's) into a k-run group, in place:
-    each module holding trained tensors is replaced by its grouped form with every run's values."""
+    each module holding trained tensors is replaced by its grouped form with every run's values (its LayerNorms
+    in the form `settings` asks for)."""
     names = set(trained[0])
     if any(set(run) != names for run in trained):
         raise GroupingError("the runs of a group must train the same tensors (same method and shapes)")
@@ -259,7 +235,7 @@ def group_model(model: nn.Module, trained: list[Mapping[str, torch.Tensor]]) -> 
             replacements[module_name] = GroupedLinear([run[f"{prefix}weight"] for run in trained], biases)
         elif isinstance(module, nn.LayerNorm):
             replacements[module_name] = GroupedLayerNorm(module, [run[f"{prefix}weight"] for run in trained],
-                                                         [run[f"{prefix}bias"] for run in trained])
+                                                         [run[f"{prefix}bias"] for run in trained], settings.layer_norm == "kernel")
         elif isinstance(module, nn.Embedding):
             replacements[module_name] = GroupedEmbedding(module, [run[f"{prefix}weight"] for run in trained])
         else:

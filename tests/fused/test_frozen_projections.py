@@ -1,4 +1,4 @@
-"""Frozen query, key and value projections as one stacked matmul (adaptune.model.frozen_projections): the
+"""Frozen query, key and value projections as one stacked matmul (adaptune.fused.frozen_projections): the
 same model, the same outputs and gradients, only where all three are frozen.
 
 The embedded backbone (MiniLM, 6 layers), float32 on the CPU, dropout off. The stacked matmul computes
@@ -18,9 +18,8 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from adaptune.core.step_settings import PROJECTIONS_ENV
 from adaptune.model.backbone import load_model, load_tokenizer
-from adaptune.model.frozen_projections import stack_frozen_projections
+from adaptune.fused.frozen_projections import stack_frozen_projections
 from adaptune.model.methods import apply_method, parse_method
 
 
@@ -85,16 +84,6 @@ def test_only_layers_whose_three_projections_are_frozen_linears_stack(method: st
     assert stack_frozen_projections(model) == 0  # once
 
 
-def test_separate_setting_leaves_the_model_as_transformers_built_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(PROJECTIONS_ENV, "separate")
-    model = _model("adapters:8")
-    assert stack_frozen_projections(model) == 0
-    assert type(model.base_model.encoder.layer[0].attention.self).__name__ == "BertSelfAttention"
-    monkeypatch.setenv(PROJECTIONS_ENV, "stackd")
-    with pytest.raises(ValueError, match="ADAPTUNE_PROJECTIONS='stackd' is not .*stacked, separate"):
-        stack_frozen_projections(model)
-
-
 def test_stacked_model_casts_copies_and_evaluates() -> None:
     """A deep copy keeps the stacked forward, a cast carries the stacked buffers, evaluation runs it too."""
     model = _model("adapters:8")
@@ -130,10 +119,8 @@ def test_stacked_step_dispatches_fewer_operators_per_example() -> None:
 
 
 def test_the_trainers_stack_under_bf16_autocast_and_say_so(tmp_path, shared_data_dir, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Runs alone and in a group, bf16 as this CPU trains by default: the records say which way the projections
-    ran, and the run trains the same either way: the inputs are cast to bf16 alike, and the products sum in float32
-    inside the matmul either way (measured: the epoch's loss 3e-6 apart; 1e-4 as tests/test_fused_groups.py bounds
-    reduction order)."""
+    """Runs alone and in a group, bf16 as this CPU trains by default: the records say the projections were stacked,
+    and the run trains alike alone and grouped (1e-4, as tests/test_fused_groups.py bounds reduction order)."""
     from adaptune.core.devices import native_cpu_bf16
     from adaptune.train.config import TrainConfig
     from adaptune.train.group_loop import train_group
@@ -146,34 +133,31 @@ def test_the_trainers_stack_under_bf16_autocast_and_say_so(tmp_path, shared_data
     run, other = (TrainConfig(method={"name": "adapters", "size": 8}, lr=lr, seed=seed, **small) for lr, seed in ((1e-3, 0), (3e-4, 1)))
     stacked = train_and_evaluate(run, data_dir=shared_data_dir, out_dir=tmp_path / "stacked", progress=False)
     grouped = train_group([run, other], [tmp_path / "group" / name for name in ("run", "other")], data_dir=shared_data_dir)
-    monkeypatch.setenv(PROJECTIONS_ENV, "separate")
-    separate = train_and_evaluate(run, data_dir=shared_data_dir, out_dir=tmp_path / "separate", progress=False)
-    assert [record["projections"] for record in (stacked, *grouped, separate)] == ["stacked"] * 3 + ["separate"]
+    assert [record["projections"] for record in (stacked, *grouped)] == ["stacked"] * 3
     assert stacked["device"] == "cpu:bf16"
-    loss = [record["curve"][-1]["train_loss"] for record in (stacked, grouped[0], separate)]
-    assert abs(loss[0] - loss[2]) < 1e-4 and abs(loss[0] - loss[1]) < 1e-4, loss
+    loss = [record["curve"][-1]["train_loss"] for record in (stacked, grouped[0])]
+    assert abs(loss[0] - loss[1]) < 1e-4, loss
 
 
 def test_the_attention_kernel_takes_stacked_projections_whole(monkeypatch: pytest.MonkeyPatch) -> None:
     """The attention kernel (here under Triton's interpreter, which tests/conftest.py turns on) takes the stacked output
     as one tensor and writes its gradient as one: a tiny BERT with counter dropout on computes the same logits and
-    gradients stacked as separate, every attention call in the kernel (float32: 1e-5, as tests/test_attention_kernel.py
+    gradients stacked as separate, every attention call in the kernel (float32: 1e-5, as tests/fused/kernels/test_attention.py
     bounds the kernel against eager attention), and the stacked backward pass joins no gradients (no `cat`)."""
     pytest.importorskip("triton", reason="make venv installs triton (requirements-kernel-tests.txt)")
     from transformers import BertConfig, BertForSequenceClassification
 
     from adaptune.bench.gpu_fused import KernelLaunches
-    from adaptune.core.step_settings import ATTENTION_ENV
-    from adaptune.model.run_dropout import CounterStream, use_run_dropout
+    from adaptune.fused.run_dropout import CounterStream, use_run_dropout
+    from adaptune.fused.settings import StepSettings
 
-    monkeypatch.setenv(ATTENTION_ENV, "kernel")
     config = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
 
     def trained(stack: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor], int]:
         torch.manual_seed(0)
         model = BertForSequenceClassification(config)
         apply_method(model, parse_method("adapters:8"))
-        use_run_dropout(model, [CounterStream(3)])
+        use_run_dropout(model, [CounterStream(3)], StepSettings(dropout_masks="counter", attention="kernel"))
         if stack:
             assert stack_frozen_projections(model) == 2
         with KernelLaunches() as launches, _Operators() as operators:

@@ -1,4 +1,4 @@
-"""The Triton kernels of adaptune.model.layer_norm_kernel (that module's docstring says what they compute and why).
+"""The Triton kernels of adaptune.fused.kernels.layer_norm (that module's docstring says what they compute and why).
 Rows are a group's (runs x rows_per_run) lines of `features`, run after run; run r's scale and shift are row r of
 `weight` and `bias`. A tile is LINES rows of BLOCK features (masked past the last feature; LINES x BLOCK about a
 thousand elements: one row of BERT's 768 or 1,024, many of a narrow model's). The forward pass takes a tile per

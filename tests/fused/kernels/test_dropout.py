@@ -1,4 +1,4 @@
-"""The dropout kernel (adaptune.model.dropout_kernel, ADAPTUNE_DROPOUT=kernel) against counter_keep_mask and
+"""The dropout kernel (adaptune.fused.kernels.dropout, ADAPTUNE_DROPOUT=kernel) against counter_keep_mask and
 the torch formula it replaces, on the CPU under Triton's interpreter (TRITON_INTERPRET=1: the kernel's own code,
 run by numpy, program by program). A lent GPU's call checks bf16 there (`make bench-gpu`'s dropout check,
 adaptune.bench.gpu_fused.dropout_kernel_matches).
@@ -20,22 +20,21 @@ from pathlib import Path
 import pytest
 import torch
 
-import adaptune.model
-import adaptune.train.compiling as compiling
+import adaptune.fused.kernels
 from adaptune.bench.gpu_fused import KernelLaunches, check_dropout_kernel, dropout_kernel_matches, ulps_apart
 from adaptune.core.devices import Device
-from adaptune.model import attention_kernel, dropout_kernel
-from adaptune.model.run_dropout import (
+from adaptune.fused.kernels import attention as attention_kernel
+from adaptune.fused.kernels import dropout as dropout_kernel
+from adaptune.fused.run_dropout import (
     CounterStream,
     RunDropout,
     RunRandomness,
     counter_keep_mask,
     keep_threshold,
-    use_run_dropout,
 )
 from adaptune.train.group_loop import train_group
 from adaptune.train.loop import train_and_evaluate
-from adaptune.train.step_graphs import COMPILED_STEP_GRAPHS
+from adaptune.fused.settings import StepSettings
 from tests.test_bench_gpu_fused import TINY, _batches, tiny_adapter_runs
 from tests.test_fused_groups import SMALL, _assert_same_run, step_losses  # noqa: F401  (a fixture)
 
@@ -115,7 +114,7 @@ def test_a_run_dropout_site_applies_the_kernel_only_where_it_applies(interpreted
     """A training RunDropout with counter masks takes its draw from the group's counts and gives the masks' values (within
     float32's ulp) from one launch; the attention probabilities (rank 4), evaluation, generator masks, float64, a
     torch.compile trace, a CPU without the interpreter and the "mask" mode keep torch's operators."""
-    randomness = RunRandomness([CounterStream(0), CounterStream(1)])
+    randomness = RunRandomness([CounterStream(0), CounterStream(1)], StepSettings(dropout_masks="counter", dropout="kernel"))
     site, x = RunDropout(P, randomness).train(), torch.randn(2 * 3, 5, 16)
     randomness.advance()
     with KernelLaunches() as launches:
@@ -136,11 +135,11 @@ def test_a_run_dropout_site_applies_the_kernel_only_where_it_applies(interpreted
     assert not dropout_kernel.kernel_applies(x.reshape(2, 3, 5, 16), P)
     monkeypatch.undo()
     monkeypatch.delenv("TRITON_INTERPRET")  # a CPU without the interpreter: torch's operators
-    monkeypatch.setenv(dropout_kernel.DROPOUT_ENV, "kernel")
     assert not dropout_kernel.kernel_applies(x.reshape(2, 3, 5, 16), P)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.setenv(dropout_kernel.DROPOUT_ENV, "mask")
-    assert not dropout_kernel.kernel_applies(x.reshape(2, 3, 5, 16), P)
+    with KernelLaunches() as launches:  # the "mask" setting: torch's operators
+        RunDropout(P, RunRandomness([CounterStream(0), CounterStream(1)], StepSettings(dropout_masks="counter"))).train()(x)
+    assert launches.dropout == 0
 
 
 @pytest.mark.parametrize("mode", ["eager", "step_graphs"])
@@ -182,9 +181,9 @@ def test_the_trainers_train_with_the_kernel_as_with_the_masks_and_record_it(inte
     _assert_same_run(kernel[0], alone, step_losses[0], step_losses[2])
 
 
-# Both kernels' settings and loaders (the attention kernel's too: tests/test_attention_kernel.py).
-KERNELS = {"attention": (attention_kernel, "attention_triton", "flash", "an attention mode: use one of eager, kernel"),
-           "dropout": (dropout_kernel, "dropout_triton", "fused", "a dropout mode: use one of mask, kernel")}
+# Both kernels' settings and loaders (the attention kernel's too: tests/fused/kernels/test_attention.py).
+KERNELS = {"attention": (attention_kernel, "attention_triton", "flash", "use one of eager, kernel"),
+           "dropout": (dropout_kernel, "dropout_triton", "fused", "use one of mask, kernel")}
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -192,8 +191,11 @@ def test_a_misspelt_kernel_mode_fails_before_training(kernel: str, monkeypatch: 
     module, _, wrong, message = KERNELS[kernel]
     name = f"ADAPTUNE_{kernel.upper()}"
     monkeypatch.setenv(name, wrong)
-    with pytest.raises(ValueError, match=f"^{name}='{wrong}' is not {message}$"):
-        use_run_dropout(torch.nn.Sequential(torch.nn.Dropout(0.1)), [CounterStream(0)])
+    with pytest.raises(ValueError, match=f"^{name}='{wrong}' is not valid: {message} "):
+        StepSettings.from_environment()
+    monkeypatch.setenv(name, "kernel")  # the kernel without counter masks: one line saying what it needs
+    with pytest.raises(ValueError, match=f"^{name}=kernel needs ADAPTUNE_DROPOUT_MASKS=counter "):
+        StepSettings.from_environment()
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -202,21 +204,9 @@ def test_without_triton_a_kernel_says_what_it_needs(kernel: str, monkeypatch: py
     module, triton_module, _, _ = KERNELS[kernel]
     monkeypatch.setitem(sys.modules, "triton", None)
     for name in ("attention_triton", triton_module):  # imported by an earlier test: import them anew
-        monkeypatch.delitem(sys.modules, f"adaptune.model.{name}", raising=False)
-        monkeypatch.delattr(adaptune.model, name, raising=False)
+        monkeypatch.delitem(sys.modules, f"adaptune.fused.kernels.{name}", raising=False)
+        monkeypatch.delattr(adaptune.fused.kernels, name, raising=False)
     with pytest.raises(RuntimeError, match=f"ADAPTUNE_{kernel.upper()}=kernel needs triton"):
         module._kernels.__wrapped__()
 
 
-@pytest.mark.slow
-def test_compiled_layers_keep_the_torch_operators_and_the_rest_use_the_kernel(interpreted: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Under compiled_step_graphs each layer is compiled (here with torch.compile's aot_eager backend: dynamo's and AOT
-    autograd's tracing, no code generation) and its sites keep torch's operators, for inductor to fuse; the sites outside
-    the layers (the embeddings', the pooled output's) take the kernel, forward and backward: the group trains as with masks."""
-    real = torch.compile
-    monkeypatch.setattr(compiling.torch, "compile", lambda model, dynamic, mode: real(model, dynamic=dynamic, backend="aot_eager"))
-    checked = check_dropout_kernel(TINY, "tiny", "adapters64", _batches((12, 20, 16, 9)), 2, CPU, steps=2, passes=2,
-                                   mode=COMPILED_STEP_GRAPHS, one_call=False)
-    assert checked["dropout_kernel_calls"] == 2 * 2 * 4  # two sites, forward and backward, four steps
-    for pair in ("kernel", "uncaptured", "masks_captured_vs_uncaptured", "kernel_captured_vs_uncaptured"):
-        assert checked[pair]["max_loss_difference"] < TIGHT and checked[pair]["max_tensor_difference"] < TIGHT

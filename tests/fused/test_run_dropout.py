@@ -1,4 +1,4 @@
-"""Counter-based dropout masks (adaptune.model.run_dropout, ADAPTUNE_DROPOUT_MASKS=counter): a run's mask
+"""Counter-based dropout masks (adaptune.fused.run_dropout, ADAPTUNE_DROPOUT_MASKS=counter): a run's mask
 bits are a pure function of its seed, its draw count and each position's coordinates in its own block.
 
 The masks are deterministic, so these statistics are fixed numbers, not flaky draws: each bound is 5
@@ -14,8 +14,8 @@ import pytest
 import torch
 from transformers import BertConfig, BertForSequenceClassification
 
-from adaptune.model.run_dropout import (
-    DROPOUT_MASKS_ENV,
+from adaptune.fused.settings import DROPOUT_MASKS_ENV, StepSettings
+from adaptune.fused.run_dropout import (
     CounterStream,
     RunDropout,
     RunRandomness,
@@ -23,7 +23,6 @@ from adaptune.model.run_dropout import (
     counter_keep_mask,
     dropout_stream,
     fused_counter_keep_mask,
-    mask_scheme,
     saved_scheme,
     use_run_dropout,
 )
@@ -165,7 +164,7 @@ def test_a_generator_mask_is_the_runs_own_bits_drawn_in_place_where_the_run_fill
     site); a shorter one draws at its own shape and its padding stays unmasked."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from adaptune.model.run_dropout import RowLayout
+    from adaptune.fused.run_dropout import RowLayout
 
     class Ops(TorchDispatchMode):
         def __init__(self) -> None:
@@ -223,12 +222,13 @@ def test_a_bert_forward_pass_reaches_its_sites_in_order_and_draws_each_runs_next
 
 def test_the_mask_scheme_is_a_setting_checked_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(DROPOUT_MASKS_ENV, raising=False)
-    assert mask_scheme() == "generator" and isinstance(dropout_stream(0, torch.device("cpu")), torch.Generator)
+    scheme = StepSettings.from_environment().dropout_masks
+    assert scheme == "generator" and isinstance(dropout_stream(0, torch.device("cpu"), scheme), torch.Generator)
     monkeypatch.setenv(DROPOUT_MASKS_ENV, "counter")
-    assert isinstance(dropout_stream(0, torch.device("cpu")), CounterStream)
+    assert isinstance(dropout_stream(0, torch.device("cpu"), StepSettings.from_environment().dropout_masks), CounterStream)
     monkeypatch.setenv(DROPOUT_MASKS_ENV, "philox")
-    with pytest.raises(ValueError, match="ADAPTUNE_DROPOUT_MASKS='philox' is not a dropout mask scheme: use one of generator, counter"):
-        mask_scheme()
+    with pytest.raises(ValueError, match="ADAPTUNE_DROPOUT_MASKS='philox' is not valid: use one of generator, counter"):
+        StepSettings.from_environment()
     with pytest.raises(ValueError, match="one scheme"):
         RunRandomness([CounterStream(0), torch.Generator()])
     with pytest.raises(ValueError, match="ADAPTUNE_DROPOUT_MASKS=generator"):

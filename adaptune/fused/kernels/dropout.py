@@ -15,7 +15,7 @@ x * keep / (1 - p): no mask reaches memory. The backward pass is the same kernel
 result still does not depend on its group, nor on the mode.
 
 Kept values are x * (1 / (1 - p)) computed in float32 and rounded to x's dtype; eager's (x * mask) / (1 - p)
-is that or one unit in the last place from it (tests/test_dropout_kernel.py). Blocks of rank 1-3 only: the
+is that or one unit in the last place from it (tests/fused/kernels/test_dropout.py). Blocks of rank 1-3 only: the
 attention probabilities' dropout (rank 4) is the attention kernel's or eager attention's. Under torch.compile
 (compiled layers) the torch operators stay, so that inductor fuses the mask into the layer's own kernels; in
 evaluation, with generator masks, or where a block does not fit the hash, RunDropout runs as in "mask" mode.
@@ -30,33 +30,21 @@ from typing import Any
 
 import torch
 
-from adaptune.core.step_settings import DROPOUT_ENV, STEP_SETTINGS, step_setting
-from adaptune.model.counter_coordinates import coordinate_shifts, keep_threshold
-from adaptune.model.triton_device import interpreted_bf16, lines_per_tile, power_of_two_at_least, runs_triton
+from adaptune.fused.settings import DROPOUT_ENV, VALUES
+from adaptune.fused.kernels.counter_coordinates import coordinate_shifts, keep_threshold
+from adaptune.fused.kernels.triton_device import interpreted_bf16, lines_per_tile, power_of_two_at_least, runs_triton
 
-DROPOUT_MODES = STEP_SETTINGS[DROPOUT_ENV][1]
+DROPOUT_MODES = VALUES["dropout"]
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # the kernel computes in float32: no float64
 _MAX_BLOCK = 4096  # features per program at most (a longer line takes several programs)
 
 
-def dropout_mode() -> str:
-    """$ADAPTUNE_DROPOUT: "mask" (unset) or "kernel"."""
-    return step_setting(DROPOUT_ENV)
-
-
-def recorded_dropout(mask_scheme: str) -> str:
-    """What a run's record says its training dropout was: "kernel" where the setting asks for it and the run
-    draws counter masks (sites the kernel does not take, and compiled layers' sites, apply the mask with torch
-    operators), else "mask"."""
-    return "kernel" if dropout_mode() == "kernel" and mask_scheme == "counter" else "mask"
-
-
 def kernel_applies(blocks: torch.Tensor, p: float) -> bool:
     """Whether a training RunDropout with counter masks applies its mask to `blocks` ((runs, *block)) in the
-    kernel: the mode asks for it, no torch.compile is tracing (there inductor fuses the torch operators), the
+    kernel: no torch.compile is tracing (there inductor fuses the torch operators), the
     block has rank 1-3 and fits the counter hash's coordinates, 0 < p < 1 (and below the last 32-bit threshold),
     a float32, float16 or bf16 tensor, and the device runs Triton (a GPU, or a CPU under the interpreter)."""
-    if torch.compiler.is_compiling() or dropout_mode() != "kernel":
+    if torch.compiler.is_compiling():
         return False
     fits = (2 <= blocks.dim() <= 4 and 0 < p < 1 and keep_threshold(p) < 1 << 32 and blocks.dtype in _DTYPES
             and coordinate_shifts(blocks.shape[1:]) is not None)
@@ -124,9 +112,9 @@ _dropout.register_autograd(_backward, setup_context=_keep_for_backward)
 
 @functools.cache
 def _kernels() -> tuple[Any]:
-    """The kernel (adaptune.model.dropout_triton, which imports triton: loaded only where the kernel runs)."""
+    """The kernel (adaptune.fused.kernels.dropout_triton, which imports triton: loaded only where the kernel runs)."""
     try:
-        from adaptune.model import dropout_triton
+        from adaptune.fused.kernels import dropout_triton
     except ImportError as error:
         raise RuntimeError(f"{DROPOUT_ENV}=kernel needs triton (CUDA builds of torch install it): {error}") from error
     return (dropout_triton.dropout_kernel,)

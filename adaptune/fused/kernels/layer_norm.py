@@ -16,7 +16,7 @@ layers) the torch operators stay for inductor.
 Statistics in float32: mean, then the variance of the centred values (as torch's), rstd = 1 / sqrt(var + eps). The
 output's dtype is the promotion of the input's and the scale's (float32 for the trainers' float32 scales, as
 torch's path gives under autocast, which runs layer_norm in float32), or the one asked for (the autocast dtype, for
-a residual stream in bf16: adaptune.model.residual_stream), written by the kernel with no cast after it. On a CPU
+a residual stream in bf16: adaptune.fused.residual_stream), written by the kernel with no cast after it. On a CPU
 the kernel runs only under Triton's interpreter (TRITON_INTERPRET=1), which is how the tests check it.
 """
 
@@ -27,10 +27,10 @@ from typing import Any
 
 import torch
 
-from adaptune.core.step_settings import LAYER_NORM_ENV, STEP_SETTINGS, step_setting
-from adaptune.model.triton_device import interpreted_bf16, lines_per_tile, power_of_two_at_least, runs_triton
+from adaptune.fused.settings import LAYER_NORM_ENV, VALUES
+from adaptune.fused.kernels.triton_device import interpreted_bf16, lines_per_tile, power_of_two_at_least, runs_triton
 
-LAYER_NORM_MODES = STEP_SETTINGS[LAYER_NORM_ENV][1]
+LAYER_NORM_MODES = VALUES["layer_norm"]
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_FEATURES = 8192  # a row is one program's tile (BERT-large's 1,024 features; 8,192 is 32 float32 registers a thread at 8 warps)
 # The backward pass's programs, about: two an H100's streaming multiprocessor, and few partial sums to write and add up
@@ -39,16 +39,11 @@ _PROGRAMS = 256
 _MIN_ROWS = 32  # rows a backward program sums at least
 
 
-def layer_norm_mode() -> str:
-    """$ADAPTUNE_LAYER_NORM: "torch" (unset) or "kernel"."""
-    return step_setting(LAYER_NORM_ENV)
-
-
 def kernel_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether a GroupedLayerNorm call on `x` with the runs' scales `weight` ((runs, features)) runs in the kernel:
-    the mode asks for it, no torch.compile is tracing (inductor fuses the torch operators), the dtypes are float32,
+    no torch.compile is tracing (inductor fuses the torch operators), the dtypes are float32,
     float16 or bf16, a row fits a program and the device runs Triton (a GPU, or a CPU under the interpreter)."""
-    if torch.compiler.is_compiling() or layer_norm_mode() != "kernel":
+    if torch.compiler.is_compiling():
         return False
     fits = (x.dtype in _DTYPES and weight.dtype in _DTYPES and weight.dim() == 2 and x.shape[-1] == weight.shape[1] <= MAX_FEATURES
             and x.numel() > 0 and x.numel() % weight.numel() == 0)
@@ -152,9 +147,9 @@ _forward.register_autograd(_backward, setup_context=_keep_for_backward)
 
 @functools.cache
 def _kernels() -> tuple[Any, Any]:
-    """The kernels (adaptune.model.layer_norm_triton, which imports triton: loaded only where the kernel runs)."""
+    """The kernels (adaptune.fused.kernels.layer_norm_triton, which imports triton: loaded only where the kernel runs)."""
     try:
-        from adaptune.model import layer_norm_triton
+        from adaptune.fused.kernels import layer_norm_triton
     except ImportError as error:
         raise RuntimeError(f"{LAYER_NORM_ENV}=kernel needs triton (CUDA builds of torch install it): {error}") from error
     return layer_norm_triton.layer_norm_forward, layer_norm_triton.layer_norm_backward

@@ -1,4 +1,4 @@
-"""The Triton kernels of adaptune.model.attention_kernel (that module's docstring says what they compute
+"""The Triton kernels of adaptune.fused.kernels.attention (that module's docstring says what they compute
 and why), FlashAttention-2's tiling (Dao 2023) with each run's counter dropout drawn inside: the forward
 kernel walks key blocks with an online softmax; the backward pass recomputes each tile from the saved
 log-sum-exp, one kernel per key block for the key and value gradients and one per query block for the

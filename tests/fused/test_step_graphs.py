@@ -1,4 +1,4 @@
-"""Which captured graph a step-graph step replays (adaptune.train.step_graphs): its own shape's, or, for a shape
+"""Which captured graph a step-graph step replays (adaptune.fused.step_graphs): its own shape's, or, for a shape
 that comes rarely, a longer one's with the token axis padded up. The replay itself needs a GPU (`make bench-gpu`);
 that padding moves no run's result is tests/test_fused_groups.py's."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 
 from adaptune.core.devices import Device
-from adaptune.model.run_dropout import CounterStream, RunRandomness
-from adaptune.train.step_graphs import PAD_UP_STEPS, GraphedFusedStep, key_length, longer_captured, pad_to_bucket, shape_key
+from adaptune.fused.run_dropout import CounterStream, RunRandomness
+from adaptune.fused.step_graphs import PAD_UP_STEPS, GraphedFusedStep, key_length, longer_captured, pad_to_bucket, shape_key
 
 
 def _key(rows: int, length: int, label_rows: int | None = None) -> tuple:

@@ -1,5 +1,5 @@
 """Dropout whose masks come from each run's own seed, so a run's result does not depend on which runs
-shared its forward pass (adaptune.model.run_groups), nor on whether it trained alone.
+shared its forward pass (adaptune.fused.run_groups), nor on whether it trained alone.
 
 Two ways to draw them (`ADAPTUNE_DROPOUT_MASKS`, recorded in each run's state; a resumed run keeps its own):
 - "generator" (the default): each run's own `torch.Generator`, one draw per run per dropout site, in
@@ -10,7 +10,7 @@ Two ways to draw them (`ADAPTUNE_DROPOUT_MASKS`, recorded in each run's state; a
   block size can move a run's bits. Written with plain integer tensor operators so that it runs on
   any device and torch.compile can fuse it into one kernel; no library offers a keyed elementwise
   hash, and torch's generators take one seed per call. With `ADAPTUNE_DROPOUT=kernel`, a hidden-state
-  site's mask is drawn and applied in one Triton kernel instead (adaptune.model.dropout_kernel: the same bits,
+  site's mask is drawn and applied in one Triton kernel instead (adaptune.fused.kernels.dropout: the same bits,
   checked on an H100). Compiled (torch.compile's Triton code) the hash drew other bits on an H100
   (fused_counter_keep_mask), so compiled layers' masks are not known to be these there.
 
@@ -40,12 +40,13 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
 
-from adaptune.core.step_settings import DROPOUT_MASKS_ENV, STEP_SETTINGS, step_setting
-from adaptune.model import attention_kernel, dropout_kernel
-from adaptune.model.counter_coordinates import COORDINATE_BITS, keep_threshold
+from adaptune.fused.settings import DROPOUT_MASKS_ENV, VALUES, StepSettings
+from adaptune.fused.kernels import attention as attention_kernel
+from adaptune.fused.kernels import dropout as dropout_kernel
+from adaptune.fused.kernels.counter_coordinates import COORDINATE_BITS, keep_threshold
 
 RUN_DROPOUT_ATTENTION = "adaptune_run_dropout"
-MASK_SCHEMES = STEP_SETTINGS[DROPOUT_MASKS_ENV][1]
+MASK_SCHEMES = VALUES["dropout_masks"]
 # Each run's dropout stream is its own generator, apart from the data-order streams
 # (batching.epoch_batches seeds seed * 1_000_003 + epoch, with epoch < 1_000_002).
 _DROPOUT_STREAM = 1_000_002
@@ -58,11 +59,6 @@ _COUNTER_STATE_TAG = 0x5EED  # a counter stream's saved state: [tag, draws]
 
 def dropout_generator(seed: int, device: torch.device) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(seed * 1_000_003 + _DROPOUT_STREAM)
-
-
-def mask_scheme() -> str:
-    """The scheme a new run draws its masks with: $ADAPTUNE_DROPOUT_MASKS, else "generator"."""
-    return step_setting(DROPOUT_MASKS_ENV)
 
 
 def saved_scheme(state: torch.Tensor | None) -> str | None:
@@ -104,9 +100,9 @@ class CounterStream:
             randomness.draws[index] = self._draws
 
 
-def dropout_stream(seed: int, device: torch.device, scheme: str | None = None) -> torch.Generator | CounterStream:
-    """A run's dropout stream in `scheme` (None: mask_scheme())."""
-    if (scheme or mask_scheme()) == "counter":
+def dropout_stream(seed: int, device: torch.device, scheme: str) -> torch.Generator | CounterStream:
+    """A run's dropout stream in `scheme` ("generator" or "counter")."""
+    if scheme == "counter":
         return CounterStream(seed)
     return dropout_generator(seed, device)
 
@@ -119,7 +115,7 @@ def counter_keep_mask(keys: torch.Tensor, draws: torch.Tensor, shape: torch.Size
 
     Computed in int32, whose products wrap modulo 2^32 on every backend torch has (two's complement): the
     words of the unsigned 32-bit definition, held as signed. Half the bytes of an int64 form and, on a GPU,
-    no emulated 64-bit multiplies; tests/test_run_dropout.py holds the definition this must equal."""
+    no emulated 64-bit multiplies; tests/fused/test_run_dropout.py holds the definition this must equal."""
     own = tuple(shape[1:])
     widths = COORDINATE_BITS.get(len(own))
     if widths is None or any(size > 1 << width for size, width in zip(own, widths, strict=True)):
@@ -147,9 +143,9 @@ def counter_keep_mask(keys: torch.Tensor, draws: torch.Tensor, shape: torch.Size
 def fused_counter_keep_mask() -> Callable[..., torch.Tensor]:
     """counter_keep_mask as one kernel (torch.compile), the mask's shape given as a meta tensor's, whose sizes
     compile as symbols: (keys, draws, like, p) -> mask. Training no longer draws masks with it: on the CPU it
-    draws counter_keep_mask's bits (tests/test_run_dropout.py), but on an H100 it drew others at a training
+    draws counter_keep_mask's bits (tests/fused/test_run_dropout.py), but on an H100 it drew others at a training
     step's inputs (int32 draws, the token axis padded 32 to 128 in turn; bench/gpu.json "h100_2026_11_28"),
-    while the dropout kernel (adaptune.model.dropout_kernel) and the eager operators agreed bit for bit. Kept
+    while the dropout kernel (adaptune.fused.kernels.dropout) and the eager operators agreed bit for bit. Kept
     for bench-gpu's check (adaptune.bench.gpu_fused), which tells the next GPU call whether that changes."""
     return torch.compile(_keep_mask_like, dynamic=True)
 
@@ -211,8 +207,10 @@ class RunRandomness(nn.Module):
     a compiled layer's backward may draw a mask again from the counts (instead of keeping it, one byte
     per element) and find them as they were."""
 
-    def __init__(self, streams: list[torch.Generator | CounterStream]) -> None:
+    def __init__(self, streams: list[torch.Generator | CounterStream], settings: StepSettings = StepSettings()) -> None:
         super().__init__()
+        # Where the kernels draw the masks themselves (StepSettings: only with counter streams).
+        self.attention_kernel, self.dropout_kernel = settings.attention == "kernel", settings.dropout == "kernel"
         schemes = {"counter" if isinstance(stream, CounterStream) else "generator" for stream in streams}
         if len(schemes) != 1:
             raise ValueError("the runs of a group must draw their dropout masks with one scheme")
@@ -291,7 +289,7 @@ class RunDropout(nn.Module):
         randomness = self.randomness
         blocks = x.reshape(len(randomness.streams), -1, *x.shape[1:])
         if randomness.scheme == "counter":
-            if dropout_kernel.kernel_applies(blocks, self.p):  # drawn and applied in one kernel, no mask kept
+            if randomness.dropout_kernel and dropout_kernel.kernel_applies(blocks, self.p):  # drawn and applied in one kernel, no mask kept
                 draws = randomness.site_draws(self.site, self.ordinal)
                 return dropout_kernel.run_dropout(blocks, randomness.keys, draws, keep_threshold(self.p), self.p).reshape(x.shape)
             return (blocks * randomness.counter_mask(blocks.shape, self.p, self.site, self.ordinal)).reshape(x.shape) / (1 - self.p)
@@ -322,14 +320,12 @@ def _own_shape(block_shape: torch.Size, rows: int, length: int) -> tuple[int, ..
     return (rows, *block_shape[1:])
 
 
-def use_run_dropout(model: nn.Module, streams: list[torch.Generator | CounterStream]) -> RunRandomness:
+def use_run_dropout(model: nn.Module, streams: list[torch.Generator | CounterStream],
+                    settings: StepSettings = StepSettings()) -> RunRandomness:
     """Replace every nn.Dropout of the model by a RunDropout drawing from `streams` (one per run: all
-    generators or all counter streams), and route attention through RUN_DROPOUT_ATTENTION; in place.
-    Returns the shared RunRandomness. $ADAPTUNE_ATTENTION and $ADAPTUNE_DROPOUT are read here first, so that
-    a misspelt value fails before training."""
-    attention_kernel.attention_mode()
-    dropout_kernel.dropout_mode()
-    randomness = RunRandomness(streams)
+    generators or all counter streams), and route attention through RUN_DROPOUT_ATTENTION; in place. The
+    kernels `settings` ask for draw counter masks where they apply. Returns the shared RunRandomness."""
+    randomness = RunRandomness(streams, settings.for_masks("counter" if streams and isinstance(streams[0], CounterStream) else "generator"))
     # Depth first, in module order: the order a BERT forward pass reaches them (embeddings, each layer's
     # attention probabilities, attention output and output, the head's), which numbers their sites.
     dropouts = [(name, module) for name, module in model.named_modules(remove_duplicate=False) if isinstance(module, nn.Dropout)]
@@ -371,7 +367,7 @@ def run_dropout_attention(module: nn.Module, query: torch.Tensor, key: torch.Ten
     scaling = scaling if scaling is not None else query.size(-1) ** -0.5
     site: RunDropout = module.dropout
     randomness = site.randomness
-    if randomness.scheme == "counter" and site.training and attention_kernel.kernel_applies(query, key, value, site.p,
+    if randomness.scheme == "counter" and site.training and randomness.attention_kernel and attention_kernel.kernel_applies(query, key, value, site.p,
                                                                                               len(randomness.streams)):
         draws, threshold = randomness.site_draws(site.site, site.ordinal), keep_threshold(site.p)
         if stacked_projections is not None:  # frozen_projections' one matmul: the kernel takes it whole, its gradient too

@@ -1,21 +1,17 @@
-"""A fused group's whole training step replayed as one CUDA graph (`ADAPTUNE_COMPILE=step_graphs`, or
-`compiled_step_graphs` with the model's layers compiled inside the captured step, `autotuned_step_graphs` compiled
-with max-autotune).
+"""A fused group's whole training step replayed as one CUDA graph (`ADAPTUNE_COMPILE=step_graphs`).
 
 On an H100 the fused step of 8 BERT-base adapter runs launched 2,718 kernels from 15,710 host
 operators and kept the device busy 40% of the time (bench/gpu.json "h100_2026_11_26"): the host was the
 bottleneck. Captured once per input shape, a step is one launch: forward, backward, every run's
-clipping and AdamW update. In `step_graphs` no compiler is involved (torch.compile's CUDA graphs never
-finished compiling a group in a GPU call), so capture costs about one eager step; in
-`compiled_step_graphs` (and `autotuned_step_graphs`) the layers compile during a shape's first eager steps, never inside
-a capture.
+clipping and AdamW update. No compiler is involved (torch.compile's CUDA graphs never finished compiling a
+group in a GPU call), so capture costs about one eager step.
 
 What a replay needs, and how the step provides it:
 - fixed shapes: token axes padded up to a multiple of `LENGTH_BUCKET` (a handful of graphs per run
   group); a shape seen fewer than `warmup` + 1 times just runs eagerly (an epoch's short last step);
   a shorter shape replays a longer captured graph, padded up to it, for its first `PAD_UP_STEPS` steps
   (an eager step and a capture cost the host far more than the padding costs the device);
-- no host work inside the step: counter dropout masks (adaptune.model.run_dropout, "counter"), whose
+- no host work inside the step: counter dropout masks (adaptune.fused.run_dropout, "counter"), whose
   draw counts live on the device; each run's torch AdamW (fused, capturable) reading its learning rate
   from a device tensor that the host-side schedule fills between replays; no host sync in the model
   (run_dropout's attention never asks whether a mask has padding);
@@ -37,15 +33,10 @@ import torch
 from torch.nn import functional as F
 
 from adaptune.core.devices import Device
-from adaptune.core.step_settings import GRAPH_WARMUP_ENV, STEP_GRAPH_MODES, step_setting
-from adaptune.model.run_dropout import RowLayout, RunRandomness
-from adaptune.train.group_optimizer import clip_each
+from adaptune.fused.settings import STEP_GRAPHS
+from adaptune.fused.run_dropout import RowLayout, RunRandomness
+from adaptune.fused.group_optimizer import clip_each
 
-# COMPILED_STEP_GRAPHS: the same capture around the model with its Transformer layers compiled
-# (adaptune.train.compiling): inductor fuses each layer's elementwise work (casts, residuals, bias and GELU,
-# softmax) and draws the counter masks inside the kernels that apply them, where the eager replay spends most
-# of its device time (bench/gpu.json).
-STEP_GRAPHS, COMPILED_STEP_GRAPHS, AUTOTUNED_STEP_GRAPHS = STEP_GRAPH_MODES
 LENGTH_BUCKET = 32  # tokens: BERT batches of up to 128 tokens need at most 4 graphs
 # Steps of a shape that replay a longer captured graph (same rows, its token axis padded up) before the shape gets
 # its own graph. On an H100 a group's eager step and capture cost about 1.1 s of the host's time together, a
@@ -53,16 +44,17 @@ LENGTH_BUCKET = 32  # tokens: BERT batches of up to 128 tokens need at most 4 gr
 # to 128 tokens costs at most a third of a step, so a shape that comes this rarely is cheaper padded. A group's step
 # pads to its longest run's batch, so most of its steps meet the longest bucket and the others come rarely.
 PAD_UP_STEPS = 32
+GRAPH_WARMUP = 1  # eager steps of a shape before its capture (graph_warmup says why)
 StepResult = tuple[torch.Tensor, torch.Tensor]
 
 
 def graph_warmup() -> int:
-    """Eager steps of a shape before it is captured: $ADAPTUNE_GRAPH_WARMUP, 1 unless set (the first makes the
+    """Eager steps of a shape before it is captured: 1 (the first makes the
     optimizer's state, compiles the shape's kernels, sizes library workspaces). On an H100 (bench/gpu.json
     "h100_2026_11_28"), RTE's 9 adapter runs fused as 5 and 4 trained to the same losses and validation scores
     at 1 as at 2 (every epoch of every run, to the 4 digits printed), and the shard took 40.1 s against 47.0 s:
     an eager step of a group cost about 1.1 s of the host's time there, 30 replayed ones."""
-    return int(step_setting(GRAPH_WARMUP_ENV))
+    return GRAPH_WARMUP
 
 
 def pad_to_bucket(inputs: dict[str, torch.Tensor], bucket: int = LENGTH_BUCKET) -> dict[str, torch.Tensor]:

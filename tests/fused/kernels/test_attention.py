@@ -1,4 +1,4 @@
-"""The attention kernel (adaptune.model.attention_kernel) against eager attention, on the CPU under
+"""The attention kernel (adaptune.fused.kernels.attention) against eager attention, on the CPU under
 Triton's interpreter (TRITON_INTERPRET=1: the kernel's own code, run by numpy, program by program).
 The interpreter has no bf16 matrix product, so these run in float32 and float16; a lent GPU's call
 checks bf16 (`make bench-gpu`'s attention check, adaptune.bench.gpu_fused.attention_kernel_matches).
@@ -16,15 +16,14 @@ from pathlib import Path
 import pytest
 import torch
 
-import adaptune.train.compiling as compiling
 from adaptune.bench.gpu_fused import KernelLaunches, attention_kernel_matches, check_attention_kernel
 from adaptune.core.devices import Device
-from adaptune.model import attention_kernel
-from adaptune.model.counter_coordinates import keep_threshold
-from adaptune.model.run_dropout import CounterStream, RunRandomness, counter_keep_mask
-from adaptune.train.compiling import COMPILE_ENV
+from adaptune.fused.kernels import attention as attention_kernel
+from adaptune.fused.kernels.counter_coordinates import keep_threshold
+from adaptune.fused.run_dropout import CounterStream, RunRandomness, counter_keep_mask
 from adaptune.train.group_loop import train_group
-from adaptune.train.step_graphs import COMPILED_STEP_GRAPHS, STEP_GRAPHS
+from adaptune.fused.settings import COMPILE_ENV
+from adaptune.fused.step_graphs import STEP_GRAPHS
 from tests.test_bench_gpu_fused import TINY, _batches, tiny_adapter_runs
 from tests.test_fused_groups import SMALL, _assert_same_run, step_losses  # noqa: F401  (a fixture)
 
@@ -121,19 +120,6 @@ def test_a_group_trains_with_the_kernel_as_with_eager_attention(interpreted: Non
 
 
 @pytest.mark.slow
-def test_compiled_layers_hold_the_kernel_as_one_operator(interpreted: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Under compiled_step_graphs each layer is compiled (here with torch.compile's aot_eager backend: dynamo's
-    and AOT autograd's tracing, no code generation) and the kernel is a custom operator inside it, with its
-    own backward: the group trains as it does with eager attention inside the same compiled layers."""
-    real = torch.compile
-    monkeypatch.setattr(compiling.torch, "compile", lambda model, dynamic, mode: real(model, dynamic=dynamic, backend="aot_eager"))
-    checked = check_attention_kernel(TINY, "tiny", "adapters64", _batches((12, 20, 16, 9)), 2, CPU, steps=2, passes=2,
-                                     mode=COMPILED_STEP_GRAPHS, one_call=False)
-    assert checked["kernel_calls"] == TINY["num_hidden_layers"] * 4
-    assert checked["kernel"]["max_loss_difference"] < 1e-5 and checked["kernel"]["max_tensor_difference"] < 1e-5
-
-
-@pytest.mark.slow
 def test_the_trainer_trains_a_group_with_the_kernel_as_with_eager_attention(interpreted: None, tmp_path: Path, shared_data_dir: Path,
                                                                           step_losses: list[list[float]],
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
@@ -165,6 +151,4 @@ def test_the_kernel_applies_only_where_it_fits(interpreted: None, monkeypatch: p
     many_rows = torch.zeros(257, 2, 16, 64)  # one run's 257 rows: beyond the hash's 8 bits of a row
     assert not attention_kernel.kernel_applies(many_rows, many_rows, many_rows, P, runs=1)
     monkeypatch.delenv("TRITON_INTERPRET")  # a CPU without the interpreter: eager
-    assert not attention_kernel.kernel_applies(squad, squad, squad, P, runs=2)
-    monkeypatch.setenv(attention_kernel.ATTENTION_ENV, "eager")
     assert not attention_kernel.kernel_applies(squad, squad, squad, P, runs=2)

@@ -1,4 +1,4 @@
-"""The Triton kernel of adaptune.model.dropout_kernel (that module's docstring says what it computes and
+"""The Triton kernel of adaptune.fused.kernels.dropout (that module's docstring says what it computes and
 why). A run's block is seen as lines of features: one line per (row, token) of a rank-3 block, per row of a
 rank-2 block, and a run's whole rows as one line of a rank-1 block. A program takes LINES whole lines (a
 BLOCK of features each, masked past the last; LINES x BLOCK about a thousand elements) or, for a line longer
@@ -8,7 +8,7 @@ than BLOCK, a BLOCK of one line's features (the grid's second axis). Coordinates
 import triton
 import triton.language as tl
 
-from adaptune.model.attention_triton import mix32
+from adaptune.fused.kernels.attention_triton import mix32
 
 
 @triton.jit

@@ -32,7 +32,7 @@ def clip_each(runs: Sequence[OptimizedRun]) -> list[torch.Tensor]:
     """Each run's gradients clipped to its own max norm, as clip_grad_norm_ does alone; returns each run's
     norm before clipping, on the device. One norm operator for all runs, one scaling operator per run."""
     grads = [[p.grad for p in run.params.values() if p.grad is not None] for run in runs]
-    limits = {float(run.config.max_grad_norm) for run in runs}  # a group's runs share it (adaptune.train.grouping)
+    limits = {float(run.config.max_grad_norm) for run in runs}  # a group's runs share it (adaptune.fused.grouping)
     if len(limits) != 1 or len({len(run_grads) for run_grads in grads}) != 1 or not grads[0]:
         return [torch.nn.utils.clip_grad_norm_(list(run.params.values()), run.config.max_grad_norm) for run in runs]
     flat = [grad for run_grads in grads for grad in run_grads]

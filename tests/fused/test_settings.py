@@ -1,0 +1,98 @@
+"""Step settings (adaptune.fused.settings): read from the environment, checked, pinned by a preset."""
+
+from __future__ import annotations
+
+import pytest
+
+from adaptune.core.environment import VARIABLES, SettingError
+from adaptune.fused.settings import (ATTENTION_ENV, COMPILE_ENV, DROPOUT_ENV, DROPOUT_MASKS_ENV, FIELD_VARIABLES, LAYER_NORM_ENV, VALUES,
+                                     StepSettings)
+from adaptune.sweep.experiments import H100, spec_from_dict, spec_to_json
+from adaptune.sweep.plan import PlanError, plan
+
+SWEEP = {"name": "tiny", "sweeps": [{"tasks": ["rte"], "methods": ["adapters:size=8"], "learning_rates": [1e-3], "epochs": [1], "seeds": [0]}]}
+
+
+def test_each_setting_defaults_to_its_first_value_and_a_misspelt_one_fails_in_one_line() -> None:
+    assert StepSettings.from_environment({}) == StepSettings() == StepSettings(*(values[0] for values in VALUES.values()))
+    assert StepSettings.from_environment({ATTENTION_ENV: "kernel", DROPOUT_MASKS_ENV: "counter"}).attention == "kernel"
+    with pytest.raises(SettingError, match="^ADAPTUNE_COMPILE='step-graphs' is not valid: use one of eager, step_graphs "):
+        StepSettings.from_environment({COMPILE_ENV: "step-graphs"})
+    with pytest.raises(SettingError, match="^ADAPTUNE_COMPILED is not a step setting"):
+        StepSettings.preset([("ADAPTUNE_COMPILED", "eager")])
+
+
+@pytest.mark.parametrize("field", ["compile", "attention", "dropout"])
+def test_what_needs_counter_masks_says_so_in_one_line(field: str) -> None:
+    """The dependencies between settings are stated once (settings.NEEDS_COUNTER_MASKS) and each refused alone."""
+    value = VALUES[field][1]
+    with pytest.raises(SettingError, match=f"^{FIELD_VARIABLES[field]}={value} needs {DROPOUT_MASKS_ENV}=counter "):
+        StepSettings(**{field: value})
+    assert getattr(StepSettings(dropout_masks="counter", **{field: value}), field) == value
+
+
+def test_a_run_keeping_generator_masks_falls_back_to_what_they_allow() -> None:
+    preset = StepSettings.preset(H100.step_settings)
+    assert (preset.compile, preset.attention, preset.dropout, preset.layer_norm) == ("step_graphs", "kernel", "kernel", "kernel")
+    kept = preset.for_masks("generator")
+    assert (kept.compile, kept.attention, kept.dropout, kept.layer_norm) == ("eager", "eager", "mask", "kernel")
+    assert StepSettings().for_masks("counter").dropout_masks == "counter" and preset.for_masks("counter") is preset
+
+
+def test_the_settings_values_are_the_registrys_and_the_trainers() -> None:
+    from adaptune.fused.kernels.attention import ATTENTION_MODES
+    from adaptune.fused.kernels.dropout import DROPOUT_MODES
+    from adaptune.fused.kernels.layer_norm import LAYER_NORM_MODES
+    from adaptune.fused.run_dropout import MASK_SCHEMES
+
+    assert all(VARIABLES[name].values == VALUES[field] for field, name in FIELD_VARIABLES.items())
+    assert (MASK_SCHEMES, ATTENTION_MODES, DROPOUT_MODES, LAYER_NORM_MODES) == tuple(VALUES[field] for field in
+                                                                                    ("dropout_masks", "attention", "dropout", "layer_norm"))
+    assert StepSettings.preset(StepSettings(dropout_masks="counter", dropout="kernel").pinned()).as_environment()[DROPOUT_ENV] == "kernel"
+    assert LAYER_NORM_ENV in StepSettings().as_environment()
+
+
+def test_a_sweep_file_may_pin_step_settings_as_a_mapping_and_a_wrong_one_fails_at_planning() -> None:
+    spec = spec_from_dict({**SWEEP, "accelerator": {"family": "gpu", "type": "NVIDIA_L4", "count": 1,
+                                                    "step_settings": {COMPILE_ENV: "step_graphs", DROPOUT_MASKS_ENV: "counter"}}})
+    assert spec.accelerator.step_settings == ((COMPILE_ENV, "step_graphs"), (DROPOUT_MASKS_ENV, "counter"))
+    assert spec_from_dict(__import__("json").loads(spec_to_json(spec))).accelerator == spec.accelerator
+    assert len(plan(spec).runs) == 1
+    wrong = spec_from_dict({**SWEEP, "accelerator": {"step_settings": {ATTENTION_ENV: "flash"}}})
+    with pytest.raises(PlanError, match="accelerator step_settings: ADAPTUNE_ATTENTION='flash' is not valid"):
+        plan(wrong)
+    unmet = spec_from_dict({**SWEEP, "accelerator": {"step_settings": {ATTENTION_ENV: "kernel"}}})
+    with pytest.raises(PlanError, match="accelerator step_settings: ADAPTUNE_ATTENTION=kernel needs ADAPTUNE_DROPOUT_MASKS=counter"):
+        plan(unmet)
+
+
+def test_a_bad_step_setting_in_the_environment_fails_at_planning(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(COMPILE_ENV, "foo")
+    with pytest.raises(PlanError, match="step settings: ADAPTUNE_COMPILE='foo' is not valid"):
+        plan(spec_from_dict(SWEEP))
+
+
+def test_a_shard_run_by_hand_trains_with_its_accelerators_settings_unless_the_environment_says_otherwise(
+        tmp_path, shared_data_dir, monkeypatch: pytest.MonkeyPatch) -> None:
+    import dataclasses
+    import os
+
+    from adaptune.sweep.experiments import Sweep, get_experiment
+    from adaptune.sweep.shard_runner import run_shard
+    from adaptune.sweep.store import RunStore
+
+    for name in FIELD_VARIABLES.values():
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(ATTENTION_ENV, "eager")  # the user's own variable wins over the accelerator's
+    base = get_experiment("smoke")
+    spec = dataclasses.replace(
+        base, name="settings_test", ablation=None, max_train_examples=16, max_eval_examples=8,
+        accelerator=dataclasses.replace(base.accelerator, step_settings=((DROPOUT_MASKS_ENV, "counter"), (ATTENTION_ENV, "kernel"))),
+        sweeps=(Sweep(tasks=("mrpc",), methods=({"name": "layernorm"},), learning_rates=(1e-3,), epochs=(1,), seeds=(0,), max_length=32),),
+    )
+    (shard,) = plan(spec).shards
+    store = RunStore(str(tmp_path / "store"))
+    assert run_shard(spec, shard.id, store, data_dir=shared_data_dir, group_size=1) == {"ok": 1}
+    record = store.record(shard.runs[0].run_id)
+    assert (record["dropout_masks"], record["attention"]) == ("counter", "eager")  # "kernel", had the accelerator's applied
+    assert DROPOUT_MASKS_ENV not in os.environ and os.environ[ATTENTION_ENV] == "eager"  # the environment left as it was
