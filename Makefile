@@ -8,7 +8,7 @@ PIPELINE ?= smoke
 OUT ?= outputs
 export PYTHONHASHSEED := 0
 
-.PHONY: venv test test-heavy demo run plan status tensorboard report compile submit stage-models bench bench-fused bench-bf16 bench-projections bench-data bench-attention bench-states bench-lengths bench-gpu gpu-carry bench-status bench-tensorboard bench-soak images lint lock clean
+.PHONY: venv test test-heavy demo run plan status tensorboard report compile submit stage-models bench bench-fused bench-bf16 bench-data bench-attention bench-states bench-lengths bench-gpu gpu-carry bench-status bench-tensorboard bench-soak images lint lock clean
 
 $(VENV)/.installed: pyproject.toml requirements.lock requirements-kernel-tests.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,7 +24,7 @@ test: venv
 	$(PY) -m pytest -n 2 --dist loadgroup -q --durations=30 -m "not heavy"
 
 # The heavy rehearsals make test leaves out (minutes each): the CPU image built and run in a container
-# engine, the paper_full-shaped DAG, compiled training. Run them before changing what they cover.
+# engine, the paper_full-shaped DAG. Run them before changing what they cover.
 test-heavy: venv
 	$(PY) -m pytest -n 2 --dist loadgroup -q --durations=30 -m heavy
 
@@ -75,10 +75,6 @@ bench-fused: venv
 # The frozen backbone in bf16 against float32 on this CPU (native bf16 or emulated: the entry says which).
 bench-bf16: venv
 	$(PY) -m adaptune.bench.cpu --only-bf16 --out bench/cpu_bf16.json
-
-# Frozen query, key and value stacked into one matmul against three, on this CPU (bench/projections.json).
-bench-projections: venv
-	$(PY) -m adaptune.bench.cpu --only-projections --out bench/projections.json
 
 # The host time a run spends preparing its data (rows from the tokenized cache), per task (bench/data_prep.json).
 bench-data: venv
@@ -138,6 +134,7 @@ images:
 	$(MAKE) -C containers images
 
 lint: venv
+	$(VENV)/bin/ruff check .
 	$(MAKE) -C containers lint HADOLINT=$(CURDIR)/$(VENV)/bin/hadolint
 
 lock: venv

@@ -6,7 +6,8 @@ and `adaptune --help` start fast.
 Exit codes: 0 done (a degenerate run included), 1 a run that failed (or an internal error), 2 bad
 input. Bad input (an unknown task or method, a malformed data file, a bad number, a missing data dir
 or backbone, conflicting flags) is one line on stderr saying what is wrong and what to do; `--debug`
-(or ADAPTUNE_DEBUG=1) adds the full traceback.
+(or ADAPTUNE_DEBUG=1) adds the full traceback. An ADAPTUNE_* variable adaptune does not know, or a bad value
+of one it does, is bad input too, refused before any command runs (`adaptune settings` lists them).
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
 import sys
 import traceback
 import warnings
 from pathlib import Path
 
+from adaptune.core import environment
 from adaptune.train.record import one_line_reason
 
 DEBUG_ENV = "ADAPTUNE_DEBUG"
@@ -28,6 +29,7 @@ MESSAGE_LIMIT = 4000  # characters of an error line (an unknown task's line list
 # Exceptions that mean bad input, not a bug: one line and exit 2. Named, not imported, so that an
 # error costs no import (an unknown task must not wait for torch). Subclasses count too.
 USER_ERRORS = frozenset({
+    "adaptune.core.environment.SettingError",
     "adaptune.train.checks.ConfigError",
     "adaptune.core.backbones.BackboneError",
     "adaptune.train.record.RunDirError",
@@ -70,6 +72,8 @@ MODULE_COMMANDS = {
         "bundle_from_args",
     ),
     "predict": ("serve a bundled task: JSONL in, predictions out", "adaptune.serve.predict", "add_predict_arguments", "predict_from_args"),
+    "settings": ("every ADAPTUNE_* variable: its value here and where it comes from (default, environment, preset)",
+                 "adaptune.settings_cli", "add_settings_arguments", "settings_from_args"),
 }
 
 
@@ -166,9 +170,14 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    debug = "--debug" in argv or os.environ.get(DEBUG_ENV, "").strip().lower() in ("1", "true", "yes", "on")
     command = next((arg for arg in argv if not arg.startswith("-")), None)
     prog = f"adaptune {command}" if command else "adaptune"
+    try:
+        environment.check()  # a misspelt name or a bad value, before any command runs
+    except environment.SettingError as error:
+        print(f"{prog}: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    debug = "--debug" in argv or environment.read(DEBUG_ENV)
     saved_format = warnings.formatwarning
     if not debug:  # our warnings (e.g. an unreadable optional results file) as one line each
         warnings.formatwarning = lambda message, category, *_args, **_kwargs: f"{prog}: warning: {' '.join(str(message).split())}\n"

@@ -1,5 +1,5 @@
-"""One-off side-by-side (2026-11-26): the counter masks' int32 form (adaptune.model.run_dropout) against
-the int64 definition it replaced (tests/test_run_dropout.py), per mask site and per fused training step
+"""One-off side-by-side (2026-11-26): the counter masks' int32 form (adaptune.fused.run_dropout) against
+the int64 definition it replaced (tests/fused/test_run_dropout.py), per mask site and per fused training step
 (adapters 64, counter masks, eager), interleaved in one process. Prints JSON.
     PYTHONPATH=. .venv/bin/python bench/counter_mask_int32.py"""
 
@@ -12,9 +12,9 @@ import torch
 from adaptune.bench import fused
 from adaptune.core.backbones import DEFAULT_BACKBONE
 from adaptune.core.devices import pick_device
-from adaptune.model import run_dropout
-from tests.test_run_dropout import _defined_keep_mask
-
+from adaptune.fused import run_dropout
+from adaptune.fused.settings import StepSettings
+from tests.fused.test_run_dropout import _defined_keep_mask
 
 
 def _int64_keep_mask(keys: torch.Tensor, draws: torch.Tensor, shape: tuple[int, ...], p: float) -> torch.Tensor:
@@ -53,7 +53,7 @@ def main() -> None:
              "token_type_ids": torch.zeros(32, 64, dtype=torch.int64), "labels": torch.randint(0, 2, (32,), generator=generator)}
     out["fused_step_ms"] = {}
     for k in (4, 16):
-        step = fused._step_fn(DEFAULT_BACKBONE, k, device, batch, together=True, masks="counter")
+        step = fused._step_fn(DEFAULT_BACKBONE, k, device, batch, together=True, settings=StepSettings(dropout_masks="counter"))
         out["fused_step_ms"][f"minilm adapters64 k={k}"] = _timed(step, repeats=3)
     print(json.dumps(out, indent=1))
 

@@ -56,10 +56,6 @@ run_part() {
     # top_k 3 (the top 3 layers stacked per run, never measured fused on a GPU): the solo step and fused 1 and 8, BERT-base.
     topk) part topk 70 --backbones bert-base --variants now --methods top_k3 "${NONE[@]}" --fused 1,8 --fused-methods top_k3 \
         --fused-optimizer together --fused-masks generator ;;
-    # The fused group of 8 replayed as CUDA graphs and compiled (counter masks: no graph break), against eager;
-    # compiled by layer since 2026-11-26 (whole, it never finished compiling in 170 s).
-    compiled) part compiled 200 --backbones bert-base --variants "" "${NONE[@]}" --fused 8 --fused-methods adapters64 \
-        --fused-optimizer together --fused-masks counter --fused-compile eager,graphs,compiled ;;
     # The solo step (the baseline on this card) and the fused step at k = 1..16, BERT-base adapters and LayerNorm-only.
     base) part base 110 --backbones bert-base --variants now "${NONE[@]}" --fused 1,4,8,16 --fused-methods adapters64,layernorm \
         --fused-optimizer together --fused-masks generator ;;
@@ -84,20 +80,6 @@ run_part() {
     # The RTE shard fused 8 as step graphs through the trainer (its one-at-a-time figure: the call before, same kind).
     shardfused) ADAPTUNE_COMPILE=step_graphs ADAPTUNE_DROPOUT_MASKS=counter part shardfused 60 --backbones bert-base --variants "" \
         --fused "" --shard "" --shard-groups 8 --shard-train-rows 640 ;;
-    # Step graphs around compiled layers (ADAPTUNE_COMPILE=compiled_step_graphs, new 2026-11-26): inductor fuses each
-    # layer's elementwise work and draws the counter masks inside the kernels that apply them. First whether a replay
-    # trains as the same compiled step does uncaptured (the compile happens here, once per backbone), then its speed
-    # beside the eager-layer step graphs and the one-run trainer step, same card, same call.
-    compiledcheck) part compiledcheck 200 --backbones bert-base --variants "" "${NONE[@]}" --fused "" --graph-check 8 \
-        --fused-methods adapters64 --fused-compile compiled_step_graphs ;;
-    compiledgraphs) part compiledgraphs 260 --backbones bert-base,bert-large --variants now --methods adapters64 --batch-sets length_grouped \
-        "${NONE[@]}" --fused 8 --fused-methods adapters64 --fused-batch-sets length_grouped,padded_128 --fused-optimizer together \
-        --fused-masks counter --fused-compile step_graphs,compiled_step_graphs ;;
-    profilecompiled) part profilecompiled 90 --backbones bert-base --variants "" "${NONE[@]}" --fused "" --fused-profile 8 \
-        --fused-methods adapters64 --fused-masks counter --fused-compile compiled_step_graphs ;;
-    # The RTE shard fused 8 through the trainer in that mode (runs per GPU-hour; one at a time: the shardgraphs part).
-    shardcompiled) ADAPTUNE_COMPILE=compiled_step_graphs ADAPTUNE_DROPOUT_MASKS=counter part shardcompiled 170 --backbones bert-base \
-        --variants "" --fused "" --shard "" --shard-groups 8 --shard-train-rows 640 ;;
     # The attention kernel (ADAPTUNE_ATTENTION=kernel, new 2026-11-27): each run's counter dropout drawn inside one Triton
     # kernel, the length x length tiles never written out. First whether it computes what eager attention does (one
     # call in bf16: mask bits, output, gradients; a group of 8 trained both ways as step graphs), then its speed beside
@@ -107,11 +89,6 @@ run_part() {
     attngraphs) part attngraphs 200 --backbones bert-base,bert-large --variants "" "${NONE[@]}" --fused 8 --fused-methods adapters64 \
         --fused-batch-sets length_grouped,padded_128 --fused-optimizer together --fused-masks counter --fused-compile step_graphs \
         --fused-attention eager,kernel ;;
-    # Both levers at once: the layers compiled (inductor fuses their elementwise work) around the kernel, one custom
-    # operator per layer, eager attention beside it; BERT-base at k = 8, real lengths and padded to 128.
-    compiledattn) part compiledattn rest --backbones bert-base --variants "" "${NONE[@]}" --fused 8 --fused-methods adapters64 \
-        --fused-batch-sets length_grouped,padded_128 --fused-optimizer together --fused-masks counter \
-        --fused-compile compiled_step_graphs --fused-attention eager,kernel ;;
     profileattn) part profileattn 60 --backbones bert-base --variants "" "${NONE[@]}" --fused "" --fused-profile 8 \
         --fused-methods adapters64 --fused-masks counter --fused-compile step_graphs --fused-attention kernel ;;
     # The RTE shard fused 8 as step graphs with the kernel, through the trainer (runs per GPU-hour).
@@ -125,29 +102,12 @@ run_part() {
     # and applied in one Triton kernel, no mask written or kept (the compiled mask kernel was 9.7 ms of the 63 ms step
     # of 8 BERT-base runs as step graphs with the attention kernel). First whether it computes what the masks do (calls
     # in bf16: mask bits, values, gradients; a group of 8 trained both ways as step graphs with the attention kernel),
-    # then its speed beside the masks, BERT-base and BERT-large, real lengths and padded to 128; then around compiled
-    # layers (there the kernel takes only the sites outside them: embeddings, pooled output).
+    # then its speed beside the masks, BERT-base and BERT-large, real lengths and padded to 128.
     dropcheck) part dropcheck 130 --backbones bert-base --variants "" "${NONE[@]}" --fused "" --dropout-check 8 \
         --fused-methods adapters64 --fused-compile step_graphs --fused-attention kernel ;;
     dropgraphs) part dropgraphs 200 --backbones bert-base,bert-large --variants "" "${NONE[@]}" --fused 8 --fused-methods adapters64 \
         --fused-batch-sets length_grouped,padded_128 --fused-optimizer together --fused-masks counter --fused-compile step_graphs \
         --fused-attention kernel --fused-dropout mask,kernel ;;
-    compileddrop) part compileddrop rest --backbones bert-base --variants "" "${NONE[@]}" --fused 8 --fused-methods adapters64 \
-        --fused-batch-sets length_grouped,padded_128 --fused-optimizer together --fused-masks counter \
-        --fused-compile compiled_step_graphs --fused-attention kernel --fused-dropout mask,kernel ;;
-    # BERT-large's group around compiled layers with the attention kernel (the MFU goal's group; never measured compiled).
-    compiledlarge) part compiledlarge 240 --backbones bert-large --variants "" "${NONE[@]}" --fused 8 --fused-methods adapters64 \
-        --fused-batch-sets padded_128,length_grouped --fused-optimizer together --fused-masks counter \
-        --fused-compile compiled_step_graphs --fused-attention kernel ;;
-    # The RTE shard through the trainer around compiled layers with the attention kernel (whole runs: whether the
-    # compile, paid once per process, keeps the compiled step's lead; one at a time first, each a group of one).
-    shardcompiledattn) ADAPTUNE_COMPILE=compiled_step_graphs ADAPTUNE_DROPOUT_MASKS=counter ADAPTUNE_ATTENTION=kernel part shardcompiledattn \
-        240 --backbones bert-base --variants "" --fused "" --shard "" --shard-groups 8 --shard-train-rows 640 ;;
-    # Frozen query, key and value as one stacked matmul (adaptune.model.frozen_projections, new 2026-11-27, the trainers'
-    # default) beside the three separate ones, the preset's step (step graphs, attention kernel), BERT-base and BERT-large.
-    projections) part projections 110 --backbones bert-base,bert-large --variants "" "${NONE[@]}" --fused 8 --fused-methods adapters64 \
-        --fused-batch-sets length_grouped --fused-optimizer together --fused-masks counter --fused-compile step_graphs \
-        --fused-attention kernel --fused-projections stacked,separate ;;
     # top_k groups at the plan's depths (1,369 of paper_full's 3,202 H100-hours are top_k runs, priced one at a time past
     # top_k 3): the solo step of each, then fused 1 and 8 in the preset's step, BERT-base.
     topkdepths) part topkdepths 170 --backbones bert-base --variants now --methods top_k1,top_k6,top_k11 "${NONE[@]}" --fused 1,8 \
@@ -166,7 +126,7 @@ run_part() {
     lncheck) part lncheck 80 --backbones bert-base --variants "" "${NONE[@]}" --fused "" --layer-norm-check 8 \
         --fused-methods adapters64 --fused-compile step_graphs --fused-attention kernel ;;
     # The levers not yet timed, crossed in the preset's step at k = 8 (the dropout kernel, the LayerNorm kernel; the
-    # projections stacked, the trainers' default): BERT-base on real lengths (runs per GPU-hour), BERT-large padded to
+    # projections stacked, as the trainers always stack them): BERT-base on real lengths (runs per GPU-hour), BERT-large padded to
     # 128 (the MFU goal's figure). A kernel that failed its check above is left out (DROPOUT_MODES, LAYER_NORM_MODES).
     leversbase) part leversbase 100 --backbones bert-base --variants "" "${NONE[@]}" --fused 8 --fused-methods adapters64 \
         --fused-batch-sets length_grouped --fused-optimizer together --fused-masks counter --fused-compile step_graphs \
@@ -179,16 +139,10 @@ run_part() {
     # phase says where each attempt's seconds went (seconds_by_phase).
     shardmix) part shardmix 300 --backbones bert-base --variants "" --fused "" --shard 1 --shard-groups 8 --shard-train-rows 1000 \
         --shard-tasks rte,mrpc,cola --shard-methods adapters64,layernorm ;;
-    # One eager step per shape before its capture (ADAPTUNE_GRAPH_WARMUP=1, the default since 2026-11-28, when
-    # shardwarmup1 trained RTE's 9 runs to the same losses and scores as at 2, in 40.1 s against 47.0): first whether
-    # replays still train as the eager steps do, tensor by tensor, then the RTE shard fused 8 with it.
-    graphcheck1) ADAPTUNE_GRAPH_WARMUP=1 part graphcheck1 80 --backbones bert-base --variants "" "${NONE[@]}" --fused "" --graph-check 8 \
-        --fused-methods adapters64 ;;
     # The RTE shard fused 8 alone (no one-at-a-time pass), all rows; named twice (shardfused8a shardfused8b) it says how
     # much of a group's eager steps and captures is Triton compiling kernels: the second process finds them in the
     # on-disk cache (~/.triton/cache), as a later shard on the same node would.
     shardfused8*) part "$1" 100 --backbones bert-base --variants "" --fused "" --shard "" --shard-groups 8 ;;
-    shardwarmup1) ADAPTUNE_GRAPH_WARMUP=1 part shardwarmup1 100 --backbones bert-base --variants "" --fused "" --shard "" --shard-groups 8 ;;
     # Two processes side by side, each training groups of 8, against one (18 RTE adapter runs, all rows): whether a
     # group's fixed costs (setup, evaluation, saving: seconds_by_phase) hide behind another's steps (runs_per_device 2).
     shardoverlap) part shardoverlap 150 --backbones bert-base --variants "" --fused "" --shard "" --shard-groups 8,2x8 ;;
@@ -210,26 +164,6 @@ run_part() {
     presetlarge) part presetlarge 90 --backbones bert-large --variants "" "${NONE[@]}" --fused 8 --fused-methods adapters64 \
         --fused-batch-sets length_grouped,padded_128 --fused-optimizer together --fused-masks counter --fused-compile step_graphs \
         --fused-attention kernel --fused-dropout kernel --fused-layer-norm kernel ;;
-    # presetlarge's group with the residual stream in float32 (autocast's own: presetlarge's rows) and in bf16
-    # (adaptune.model.residual_stream, new 2026-11-28): a quarter of the bytes a layer's step writes, by this CPU's census
-    # (make bench-attention); then how far the bf16 stream moves the group's training in 16 steps, beside the kernels' checks.
-    residuallarge) part residuallarge 170 --backbones bert-large --variants "" "${NONE[@]}" --fused 8 --fused-methods adapters64 \
-        --fused-batch-sets padded_128,length_grouped --fused-optimizer together --fused-masks counter --fused-compile step_graphs \
-        --fused-attention kernel --fused-dropout kernel --fused-layer-norm kernel --fused-residual float32,autocast --residual-check 8 ;;
-    # The same group, padded to 128 with the bf16 stream, with its adapters' sums made in their matmuls (the trainers'
-    # default since 2026-11-28: adaptune.model.branch_sums) and by separate operators (every figure before): 46 of a
-    # layer's 592 MiB written fewer, by this CPU's census.
-    sumslarge) part sumslarge 90 --backbones bert-large --variants "" "${NONE[@]}" --fused 8 --fused-methods adapters64 \
-        --fused-batch-sets padded_128 --fused-optimizer together --fused-masks counter --fused-compile step_graphs \
-        --fused-attention kernel --fused-dropout kernel --fused-layer-norm kernel --fused-residual autocast \
-        --fused-branch-sums separate,in_matmul ;;
-    # Whether inductor's max-autotune (Triton matmul templates, a matmul's elementwise consumers fused into it: new
-    # 2026-11-28, ADAPTUNE_COMPILE=autotuned_step_graphs) takes BERT-large's group past the kernels' step: compiled layers
-    # in the default mode took 172.5 ms padded to 128 (24.7% MFU) on 2026-11-27, the kernels' step 163.6 ms (26.1%).
-    # The masks inside compiled layers are inductor's (their bits unchecked on a GPU): a timing, not a training mode yet.
-    autotunelarge) part autotunelarge 300 --backbones bert-large --variants "" "${NONE[@]}" --fused 8 --fused-methods adapters64 \
-        --fused-batch-sets padded_128 --fused-optimizer together --fused-masks counter \
-        --fused-compile compiled_step_graphs,autotuned_step_graphs --fused-attention kernel --fused-dropout kernel ;;
     # SQuAD's runs (473 of paper_full's 1,248 H100-hours; its 648 top_k runs priced at the 128-token row scaled to the
     # 185 tokens its batches average, an upper bound; that row scaled to 384 overpriced its adapter runs 2.7x): the trainer's one-run step at SQuAD's own batch lengths (185 tokens on
     # average, squad_lengths), then at 384, adapters 64, top_k at two depths, and full fine-tuning (top_k 24 and the
@@ -280,15 +214,6 @@ run_part() {
     topksizes) part topksizes 120 --backbones bert-base --variants "" "${NONE[@]}" --fused 1,4,6 --fused-methods top_k3 \
         --fused-batch-sets length_grouped --fused-optimizer together --fused-masks counter --fused-compile step_graphs \
         --fused-attention kernel --fused-layer-norm kernel ;;
-    # Whole models stacked per run (full fine-tuning as HFTA fuses it; new 2026-11-28): 436 of paper_full's runs, 197 h,
-    # train one a group (grouping.WHOLE_MODEL_RUNS_PER_GROUP) until this times groups of 2 and 4 and their peak memory.
-    wholegroups) part wholegroups 150 --backbones bert-base,bert-large --variants "" "${NONE[@]}" --fused 1,2,4 --fused-methods full \
-        --fused-batch-sets length_grouped --fused-optimizer together --fused-masks counter --fused-compile step_graphs \
-        --fused-attention kernel --fused-layer-norm kernel ;;
-    # The same through the trainer: RTE's 9 BERT-base full fine-tuning runs one at a time (each a replayed group of one)
-    # against whole models stacked 4 a group (groups of 3, 3 and 3), runs per GPU-hour and how far results moved.
-    shardwhole) ADAPTUNE_WHOLE_MODEL_RUNS_PER_GROUP=4 part shardwhole 200 --backbones bert-base --variants "" --fused "" \
-        --shard 1 --shard-groups 4 --shard-methods full ;;
     # Why the compiled counter masks drew other bits than the eager operators on the H100 (2026-11-28): each factor
     # alone (dynamic or static sizes, int32 or int64 draws, one shape or the training sequence), with inductor's code.
     maskcode) local left=$((BUDGET - SECONDS)); if [ "$left" -lt 60 ]; then log "part maskcode skipped: $left s left"; return; fi
@@ -302,14 +227,17 @@ run_part() {
 # capture, resume states only as often as they pay; its records say captures' seconds apart from eager steps'), the
 # plain trainer's on the same card (it ran past 200 s on 2026-11-28: 212-242 s), and SQuAD's top_k step at its own
 # lengths (198 of paper_full's 1,248 H100-hours, an upper bound from the 128-token row; unmeasured).
-# A second call: PARTS='shardhost residuallarge sumslarge lengthcurve squadgraphs profilelarge' (residuallarge holds presetlarge's rows;
-# the budget cuts what does not fit);
-# then 'autotunelarge maskcode topksizes shardmix'.
-# Other parts (shardhost, residuallarge, sumslarge, autotunelarge, squadgraphs, profilelarge, lengthcurve, dropcheck, groupsizes, wholegroups, wholealone, shardwhole, presetlarge, shardfused8a, shardfused8b, shardoverlap, graphcheck1, shardwarmup1, lncheck, leversbase, leverslarge, topkdepths, dropgraphs, squadlarge, projections, compiledlarge, compileddrop, shardcompiledattn, attncheck, attngraphs, compiledattn,
-# attnwide, profileattn, shardattn, compiledcheck, compiledgraphs, profilecompiled, shardcompiled, graphcheck, graphs, shardgraphs,
-# profilegraphs, graphsfused, shardfused, compiled, shard, base, topk, profile, fused8, large) stay for later calls: PARTS="..." picks them.
+# A second call: PARTS='shardhost presetlarge lengthcurve squadgraphs profilelarge' (the budget cuts what does not fit);
+# then 'maskcode topksizes shardmix'.
+# Other parts (shardhost, squadgraphs, profilelarge, lengthcurve, dropcheck, groupsizes, wholealone, presetlarge, shardfused8a,
+# shardfused8b, shardoverlap, lncheck, leversbase, leverslarge, topkdepths, dropgraphs, squadlarge, attncheck, attngraphs,
+# attnwide, profileattn, shardattn, graphcheck, graphs, shardgraphs, profilegraphs, graphsfused, shardfused, shard, base, topk,
+# profile, fused8, large) stay for later calls: PARTS="..." picks them. (The parts that timed only options since removed, the
+# compiled modes, the projections separate, the bf16 residual stream, the sums in the matmuls, the graph warm-up setting and
+# whole models stacked a group, went with them: bench/README.md keeps their figures.)
 # A kernel that fails its check outright (not for time: exit 124) is left out of the parts after it; if the attention
-# kernel fails, the call goes on to FALLBACK's parts, so that one failed compile on the device's Triton does not cost the whole call.
+# kernel fails, the call goes on to FALLBACK's parts (by default the step graphs with eager attention), so that one failed
+# compile on the device's Triton does not cost the whole call.
 DROPOUT_MODES=${DROPOUT_MODES:-mask,kernel}
 LAYER_NORM_MODES=${LAYER_NORM_MODES:-torch,kernel}
 queue=(${PARTS:-shardfull shardplain squadtopk})
@@ -317,8 +245,8 @@ while [ ${#queue[@]} -gt 0 ]; do
     name=${queue[0]}; queue=("${queue[@]:1}")
     run_part "$name"; status=$?
     if [ "$name" = attncheck ] && [ $status -ne 0 ] && [ $status -ne 124 ]; then
-        log "the attention kernel failed its check: on to ${FALLBACK:-compiledcheck compiledgraphs}"
-        queue=(${FALLBACK:-compiledcheck compiledgraphs})
+        log "the attention kernel failed its check: on to ${FALLBACK:-graphs graphsfused}"
+        queue=(${FALLBACK:-graphs graphsfused})
     elif [ "$name" = dropcheck ] && [ $status -ne 0 ] && [ $status -ne 124 ]; then
         log "the dropout kernel failed its check: the parts after it leave it out"
         DROPOUT_MODES=mask

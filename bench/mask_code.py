@@ -1,4 +1,4 @@
-"""Why the counter masks' compiled form (adaptune.model.run_dropout.fused_counter_keep_mask) drew other bits than the
+"""Why the counter masks' compiled form (adaptune.fused.run_dropout.fused_counter_keep_mask) drew other bits than the
 eager operators on an H100 at a training step's inputs (bench/gpu.json "h100_2026_11_28"), where on the CPU it draws
 the same: each factor alone, on a GPU. For every case, a fresh compile (dynamo reset) of the mask over one block
 shape or the training sequence of shapes, dynamic or static sizes, int32 or int64 draws; whether its bits equal the
@@ -12,7 +12,7 @@ import sys
 
 import torch
 
-from adaptune.model.run_dropout import CounterStream, RunRandomness, _keep_mask_like, counter_keep_mask
+from adaptune.fused.run_dropout import CounterStream, RunRandomness, _keep_mask_like, counter_keep_mask
 
 K, FEATURES, P = 8, 768, 0.1
 SEQUENCE = [(K, 32, length, FEATURES) for length in (32, 64, 96, 128, 64)] + [(K, 32, FEATURES)]

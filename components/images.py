@@ -6,17 +6,17 @@ Registry and tag come from the environment (`ADAPTUNE_REGISTRY`, `ADAPTUNE_IMAGE
 
 from __future__ import annotations
 
-import os
+from adaptune.core import environment
 
 ACCELERATOR_IMAGES = {"cpu": "adaptune-cpu", "gpu": "adaptune-gpu", "tpu": "adaptune-tpu"}
-DEFAULT_REGISTRY = "us-docker.pkg.dev/your-project/adaptune"  # image references are lowercase
-DEFAULT_TAG = "0.2.0"
+DEFAULT_REGISTRY = environment.parse("ADAPTUNE_REGISTRY", None)  # a placeholder: submit refuses it (image references are lowercase)
+DEFAULT_TAG = environment.parse("ADAPTUNE_IMAGE_TAG", None)
 
 
 def image_for(accelerator: str) -> str:
     """Full image reference for an accelerator family: "cpu", "gpu" or "tpu"."""
     if accelerator not in ACCELERATOR_IMAGES:
         raise ValueError(f"unknown accelerator family {accelerator!r}; expected one of {sorted(ACCELERATOR_IMAGES)}")
-    registry = os.environ.get("ADAPTUNE_REGISTRY", DEFAULT_REGISTRY).rstrip("/")
-    tag = os.environ.get("ADAPTUNE_IMAGE_TAG", DEFAULT_TAG)
+    registry = environment.read("ADAPTUNE_REGISTRY").rstrip("/")
+    tag = environment.read("ADAPTUNE_IMAGE_TAG")
     return f"{registry}/{ACCELERATOR_IMAGES[accelerator]}:{tag}"

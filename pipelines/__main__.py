@@ -257,6 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from adaptune.core.environment import SettingError, check
     from adaptune.sweep.experiments import SpecError, UnknownExperimentError
     from adaptune.sweep.plan import PlanError
     from adaptune.sweep.store import StoreError
@@ -266,8 +267,9 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     try:
+        check()  # a misspelt ADAPTUNE_* name or a bad value, before anything runs
         return args.handler(args)
-    except (UnknownExperimentError, SpecError, PlanError, SettingsError, StoreError, EngineError, IncompleteSweepError) as error:
+    except (SettingError, UnknownExperimentError, SpecError, PlanError, SettingsError, StoreError, EngineError, IncompleteSweepError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
 

@@ -50,7 +50,7 @@ def configure_accelerator(task: Any, accelerator: Accelerator, retries: int, tar
     task.set_env_variable("ADAPTUNE_IMAGE", image_for(accelerator.family))  # provenance of every record
     if accelerator.family == "cpu" and accelerator.cpu_precision != "auto":  # auto: the machine's (adaptune.core.devices)
         task.set_env_variable(CPU_BF16_ENV, cpu_bf16_env_value(accelerator.cpu_precision))
-    for name, value in accelerator.step_settings:  # how the step runs there (adaptune.core.step_settings)
+    for name, value in accelerator.step_settings:  # how the step runs there (adaptune.fused.settings)
         task.set_env_variable(name, value)
     if accelerator.family != "cpu":
         resource = accelerator.type if target == "vertex" else KUBERNETES_RESOURCES[accelerator.family]

@@ -32,6 +32,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from adaptune.core import environment
 from adaptune.sweep.experiments import get_experiment
 from pipelines.compile import compile_experiment
 from pipelines.reproduction import pipeline_name
@@ -99,8 +100,7 @@ def load_settings(env: Mapping[str, str] | None = None, config_path: str | Path 
     The file is `config_path`, else $ADAPTUNE_CONFIG (which must exist when set), else ./adaptune.toml
     (optional). Its [submit] table may hold only the keys above, each a string.
     """
-    env = os.environ if env is None else env
-    named = env.get("ADAPTUNE_CONFIG")
+    named = environment.given("ADAPTUNE_CONFIG", env)
     if config_path is None and named and not Path(named).is_file():
         raise SettingsError(f"$ADAPTUNE_CONFIG={named} is not a file: point it at a TOML file with a [submit] table, or unset it")
     path = Path(config_path or named or CONFIG_FILE)
@@ -125,7 +125,7 @@ def load_settings(env: Mapping[str, str] | None = None, config_path: str | Path 
                 raise SettingsError(
                     f'{path} [submit] {key} must be a string in quotes ({key} = "..."), not {value!r} ({type(value).__name__})'
                 )
-    values = {key: env.get(var) or from_file.get(key) for key, var in ENV_VARS.items()}
+    values = {key: environment.given(var, env) or from_file.get(key) for key, var in ENV_VARS.items()}
     values["data_dir"] = values["data_dir"] or ""
     return SubmitSettings(**values)
 
@@ -149,19 +149,9 @@ def require_vertex_settings(settings: SubmitSettings) -> None:
 @contextlib.contextmanager
 def image_settings(settings: SubmitSettings) -> Iterator[None]:
     """Make components.images.image_for see the configured registry and tag while compiling."""
-    saved = {var: os.environ.get(var) for var in ("ADAPTUNE_REGISTRY", "ADAPTUNE_IMAGE_TAG")}
-    try:
-        if settings.registry:
-            os.environ["ADAPTUNE_REGISTRY"] = settings.registry
-        if settings.image_tag:
-            os.environ["ADAPTUNE_IMAGE_TAG"] = settings.image_tag
+    chosen = {ENV_VARS["registry"]: settings.registry, ENV_VARS["image_tag"]: settings.image_tag}
+    with environment.applied({name: value for name, value in chosen.items() if value}):
         yield
-    finally:
-        for var, value in saved.items():
-            if value is None:
-                os.environ.pop(var, None)
-            else:
-                os.environ[var] = value
 
 
 def vertex_experiment_name(name: str) -> str:

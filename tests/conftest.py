@@ -15,7 +15,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Float32 on every CPU, whatever its bf16 (unless the caller sets it): the suite's tolerances are float32's, and a CI machine with
 # native bf16 (where the default is bf16) must test what one without does. bf16 has its own tests.
 os.environ.setdefault("ADAPTUNE_CPU_BF16", "0")
-# Triton kernels (adaptune.model.attention_kernel) run in Triton's interpreter here, which must be chosen
+# Triton kernels (adaptune.fused.kernels.attention) run in Triton's interpreter here, which must be chosen
 # before triton is first imported: triton decorates its own language functions then.
 os.environ.setdefault("TRITON_INTERPRET", "1")
 

@@ -24,8 +24,8 @@ TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "in
 def tiny_adapter_runs(directory: Path, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """Two adapter runs on MRPC of a tiny BERT (TINY, saved in `directory` with the embedded backbone's vocabulary), counter
     masks: what the kernels' trainer tests train (Triton's interpreter runs a program per row and head)."""
+    from adaptune.fused.run_dropout import DROPOUT_MASKS_ENV
     from adaptune.model.backbone import load_tokenizer
-    from adaptune.model.run_dropout import DROPOUT_MASKS_ENV
     from tests.test_fused_groups import METHODS, _config
 
     backbone = directory / "tiny-bert"
@@ -99,10 +99,11 @@ def test_rehearsal_runs_the_gpu_calls_parts_on_the_cpu(tmp_path, shared_data_dir
 
 def test_the_kernel_checks_take_the_calls_settings(tmp_path, shared_data_dir, monkeypatch: pytest.MonkeyPatch) -> None:
     """--attention-check, --dropout-check and --layer-norm-check call their kernel's check at each group size with the
-    first fused method, the first compile mode and (for the later kernels) the kernels before them as the call gives them,
-    and keep each row under its own key. The checks themselves are stood in for: under Triton's interpreter each takes
-    minutes at the rehearsal's 12 layers (tests/test_*_kernel.py run them on a 2-layer BERT)."""
+    first fused method and one StepSettings: counter masks, the first compile mode and (for the later kernels) the kernels
+    before them as the call gives them; and keep each row under its own key. The checks themselves are stood in for: under
+    Triton's interpreter each takes minutes at the rehearsal's 12 layers (tests/fused/kernels/ run them on a 2-layer BERT)."""
     import adaptune.bench.gpu_fused as gpu_fused
+    from adaptune.fused.settings import StepSettings
 
     calls = []
 
@@ -120,12 +121,31 @@ def test_the_kernel_checks_take_the_calls_settings(tmp_path, shared_data_dir, mo
                       "--backbones", "bert-base", "--variants", "", "--fused", "", "--shard", "", "--shard-groups", "",
                       "--fused-methods", "adapters64,layernorm", "--fused-compile", "step_graphs,eager", "--fused-attention", "kernel",
                       "--fused-dropout", "kernel,mask", "--attention-check", "2", "--dropout-check", "2", "--layer-norm-check", "2,4"]) == 0
-    common = {"task_count": 4, "mode": "step_graphs"}
-    assert calls == [("attention", "bert-base", "adapters64", 2, common),
-                     ("dropout", "bert-base", "adapters64", 2, {**common, "attention": "kernel"}),
-                     *[("layer_norm", "bert-base", "adapters64", k, {**common, "attention": "kernel", "dropout": "kernel"}) for k in (2, 4)]]
+    def given(**held: str) -> dict[str, Any]:
+        return {"task_count": 4, "settings": StepSettings(compile="step_graphs", dropout_masks="counter", **held)}
+
+    assert calls == [("attention", "bert-base", "adapters64", 2, given()),
+                     ("dropout", "bert-base", "adapters64", 2, given(attention="kernel")),
+                     *[("layer_norm", "bert-base", "adapters64", k, given(attention="kernel", dropout="kernel")) for k in (2, 4)]]
     result = json.loads(out.read_text())
     assert [len(result[key]) for key in ("attention_check", "dropout_check", "layer_norm_check")] == [1, 1, 2]
+
+
+def test_the_fused_variants_are_step_settings_a_group_can_train_under(tmp_path) -> None:
+    """bench-gpu's --fused-* flags crossed: a kernel or step graphs asked of generator masks take their eager form, as a run
+    that keeps generator masks does (StepSettings.for_masks), and a combination that comes out as one before it is timed
+    once; a value no setting has fails as the flag's error, before anything runs."""
+    from adaptune.bench.gpu_fused import crossed_settings
+    from adaptune.fused.settings import StepSettings
+
+    crossed = crossed_settings(("generator", "counter"), ("eager", "step_graphs"), {"attention": ("eager", "kernel")})
+    assert crossed == [StepSettings(), *(StepSettings(compile=compile, dropout_masks="counter", attention=attention)
+                                         for compile in ("eager", "step_graphs") for attention in ("eager", "kernel"))]
+    with pytest.raises(ValueError, match="not layer settings: .'residual'."):
+        crossed_settings(layer_settings={"residual": ("autocast",)})
+    with pytest.raises(SystemExit):
+        bench_gpu(["--out", str(tmp_path / "x.json"), "--rehearse", "--fused-compile", "eager,compiled"])
+    assert not (tmp_path / "x.json").exists()
 
 
 def test_every_group_size_is_timed_on_every_task_alike() -> None:

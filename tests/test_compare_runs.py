@@ -114,7 +114,7 @@ def test_the_kept_bf16_check_pairs_every_run_with_its_float32_record(tmp_path: P
 def test_pairs_name_the_step_settings_that_changed(float32_records: list[dict]) -> None:
     """Where both sides' records say how their steps were computed, each pair names what differs (the residual stream
     here), and "" where nothing does."""
-    from adaptune.core.step_settings import RECORDED_SETTINGS
+    from adaptune.fused.settings import RECORDED_SETTINGS
 
     settings = {"compile": "eager", "dropout_masks": "generator", "attention": "eager", "dropout": "mask",
                 "projections": "stacked", "layer_norm": "torch", "residual": "float32", "branch_sums": "separate"}

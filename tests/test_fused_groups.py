@@ -18,17 +18,17 @@ import torch
 
 import adaptune.train.group_loop as group_loop
 import adaptune.train.loop as loop
-import adaptune.train.step_graphs as step_graphs
+import adaptune.fused.step_graphs as step_graphs
 from adaptune.core.run_files import STATE_FILE
 from adaptune.model.checkpoint import load_task_checkpoint
-from adaptune.model.run_dropout import DROPOUT_MASKS_ENV, MASK_SCHEMES
+from adaptune.fused.run_dropout import MASK_SCHEMES
+from adaptune.fused.settings import COMPILE_ENV, DROPOUT_MASKS_ENV, StepSettings
 from adaptune.sweep.run_attempt import form_groups
-from adaptune.train.compiling import COMPILE_ENV
 from adaptune.train.config import TrainConfig
 from adaptune.train.group_loop import train_group
-from adaptune.train.grouping import group_capacity, group_key, trains_whole_model
+from adaptune.fused.grouping import group_capacity, group_key, trains_whole_model
 from adaptune.train.loop import train_and_evaluate
-from adaptune.train.step_graphs import STEP_GRAPHS
+from adaptune.fused.step_graphs import STEP_GRAPHS
 
 TOLERANCE = 1e-4
 SMALL = dict(task="mrpc", epochs=2, max_length=48, max_train_examples=40, max_eval_examples=24, batch_size=16)
@@ -351,9 +351,8 @@ def test_a_group_takes_fewer_runs_where_a_step_holds_more_tokens() -> None:
     assert group_capacity(_config(adapters, 3e-4, 0, max_length=64, batch_size=16), 8) == 8
     squads = [TrainConfig(task="squad", method=adapters, max_length=384, seed=seed) for seed in range(5)]
     assert [len(group) for group in form_groups(squads, 8)] == [1] * 5
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("ADAPTUNE_COMPILE", "step_graphs")
-        assert (_graphed_alone(glue), _graphed_alone(squad)) == (True, False)
+    graphed = StepSettings(compile="step_graphs", dropout_masks="counter")
+    assert (_graphed_alone(glue, graphed), _graphed_alone(squad, graphed), _graphed_alone(glue, StepSettings())) == (True, False, False)
 
 
 def test_a_group_size_below_1_fails_at_planning() -> None:
@@ -475,7 +474,7 @@ def test_a_group_keys_runs_split_into_as_few_groups_as_fit_of_even_sizes() -> No
     """9 runs at 8 a group train as 5 and 4 (a run alone would pay a whole launch-bound step for itself), 16 as 8
     and 8, 12 at 256 tokens (4 a group) as three 4s; a run no group shares keeps its place, and groups come in
     the order of their first runs."""
-    from adaptune.train.grouping import fused_groups
+    from adaptune.fused.grouping import fused_groups
 
     adapters = {"name": "adapters", "size": 64}
     nine = [_config(adapters, lr, seed) for lr in (3e-5, 3e-4, 3e-3) for seed in range(3)]
@@ -496,7 +495,7 @@ def test_a_group_keys_runs_split_into_as_few_groups_as_fit_of_even_sizes() -> No
 def test_a_trained_position_table_without_position_ids_to_look_up_by_row_is_refused() -> None:
     """BERT's embeddings add one position lookup to every row; stacked per run, each row must look positions up in
     its own run's table, from the module's position_ids. A module that trains such a table without them is refused."""
-    from adaptune.model.run_groups import GroupingError, group_model, trained_tensors
+    from adaptune.fused.run_groups import GroupingError, group_model, trained_tensors
 
     class Embeddings(torch.nn.Module):
         def __init__(self) -> None:

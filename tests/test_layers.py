@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("adaptune", "components", "pipelines")
 # Bottom to top; a module may import its own layer and those below it. "adaptune" is the package's
 # entry points (cli, __main__, healthcheck), above every subpackage.
-LAYERS = ("adaptune.core", "adaptune.model", "adaptune.data", "adaptune.train", "adaptune.report", "adaptune.sweep",
+LAYERS = ("adaptune.core", "adaptune.model", "adaptune.data", "adaptune.fused", "adaptune.train", "adaptune.report", "adaptune.sweep",
           "adaptune.serve", "adaptune.bench", "adaptune", "components", "pipelines")
 
 

@@ -57,7 +57,7 @@ def test_every_kept_unfinished_state_is_a_planned_unfinished_run_that_fits_its_m
     from adaptune.data.tasks import get_task
     from adaptune.model.backbone import load_model
     from adaptune.model.methods import apply_method, method_from_dict
-    from adaptune.model.run_dropout import MASK_SCHEMES
+    from adaptune.fused.run_dropout import MASK_SCHEMES
     from adaptune.train.state import resume_point, trained_parameters
 
     planned = {config.run_id: config for config in plan(EXPERIMENTS[experiment]).runs}

@@ -9,15 +9,13 @@ import pytest
 import torch
 
 from adaptune.core.run_files import STATE_FILE
-from adaptune.core.step_settings import GRAPH_WARMUP_ENV
-from adaptune.model.run_dropout import DROPOUT_MASKS_ENV
+from adaptune.fused.settings import COMPILE_ENV, DROPOUT_MASKS_ENV
 from adaptune.train import phase_times
-from adaptune.train.compiling import COMPILE_ENV
 from adaptune.train.config import TrainConfig
 from adaptune.train.group_loop import train_group
 from adaptune.train.loop import train_and_evaluate
 from adaptune.train.state import Progress
-from adaptune.train.step_graphs import STEP_GRAPHS
+from adaptune.fused.step_graphs import STEP_GRAPHS
 
 SMALL = dict(task="mrpc", epochs=2, max_length=48, max_train_examples=40, max_eval_examples=24, batch_size=16,
              method={"name": "adapters", "size": 8})
@@ -46,7 +44,6 @@ def test_a_groups_runs_each_record_the_groups_time_and_step_graph_counts(tmp_pat
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(DROPOUT_MASKS_ENV, "counter")
     monkeypatch.setenv(COMPILE_ENV, STEP_GRAPHS)
-    monkeypatch.setenv(GRAPH_WARMUP_ENV, "2")  # the setting reaches the group's step (recorded beside its counts; 1 unless set)
     runs = [TrainConfig(lr=1e-3, seed=0, **SMALL), TrainConfig(lr=3e-4, seed=1, **SMALL)]
     records = train_group(runs, [tmp_path / "a", tmp_path / "b"], data_dir=shared_data_dir)
     for record in records:
@@ -54,7 +51,7 @@ def test_a_groups_runs_each_record_the_groups_time_and_step_graph_counts(tmp_pat
     assert records[0]["time_s"] == records[1]["time_s"]  # the group's, as its wall time
     steps = 2 * -(-40 // 16)  # epochs x batches: a CPU captures nothing, so every step ran eagerly
     assert [record["step_graphs"] for record in records] == [{"graphs": 0, "eager_steps": steps, "replayed_steps": 0, "padded_up_steps": 0,
-                                                              "eager_and_capture_s": 0.0, "capture_s": 0.0, "warmup": 2}] * 2  # seconds: CUDA's only
+                                                              "eager_and_capture_s": 0.0, "capture_s": 0.0, "warmup": 1}] * 2  # seconds: CUDA's only
 
 
 def test_a_resumed_run_adds_the_phases_of_its_earlier_attempt(tmp_path: Path, shared_data_dir: Path) -> None:

@@ -181,7 +181,7 @@ def test_schema_document_lists_every_column():
 def test_how_each_runs_steps_were_computed_is_a_column(real_records, tmp_path):
     """step_settings_json holds every setting the trainer recorded (a run of the real trainer records each of
     RECORDED_SETTINGS), so sweeps trained under other settings can be told apart; a record from before them gives {}."""
-    from adaptune.core.step_settings import RECORDED_SETTINGS
+    from adaptune.fused.settings import RECORDED_SETTINGS
 
     trained = [record for record in real_records if record["status"] != "failed"]
     assert trained and all(set(RECORDED_SETTINGS) <= set(record) for record in trained)

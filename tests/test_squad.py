@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from datasets import Dataset, DatasetDict  # noqa: E402
+from datasets import Dataset  # noqa: E402
 
 from adaptune.train import ablation  # noqa: E402
 

@@ -1,17 +1,16 @@
-"""What the attention kernel, and the dropout kernel, stacked projections, the LayerNorm kernel, a bf16 residual stream
-and the adapters' sums made in their matmuls beside it, take off a fused step's memory traffic (`make bench-attention`, JSON out), counted on the CPU: a
-proxy for a GPU, where the step replayed as CUDA graphs is bound by its elementwise passes (bench/gpu.json
-"h100_2026_11_26_step_graphs": the device busy 96.5% of the step at 7-12% MFU). Counter masks are counted as the one
-kernel each a GPU draws them with.
+"""What the attention kernel, and the dropout kernel and the LayerNorm kernel beside it, take off a fused step's memory
+traffic (`make bench-attention`, JSON out), counted on the CPU: a proxy for a GPU, where the step replayed as CUDA graphs
+is bound by its elementwise passes (bench/gpu.json "h100_2026_11_26_step_graphs": the device busy 96.5% of the step at
+7-12% MFU). Counter masks are counted as the one kernel each a GPU draws them with.
 
-For a fused group of BERT-base-width adapter runs (frozen matmuls in bf16 under bf16 autocast, counter masks), one
+For a fused group of BERT-base-width adapter runs (frozen matmuls in bf16 under bf16 autocast, each frozen layer's query,
+key and value one matmul as the trainers always stack them there (adaptune.fused.frozen_projections), counter masks), one
 training step's torch operators and the bytes their outputs take: eager attention, the attention kernel
-(adaptune.model.attention_kernel), then with the hidden-state dropout kernel (adaptune.model.dropout_kernel, its launch
-computed by torch outside the census), the frozen query, key and value as one matmul
-(adaptune.model.frozen_projections), the runs' LayerNorms in one kernel (adaptune.model.layer_norm_kernel), every
-LayerNorm's output in bf16 (adaptune.model.residual_stream), and each adapter's output added to its input in its up
-projection's matmul, its input's gradients summed in a matmul too (adaptune.model.branch_sums), each added to the ones
-before.
+(adaptune.fused.kernels.attention), then with the hidden-state dropout kernel (adaptune.fused.kernels.dropout, its launch
+computed by torch outside the census), then with the runs' LayerNorms in one kernel (adaptune.fused.kernels.layer_norm),
+each added to the ones before: each configuration one StepSettings (CONFIGURATIONS), passed to the group as the trainer
+passes it. (The census's other configurations, the projections separate, a bf16 residual stream and the adapters' sums in
+their matmuls, went with those options; bench/attention_kernel.json keeps their figures.)
 
 The kernels are torch custom operators, so the census sees each call as one operator writing its outputs; what it
 does inside stays on chip on a GPU (but for the LayerNorm kernel's partial sums of its scales' gradients, a few per
@@ -41,9 +40,11 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes  # noqa: E402
 
-from adaptune.core.step_settings import (ATTENTION_ENV, BRANCH_SUMS_ENV, DROPOUT_ENV, LAYER_NORM_ENV, PROJECTIONS_ENV,  # noqa: E402
-                                         RESIDUAL_ENV)
-from adaptune.model import attention_kernel, dropout_kernel, layer_norm_kernel, run_dropout  # noqa: E402
+from adaptune.fused import run_dropout  # noqa: E402
+from adaptune.fused.kernels import attention as attention_kernel  # noqa: E402
+from adaptune.fused.kernels import dropout as dropout_kernel  # noqa: E402
+from adaptune.fused.kernels import layer_norm as layer_norm_kernel  # noqa: E402
+from adaptune.fused.settings import StepSettings  # noqa: E402
 
 BERT_BASE_WIDTH = {"hidden_size": 768, "num_attention_heads": 12, "intermediate_size": 3072}
 ROWS = 32  # a run's batch
@@ -88,19 +89,12 @@ def _one_kernel_masks(census: _Census) -> Any:
 
 # The masks' own function, not _one_kernel_masks' counting stand-in: the dropout kernel draws its masks inside.
 _COUNTER_KEEP_MASK = run_dropout.counter_keep_mask
-# What each census compares: the step settings of each configuration.
-_SEPARATE = {PROJECTIONS_ENV: "separate", LAYER_NORM_ENV: "torch", RESIDUAL_ENV: "float32", BRANCH_SUMS_ENV: "separate"}
-_KERNELS = {ATTENTION_ENV: "kernel", DROPOUT_ENV: "kernel"}
-_ALL_KERNELS = {**_KERNELS, PROJECTIONS_ENV: "stacked", LAYER_NORM_ENV: "kernel", BRANCH_SUMS_ENV: "separate"}
+# What each census compares: the step settings of each configuration (eager steps: nothing here is captured).
 CONFIGURATIONS = {
-    "eager": {ATTENTION_ENV: "eager", DROPOUT_ENV: "mask", **_SEPARATE},
-    "kernel": {ATTENTION_ENV: "kernel", DROPOUT_ENV: "mask", **_SEPARATE},
-    "kernel+dropout_kernel": {**_KERNELS, **_SEPARATE},
-    "kernel+dropout_kernel+stacked_projections": {**_KERNELS, **_SEPARATE, PROJECTIONS_ENV: "stacked"},
-    "kernel+dropout_kernel+stacked_projections+layer_norm_kernel": {**_ALL_KERNELS, RESIDUAL_ENV: "float32"},
-    "kernel+dropout_kernel+stacked_projections+layer_norm_kernel+bf16_residual": {**_ALL_KERNELS, RESIDUAL_ENV: "autocast"},
-    "kernel+dropout_kernel+stacked_projections+layer_norm_kernel+bf16_residual+branch_sums_in_matmul": {
-        **_ALL_KERNELS, RESIDUAL_ENV: "autocast", BRANCH_SUMS_ENV: "in_matmul"},
+    "eager": StepSettings(dropout_masks="counter"),
+    "kernel": StepSettings(dropout_masks="counter", attention="kernel"),
+    "kernel+dropout_kernel": StepSettings(dropout_masks="counter", attention="kernel", dropout="kernel"),
+    "kernel+dropout_kernel+layer_norm_kernel": StepSettings(dropout_masks="counter", attention="kernel", dropout="kernel", layer_norm="kernel"),
 }
 
 
@@ -169,15 +163,14 @@ def step_census(layers: int, k: int, length: int, configuration: str) -> tuple[i
     from adaptune.bench.fused import _step_fn
     from adaptune.core.devices import Device
 
-    with (tempfile.TemporaryDirectory() as directory, mock.patch.dict(os.environ, CONFIGURATIONS[configuration]),
-          _dropout_kernel_by_torch(), _kernels_counted_not_run()):
+    with tempfile.TemporaryDirectory() as directory, _dropout_kernel_by_torch(), _kernels_counted_not_run():
         torch.manual_seed(0)
         BertForSequenceClassification(BertConfig(**BERT_BASE_WIDTH, num_hidden_layers=layers)).save_pretrained(directory)
         ids = torch.randint(1000, 2000, (ROWS, length), generator=torch.Generator().manual_seed(0))
         batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids),
                  "labels": torch.randint(0, 2, (ROWS,))}
         device = Device("cpu", torch.device("cpu"), "cpu:bf16", torch.bfloat16)  # as a GPU's step runs: bf16 autocast
-        step = _step_fn(directory, k, device, batch, bf16=True, masks="counter")
+        step = _step_fn(directory, k, device, batch, bf16=True, settings=CONFIGURATIONS[configuration])
         step()  # warm: optimizer state allocated
         census = _Census()
         with census, _one_kernel_masks(census):

@@ -10,8 +10,8 @@ On the embedded backbone and real SST-2 sentences:
     per second (`dynamic_padding_speedup`, target >= 2.5);
   - the adapter checkpoint's size over the full fine-tuning checkpoint's;
   - fused run groups (k = 1, 4, 16 adapter runs in one forward pass: operators per example and
-    examples/s, on the embedded backbone and an overhead-bound proxy), the frozen backbone in bf16, and
-    frozen query, key and value stacked into one matmul against three (adaptune.bench.fused).
+    examples/s, on the embedded backbone and an overhead-bound proxy) and the frozen backbone in bf16
+    (adaptune.bench.fused), their steps computed as the environment's step settings say (StepSettings, read once here).
 BERT-base/-large on a GPU: `make bench-gpu` (adaptune.bench.gpu). Repetitions are interleaved
 across the variants (so drifting machine load hits all alike) and medians are reported. Not a test:
 no pass/fail here.
@@ -34,16 +34,17 @@ from datasets import DatasetDict
 from torch import nn
 from transformers.trainer_pt_utils import get_length_grouped_indices
 
-from adaptune.model.backbone import load_model, load_tokenizer
-from adaptune.data.batching import make_collator, model_rows, subsample
-from adaptune.model.checkpoint import WEIGHTS_FILE, save_task_checkpoint
+from adaptune.bench.fused import measure_cpu_bf16, measure_fused_groups, measure_group_runs
 from adaptune.core.backbones import DEFAULT_BACKBONE
-from adaptune.data.loading import load_task_data, tokenize_task
 from adaptune.core.devices import Device, pick_device
-from adaptune.model.methods import apply_method, method_from_dict
+from adaptune.data.batching import make_collator, model_rows, subsample
+from adaptune.data.loading import load_task_data, tokenize_task
 from adaptune.data.tasks import get_task
+from adaptune.fused.settings import StepSettings
+from adaptune.model.backbone import load_model, load_tokenizer
+from adaptune.model.checkpoint import WEIGHTS_FILE, save_task_checkpoint
+from adaptune.model.methods import apply_method, method_from_dict
 from adaptune.train.loop import training_step
-from adaptune.bench.fused import measure_cpu_bf16, measure_fused_groups, measure_group_runs, measure_stacked_projections
 
 BATCH_SIZE = 32
 PAD_LENGTH = 128
@@ -69,9 +70,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--only-fused", action="store_true", help="only the fused run groups and bf16 entries (make bench-fused)")
     parser.add_argument("--only-bf16", action="store_true", help="only the bf16 frozen backbone against float32 (make bench-bf16)")
     parser.add_argument("--only-data", action="store_true", help="only the time a run takes to prepare its data, per task")
-    parser.add_argument("--only-projections", action="store_true",
-                        help="only frozen query, key and value stacked into one matmul against three (make bench-projections)")
     args = parser.parse_args(argv)
+    settings = StepSettings.from_environment()  # read once, here: a bad setting fails before anything is measured
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     started = time.perf_counter()
@@ -79,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         results = data_preparation_times(args.data_dir, args.cache_dir)
     else:
         results = run_benchmark(args.data_dir, args.cache_dir, args.repeats, only_fused=args.only_fused, only_bf16=args.only_bf16,
-                                only_projections=args.only_projections)
+                                settings=settings)
     results["elapsed_s"] = round(time.perf_counter() - started, 1)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -90,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run_benchmark(data_dir: str | None, cache_dir: str | None, repeats: int, sample_size: int = 128,
-                  only_fused: bool = False, only_bf16: bool = False, only_projections: bool = False) -> dict[str, Any]:
+                  only_fused: bool = False, only_bf16: bool = False, settings: StepSettings = StepSettings()) -> dict[str, Any]:
     # Float32 whatever the CPU's bf16 (the default where it is native): the figures stay comparable
     # across machines, and bf16 is measured beside float32 in its own entry (measure_cpu_bf16).
     device = pick_device(cpu_precision="float32")
@@ -118,17 +118,14 @@ def run_benchmark(data_dir: str | None, cache_dir: str | None, repeats: int, sam
         "repeats": repeats,
     }
     if only_bf16:
-        return {**results, **measure_cpu_bf16(grouped_batches[0], device, repeats, whole_runs=True, data_dir=data_dir)}
+        return {**results, **measure_cpu_bf16(grouped_batches[0], device, repeats, whole_runs=True, data_dir=data_dir, settings=settings)}
     if only_fused:
-        return {**results, **measure_fused_groups(grouped_batches[0], device, repeats)}
-    if only_projections:
-        return {**results, **measure_stacked_projections(grouped_batches[0], device, repeats)}
+        return {**results, **measure_fused_groups(grouped_batches[0], device, repeats, settings)}
     results.update(_method_step_times(device, grouped_batches, repeats))
     results.update(_padding_speedup(device, grouped_batches, padded_batches, repeats))
     results.update(_checkpoint_sizes())
-    results.update(measure_fused_groups(grouped_batches[0], device, repeats))
-    results.update(measure_stacked_projections(grouped_batches[0], device, repeats))
-    results.update(measure_group_runs(data_dir))
+    results.update(measure_fused_groups(grouped_batches[0], device, repeats, settings))
+    results.update(measure_group_runs(data_dir, settings=settings))
     results.update(data_preparation_times(data_dir, cache_dir))
     return results
 

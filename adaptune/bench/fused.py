@@ -1,6 +1,8 @@
 """Fused run groups on the CPU (part of `make bench`): operators launched per training example and
 training examples per second for a group of k = 1, 4, 16 adapter runs (and top_k runs, their top layers
-stacked per run; and full fine-tuning runs at k = 1, 4, whole models stacked per run), each k side by side in one run.
+stacked per run), each k side by side in one run. The step settings (adaptune.fused.settings.StepSettings) are the
+caller's, read once where the benchmark starts (adaptune.bench.cpu); a series that varies the dropout masks' scheme
+takes each scheme's form of them (StepSettings.for_masks).
 
 Two backbones: the embedded all-MiniLM-L6-v2 (real cost on this CPU), and an overhead-bound proxy, the
 same 6-layer BERT at width 32 (2 heads), where each operator's fixed cost dominates as kernel launches
@@ -17,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import itertools
 import os
 import statistics
 import tempfile
@@ -33,11 +34,11 @@ from transformers import BertConfig, BertForSequenceClassification
 from adaptune.core.backbones import DEFAULT_BACKBONE
 from adaptune.core.devices import Device, native_cpu_bf16
 from adaptune.core.precision import CPU_BF16_ENV, cpu_bf16_env_value
-from adaptune.core.step_settings import PROJECTIONS_ENV
+from adaptune.fused.run_dropout import RowLayout, dropout_stream, use_run_dropout
+from adaptune.fused.run_groups import group_model, run_parameters, trained_tensors
+from adaptune.fused.settings import StepSettings
 from adaptune.model.backbone import load_model
 from adaptune.model.methods import apply_method, method_from_dict
-from adaptune.model.run_dropout import RowLayout, dropout_stream, use_run_dropout
-from adaptune.model.run_groups import group_model, run_parameters, trained_tensors
 from adaptune.train.config import TrainConfig
 from adaptune.train.group_loop import fused_step
 from adaptune.train.loop import adamw, decayed_names, frozen_backbone_for_autocast
@@ -48,10 +49,6 @@ VARIANTS = (("per_run", "generator"), ("together", "generator"), ("together", "c
 ADAPTERS = {"name": "adapters", "size": 64}
 # top_k's series: the top 3 of 6 layers trained, stacked per run (HFTA's way), the trainer's default variant.
 TOP_K = {"name": "top_k", "k": 3}
-# Full fine-tuning's series: whole models stacked per run (each run's weights, gradients and AdamW moments: 16 of
-# MiniLM's would hold 6 GB here), at the sizes a GPU is asked to time (bench/gpu_session.sh `wholegroups`).
-FULL = {"name": "full"}
-WHOLE_MODEL_GROUP_SIZES = (1, 4)
 
 
 class _CountOps(TorchDispatchMode):
@@ -73,7 +70,7 @@ class _Run:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: 1.0)
 
 
-def _group(backbone: str, k: int, device: Device, bf16: bool = False, masks: str = "generator",
+def _group(backbone: str, k: int, device: Device, bf16: bool = False, settings: StepSettings = StepSettings(),
            method: dict[str, Any] = ADAPTERS) -> tuple[torch.nn.Module, Any, list[_Run]]:
     trained, model = [], None
     for seed in range(k):
@@ -81,18 +78,19 @@ def _group(backbone: str, k: int, device: Device, bf16: bool = False, masks: str
         model = load_model(backbone, "classification", num_labels=2)
         apply_method(model, method_from_dict(method))
         trained.append(trained_tensors(model))
-    return grouped_runs(model, trained, device, torch.bfloat16 if bf16 else None, masks)
+    return grouped_runs(model, trained, device, torch.bfloat16 if bf16 else None, settings)
 
 
 def grouped_runs(model: torch.nn.Module, trained: list[dict[str, torch.Tensor]], device: Device,
-                 frozen_dtype: torch.dtype | None, masks: str = "generator") -> tuple[torch.nn.Module, Any, list[_Run]]:
+                 frozen_dtype: torch.dtype | None, settings: StepSettings = StepSettings()) -> tuple[torch.nn.Module, Any, list[_Run]]:
     """A solo model (its method applied) made a training group of one run per `trained` tensor set, on
     the device, frozen matmuls stored in `frozen_dtype` (None: as they are), each run with its own
-    dropout stream (drawn with the `masks` scheme), AdamW and lr (the CPU and GPU fused benchmarks'
-    common setup)."""
+    dropout stream (drawn with the scheme `settings` give), AdamW and lr, its layers computing as `settings`
+    say (the CPU and GPU fused benchmarks' common setup, as group_loop builds a group)."""
     decayed = decayed_names(model)
-    model = group_model(model, trained)
-    randomness = use_run_dropout(model, [dropout_stream(seed, device.torch_device, masks) for seed in range(len(trained))])
+    model = group_model(model, trained, settings)
+    randomness = use_run_dropout(model, [dropout_stream(seed, device.torch_device, settings.dropout_masks) for seed in range(len(trained))],
+                                 settings)
     model.to(device.torch_device).train()
     frozen_backbone_for_autocast(model, frozen_dtype)  # as training does
     return model, randomness, [_Run(params, decayed, seed) for seed, params in enumerate(run_parameters(model))]
@@ -106,8 +104,9 @@ def _stacked(batch: dict[str, torch.Tensor], k: int) -> tuple[dict[str, torch.Te
 
 
 def _step_fn(backbone: str, k: int, device: Device, batch: dict[str, torch.Tensor], bf16: bool = False,
-             together: bool = True, masks: str = "generator", method: dict[str, Any] = ADAPTERS) -> Any:
-    model, randomness, runs = _group(backbone, k, device, bf16, masks, method)
+             together: bool = True, settings: StepSettings = StepSettings(), method: dict[str, Any] = ADAPTERS) -> Any:
+    """One eager fused step of k runs of `method` on `batch` (each run's copy of it), the group built under `settings`."""
+    model, randomness, runs = _group(backbone, k, device, bf16, settings, method)
     inputs, labels, weights, layout = _stacked(batch, k)
     autocast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
 
@@ -153,7 +152,7 @@ def mask_site_kernels(group_sizes: tuple[int, ...] = GROUP_SIZES) -> dict[str, A
     generator masks' draws and copies."""
     from torch._inductor import metrics
 
-    from adaptune.model.run_dropout import CounterStream, RunDropout, RunRandomness
+    from adaptune.fused.run_dropout import CounterStream, RunDropout, RunRandomness
 
     def site(k: int) -> RunDropout:  # the trainer's own dropout module, every run's count at 0
         return RunDropout(0.1, RunRandomness([CounterStream(seed) for seed in range(k)])).train()
@@ -169,9 +168,10 @@ def mask_site_kernels(group_sizes: tuple[int, ...] = GROUP_SIZES) -> dict[str, A
     return {"counter_mask_site_compiled_kernels": kernels, "counter_mask_site_compiled_equals_eager": equal}
 
 
-def measure_group_runs(data_dir: str | None, k: int = 4) -> dict[str, Any]:
+def measure_group_runs(data_dir: str | None, k: int = 4, settings: StepSettings = StepSettings()) -> dict[str, Any]:
     """Whole runs (`make bench`, float32): k small MRPC adapter runs trained as one group, and one after another."""
-    timed = time_whole_runs(data_dir, k, WholeRuns(task="mrpc", train_rows=128, eval_rows=64, epochs=2, max_length=64), "float32")
+    timed = time_whole_runs(data_dir, k, WholeRuns(task="mrpc", train_rows=128, eval_rows=64, epochs=2, max_length=64), "float32",
+                            settings=settings)
     return {"fused_group_runs": {"runs": k, "task": "mrpc: 128 training rows, 64 validation, 2 epochs, adapters 64, batch 32",
                                  "group_wall_s": timed["group_wall_s"], "alone_wall_s": timed["alone_wall_s"],
                                  "speedup": timed["speedup"]}}
@@ -200,9 +200,11 @@ WHOLE_RUNS_BENCH = (WholeRuns(task="cola", train_rows=1024, eval_rows=512, epoch
 WHOLE_RUNS_K = 4
 
 
-def time_whole_runs(data_dir: str | None, k: int, runs: WholeRuns, precision: str, repeats: int = 1) -> dict[str, Any]:
+def time_whole_runs(data_dir: str | None, k: int, runs: WholeRuns, precision: str, repeats: int = 1,
+                    settings: StepSettings = StepSettings()) -> dict[str, Any]:
     """Wall clock of k whole runs (data preparation, model building, training, per-epoch evaluation,
-    test, checkpoints) trained as one group and one after another alone, in `precision` on the CPU;
+    test, checkpoints) trained as one group and one after another alone, in `precision` on the CPU, their steps
+    computed as `settings` say;
     with repeats > 1 in ABBA order (group, alone, alone, group, ...) so that a drifting load hits both
     alike; medians. Each run's test score too: grouped and alone must agree (bf16: to reduction order)."""
     from adaptune.train.group_loop import train_group
@@ -218,9 +220,10 @@ def time_whole_runs(data_dir: str | None, k: int, runs: WholeRuns, precision: st
                 outs = [Path(tmp) / f"{how}{repeat}" / config.run_id for config in configs]
                 started = time.perf_counter()
                 if how == "group":
-                    records = train_group(configs, outs, data_dir=data_dir)
+                    records = train_group(configs, outs, data_dir=data_dir, settings=settings)
                 else:
-                    records = [train_and_evaluate(config, data_dir=data_dir, out_dir=out, progress=False) for config, out in zip(configs, outs)]
+                    records = [train_and_evaluate(config, data_dir=data_dir, out_dir=out, progress=False, settings=settings)
+                               for config, out in zip(configs, outs)]
                 walls[how].append(time.perf_counter() - started)
                 scores[how] = [(record.get("test_metrics") or {}).get(record.get("primary_metric")) for record in records]
     group, alone = statistics.median(walls["group"]), statistics.median(walls["alone"])
@@ -237,14 +240,16 @@ def _cpu_precision(precision: str) -> Any:
 
 
 def measure_cpu_bf16(batch: dict[str, torch.Tensor], device: Device, repeats: int, whole_runs: bool = False,
-                     data_dir: str | None = None) -> dict[str, Any]:
+                     data_dir: str | None = None, settings: StepSettings = StepSettings()) -> dict[str, Any]:
     """One adapters-64 training step on the embedded backbone, the frozen matmuls in bf16 under autocast
     against float32, side by side, in examples/s; and, where the CPU has native bf16, groups of k such
     runs in bf16, and with `whole_runs` whole runs fused against alone in each precision (`make bench-bf16`
     measures all of this)."""
     rows = batch["input_ids"].shape[0]
-    timed = _compare({"float32": _step_fn(DEFAULT_BACKBONE, 1, device, batch),
-                      "bfloat16": _step_fn(DEFAULT_BACKBONE, 1, device, batch, bf16=True)}, {"float32": rows, "bfloat16": rows}, repeats, 2)
+    steps = settings.for_masks("generator")  # the whole runs' settings as they are; the steps' masks as before: a generator per run
+    timed = _compare({"float32": _step_fn(DEFAULT_BACKBONE, 1, device, batch, settings=steps),
+                      "bfloat16": _step_fn(DEFAULT_BACKBONE, 1, device, batch, bf16=True, settings=steps)},
+                     {"float32": rows, "bfloat16": rows}, repeats, 2)
     entry: dict[str, Any] = {name: round(per_s, 1) for name, (per_s, _) in timed.items()}
     entry["speedup"] = round(entry["bfloat16"] / entry["float32"], 2)
     # The speed-up is the CPU's: native bf16 (avx512_bf16/AMX) or emulated (AVX2 only), as oneDNN dispatches.
@@ -252,7 +257,7 @@ def measure_cpu_bf16(batch: dict[str, torch.Tensor], device: Device, repeats: in
     entry["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
     if entry["native_bf16"]:  # emulated, a 16-run bf16 step takes minutes, and bf16 is never the default there
         # Whether fusing pays once the backbone is bf16 (the CPU default where native): k runs in one step.
-        grouped = _compare({k: _step_fn(DEFAULT_BACKBONE, k, device, batch, bf16=True) for k in GROUP_SIZES},
+        grouped = _compare({k: _step_fn(DEFAULT_BACKBONE, k, device, batch, bf16=True, settings=steps) for k in GROUP_SIZES},
                            {k: rows * k for k in GROUP_SIZES}, repeats, 1)
         entry["fused_groups_bfloat16"] = [{"k": k, "examples_per_s": round(per_s, 1), "speedup_vs_k1": round(per_s / grouped[1][0], 2)}
                                           for k, (per_s, _) in grouped.items()]
@@ -260,59 +265,37 @@ def measure_cpu_bf16(batch: dict[str, torch.Tensor], device: Device, repeats: in
         # Whether a step's gain survives whole runs (loading, evaluation, checkpoints), on short single
         # sentences and on longer sentence pairs, in each precision: the CPU's runs_per_group rests on this.
         entry["whole_runs"] = [{"task": runs.task, "train_rows": runs.train_rows, "eval_rows": runs.eval_rows, "epochs": runs.epochs,
-                                **time_whole_runs(data_dir, WHOLE_RUNS_K, runs, precision, repeats=2)}
+                                **time_whole_runs(data_dir, WHOLE_RUNS_K, runs, precision, repeats=2, settings=settings)}
                                for runs in WHOLE_RUNS_BENCH for precision in ("bf16", "float32")]
     return {"frozen_backbone_bf16_examples_per_s": entry}
 
 
-PROJECTION_GROUP_SIZES = (1, 4)
-
-
-def measure_stacked_projections(batch: dict[str, torch.Tensor], device: Device, repeats: int) -> dict[str, Any]:
-    """Adapters-64 training steps on the embedded backbone, frozen matmuls in bf16 under autocast, with each
-    layer's frozen query, key and value as one stacked matmul (the trainers' default there) against three
-    (adaptune.model.frozen_projections), side by side: examples/s and operators per example, one run and a
-    group of 4. Where this CPU has no native bf16, nothing (training stacks nothing in float32)."""
-    if not native_cpu_bf16():
-        return {"stacked_projections": "not measured: this CPU has no native bf16, and float32 training stacks nothing"}
-    rows = batch["input_ids"].shape[0]
-    steps = {}
-    for k, projections in itertools.product(PROJECTION_GROUP_SIZES, ("separate", "stacked")):
-        with mock.patch.dict(os.environ, {PROJECTIONS_ENV: projections}):  # read when the group is built
-            steps[k, projections] = _step_fn(DEFAULT_BACKBONE, k, device, batch, bf16=True)
-    timed = _compare(steps, {key: rows * key[0] for key in steps}, repeats, 1)
-    entries = []
-    for k in PROJECTION_GROUP_SIZES:
-        separate, stacked = timed[k, "separate"], timed[k, "stacked"]
-        entries.append({"precision": "bfloat16", "k": k,
-                        "examples_per_s": {"separate": round(separate[0], 1), "stacked": round(stacked[0], 1)},
-                        "ops_per_example": {"separate": round(separate[1], 1), "stacked": round(stacked[1], 1)},
-                        "speedup": round(stacked[0] / separate[0], 3)})
-    return {"stacked_projections": entries}
-
-
 def _method_series(backbone: str, name: str, proxy: bool, label: str, method: dict[str, Any], sizes: tuple[int, ...],
-                   batch: dict[str, torch.Tensor], device: Device, repeats: int) -> list[dict[str, Any]]:
+                   batch: dict[str, torch.Tensor], device: Device, repeats: int, settings: StepSettings) -> list[dict[str, Any]]:
     """One method's groups at these sizes in the trainer's variant, side by side: operators per example, examples/s."""
     rows = batch["input_ids"].shape[0]
-    steps = {k: _step_fn(backbone, k, device, batch, method=method) for k in sizes}
+    settings = settings.for_masks(VARIANTS[1][1])
+    steps = {k: _step_fn(backbone, k, device, batch, settings=settings, method=method) for k in sizes}
     measured = _compare(steps, {k: rows * k for k in sizes}, repeats, 3 if proxy else 1)
     return [{"k": k, "backbone": name, "proxy": proxy, "method": label, "optimizer_step": VARIANTS[1][0], "masks": VARIANTS[1][1],
              "ops_per_example": round(ops, 2), "examples_per_s": round(per_s, 1), "speedup_vs_k1": round(per_s / measured[1][0], 2)}
             for k, (per_s, ops) in measured.items()]
 
 
-def measure_fused_groups(batch: dict[str, torch.Tensor], device: Device, repeats: int) -> dict[str, Any]:
+def measure_fused_groups(batch: dict[str, torch.Tensor], device: Device, repeats: int,
+                         settings: StepSettings = StepSettings()) -> dict[str, Any]:
     """Each group size k with the group's optimizer step done for all runs at once ("together", the
     trainer's) and one run after another ("per_run", as before), and with counter-based dropout masks
-    (one set of operators for all runs' masks) against one generator draw per run, side by side."""
+    (one set of operators for all runs' masks) against one generator draw per run, side by side; the
+    rest of the step as `settings` say, in each scheme's form of them."""
     rows = batch["input_ids"].shape[0]
     entries = []
     with tempfile.TemporaryDirectory() as tmp:
         backbones = {DEFAULT_BACKBONE: False, _proxy_backbone(Path(tmp) / "proxy"): True}
         for backbone, proxy in backbones.items():
             variants = [(k, optimizer, masks) for k in GROUP_SIZES for optimizer, masks in VARIANTS]
-            steps = {(k, optimizer, masks): _step_fn(backbone, k, device, batch, together=optimizer == "together", masks=masks)
+            steps = {(k, optimizer, masks): _step_fn(backbone, k, device, batch, together=optimizer == "together",
+                                                     settings=settings.for_masks(masks))
                      for k, optimizer, masks in variants}
             measured = _compare(steps, {variant: rows * variant[0] for variant in variants}, repeats, 3 if proxy else 1)
             name = "tiny-bert-w32 (proxy)" if proxy else DEFAULT_BACKBONE
@@ -323,11 +306,10 @@ def measure_fused_groups(batch: dict[str, torch.Tensor], device: Device, repeats
                                 "speedup_vs_k1_per_run": round(per_s / measured[(1, *VARIANTS[0])][0], 2),
                                 "speedup_vs_per_run": round(per_s / measured[(k, *VARIANTS[0])][0], 2)})
             del steps
-            for label, method, sizes in ((f"top_k{TOP_K['k']}", TOP_K, GROUP_SIZES), ("full", FULL, WHOLE_MODEL_GROUP_SIZES)):
-                entries += _method_series(backbone, name, proxy, label, method, sizes, batch, device, repeats)
-    return {"fused_groups": entries, **mask_site_kernels(), **measure_cpu_bf16(batch, device, repeats),
+            entries += _method_series(backbone, name, proxy, f"top_k{TOP_K['k']}", TOP_K, GROUP_SIZES, batch, device, repeats, settings)
+    return {"fused_groups": entries, **mask_site_kernels(), **measure_cpu_bf16(batch, device, repeats, settings=settings),
             "fused_groups_note": ("k runs of adapters 64 (and of top_k 3: the top 3 of 6 layers trained, stacked per "
-                                  "run; and of full fine-tuning, whole models stacked per run; the trainer's step) on the same SST-2 batch of "
+                                  "run; the trainer's step) on the same SST-2 batch of "
                                   f"{rows} rows each (batch x k rows per step); optimizer_step 'together' is the group's "
                                   "multi-tensor clipping and AdamW for all runs (the trainer's), 'per_run' each run's own "
                                   "clip_grad_norm_ and AdamW in turn; masks 'generator' draws each run's dropout masks "

@@ -1,6 +1,6 @@
 """`make bench-gpu`: BERT-base and BERT-large training speed on a CUDA GPU, side by side; JSON out.
 
-    python -m adaptune.bench.gpu --out bench/gpu.json [--data-dir DIR] [--tokenizer DIR] [--variants before,now,compiled,graphs]
+    python -m adaptune.bench.gpu --out bench/gpu.json [--data-dir DIR] [--tokenizer DIR] [--variants before,now,preset]
 
 Randomly initialised BERT-base and BERT-large (speed does not depend on the weights) at the paper's
 batch of 32 and max length 128, on real batches: GLUE training sentences (CoLA, SST-2, MRPC, RTE)
@@ -12,10 +12,12 @@ step-time ratio. Step variants, timed with interleaved repetitions (medians):
   - `before`: the step as it was: float32 frozen weights (autocast re-casts them every step),
     AdamW's multi-tensor kernels, two host syncs per step;
   - `now`: adaptune.train.loop's step: frozen matmuls stored in bf16, fused AdamW, no host sync;
-  - `compiled`: `now` with the model under torch.compile (dynamic sequence length);
-  - `graphs`: `compiled` replayed as CUDA graphs (mode="reduce-overhead": one launch per step).
-Then sweep throughput: one realistic shard trained one run at a time and k runs at a time on the
-one GPU (`shard_throughput`), runs finished per hour and whether every result is identical.
+  - `preset`: `now` with the trainer's run dropout under the step settings of this process's environment
+    (StepSettings.from_environment, read once at the start), as a pipeline task trains a run alone.
+Then the fused groups (adaptune.bench.gpu_fused), each variant's StepSettings made from the --fused-* flags, and sweep
+throughput: one realistic shard trained one run at a time and k runs at a time on the one GPU (`shard_throughput`, its
+runs' settings read from the environment under the H100 preset as run_shard reads them), runs finished per hour and
+whether every result is identical.
 Not a test: no pass/fail here.
 """
 
@@ -43,7 +45,7 @@ from adaptune.bench.cpu import _interleaved
 from adaptune.bench.squad_lengths import batches_at_lengths, read_padded_lengths, write_squad_lengths
 from adaptune.bench.step_cost import timed_pass, training_flops
 from adaptune.core.devices import Device, pick_device
-from adaptune.core.step_settings import LAYER_SETTINGS, STEP_SETTINGS
+from adaptune.fused.settings import LAYER_SETTINGS, VALUES, StepSettings
 from adaptune.train import phase_times
 
 BATCH_SIZE = 32
@@ -90,22 +92,17 @@ PEAK_BF16_FLOPS = (
     ("A10", 125e12),
 )
 Batch = dict[str, torch.Tensor]
+VARIANTS = ("before", "now", "preset")  # the solo step's (the module docstring's)
 
 
-# bench-gpu's --fused-<field> flags, one per layer setting (adaptune.core.step_settings.LAYER_SETTINGS): their values.
+# bench-gpu's --fused-<field> flags, one per layer setting (adaptune.fused.settings.LAYER_SETTINGS): their values.
 _LAYER_SETTING_FLAGS = {
-    "attention": "eager, kernel (adaptune.model.attention_kernel: counter masks drawn inside one attention kernel; groups drawing "
+    "attention": "eager, kernel (adaptune.fused.kernels.attention: counter masks drawn inside one attention kernel; groups drawing "
                  "generator masks stay eager)",
-    "dropout": "mask, kernel (adaptune.model.dropout_kernel: each hidden-state dropout site's counter mask drawn and applied in one "
+    "dropout": "mask, kernel (adaptune.fused.kernels.dropout: each hidden-state dropout site's counter mask drawn and applied in one "
                "kernel; groups drawing generator masks apply masks)",
-    "projections": "stacked (adaptune.model.frozen_projections: a frozen layer's query, key and value as one matmul, the trainers' "
-                   "default), separate",
-    "layer_norm": "torch (the runs' trained LayerNorms with torch's operators), kernel (adaptune.model.layer_norm_kernel: each run's "
+    "layer_norm": "torch (the runs' trained LayerNorms with torch's operators), kernel (adaptune.fused.kernels.layer_norm: each run's "
                   "LayerNorm in one kernel each way)",
-    "residual": "float32 (the hidden states between layers as autocast leaves them), autocast (adaptune.model.residual_stream: each "
-                "LayerNorm's output in bf16)",
-    "branch_sums": "in_matmul (adaptune.model.branch_sums: a group's adapter and LoRA outputs added to their sums in their matmuls, "
-                   "the trainers' default), separate",
 }
 
 
@@ -115,8 +112,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--data-dir", default=None, help="local data mirror (default: found automatically)")
     parser.add_argument("--tokenizer", default=None, help="a BERT uncased tokenizer (default: the embedded MiniLM's)")
     parser.add_argument("--backbones", default=",".join(CONFIGS), help=f"comma-separated, of {', '.join(CONFIGS)}")
-    parser.add_argument("--variants", default="before,now", help="comma-separated, of before, now, compiled, graphs, preset (now with "
-                        "the trainer's run dropout, so that the step settings in the environment reach it as in a pipeline task)")
+    parser.add_argument("--variants", default="before,now", help="comma-separated, of before, now, preset (now with the trainer's "
+                        "run dropout, so that the step settings in the environment reach it as in a pipeline task)")
     parser.add_argument("--methods", default="full,adapters64", help=f"the solo step's methods, comma-separated, of {', '.join(METHODS)}")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--batch-sets", default="length_grouped,padded_128",
@@ -136,10 +133,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "padded_384 (SQuAD's longest step), squad_lengths (SQuAD's own batch lengths, where --squad-lengths is), "
                              "tokens_<L> (every step L tokens, all attended)")
     parser.add_argument("--fused-compile", default="eager",
-                        help="comma-separated, of eager, compiled, graphs (as --variants), step_graphs (the whole step as CUDA graphs), "
-                             "compiled_step_graphs (the same around compiled layers), autotuned_step_graphs (the layers compiled with max-autotune)")
-    for field, env in LAYER_SETTINGS.items():  # --fused-attention ... --fused-branch-sums: a flag for every layer setting
-        parser.add_argument(f"--fused-{field.replace('_', '-')}", default=STEP_SETTINGS[env][1][0],
+                        help="comma-separated, of eager, step_graphs (the whole step as CUDA graphs, counter masks only: groups "
+                             "drawing generator masks stay eager)")
+    for field in LAYER_SETTINGS:  # --fused-attention, --fused-dropout, --fused-layer-norm: a flag for every layer setting
+        parser.add_argument(f"--fused-{field.replace('_', '-')}", default=VALUES[field][0],
                             help=f"comma-separated, of {_LAYER_SETTING_FLAGS[field]}")
     parser.add_argument("--attention-check", default="", help="group sizes at which to check that the attention kernel computes "
                         "what eager attention does (one call: mask bits, output, gradients; a group trained both ways), first fused "
@@ -150,12 +147,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--layer-norm-check", default="", help="group sizes at which to check that the grouped LayerNorm kernel "
                         "computes what torch's operators do (calls; a group trained both ways), first fused method, first --fused-compile, "
                         "--fused-attention and --fused-dropout modes (empty: skip)")
-    parser.add_argument("--residual-check", default="", help="group sizes at which to train a group with the residual stream "
-                        "in float32 and in bf16 (adaptune.model.residual_stream) and say how far apart they end, first fused method, first "
-                        "--fused-compile, --fused-attention, --fused-dropout and --fused-layer-norm modes (empty: skip)")
     parser.add_argument("--graph-check", default="", help="group sizes at which to check that the step replayed as CUDA graphs "
-                        "(the first step-graph mode of --fused-compile, else step_graphs) trains as it does uncaptured, first fused "
-                        "method (empty: skip)")
+                        "(step_graphs) trains as it does uncaptured, first fused method (empty: skip)")
     parser.add_argument("--fused-profile", default="", help="group sizes at which to profile the fused step of the first fused "
                         "method (empty: skip): kernels per step, the device's busy share, the heaviest operators")
     parser.add_argument("--shard-tasks", default="rte", help="the shard's tasks, comma-separated (the issue's realistic shard: "
@@ -180,6 +173,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="every part on this machine (the CPU too) with a 12-layer width-32 BERT and few rows: a check that the "
                              "benchmark runs, before a lent GPU's minutes go to it; its figures measure nothing")
     args = parser.parse_args(argv)
+    for flag, field in (("--fused-masks", "dropout_masks"), ("--fused-compile", "compile"), *((f"--fused-{field.replace('_', '-')}", field)
+                                                                                           for field in LAYER_SETTINGS)):
+        wrong = [name for name in _names(getattr(args, flag[2:].replace("-", "_"))) if name not in VALUES[field]]
+        if wrong:
+            parser.error(f"{flag}: {', '.join(wrong)} not one of {', '.join(VALUES[field])}")
+    if any(variant not in VARIANTS for variant in _names(args.variants)):
+        parser.error(f"--variants: use some of {', '.join(VARIANTS)}")
     device = pick_device()
     if args.write_squad_lengths:
         written = write_squad_lengths(args.write_squad_lengths, args.data_dir, args.tokenizer, CUDA_PAD_MULTIPLE)
@@ -189,6 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         batch_sets = cached_batches(args.write_batches, args.data_dir, args.tokenizer, device, pad_multiple=CUDA_PAD_MULTIPLE)
         print(json.dumps({name: describe(batches) for name, batches in batch_sets.items()}), file=sys.stderr)
         return 0
+    settings = StepSettings.from_environment()  # the `preset` variant's, read once here: a bad setting fails before anything runs
     scale = REHEARSAL if args.rehearse else FULL_SCALE
     if args.rehearse:  # one thread: beside a busy process, two OpenMP threads on 2 cores ran a fused step 60x slower
         torch.set_num_threads(1)
@@ -198,8 +199,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     variants = _names(args.variants)  # none: the solo step is not measured
     needs_batches = bool(variants or args.fused or _counts(args.fused_profile) or _counts(args.graph_check)
-                         or _counts(args.attention_check) or _counts(args.dropout_check) or _counts(args.layer_norm_check)
-                         or _counts(args.residual_check))  # the shard tokenizes its own task
+                         or _counts(args.attention_check) or _counts(args.dropout_check)
+                         or _counts(args.layer_norm_check))  # the shard tokenizes its own task
     batch_sets = cached_batches(args.batches_cache, args.data_dir, args.tokenizer, device, scale,
                                 squad_lengths=args.squad_lengths) if needs_batches else {}
     batch_sets.update(fixed_length_sets([*_names(args.batch_sets), *_names(args.fused_batch_sets)], batch_sets))
@@ -226,7 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for batches_name in args.batch_sets.split(","):
             for method in _names(args.methods):
                 results["runs"] += measure(scale.configs[backbone], backbone, method, batches_name, batch_sets[batches_name], variants, device,
-                                           args.repeats)
+                                           args.repeats, settings)
                 results["summary"] = summarize(results["runs"])
                 save()
                 log(f"{backbone} {method} {batches_name}: " + ", ".join(f"{r['variant']} {r['step_ms']} ms MFU {r['mfu']}" for r in results["runs"][-len(variants):]))
@@ -253,25 +254,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             log(f"{backbone} {method} {batches_name} fused: " + ", ".join(f"k={r['k']} {r['optimizer_step']} {r['masks']} {r['compile']} {r.get('examples_per_s', r.get('error'))} ex/s MFU {r.get('mfu')}" for r in rows))
     if _counts(args.graph_check):
         from adaptune.bench.gpu_fused import check_step_graphs
-        from adaptune.train.step_graphs import STEP_GRAPH_MODES, STEP_GRAPHS
 
-        check_mode = next((mode for mode in _names(args.fused_compile) if mode in STEP_GRAPH_MODES), STEP_GRAPHS)
         results["step_graphs_check"] = []
         for backbone in args.backbones.split(","):
             for k in _counts(args.graph_check):
                 row = check_step_graphs(scale.configs[backbone], backbone, _names(args.fused_methods)[0], batch_sets["length_grouped"], k,
-                                        device, task_count=len(TASKS), mode=check_mode)
+                                        device, task_count=len(TASKS))
                 results["step_graphs_check"].append(row)
                 save()
-                log(f"step graphs check {check_mode} {backbone} k={k}: graphs {row['graphs']}, eager {row['eager']}")
+                log(f"step graphs check {backbone} k={k}: graphs {row['graphs']}, eager {row['eager']}")
+    first = {field: (_names(getattr(args, f"fused_{field}")) or VALUES[field])[0] for field in LAYER_SETTINGS}  # each layer flag's first value
+
     def run_checks(name: str, counts: list[int], check: Callable[..., dict[str, Any]], describe: Callable[[dict[str, Any]], str],
-                   **settings: Any) -> None:
-        """A kernel's check at each group size and backbone: the first fused method, the first --fused-compile mode."""
+                   **held: str) -> None:
+        """A kernel's check at each group size and backbone: the first fused method, counter masks, the first --fused-compile
+        mode and the `held` layer settings (the kernels checked before it, as the call gives them), the rest at their defaults."""
+        settings = StepSettings(compile=_names(args.fused_compile)[0], dropout_masks="counter", **held)
         results[name] = []
         for backbone in args.backbones.split(","):
             for k in counts:
                 row = check(scale.configs[backbone], backbone, _names(args.fused_methods)[0], batch_sets["length_grouped"], k, device,
-                            task_count=len(TASKS), mode=_names(args.fused_compile)[0], **settings)
+                            task_count=len(TASKS), settings=settings)
                 results[name].append(row)
                 save()
                 log(f"{name} {backbone} k={k}: {describe(row)}")
@@ -286,31 +289,23 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         run_checks("dropout_check", _counts(args.dropout_check), check_dropout_kernel,
                    lambda row: f"calls {row['dropout_call']}, trained {row['kernel']}, {row['dropout_kernel_calls']} kernel launches",
-                   attention=_names(args.fused_attention)[0])
+                   attention=first["attention"])
     if _counts(args.layer_norm_check):
         from adaptune.bench.gpu_fused import check_layer_norm_kernel
 
         run_checks("layer_norm_check", _counts(args.layer_norm_check), check_layer_norm_kernel,
                    lambda row: f"calls {row['layer_norm_call']}, trained {row['kernel']}, "
                                f"{row['layer_norm_kernel_calls']} + {row['layer_norm_backward_calls']} kernel launches",
-                   attention=_names(args.fused_attention)[0], dropout=_names(args.fused_dropout)[0])
-    if _counts(args.residual_check):
-        from adaptune.bench.gpu_fused import check_residual_stream
-
-        run_checks("residual_check", _counts(args.residual_check), check_residual_stream,
-                   lambda row: f"bf16 stream against float32: {row['autocast']}, last losses {row['last_losses']}",
-                   attention=_names(args.fused_attention)[0], dropout=_names(args.fused_dropout)[0],
-                   layer_norm=_names(args.fused_layer_norm)[0])
+                   attention=first["attention"], dropout=first["dropout"])
     if _counts(args.fused_profile):
-        from adaptune.bench.gpu_fused import profile_fused
+        from adaptune.bench.gpu_fused import group_settings, profile_fused
 
+        profiled = group_settings(_names(args.fused_masks)[0], _names(args.fused_compile)[0], **first)  # each flag's first value
         results["fused_profile"] = []
         for backbone in args.backbones.split(","):
             for k in _counts(args.fused_profile):
                 row = profile_fused(scale.configs[backbone], backbone, _names(args.fused_methods)[0], batch_sets["length_grouped"], k, device,
-                                    masks=_names(args.fused_masks)[0], compile_mode=_names(args.fused_compile)[0], task_count=len(TASKS),
-                                    attention=_names(args.fused_attention)[0], dropout=_names(args.fused_dropout)[0],
-                                    layer_norm=_names(args.fused_layer_norm)[0])
+                                    settings=profiled, task_count=len(TASKS))
                 results["fused_profile"].append(row)
                 save()
                 log(f"profile {backbone} k={k}: {row['step_ms']} ms a step, {row['kernels_per_step']} kernels, "
@@ -377,11 +372,11 @@ def real_batches(data_dir: str | None, tokenizer_name: str | None, device: Devic
     device's pad multiple or `pad_multiple`), and the same rows padded to MAX_LENGTH."""
     from datasets import DatasetDict
 
-    from adaptune.model.backbone import load_tokenizer
-    from adaptune.data.batching import epoch_batches, make_collator, model_rows, subsample
     from adaptune.core.backbones import DEFAULT_BACKBONE
+    from adaptune.data.batching import epoch_batches, make_collator, model_rows, subsample
     from adaptune.data.loading import load_task_data, tokenize_task
     from adaptune.data.tasks import get_task
+    from adaptune.model.backbone import load_tokenizer
 
     tokenizer = load_tokenizer(tokenizer_name or DEFAULT_BACKBONE)
     dynamic = make_collator(tokenizer, pad_to_multiple_of=pad_multiple or device.pad_multiple)
@@ -410,9 +405,11 @@ def describe(batches: list[Batch]) -> dict[str, Any]:
             "mean_padded_length": round(computed / len(batches) / BATCH_SIZE, 1)}
 
 
-def measure(config: dict[str, int], backbone: str, method: str, batches_name: str, batches: list[Batch], variants: list[str], device: Device, repeats: int) -> list[dict]:
+def measure(config: dict[str, int], backbone: str, method: str, batches_name: str, batches: list[Batch], variants: list[str], device: Device,
+            repeats: int, settings: StepSettings = StepSettings()) -> list[dict]:
+    """Each solo step variant on the batches, interleaved; `settings` are the `preset` variant's."""
     rows = []
-    steps = {variant: build_step(config, method, variant, device) for variant in variants}
+    steps = {variant: build_step(config, method, variant, device, settings) for variant in variants}
     times = _interleaved({v: (lambda s=step: timed_pass(s, batches, device)) for v, (step, _, _) in steps.items()}, repeats)
     for variant, (step, model, optimizer) in steps.items():
         seconds = statistics.median(times[variant])
@@ -436,12 +433,13 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def build_step(config: dict[str, int], method: str, variant: str, device: Device) -> tuple[Callable[[Batch], None], nn.Module, Any]:
+def build_step(config: dict[str, int], method: str, variant: str, device: Device, settings: StepSettings = StepSettings()
+               ) -> tuple[Callable[[Batch], None], nn.Module, Any]:
+    """A solo step `variant` (the module docstring's), `preset` with the trainer's run dropout under `settings`."""
     from transformers import BertConfig, BertForSequenceClassification
 
+    from adaptune.fused.run_dropout import dropout_stream, use_run_dropout
     from adaptune.model.methods import apply_method, method_from_dict
-    from adaptune.model.run_dropout import dropout_stream, use_run_dropout
-    from adaptune.train.compiling import COMPILE_MODES, training_forward
     from adaptune.train.loop import _adamw, frozen_backbone_for_autocast, training_step
 
     torch.manual_seed(0)
@@ -449,7 +447,7 @@ def build_step(config: dict[str, int], method: str, variant: str, device: Device
         model = BertForSequenceClassification(BertConfig(**config, num_labels=2, attn_implementation="sdpa"))
         apply_method(model, method_from_dict(METHODS[method]))
     if variant == "preset":  # the trainer's dropout, as loop.py sets it: its scheme and kernels from the step settings
-        use_run_dropout(model, [dropout_stream(0, device.torch_device)])
+        use_run_dropout(model, [dropout_stream(0, device.torch_device, settings.dropout_masks)], settings)
     model.to(device.torch_device).train()
     trainable = [p for p in model.parameters() if p.requires_grad]
     if variant == "before":
@@ -459,8 +457,7 @@ def build_step(config: dict[str, int], method: str, variant: str, device: Device
     frozen_backbone_for_autocast(model, device.autocast_dtype)  # as the trainer does
     optimizer = _adamw(model, 1e-5, 0.01)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    runner = training_forward(model, variant if variant in COMPILE_MODES else "eager")  # as the trainer runs it
-    return (lambda batch: training_step(runner, batch, optimizer, scheduler, trainable, device, 1.0)), model, optimizer
+    return (lambda batch: training_step(model, batch, optimizer, scheduler, trainable, device, 1.0)), model, optimizer
 
 
 def memory_gib(step: Callable[[Batch], None], model: nn.Module, optimizer: Any, batches: list[Batch], device: Device) -> dict[str, float]:
@@ -510,7 +507,7 @@ def summarize(runs: list[dict]) -> dict[str, Any]:
         key = f"{row['backbone']}/{row['method']}"
         summary.setdefault(key, {})[row["variant"]] = {"mfu": row["mfu"], "real_tokens_per_s": row["real_tokens_per_s"], "step_ms": row["step_ms"]}
     for backbone in CONFIGS:
-        for variant in ("before", "now", "compiled", "graphs"):
+        for variant in VARIANTS:
             full, adapters = summary.get(f"{backbone}/full", {}).get(variant), summary.get(f"{backbone}/adapters64", {}).get(variant)
             if full and adapters:
                 summary.setdefault("adapters_vs_full_step_ratio", {})[f"{backbone}/{variant}"] = round(adapters["step_ms"] / full["step_ms"], 3)
@@ -665,8 +662,8 @@ def _traceback_text(store_root: Path, run_id: str) -> str | None:
 
 
 def _embedded_tokenizer_dir() -> str:
-    from adaptune.model.backbone import resolve_backbone
     from adaptune.core.backbones import DEFAULT_BACKBONE
+    from adaptune.model.backbone import resolve_backbone
 
     return resolve_backbone(DEFAULT_BACKBONE)
 

@@ -3,10 +3,10 @@ method on a randomly initialised BERT-base or BERT-large, the fused training ste
 .fused_step: one forward and backward through the shared frozen backbone in bf16, every run's clipping
 and AdamW at once) on real length-grouped batches, each run taking its own batch as in training. Per k:
 step time, training examples/s over all runs, MFU against the dense bf16 peak, peak memory. Variants,
-side by side: the optimizer step (every run's at once, or one run's after another), the dropout masks'
-scheme (adaptune.model.run_dropout: one generator draw per run per site, or counter-based masks for all
-runs at once), and the model eager, under torch.compile, or replayed as CUDA graphs (as bench.gpu's
-solo variants: dynamic sequence length).
+side by side: the optimizer step (every run's at once, or one run's after another), and the step settings
+(adaptune.fused.settings.StepSettings, one instance per variant, passed down as the trainer passes them): the dropout
+masks' scheme (adaptune.fused.run_dropout: one generator draw per run per site, or counter-based masks for all runs
+at once), the step eager or replayed as CUDA graphs (adaptune.fused.step_graphs), and each layer setting's kernel.
 
 FLOPs are each run's own (adaptune.bench.step_cost.training_flops of the solo model at the fused step's
 padded length) times k, so MFU is comparable with one run's; padding to the longest of the k batches
@@ -15,10 +15,10 @@ is counted as work, as it is for one run's padding.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gc
 import itertools
-import os
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -30,16 +30,16 @@ import torch
 from adaptune.bench.fused import _Run, grouped_runs
 from adaptune.bench.step_cost import timed_pass, training_flops
 from adaptune.core.devices import Device, is_out_of_memory
-from adaptune.core.step_settings import ATTENTION_ENV, DROPOUT_ENV, LAYER_NORM_ENV, LAYER_SETTINGS, RESIDUAL_ENV, STEP_SETTINGS
-from adaptune.model import attention_kernel, dropout_kernel, layer_norm_kernel
+from adaptune.fused.kernels import attention as attention_kernel
+from adaptune.fused.kernels import dropout as dropout_kernel
+from adaptune.fused.kernels import layer_norm as layer_norm_kernel
+from adaptune.fused.kernels.counter_coordinates import keep_threshold
+from adaptune.fused.run_dropout import CounterStream, RunRandomness, counter_keep_mask, fused_counter_keep_mask
+from adaptune.fused.run_groups import GroupedLayerNorm, trained_tensors
+from adaptune.fused.settings import LAYER_SETTINGS, VALUES, StepSettings
+from adaptune.fused.step_graphs import STEP_GRAPHS, GraphedFusedStep, graph_warmup
 from adaptune.model.methods import apply_method, method_from_dict
-from adaptune.model.residual_stream import RESIDUAL_MODES
-from adaptune.model.counter_coordinates import keep_threshold
-from adaptune.model.run_dropout import CounterStream, RunRandomness, counter_keep_mask, fused_counter_keep_mask
-from adaptune.model.run_groups import GroupedLayerNorm, trained_tensors
-from adaptune.train.compiling import training_forward
-from adaptune.train.group_loop import run_losses, fused_step, stack_run_batches
-from adaptune.train.step_graphs import STEP_GRAPH_MODES, STEP_GRAPHS, GraphedFusedStep, graph_warmup
+from adaptune.train.group_loop import fused_step, run_losses, stack_run_batches
 
 GROUP_SIZES = (1, 4, 8, 16)
 # top_kN: the top N layers stacked per run (the plan's deepest BERT-base groups are top_k 11).
@@ -47,6 +47,33 @@ FUSED_METHODS = {"adapters64": {"name": "adapters", "size": 64}, "layernorm": {"
                  **{f"top_k{depth}": {"name": "top_k", "k": depth} for depth in (1, 3, 6, 11, 12)},
                  "full": {"name": "full"}}  # whole models stacked per run (run_groups: each run's embedding tables too)
 Batch = dict[str, torch.Tensor]
+# The kernels' checks' default: what each check does not vary at its default, counter masks (every kernel's).
+COUNTER_MASKS = StepSettings(dropout_masks="counter")
+
+
+def group_settings(masks: str = "generator", compile: str = "eager", attention: str = "eager", dropout: str = "mask",
+                  layer_norm: str = "torch") -> StepSettings:
+    """The settings a group drawing `masks` trains under when the rest are asked for: what needs counter masks takes its
+    eager form in a group drawing generator masks (StepSettings.for_masks), as a run that keeps generator masks does."""
+    return StepSettings(compile=compile, dropout_masks="counter", attention=attention, dropout=dropout,
+                        layer_norm=layer_norm).for_masks(masks)
+
+
+def crossed_settings(mask_schemes: Sequence[str] = ("generator",), compile_modes: Sequence[str] = ("eager",),
+                     layer_settings: Mapping[str, Sequence[str]] | None = None) -> list[StepSettings]:
+    """Every mask scheme x compile mode x each layer setting's values in `layer_settings` (by its field in
+    settings.LAYER_SETTINGS, its default where not given), in that order, as group_settings makes each; a combination
+    that comes out as one before it (a kernel asked of generator masks) is left out: it would time that one again."""
+    unknown = set(layer_settings or {}) - set(LAYER_SETTINGS)
+    if unknown:
+        raise ValueError(f"not layer settings: {sorted(unknown)}; use {', '.join(LAYER_SETTINGS)}")
+    choices = {field: tuple((layer_settings or {}).get(field, VALUES[field][:1])) for field in LAYER_SETTINGS}
+    crossed: list[StepSettings] = []
+    for masks, compile_mode, *values in itertools.product(mask_schemes, compile_modes, *choices.values()):
+        settings = group_settings(masks, compile_mode, **dict(zip(choices, values, strict=True)))
+        if settings not in crossed:
+            crossed.append(settings)
+    return crossed
 
 
 def measure_fused(config: dict[str, Any], size: str, method: str, batches: list[Batch], group_sizes: Sequence[int],
@@ -58,20 +85,15 @@ def measure_fused(config: dict[str, Any], size: str, method: str, batches: list[
     """One row per group size and variant: optimizer step ("together": the trainer's one multi-tensor
     step for all runs; "per_run": each run's own clipping and torch AdamW, fused on a GPU, in turn;
     which launches fewer kernels on a GPU depends on how many tensors one multi-tensor launch takes, so
-    it is measured) x dropout mask scheme x compile mode (adaptune.train.compiling, as the trainer runs it) x each layer
-    setting's values in `layer_settings` (by its field in step_settings.LAYER_SETTINGS, its default where not given):
-    attention (adaptune.model.attention_kernel: eager, or the kernel, which only counter masks use), dropout
-    (adaptune.model.dropout_kernel: "mask", or "kernel", the hidden-state sites' masks drawn and applied in one kernel,
-    counter masks only), projections (adaptune.model.frozen_projections: frozen query, key and value as one "stacked"
-    matmul, or "separate"), layer_norm (adaptune.model.layer_norm_kernel: the runs' trained LayerNorms with torch's
-    operators, "torch", or in one "kernel" each way), residual (adaptune.model.residual_stream: the hidden states between
-    layers in "float32", autocast's own, or in the "autocast" dtype), branch_sums (adaptune.model.branch_sums: adapter and
-    LoRA outputs added to their sums "in_matmul", or by "separate" operators). A size that runs out of memory is recorded
+    it is measured) x the step settings crossed_settings makes of the dropout mask schemes, the compile modes ("eager",
+    or "step_graphs": the whole step replayed as CUDA graphs, counter masks only) and each layer setting's values in
+    `layer_settings`: attention (adaptune.fused.kernels.attention: "eager", or the "kernel", counter masks only), dropout
+    (adaptune.fused.kernels.dropout: "mask", or "kernel", the hidden-state sites' masks drawn and applied in one kernel,
+    counter masks only), layer_norm (adaptune.fused.kernels.layer_norm: the runs' trained LayerNorms with torch's
+    operators, "torch", or in one "kernel" each way). Each row gives the settings its group trained under (the frozen
+    query, key and value always stacked, as the trainers do under autocast). A size that runs out of memory is recorded
     so and ends the sweep."""
-    unknown = set(layer_settings or {}) - set(LAYER_SETTINGS)
-    if unknown:
-        raise ValueError(f"not layer settings: {sorted(unknown)}; use {', '.join(LAYER_SETTINGS)}")
-    choices = {field: tuple((layer_settings or {}).get(field, STEP_SETTINGS[env][1][:1])) for field, env in LAYER_SETTINGS.items()}
+    variants = crossed_settings(mask_schemes, compile_modes, layer_settings)
     rows: list[dict[str, Any]] = []
     cuda = device.kind == "cuda"  # the CPU runs it too, for a check, without memory figures
 
@@ -84,31 +106,28 @@ def measure_fused(config: dict[str, Any], size: str, method: str, batches: list[
         fused = _fused_steps(batches, task_count, k, steps, device)
         examples = sum(sum(layout.rows) for *_, layout in fused)
         # A fresh group for each variant: its own optimizer state and memory peak.
-        for optimizer_step, masks, compile_mode, *values in itertools.product(optimizer_steps, mask_schemes, compile_modes,
-                                                                           *choices.values()):
-            chosen = dict(zip(choices, values, strict=True))
-            variant = {"batches": batches_name, "optimizer_step": optimizer_step, "masks": masks, "compile": compile_mode, **chosen}
+        for optimizer_step, settings in itertools.product(optimizer_steps, variants):
+            variant = {"batches": batches_name, "optimizer_step": optimizer_step, **_labels(settings)}
             model = randomness = runs = runner = one_pass = None
-            settings = {LAYER_SETTINGS[field]: value for field, value in chosen.items()}
-            with mock.patch.dict(os.environ, settings), KernelLaunches() as kernel_calls:
+            with KernelLaunches() as kernel_calls:
                 try:
-                    model, randomness, runs, run_flops = _group(config, FUSED_METHODS[method], k, device, fused, masks)
-                    runner = _step_function(model, randomness, compile_mode, device, optimizer_step == "together")
+                    model, randomness, runs, run_flops = _group(config, FUSED_METHODS[method], k, device, fused, settings)
+                    runner = _step_function(model, randomness, settings, device, optimizer_step == "together")
                     one_pass = functools.partial(_train_pass, runner, runs, fused)
-                    for _ in range(_warmup_passes(compile_mode)):  # kernels chosen, AdamW state allocated, graphs captured
+                    for _ in range(_warmup_passes(settings)):  # kernels chosen, AdamW state allocated, graphs captured
                         one_pass()
-                    if cuda and compile_mode not in STEP_GRAPH_MODES:  # a graph's memory was taken at capture: its peak is the warm-up's
+                    if cuda and not settings.step_graphs:  # a graph's memory was taken at capture: its peak is the warm-up's
                         torch.cuda.reset_peak_memory_stats()
-                    seconds = statistics.median(timed_pass(lambda _: one_pass(), [None], device) for _ in range(repeats))
+                    seconds = statistics.median(timed_pass(lambda _, step=one_pass: step(), [None], device) for _ in range(repeats))
                     keep({"backbone": size, "method": method, "k": k, **variant,
                           "step_ms": round(1000 * seconds / steps, 2), "examples_per_s": round(examples / seconds, 1),
                           "model_tflops_per_s": round(k * run_flops / seconds / 1e12, 1),
                           "mfu": round(k * run_flops / seconds / peak, 3) if peak else None,
                           "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
                           **({"graphs_captured": runner.captured} if isinstance(runner, GraphedFusedStep) else {}),
-                          **({"kernel_calls": kernel_calls.forward} if chosen["attention"] == "kernel" else {}),
-                          **({"dropout_kernel_calls": kernel_calls.dropout} if chosen["dropout"] == "kernel" else {}),
-                          **({"layer_norm_kernel_calls": kernel_calls.layer_norm} if chosen["layer_norm"] == "kernel" else {})})
+                          **({"kernel_calls": kernel_calls.forward} if settings.attention == "kernel" else {}),
+                          **({"dropout_kernel_calls": kernel_calls.dropout} if settings.dropout == "kernel" else {}),
+                          **({"layer_norm_kernel_calls": kernel_calls.layer_norm} if settings.layer_norm == "kernel" else {})})
                 except Exception as error:
                     if not is_out_of_memory(error):
                         raise
@@ -123,34 +142,31 @@ def measure_fused(config: dict[str, Any], size: str, method: str, batches: list[
 
 
 def profile_fused(config: dict[str, Any], size: str, method: str, batches: list[Batch], k: int, device: Device, steps: int = 4,
-                  masks: str = "generator", compile_mode: str = "eager", task_count: int = 1, top: int = 25,
-                  attention: str = "eager", dropout: str = "mask", layer_norm: str = "torch") -> dict[str, Any]:
-    """Where a fused step's time goes: one warm pass of `steps` fused steps at k under torch.profiler. Per
-    step: kernels launched and the share of the wall time the device was busy (low: launch-bound),
-    aten operators, and the `top` operators by self device time (CPU time on a CPU)."""
+                  settings: StepSettings = StepSettings(), task_count: int = 1, top: int = 25) -> dict[str, Any]:
+    """Where a fused step's time goes: one warm pass of `steps` fused steps at k, the group trained under `settings`,
+    under torch.profiler. Per step: kernels launched and the share of the wall time the device was busy (low:
+    launch-bound), aten operators, and the `top` operators by self device time (CPU time on a CPU)."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     cuda = device.kind == "cuda"
-    with mock.patch.dict(os.environ, {ATTENTION_ENV: attention, DROPOUT_ENV: dropout, LAYER_NORM_ENV: layer_norm}):
-        fused = _fused_steps(batches, task_count, k, steps, device)
-        model, randomness, runs, _ = _group(config, FUSED_METHODS[method], k, device, fused, masks)
-        one_pass = functools.partial(_train_pass, _step_function(model, randomness, compile_mode, device, True), runs, fused)
-        for _ in range(_warmup_passes(compile_mode)):  # warm-up (and compilation or capture)
-            one_pass()
+    fused = _fused_steps(batches, task_count, k, steps, device)
+    model, randomness, runs, _ = _group(config, FUSED_METHODS[method], k, device, fused, settings)
+    one_pass = functools.partial(_train_pass, _step_function(model, randomness, settings, device, True), runs, fused)
+    for _ in range(_warmup_passes(settings)):  # warm-up (and capture)
+        one_pass()
+    device.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]) as profiler:
+        started = time.perf_counter()
+        one_pass()
         device.synchronize()
-        with profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]) as profiler:
-            started = time.perf_counter()
-            one_pass()
-            device.synchronize()
-            wall = time.perf_counter() - started
+        wall = time.perf_counter() - started
     events = profiler.events()
     kernels = [event for event in events if event.device_type == DeviceType.CUDA]
     operators = [event for event in events if event.device_type == DeviceType.CPU and event.name.startswith("aten::")]
     self_time = (lambda event: event.self_device_time_total) if cuda else (lambda event: event.self_cpu_time_total)  # noqa: E731
     heaviest = sorted(profiler.key_averages(), key=self_time, reverse=True)[:top]
-    return {"backbone": size, "method": method, "k": k, "masks": masks, "compile": compile_mode, "attention": attention,
-            "dropout": dropout, "layer_norm": layer_norm, "steps": steps, "step_ms": round(1000 * wall / steps, 2),
+    return {"backbone": size, "method": method, "k": k, **_labels(settings), "steps": steps, "step_ms": round(1000 * wall / steps, 2),
             "kernels_per_step": round(len(kernels) / steps) if cuda else None,
             "device_busy_share": round(sum(kernel.device_time_total for kernel in kernels) / 1e6 / wall, 3) if cuda else None,
             "aten_ops_per_step": round(len(operators) / steps),
@@ -163,12 +179,17 @@ def _fused_steps(batches: list[Batch], task_count: int, k: int, steps: int, devi
     return [stack_run_batches(group_batches(batches, task_count, step, k), 0, device.torch_device) for step in range(steps)]
 
 
-def _step_function(model: Any, randomness: Any, compile_mode: str, device: Device, together: bool) -> Callable[..., Any]:
-    """The group's step as the trainer runs it in `compile_mode`: (inputs, labels, weights, layout, runs) -> results."""
-    runner = training_forward(model, compile_mode)
-    if compile_mode in STEP_GRAPH_MODES:
-        return GraphedFusedStep(runner, randomness, "classification", device, run_losses)
-    return functools.partial(_eager_step, runner, randomness, device, together)
+def _labels(settings: StepSettings) -> dict[str, str]:
+    """A row's names for the settings its group trained under: "masks" (the dropout masks' scheme), "compile", and each
+    layer setting's field."""
+    return {"masks": settings.dropout_masks, "compile": settings.compile, **{field: getattr(settings, field) for field in LAYER_SETTINGS}}
+
+
+def _step_function(model: Any, randomness: Any, settings: StepSettings, device: Device, together: bool) -> Callable[..., Any]:
+    """The group's step as the trainer runs it under `settings` (group_loop): (inputs, labels, weights, layout, runs) -> results."""
+    if settings.step_graphs:
+        return GraphedFusedStep(model, randomness, "classification", device, run_losses)
+    return functools.partial(_eager_step, model, randomness, device, together)
 
 
 def _eager_step(model: Any, randomness: Any, device: Device, together: bool, inputs: Any, labels: Any, weights: Any, layout: Any,
@@ -176,9 +197,9 @@ def _eager_step(model: Any, randomness: Any, device: Device, together: bool, inp
     return fused_step(model, randomness, inputs, labels, weights, layout, "classification", runs, device, together)
 
 
-def _warmup_passes(compile_mode: str) -> int:
+def _warmup_passes(settings: StepSettings) -> int:
     """Untimed passes first: one, or, for step graphs, enough for every shape's eager steps and its capture."""
-    return graph_warmup() + 1 if compile_mode in STEP_GRAPH_MODES else 1
+    return graph_warmup() + 1 if settings.step_graphs else 1
 
 
 def _train_pass(step: Callable[..., Any], runs: list[_Run], fused: list[tuple]) -> list[Any]:
@@ -187,54 +208,57 @@ def _train_pass(step: Callable[..., Any], runs: list[_Run], fused: list[tuple]) 
 
 
 def check_step_graphs(config: dict[str, Any], size: str, method: str, batches: list[Batch], k: int, device: Device,
-                      steps: int = 8, passes: int = 4, task_count: int = 1, mode: str = STEP_GRAPHS) -> dict[str, Any]:
-    """Whether replaying the step as CUDA graphs (`mode`, one of STEP_GRAPH_MODES) trains as the same step
-    does without capture: three groups from the same initial tensors, counter masks, over `passes` passes
-    of `steps` fused steps: (a) the step in `mode` with capture turned off (the same padding, optimizer
-    path and compiled layers, run as they are), (b) with capture, (c) the default eager fused step (no
-    padding, every run's AdamW at once, no compiling). Largest differences of the step losses and of the
-    trained tensors at the end, (b) and (c) against (a)."""
+                      steps: int = 8, passes: int = 4, task_count: int = 1) -> dict[str, Any]:
+    """Whether replaying the step as CUDA graphs (compile "step_graphs") trains as the same step does without
+    capture: three groups from the same initial tensors, counter masks, over `passes` passes of `steps` fused
+    steps: (a) the step-graph step with capture turned off (the same padding and optimizer path, run as they
+    are), (b) with capture, (c) the default eager fused step (no padding, every run's AdamW at once). Largest
+    differences of the step losses and of the trained tensors at the end, (b) and (c) against (a)."""
     fused = _fused_steps(batches, task_count, k, steps, device)
-    reference = _trained(config, method, k, device, fused, mode, passes, capture=False)
-    return {"backbone": size, "method": method, "k": k, "steps": steps * passes, "masks": "counter", "compile": mode,
+    graphs = dataclasses.replace(COUNTER_MASKS, compile=STEP_GRAPHS)
+    reference = _trained(config, method, k, device, fused, graphs, passes, capture=False)
+    return {"backbone": size, "method": method, "k": k, "steps": steps * passes, "masks": "counter", "compile": STEP_GRAPHS,
             "fused_mask_equals_eager": _fused_mask_equals_eager(k, device),
-            "reference": "uncaptured", "graphs": _differences(_trained(config, method, k, device, fused, mode, passes), reference),
-            "eager": _differences(_trained(config, method, k, device, fused, "eager", passes), reference),
+            "reference": "uncaptured", "graphs": _differences(_trained(config, method, k, device, fused, graphs, passes), reference),
+            "eager": _differences(_trained(config, method, k, device, fused, COUNTER_MASKS, passes), reference),
             "first_losses": reference[0][:k], "last_losses": reference[0][-k:]}
 
 
 def check_attention_kernel(config: dict[str, Any], size: str, method: str, batches: list[Batch], k: int, device: Device,
-                           steps: int = 8, passes: int = 2, task_count: int = 1, mode: str = "eager", one_call: bool = True
-                           ) -> dict[str, Any]:
-    """Whether the attention kernel (adaptune.model.attention_kernel) computes what eager attention does:
+                           steps: int = 8, passes: int = 2, task_count: int = 1, settings: StepSettings = COUNTER_MASKS,
+                           one_call: bool = True) -> dict[str, Any]:
+    """Whether the attention kernel (adaptune.fused.kernels.attention) computes what eager attention does:
     (1) on one attention call, the kept positions bit for bit (counter_keep_mask's), and the output and
     gradients against eager attention in float32 from the same inputs; (2) two groups from the same
-    initial tensors, counter masks, trained `passes` passes of `steps` fused steps in compile `mode`,
-    eager attention and the kernel: the largest differences of their step losses and trained tensors
-    (`one_call` False: (2) only)."""
+    initial tensors, counter masks, trained `passes` passes of `steps` fused steps under `settings` (its compile
+    mode and other kernels; its attention is what varies), eager attention and the kernel: the largest differences
+    of their step losses and trained tensors (`one_call` False: (2) only)."""
     fused = _fused_steps(batches, task_count, k, steps, device)
-    trained, kernel_calls = _trained_each_way(config, method, k, device, fused, mode, passes, ATTENTION_ENV, attention_kernel.ATTENTION_MODES)
-    return {"backbone": size, "method": method, "k": k, "steps": steps * passes, "masks": "counter", "compile": mode,
+    settings = settings.for_masks("counter")
+    trained, kernel_calls = _trained_each_way(config, method, k, device, fused, settings, passes, "attention")
+    return {"backbone": size, "method": method, "k": k, "steps": steps * passes, "masks": "counter", "compile": settings.compile,
             **({"attention_call": attention_kernel_matches(device)} if one_call else {}), "reference": "eager attention",
             "kernel": _differences(trained["kernel"], trained["eager"]), "kernel_calls": kernel_calls.forward,
             "first_losses": trained["eager"][0][:k], "last_losses": trained["eager"][0][-k:]}
 
 
 def check_dropout_kernel(config: dict[str, Any], size: str, method: str, batches: list[Batch], k: int, device: Device,
-                         steps: int = 8, passes: int = 2, task_count: int = 1, mode: str = "eager", attention: str = "eager",
+                         steps: int = 8, passes: int = 2, task_count: int = 1, settings: StepSettings = COUNTER_MASKS,
                          one_call: bool = True) -> dict[str, Any]:
-    """Whether the dropout kernel (adaptune.model.dropout_kernel) computes what the masks do: (1) on single calls,
+    """Whether the dropout kernel (adaptune.fused.kernels.dropout) computes what the masks do: (1) on single calls,
     the kept positions bit for bit (counter_keep_mask's), the values and the gradients (dropout_kernel_matches);
-    (2) two groups from the same initial tensors, counter masks, `attention` (eager or the attention kernel), trained
-    `passes` passes of `steps` fused steps in compile `mode`, dropout "mask" and "kernel": the largest differences of
-    their step losses and trained tensors (`one_call` False: (2) only)."""
+    (2) two groups from the same initial tensors, counter masks, trained `passes` passes of `steps` fused steps under
+    `settings` (its compile mode, its attention eager or the kernel, its LayerNorms; its dropout is what varies), dropout
+    "mask" and "kernel": the largest differences of their step losses and trained tensors (`one_call` False: (2) only)."""
     fused = _fused_steps(batches, task_count, k, steps, device)
-    settings = (config, method, k, device, fused, mode, passes, DROPOUT_ENV, dropout_kernel.DROPOUT_MODES, {ATTENTION_ENV: attention})
-    trained, launches = _trained_each_way(*settings)
+    settings = settings.for_masks("counter")
+    each_way = (config, method, k, device, fused, settings, passes, "dropout")
+    trained, launches = _trained_each_way(*each_way)
     # Where an H100's group trained apart from the masks' (2026-11-27: step losses 0.37 apart, single calls bit-equal):
     # the same pair uncaptured, and on a GPU the masks' compiled form against their definition at the training's inputs.
-    uncaptured = _trained_each_way(*settings, capture=False)[0] if mode in STEP_GRAPH_MODES else None
-    return {"backbone": size, "method": method, "k": k, "steps": steps * passes, "masks": "counter", "compile": mode, "attention": attention,
+    uncaptured = _trained_each_way(*each_way, capture=False)[0] if settings.step_graphs else None
+    return {"backbone": size, "method": method, "k": k, "steps": steps * passes, "masks": "counter", "compile": settings.compile,
+            "attention": settings.attention,
             **({"dropout_call": dropout_kernel_matches(device)} if one_call else {}), "reference": "dropout masks",
             "kernel": _differences(trained["kernel"], trained["mask"]),
             **({"uncaptured": _differences(uncaptured["kernel"], uncaptured["mask"]),
@@ -246,38 +270,22 @@ def check_dropout_kernel(config: dict[str, Any], size: str, method: str, batches
 
 
 def check_layer_norm_kernel(config: dict[str, Any], size: str, method: str, batches: list[Batch], k: int, device: Device,
-                            steps: int = 8, passes: int = 2, task_count: int = 1, mode: str = "eager", attention: str = "eager",
-                            dropout: str = "mask", one_call: bool = True) -> dict[str, Any]:
-    """Whether the grouped LayerNorm kernel (adaptune.model.layer_norm_kernel) computes what torch's operators do:
+                            steps: int = 8, passes: int = 2, task_count: int = 1, settings: StepSettings = COUNTER_MASKS,
+                            one_call: bool = True) -> dict[str, Any]:
+    """Whether the grouped LayerNorm kernel (adaptune.fused.kernels.layer_norm) computes what torch's operators do:
     (1) single calls against them (layer_norm_kernel_matches); (2) two groups from the same initial tensors, counter
-    masks, `attention` and `dropout` as given, trained `passes` passes of `steps` fused steps in compile `mode`, the
-    LayerNorms "torch" and "kernel": the largest differences of their step losses and trained tensors (`one_call`
-    False: (2) only)."""
+    masks, trained `passes` passes of `steps` fused steps under `settings` (its compile mode, attention and dropout; its
+    layer_norm is what varies), the LayerNorms "torch" and "kernel": the largest differences of their step losses and
+    trained tensors (`one_call` False: (2) only)."""
     fused = _fused_steps(batches, task_count, k, steps, device)
-    trained, launches = _trained_each_way(config, method, k, device, fused, mode, passes, LAYER_NORM_ENV, layer_norm_kernel.LAYER_NORM_MODES,
-                                          {ATTENTION_ENV: attention, DROPOUT_ENV: dropout})
-    return {"backbone": size, "method": method, "k": k, "steps": steps * passes, "masks": "counter", "compile": mode, "attention": attention,
-            "dropout": dropout, **({"layer_norm_call": layer_norm_kernel_matches(device, config["hidden_size"])} if one_call else {}),
+    settings = settings.for_masks("counter")
+    trained, launches = _trained_each_way(config, method, k, device, fused, settings, passes, "layer_norm")
+    return {"backbone": size, "method": method, "k": k, "steps": steps * passes, "masks": "counter", "compile": settings.compile,
+            "attention": settings.attention, "dropout": settings.dropout,
+            **({"layer_norm_call": layer_norm_kernel_matches(device, config["hidden_size"])} if one_call else {}),
             "reference": "torch's LayerNorm operators", "kernel": _differences(trained["kernel"], trained["torch"]),
             "layer_norm_kernel_calls": launches.layer_norm, "layer_norm_backward_calls": launches.layer_norm_backward,
             "first_losses": trained["torch"][0][:k], "last_losses": trained["torch"][0][-k:]}
-
-
-def check_residual_stream(config: dict[str, Any], size: str, method: str, batches: list[Batch], k: int, device: Device,
-                          steps: int = 8, passes: int = 2, task_count: int = 1, mode: str = "eager", attention: str = "eager",
-                          dropout: str = "mask", layer_norm: str = "torch") -> dict[str, Any]:
-    """How far a bf16 residual stream (adaptune.model.residual_stream) moves a group's training: two groups from the same
-    initial tensors, counter masks and the settings given, trained `passes` passes of `steps` fused steps in compile
-    `mode`, the stream in float32 (autocast's own) and in the autocast dtype: the largest differences of their step
-    losses and trained tensors. Not an equality check: a precision change, to be read beside the kernels' checks'
-    differences (reduction order only) and the step losses themselves."""
-    fused = _fused_steps(batches, task_count, k, steps, device)
-    trained, _ = _trained_each_way(config, method, k, device, fused, mode, passes, RESIDUAL_ENV, RESIDUAL_MODES,
-                                   {ATTENTION_ENV: attention, DROPOUT_ENV: dropout, LAYER_NORM_ENV: layer_norm})
-    return {"backbone": size, "method": method, "k": k, "steps": steps * passes, "masks": "counter", "compile": mode, "attention": attention,
-            "dropout": dropout, "layer_norm": layer_norm, "reference": "the float32 residual stream",
-            "autocast": _differences(trained["autocast"], trained["float32"]),
-            "first_losses": trained["float32"][0][:k], "last_losses": trained["float32"][0][-k:]}
 
 
 def layer_norm_kernel_matches(device: Device, features: int) -> dict[str, Any]:
@@ -296,7 +304,8 @@ def layer_norm_kernel_matches(device: Device, features: int) -> dict[str, Any]:
         grad_out = torch.randn(runs * rows, features, device=target, generator=generator)
         results = {}
         for layer_norm in layer_norm_kernel.LAYER_NORM_MODES:
-            with mock.patch.dict(os.environ, {LAYER_NORM_ENV: layer_norm}), torch.autocast(target.type, dtype=torch.bfloat16, enabled=cuda):
+            module.kernel = layer_norm == "kernel"  # as group_model builds it under StepSettings.layer_norm
+            with torch.autocast(target.type, dtype=torch.bfloat16, enabled=cuda):
                 out = module(x)
             results[layer_norm] = [out.detach(), *torch.autograd.grad(out, (x, module.weight, module.bias), grad_out.to(out.dtype))]
         checks[str(dtype).removeprefix("torch.")] = {
@@ -438,13 +447,13 @@ class _Launcher:
         return launch
 
 
-def _trained(config: dict[str, Any], method: str, k: int, device: Device, fused: list[tuple], mode: str, passes: int,
+def _trained(config: dict[str, Any], method: str, k: int, device: Device, fused: list[tuple], settings: StepSettings, passes: int,
              capture: bool = True) -> tuple[list[float], list[torch.Tensor], int]:
-    """A group of k runs (counter masks) trained `passes` passes over the fused steps in compile `mode`
-    (`capture` False: a step-graph mode's step without its capture): its step losses, trained tensors
-    and graphs captured."""
-    model, randomness, runs, _ = _group(config, FUSED_METHODS[method], k, device, fused, "counter")
-    step = _step_function(model, randomness, mode, device, True)
+    """A group of k runs trained `passes` passes over the fused steps under `settings` (counter masks; `capture`
+    False: the step-graph step without its capture): its step losses, trained tensors and graphs captured."""
+    settings = settings.for_masks("counter")
+    model, randomness, runs, _ = _group(config, FUSED_METHODS[method], k, device, fused, settings)
+    step = _step_function(model, randomness, settings, device, True)
     if isinstance(step, GraphedFusedStep):
         step.capturing_allowed = capture
     losses = [float(loss) for _ in range(passes) for results in _train_pass(step, runs, fused) for loss, _ in results]
@@ -455,16 +464,15 @@ def _trained(config: dict[str, Any], method: str, k: int, device: Device, fused:
     return losses, tensors, captured
 
 
-def _trained_each_way(config: dict[str, Any], method: str, k: int, device: Device, fused: list[tuple], mode: str, passes: int,
-                      setting: str, values: Sequence[str], fixed: dict[str, str] | None = None, capture: bool = True
+def _trained_each_way(config: dict[str, Any], method: str, k: int, device: Device, fused: list[tuple], settings: StepSettings,
+                      passes: int, field: str, capture: bool = True
                       ) -> tuple[dict[str, tuple[list[float], list[torch.Tensor], int]], KernelLaunches]:
-    """A kernel's check: the same group (_trained) trained once per value of its `setting`, the `fixed` settings
-    held; and the kernels' launches over all of them (a torch-operator value launches none)."""
+    """A kernel's check: the same group (_trained) trained once per value of the layer setting `field` (VALUES'), the
+    rest of `settings` held; and the kernels' launches over all of them (a torch-operator value launches none)."""
     trained = {}
     with KernelLaunches() as launches:
-        for value in values:
-            with mock.patch.dict(os.environ, {**(fixed or {}), setting: value}):
-                trained[value] = _trained(config, method, k, device, fused, mode, passes, capture)
+        for value in VALUES[field]:
+            trained[value] = _trained(config, method, k, device, fused, dataclasses.replace(settings, **{field: value}), passes, capture)
     return trained, launches
 
 
@@ -488,7 +496,7 @@ def group_batches(batches: list[Batch], task_count: int, step: int, k: int) -> l
 def _fused_mask_equals_eager(k: int, device: Device) -> bool | None:
     """Whether the counter masks' one-kernel form (run_dropout.fused_counter_keep_mask) draws the eager
     form's bits, at every block rank a BERT's dropout sites have; None off a GPU, where training draws
-    them eagerly (tests/test_run_dropout.py compares the two forms on the CPU)."""
+    them eagerly (tests/fused/test_run_dropout.py compares the two forms on the CPU)."""
     if device.kind != "cuda":
         return None
     keys = torch.randint(0, 2**32, (k, 2), dtype=torch.int64, device=device.torch_device)
@@ -522,11 +530,11 @@ def _with_speedups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def _group(config: dict[str, Any], method: dict[str, Any], k: int, device: Device, fused: list[tuple], masks: str = "generator"
-           ) -> tuple[Any, Any, list[_Run], float]:
+def _group(config: dict[str, Any], method: dict[str, Any], k: int, device: Device, fused: list[tuple],
+           settings: StepSettings = StepSettings()) -> tuple[Any, Any, list[_Run], float]:
     """k runs of `method` on one randomly initialised BERT (same initial tensors: speed does not depend on
-    them), grouped, frozen matmuls in bf16 as training stores them; and one run's training FLOPs over
-    the `fused` steps' blocks, counted on the solo model before it is grouped."""
+    them), grouped under `settings`, frozen matmuls in bf16 as training stores them; and one run's training FLOPs
+    over the `fused` steps' blocks, counted on the solo model before it is grouped."""
     from transformers import BertConfig, BertForSequenceClassification
 
     torch.manual_seed(0)
@@ -535,5 +543,5 @@ def _group(config: dict[str, Any], method: dict[str, Any], k: int, device: Devic
         apply_method(model, method_from_dict(method))
     run_flops = sum(training_flops(model, {"input_ids": inputs["input_ids"][: layout.block_rows]}) for inputs, _, _, layout in fused)
     # Frozen matmuls in the autocast dtype (bf16 on a GPU), as training stores them.
-    model, randomness, runs = grouped_runs(model, [trained_tensors(model)] * k, device, device.autocast_dtype, masks)
+    model, randomness, runs = grouped_runs(model, [trained_tensors(model)] * k, device, device.autocast_dtype, settings)
     return model, randomness, runs, run_flops

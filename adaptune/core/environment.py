@@ -57,11 +57,11 @@ STEP_VARIABLES = (
             "adaptune.fused.settings"),
     _choice("ADAPTUNE_ATTENTION", ("eager", "kernel"),
             "a group's attention with dropout: torch's operators, or one Triton kernel (needs counter masks)", "adaptune.fused.settings"),
+    _choice("ADAPTUNE_LAYER_NORM", ("torch", "kernel"),
+            "a group's trained LayerNorms: torch's operators, or one Triton kernel for all runs", "adaptune.fused.settings"),
     _choice("ADAPTUNE_DROPOUT", ("mask", "kernel"),
             "hidden-state dropout: a mask tensor, or drawn and applied in one Triton kernel (needs counter masks)",
             "adaptune.fused.settings"),
-    _choice("ADAPTUNE_LAYER_NORM", ("torch", "kernel"),
-            "a group's trained LayerNorms: torch's operators, or one Triton kernel for all runs", "adaptune.fused.settings"),
 )
 
 VARIABLES: dict[str, Variable] = {variable.name: variable for variable in (
@@ -195,7 +195,13 @@ def applied(values: Mapping[str, str]) -> Iterator[None]:
                 os.environ[name] = value
 
 
+# Settings that left because no measurement showed them paying (bench/README.md, "the options that left").
+REMOVED = ("ADAPTUNE_RESIDUAL", "ADAPTUNE_BRANCH_SUMS", "ADAPTUNE_PROJECTIONS", "ADAPTUNE_GRAPH_WARMUP", "ADAPTUNE_WHOLE_MODEL_RUNS_PER_GROUP")
+
+
 def unknown_line(name: str) -> str:
+    if name in REMOVED:
+        return f"{name} is a setting that has left (no measurement showed it paying; bench/README.md): unset it"
     # Matched without the prefix every name shares, which would make any two names look alike.
     suffixes = {known.removeprefix(PREFIX): known for known in VARIABLES}
     closest = difflib.get_close_matches(name.removeprefix(PREFIX), suffixes, n=1, cutoff=0.6)

@@ -24,7 +24,6 @@ import dataclasses
 import hashlib
 import io
 import json
-import os
 import sys
 import uuid
 from collections import Counter
@@ -36,6 +35,7 @@ import datasets
 import pyarrow as pa
 from datasets.table import InMemoryTable
 
+from adaptune.core import environment
 from adaptune.core.files import write_json
 from adaptune.data.batching import column_values
 from adaptune.data.readers import READERS, RawRow, read_header
@@ -102,14 +102,14 @@ def resolve_data_dir(data_dir: str | Path | None = None) -> Path | None:
     """The local mirror: the argument, else $ADAPTUNE_DATA_DIR, else the first `shared/data` found
     walking up from the current directory (then from this package's location), else None (the hub).
     The value "hub" (argument or variable) skips the mirror search and forces the hub."""
-    if str(data_dir) == HUB or (data_dir is None and os.environ.get(DATA_DIR_ENV) == HUB):
+    from_env = environment.read(DATA_DIR_ENV)
+    if str(data_dir) == HUB or (data_dir is None and from_env == HUB):
         return None
     if data_dir is not None and str(data_dir) != "":
         path = Path(data_dir).expanduser()
         if not path.is_dir():
             raise DataNotFoundError(f"data dir {path} does not exist: pass an existing mirror directory, or none to use the hub")
         return path.resolve()
-    from_env = os.environ.get(DATA_DIR_ENV)
     if from_env:
         path = Path(from_env).expanduser()
         if not path.is_dir():
@@ -583,7 +583,8 @@ def _say(line: str) -> None:
 
 # ------------------------------------------------------------------------------------- tokenization
 def default_cache_dir() -> Path:
-    return Path(os.environ.get(CACHE_DIR_ENV, Path.home() / ".cache" / "adaptune")).expanduser()
+    """$ADAPTUNE_CACHE_DIR, empty or unset ~/.cache/adaptune: one rule with the status cache's."""
+    return environment.cache_dir()
 
 
 def dataset_fingerprint(dataset_dict: datasets.DatasetDict) -> str:

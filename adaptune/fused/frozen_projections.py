@@ -9,14 +9,13 @@ adds; with eager attention the price is one `cat` joining the three gradients. T
 device-bound group the bytes, and the matmul is wider. The trainers stack only where the frozen matmuls
 run in the autocast dtype (after keep_frozen_matmuls_in): in float32 a CPU step gained nothing
 (`make bench-projections`). The attention kernel takes the stacked output whole
-(attention_kernel.run_dropout_attention_stacked): it reads the three where they lie and writes their gradients side by
+(kernels.attention.run_dropout_attention_stacked): it reads the three where they lie and writes their gradients side by
 side, so with the kernel there is no `cat`.
 
 The layer keeps its `query`, `key` and `value` modules (their state-dict names and weights are
 unchanged); the stacked copy is a non-persistent buffer, made after the weights are loaded and cast
 (`stack_frozen_projections`), so it moves with the model and is never saved. Layers whose projections
-train, or that peft wraps (LoRA, (IA)3), keep transformers' own forward, and so does every layer under
-`ADAPTUNE_PROJECTIONS=separate` (the default is "stacked").
+train, or that peft wraps (LoRA, (IA)3), keep transformers' own forward.
 """
 
 from __future__ import annotations

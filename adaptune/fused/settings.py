@@ -16,10 +16,10 @@ from typing import Any
 
 from adaptune.core.environment import STEP_VARIABLES, SettingError, parse
 
-COMPILE_ENV, DROPOUT_MASKS_ENV, ATTENTION_ENV, DROPOUT_ENV, LAYER_NORM_ENV = (variable.name for variable in STEP_VARIABLES)
-# Each field of StepSettings, the variable that sets it.
-FIELD_VARIABLES = {"compile": COMPILE_ENV, "dropout_masks": DROPOUT_MASKS_ENV, "attention": ATTENTION_ENV, "dropout": DROPOUT_ENV,
-                   "layer_norm": LAYER_NORM_ENV}
+COMPILE_ENV, DROPOUT_MASKS_ENV, ATTENTION_ENV, LAYER_NORM_ENV, DROPOUT_ENV = (variable.name for variable in STEP_VARIABLES)
+# Each field of StepSettings, the variable that sets it (in the order presets have always written them: compiled specs keep their bytes).
+FIELD_VARIABLES = {"compile": COMPILE_ENV, "dropout_masks": DROPOUT_MASKS_ENV, "attention": ATTENTION_ENV, "layer_norm": LAYER_NORM_ENV,
+                   "dropout": DROPOUT_ENV}
 VALUES = {field: next(variable.values for variable in STEP_VARIABLES if variable.name == name) for field, name in FIELD_VARIABLES.items()}
 STEP_GRAPHS = "step_graphs"
 # The settings of how a Transformer layer computes, by the field a run's record (and a benchmark's row) gives each one's
@@ -45,8 +45,8 @@ class StepSettings:
     compile: str = "eager"  # "step_graphs": a group's whole step replayed as CUDA graphs (1.88x, H100)
     dropout_masks: str = "generator"  # "counter": masks keyed by seed, step and site, drawn on the device
     attention: str = "eager"  # "kernel": 1.34-1.47x a group's step (H100)
-    dropout: str = "mask"  # "kernel": 1.26x (H100)
     layer_norm: str = "torch"  # "kernel": 1.12x (H100)
+    dropout: str = "mask"  # "kernel": 1.26x (H100)
 
     def __post_init__(self) -> None:
         for field, values in VALUES.items():

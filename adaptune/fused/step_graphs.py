@@ -33,7 +33,7 @@ import torch
 from torch.nn import functional as F
 
 from adaptune.core.devices import Device
-from adaptune.fused.settings import STEP_GRAPHS
+from adaptune.fused.settings import STEP_GRAPHS  # noqa: F401 (the mode that runs this step, named where it is)
 from adaptune.fused.run_dropout import RowLayout, RunRandomness
 from adaptune.fused.group_optimizer import clip_each
 

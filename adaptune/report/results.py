@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from adaptune.core.files import atomic_write
-from adaptune.core.step_settings import RECORDED_SETTINGS
+from adaptune.fused.settings import RECORDED_SETTINGS
 from adaptune.train.phase_times import PHASES
 from adaptune.train.record import with_companions
 

@@ -6,13 +6,13 @@ accelerator-hours. A run store's own measurements (adaptune.sweep.throughput) re
 
 from __future__ import annotations
 
-from adaptune.core.step_settings import COMPILE_ENV, STEP_GRAPH_MODES
+from adaptune.fused.settings import StepSettings
 from adaptune.data.tasks import get_task
 from adaptune.sweep.device_sharing import runs_per_group
 from adaptune.sweep.experiments import ExperimentSpec
 from adaptune.sweep.throughput import REFERENCE_MAX_LENGTH, Measured, ThroughputKey, backbone_key, throughput_key
 from adaptune.train.config import TrainConfig
-from adaptune.train.grouping import GROUPABLE_METHODS, group_capacity, group_key, trains_alone_for_its_length, trains_whole_model
+from adaptune.fused.grouping import GROUPABLE_METHODS, group_capacity, group_key, trains_alone_for_its_length, trains_whole_model
 
 # Training throughput in examples per second for full fine-tuning at max_length 128, batch 32,
 # per backbone and accelerator (Vertex AI accelerator type, or "cpu"), for one run. These are
@@ -148,7 +148,7 @@ def table_fused_speedup(run: TrainConfig, spec: ExperimentSpec, group_size: int 
 
 def _replays_step_graphs(spec: ExperimentSpec) -> bool:
     """Whether the accelerator preset's tasks replay steps as CUDA graphs, a lone groupable run's too."""
-    return dict(spec.accelerator.step_settings).get(COMPILE_ENV) in STEP_GRAPH_MODES
+    return StepSettings.preset(spec.accelerator.step_settings).step_graphs
 
 
 def fused_kind(run: TrainConfig) -> str | None:

@@ -4,10 +4,10 @@ environment variable overrides it. Torch-free, so that planning can price what t
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-from adaptune.core.step_settings import run_count
+from adaptune.core import environment
+from adaptune.fused.settings import run_count
 
 RUNS_PER_DEVICE_ENV = "ADAPTUNE_RUNS_PER_DEVICE"
 RUNS_PER_GROUP_ENV = "ADAPTUNE_RUNS_PER_GROUP"
@@ -23,4 +23,5 @@ def runs_per_group(accelerator: Any) -> int:
 
 
 def _count(env: str, field: str, accelerator: Any) -> int:
-    return run_count(f"{env} / {field}", os.environ.get(env) or getattr(accelerator, field, 1))
+    """The environment's count where it sets one (a bad one is the registry's line), else the accelerator's."""
+    return environment.read(env) or run_count(f"{env} / {field}", getattr(accelerator, field, 1))

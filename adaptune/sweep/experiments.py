@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from adaptune.core.backbones import BERT_BASE, BERT_LARGE, DEFAULT_BACKBONE
 from adaptune.core.paper_grids import DEVLIN_GLUE_EPOCHS, DEVLIN_GLUE_LRS, EXTRA_LRS, GLUE_LRS
-from adaptune.core.step_settings import ATTENTION_ENV, COMPILE_ENV, DROPOUT_ENV, DROPOUT_MASKS_ENV, LAYER_NORM_ENV
+from adaptune.fused.settings import StepSettings
 from adaptune.data.tasks import EXTRA_TASKS, GLUE_SCORE_TASKS
 
 # `Sweep.epochs = PAPER_EPOCHS` means: the epochs the paper chose per task and method (Table 4).
@@ -47,8 +47,8 @@ class Accelerator:
     # machine (bf16 where the CPU has it natively; $ADAPTUNE_CPU_BF16); an experiment whose records must stay
     # comparable pins "float32" (or "bf16").
     cpu_precision: str = "auto"
-    # How the training step runs on this accelerator's tasks (adaptune.core.step_settings: (variable, value)
-    # pairs set in the task's environment); unset ones keep their defaults, as does all of a plain `make run`.
+    # How the training step runs on this accelerator's tasks: a StepSettings' (variable, value) pairs that differ from
+    # the defaults (StepSettings.pinned), set in the task's environment; the shard runner reads them under the user's own.
     step_settings: tuple[tuple[str, str], ...] = ()
 
     @property
@@ -77,8 +77,7 @@ H100 = Accelerator(
     # on an H100 the kernel drew counter_keep_mask's bits exactly and the compiled masks did not ("h100_2026_11_28").
     # 12 runs a group were slower than 8 (4,919 against 5,291 examples/s, "h100_2026_11_28" groupsizes).
     runs_per_group=8,
-    step_settings=((COMPILE_ENV, "step_graphs"), (DROPOUT_MASKS_ENV, "counter"), (ATTENTION_ENV, "kernel"), (LAYER_NORM_ENV, "kernel"),
-                   (DROPOUT_ENV, "kernel")),
+    step_settings=StepSettings(compile="step_graphs", dropout_masks="counter", attention="kernel", dropout="kernel", layer_norm="kernel").pinned(),
 )
 # KFP on GKE: a pod asking for a whole node's CPUs or memory stays Pending (the node keeps some for the
 # kubelet and system pods), so each preset asks for what its smallest node leaves allocatable.

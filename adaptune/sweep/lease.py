@@ -26,16 +26,17 @@ import uuid
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from adaptune.core import environment
 from adaptune.core.files import json_text
 from adaptune.core.run_files import LEASE_FILE
 from adaptune.sweep.store import RUNS_DIR, RunStore, UnreadableFileError
 
 LEASE_SECONDS_ENV = "ADAPTUNE_LEASE_SECONDS"
-DEFAULT_LEASE_SECONDS = 900.0  # a stalled holder delays a run by at most this; renewed every 5 minutes
+DEFAULT_LEASE_SECONDS = environment.parse(LEASE_SECONDS_ENV, None)  # 900: a stalled holder delays a run by at most this
 
 
 def lease_seconds() -> float:
-    return float(os.environ.get(LEASE_SECONDS_ENV) or DEFAULT_LEASE_SECONDS)
+    return environment.read(LEASE_SECONDS_ENV)
 
 
 def new_owner() -> str:

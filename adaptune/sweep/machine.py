@@ -10,6 +10,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from adaptune.core import environment
 from adaptune.sweep.store import RunStore
 
 TRAINER_ENV = "ADAPTUNE_TRAINER"  # "module:function" with train_and_evaluate's signature (dry runs of a DAG's shape)
@@ -34,7 +35,7 @@ def prepare_machine(store: RunStore, backbones: Iterable[str]) -> None:
     print(f"device: {device.name}", flush=True)
     for name in sorted(set(backbones)):
         staged = use_staged_backbones(store, [name])
-        if os.environ.get(TRAINER_ENV):
+        if environment.read(TRAINER_ENV):
             continue  # a stand-in trainer (a dry run of the DAG's shape) loads no weights
         try:
             check_backbone(name)
@@ -73,7 +74,7 @@ def start_deadline(seconds: float, shard_id: str) -> threading.Timer:
 
 def load_trainer() -> Callable[..., dict[str, Any]]:
     """adaptune.train.loop.train_and_evaluate, or the function $ADAPTUNE_TRAINER names."""
-    target = os.environ.get(TRAINER_ENV)
+    target = environment.read(TRAINER_ENV)
     if not target:
         from adaptune.train.loop import train_and_evaluate
 

@@ -20,10 +20,10 @@ from adaptune.train.config import TrainConfig, method_label
 from adaptune.sweep.experiments import PAPER_EPOCHS, Ablation, ExperimentSpec, Sweep
 from adaptune.data.tasks import Task, UnknownTaskError, get_task
 from adaptune.core.precision import CPU_PRECISIONS
-from adaptune.core.step_settings import checked_value
+from adaptune.fused.settings import StepSettings
 from adaptune.sweep.cost import estimate_hours, measured_at_length, measurement_for, step_tokens, table_fused_speedup
 from adaptune.sweep.device_sharing import runs_per_group
-from adaptune.train.grouping import fused_groups
+from adaptune.fused.grouping import fused_groups
 from adaptune.sweep.throughput import Measured, ThroughputKey, throughput_key
 
 
@@ -331,7 +331,7 @@ def plan(spec: ExperimentSpec, measured: dict[ThroughputKey, Measured] | None = 
 
 
 def planned_groups(runs: list[TrainConfig], spec: ExperimentSpec) -> list[list[TrainConfig]]:
-    """The fused groups the runs will train in (adaptune.train.grouping.fused_groups over the whole plan, at the
+    """The fused groups the runs will train in (adaptune.fused.grouping.fused_groups over the whole plan, at the
     accelerator's runs_per_group, at most a shard's runs), so that a group key's runs fill as few groups as they
     can instead of being cut wherever a shard ends: paper_full's 7,008 groupable classification runs on H100s
     trained in 1,432 groups (133 of them a run alone) when shards were packed run by run, and in 1,298 now."""
@@ -364,11 +364,15 @@ def _check_spec_values(spec: ExperimentSpec, problems: list[str]) -> None:
             problems.append(f"accelerator {field} must be a whole number >= 1, got {value!r}")
     if accel.cpu_precision not in CPU_PRECISIONS:
         problems.append(f"accelerator cpu_precision must be one of {', '.join(CPU_PRECISIONS)}, got {accel.cpu_precision!r}")
-    for name, value in accel.step_settings:
-        try:
-            checked_value(name, value)
+    try:
+        StepSettings.preset(accel.step_settings)
+    except ValueError as error:
+        problems.append(f"accelerator step_settings: {error}")
+    else:
+        try:  # the shard runner's own settings: this environment's over the preset's
+            StepSettings.from_environment(preset=accel.step_settings)
         except ValueError as error:
-            problems.append(f"accelerator step_settings: {error}")
+            problems.append(f"step settings: {error}")
 
 
 def _expand(spec: ExperimentSpec, sweep: Sweep, where: str, problems: list[str]) -> list[TrainConfig]:

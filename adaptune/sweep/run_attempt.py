@@ -13,13 +13,15 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from adaptune.core import environment
+from adaptune.fused.settings import StepSettings
 from adaptune.sweep.lease import Holder, Lease, lease_seconds, new_owner, try_acquire
 from adaptune.sweep.machine import TRAINER_ENV, load_trainer
 from adaptune.sweep.store import CHECKPOINT_DIR, RECORD_FILE, RUNS_DIR, RunDir, RunStore, UnreadableFileError
 from adaptune.sweep.transient import backoff_s, is_transient
 from adaptune.train.config import TrainConfig
 from adaptune.train.event_log import write_run_summary
-from adaptune.train.grouping import fused_groups, group_key, trains_alone_for_its_length
+from adaptune.fused.grouping import fused_groups, group_key, trains_alone_for_its_length
 from adaptune.train.record import failed_run_record, is_stale, one_line_reason, save_traceback, with_provenance
 
 
@@ -32,10 +34,10 @@ def train_runs(configs: Iterable[TrainConfig], shard_id: str, store: RunStore, o
 
 
 def form_groups(configs: list[TrainConfig], runs_per_group: int) -> list[list[TrainConfig]]:
-    """The shard's groups (adaptune.train.grouping.fused_groups: runs with equal group keys, at most
+    """The shard's groups (adaptune.fused.grouping.fused_groups: runs with equal group keys, at most
     `runs_per_group` a group, fewer for longer steps); every other run alone. A stand-in trainer
     ($ADAPTUNE_TRAINER) trains runs alone."""
-    if os.environ.get(TRAINER_ENV):
+    if environment.read(TRAINER_ENV):
         return [[config] for config in configs]
     return fused_groups(configs, runs_per_group)
 
@@ -46,7 +48,7 @@ def train_groups(groups: Iterable[list[TrainConfig]], shard_id: str, store: RunS
     by_run: dict[str, str] = {}
     deferred = []
     for group in groups:
-        if len(group) == 1 and not _graphed_alone(group[0]):
+        if len(group) == 1 and not _graphed_alone(group[0], options.get("settings", StepSettings())):
             outcomes = {group[0].run_id: run_in_store(group[0], store, wait=False, owner=owner, **options)}
         else:
             outcomes = group_in_store(group, store, owner, **options)
@@ -64,21 +66,18 @@ def train_groups(groups: Iterable[list[TrainConfig]], shard_id: str, store: RunS
     return by_run
 
 
-def _graphed_alone(config: TrainConfig) -> bool:
-    """Under step graphs (adaptune.train.step_graphs, either mode) a groupable run without companions trains as a
+def _graphed_alone(config: TrainConfig, settings: StepSettings) -> bool:
+    """Under step graphs (adaptune.fused.step_graphs, either mode) a groupable run without companions trains as a
     group of one, its step replayed as a CUDA graph: on an H100 that step ran 6.6x the solo trainer's table figure
     (BERT-base adapters with the attention and LayerNorm kernels, bench/gpu.json "h100_2026_11_28"), 3.9-5.7x for
     top_k ("h100_2026_11_27_levers"). So does a run that trains the whole model (full fine-tuning, top_k over every
     layer), which no group shares: 4.35x (BERT-base) and 3.38x (BERT-large) for full fine-tuning ("h100_2026_11_28").
     Not a run whose step keeps the GPU busy alone (grouping.LONG_STEP_TOKENS): the trainer's own step was the faster there."""
-    if os.environ.get(TRAINER_ENV) or trains_alone_for_its_length(config):
+    if environment.read(TRAINER_ENV) or trains_alone_for_its_length(config):
         return False
     if group_key(config) is None:  # whole-model runs have keys too
         return False
-    from adaptune.train.compiling import compile_mode  # torch's: imported only where runs train
-    from adaptune.train.step_graphs import STEP_GRAPH_MODES
-
-    return compile_mode() in STEP_GRAPH_MODES
+    return settings.step_graphs
 
 
 class _Unreadable(str):
@@ -117,6 +116,7 @@ def run_in_store(
     wait: bool = True,
     owner: str | None = None,
     sleep: Callable[[float], None] = time.sleep,
+    settings: StepSettings = StepSettings(),
 ) -> str:
     """One run, at most once: 'reused' / 'stale' where the store's record stands, 'leased' (wait=False)
     where another attempt holds it, 'superseded' where ours expired and was taken over, else its status."""
@@ -134,7 +134,7 @@ def run_in_store(
             reused = _clear_for_training(config, store, retry_failed, retrain_stale)
             if reused:
                 return reused
-            record = _train_with_retries(config, store, data_dir, max_transient_failures, progress, sleep)
+            record = _train_with_retries(config, store, data_dir, max_transient_failures, progress, sleep, settings)
             return _publish(config, record, lease, store, data_dir)
     finally:
         lease.release()
@@ -150,6 +150,7 @@ def group_in_store(
     progress: bool = False,
     retrain_stale: bool = False,
     sleep: Callable[[float], None] = time.sleep,
+    settings: StepSettings = StepSettings(),
 ) -> dict[str, str]:
     """run_in_store for a group (wait=False): each run's record reused or its lease taken, as alone;
     the runs leased train together (adaptune.train.group_loop.train_group), each published as alone."""
@@ -174,7 +175,8 @@ def group_in_store(
                 continue
             training.append((config, lease))
         if training:
-            records = _train_group_with_retries([config for config, _ in training], store, data_dir, max_transient_failures, progress, sleep)
+            records = _train_group_with_retries([config for config, _ in training], store, data_dir, max_transient_failures, progress, sleep,
+                                                settings)
             for (config, lease), record in zip(training, records, strict=True):
                 outcomes[config.run_id] = _publish(config, record, lease, store, data_dir)
     return outcomes
@@ -227,7 +229,7 @@ def _take_lease(run_id: str, store: RunStore, owner: str | None, wait: bool, sle
 
 
 def _train_group_with_retries(configs: list[TrainConfig], store: RunStore, data_dir: Any, max_transient_failures: int,
-                              progress: bool, sleep: Callable[[float], None]) -> list[dict[str, Any]]:
+                              progress: bool, sleep: Callable[[float], None], settings: StepSettings) -> list[dict[str, Any]]:
     """Runs that share their steps (adaptune.train.group_loop): a transient failure counts against every one.
     A group that runs out of memory trains as two halves, in turn, down to runs alone (each run resumes
     from what it saved): group sizes are chosen from memory measured on other steps, not this one's."""
@@ -237,7 +239,8 @@ def _train_group_with_retries(configs: list[TrainConfig], store: RunStore, data_
     def train(works: list[RunDir], part: list[TrainConfig] = configs) -> list[dict[str, Any]]:
         try:
             return train_group(part, [work.path for work in works], data_dir=data_dir, cache_dir=store.cache_dir(),
-                               progress=progress, on_state_saved=[work.sync for work in works], write_record=False)
+                               progress=progress, on_state_saved=[work.sync for work in works], write_record=False,
+                               settings=settings)
         except Exception as error:
             if len(part) == 1 or not is_out_of_memory(error):
                 raise
@@ -250,12 +253,12 @@ def _train_group_with_retries(configs: list[TrainConfig], store: RunStore, data_
 
 
 def _train_with_retries(config: TrainConfig, store: RunStore, data_dir: Any, max_transient_failures: int, progress: bool,
-                        sleep: Callable[[float], None]) -> dict[str, Any]:
+                        sleep: Callable[[float], None], settings: StepSettings) -> dict[str, Any]:
     trainer = load_trainer()
 
     def train(works: list[RunDir]) -> list[dict[str, Any]]:
         return [trainer(config, data_dir=data_dir, out_dir=works[0].path, cache_dir=store.cache_dir(), progress=progress,
-                        on_state_saved=works[0].sync, write_record=False)]
+                        on_state_saved=works[0].sync, write_record=False, settings=settings)]
 
     return _with_retries([config], store, data_dir, max_transient_failures, sleep, train)[0]
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import os
 from collections import Counter
 
-from adaptune.core.step_settings import step_settings_applied
+from adaptune.fused.settings import StepSettings
 from adaptune.sweep.experiments import ExperimentSpec
 from adaptune.sweep.machine import TRAINER_ENV, ShardEnvironmentError, prepare_machine, start_deadline  # noqa: F401 (the shard's names)
 from adaptune.sweep.plan import plan
@@ -67,16 +67,17 @@ def run_shard(
         start_deadline(planned.deadline_hours(shard) * 3600, shard_id)
     backbones = {run.backbone for run in shard.runs}
     prepare_machine(store, backbones)
+    # How every step of the shard computes: the accelerator preset's, under the task's or user's own variables.
+    settings = StepSettings.from_environment(preset=spec.accelerator.step_settings)
     options = dict(data_dir=data_dir, retry_failed=retry_failed, retrain_stale=retrain_stale,
-                   max_transient_failures=spec.retries, progress=progress)
+                   max_transient_failures=spec.retries, progress=progress, settings=settings)
     workers = min(runs_at_once or runs_per_device(spec.accelerator), len(shard.runs))
     fused = group_size or runs_per_group(spec.accelerator)
-    with step_settings_applied(spec.accelerator.step_settings):  # side-by-side workers inherit them
-        if workers > 1:
-            print(f"{shard_id}: {workers} runs at a time on this device", flush=True)
-            by_run = train_side_by_side(list(shard.runs), shard_id, store, backbones, options, workers, fused)
-        else:
-            by_run = train_runs(list(shard.runs), shard_id, store, options, fused)
+    if workers > 1:
+        print(f"{shard_id}: {workers} runs at a time on this device", flush=True)
+        by_run = train_side_by_side(list(shard.runs), shard_id, store, backbones, options, workers, fused)
+    else:
+        by_run = train_runs(list(shard.runs), shard_id, store, options, fused)
     outcomes = Counter(by_run.values())
     if outcomes["stale"]:
         print(f"{shard_id}: {outcomes['stale']} run(s) hold records from another data scheme; "

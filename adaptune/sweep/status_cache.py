@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any
 
+from adaptune.core import environment
 from adaptune.core.files import write_json
 from adaptune.sweep.store import RECORD_FILE, RunStore
 
-CACHE_DIR_ENV = "ADAPTUNE_CACHE_DIR"  # = adaptune.data.loading.CACHE_DIR_ENV (not imported: that module imports datasets)
 # The record keys a status and the throughput calibration read (adaptune.sweep.status, adaptune.sweep.throughput).
 SUMMARY_KEYS = ("run_id", "task", "status", "reason", "data_scheme", "wall_time_s", "backbone", "method", "device", "epochs",
                 "group_size", "time_s")
@@ -32,8 +31,7 @@ def summarize(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def cache_path(store: RunStore) -> Path:
-    root = Path(os.environ.get(CACHE_DIR_ENV) or Path.home() / ".cache" / "adaptune").expanduser()
-    return root / "record-summaries" / f"{hashlib.sha256(store.root.encode()).hexdigest()[:16]}.json"
+    return environment.cache_dir() / "record-summaries" / f"{hashlib.sha256(store.root.encode()).hexdigest()[:16]}.json"
 
 
 def record_summaries(store: RunStore, versions: dict[str, str], unreadable: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:

@@ -4,10 +4,11 @@ device, network, storage), and how long to wait before it."""
 from __future__ import annotations
 
 import errno
-import os
+
+from adaptune.core import environment
 
 BACKOFF_ENV = "ADAPTUNE_RETRY_BACKOFF_S"
-DEFAULT_BACKOFF_S = 30.0  # first wait after a transient failure; doubled each time, at most MAX_BACKOFF_S
+DEFAULT_BACKOFF_S = environment.parse(BACKOFF_ENV, None)  # 30: the first wait; doubled each time, at most MAX_BACKOFF_S
 MAX_BACKOFF_S = 600.0
 # Exception class names (anywhere in the MRO or the cause chain) that mean "try again later": the
 # requests/urllib3/http.client family, aiohttp (gcsfs), httpx (huggingface_hub), google-api-core.
@@ -28,7 +29,7 @@ TRANSIENT_HTTP_CODES = frozenset({408, 429, 500, 502, 503, 504})  # gcsfs HttpEr
 def backoff_s(failures: int) -> float:
     """The wait before the next attempt after `failures` transient failures: doubling from
     $ADAPTUNE_RETRY_BACKOFF_S (default DEFAULT_BACKOFF_S), at most MAX_BACKOFF_S."""
-    base = float(os.environ.get(BACKOFF_ENV) or DEFAULT_BACKOFF_S)
+    base = environment.read(BACKOFF_ENV)
     return min(base * 2 ** (failures - 1), MAX_BACKOFF_S)
 
 

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from adaptune.fused.settings import StepSettings
 from adaptune.train.checks import ConfigError, check_train_config, number_problems
 from adaptune.core.backbones import DEFAULT_BACKBONE
 from adaptune.train.config import TrainConfig
@@ -143,11 +144,13 @@ def train_from_args(args: argparse.Namespace) -> int:
 
     Bad input raises before the run directory exists (adaptune.cli turns it into one line and exit 2).
     """
+    settings = StepSettings.from_environment()  # read once: a bad value is one line before anything runs
     config = config_from_args(args)
     record = preflight(config, data_dir=args.data_dir, out_dir=args.out)
     if record is None:
         from adaptune.train.loop import train_and_evaluate
 
-        record = train_and_evaluate(config, data_dir=args.data_dir, out_dir=args.out, cache_dir=args.cache_dir, progress=not args.no_progress)
+        record = train_and_evaluate(config, data_dir=args.data_dir, out_dir=args.out, cache_dir=args.cache_dir, progress=not args.no_progress,
+                                    settings=settings)
     print(json.dumps({k: v for k, v in record.items() if k not in ("config", "curve")}, indent=2, default=str))
     return 1 if record["status"] == "failed" else 0

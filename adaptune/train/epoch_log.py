@@ -3,15 +3,16 @@
     rte-adapters64-s0-1a2b3c4d5e epoch 2/3: train_loss 0.6412, val accuracy 0.6354 (best so far), ...
 
 stderr, so that `python -m adaptune train`'s stdout stays the run record (JSON); through tqdm, so the
-line lands above a progress bar rather than through it. ADAPTUNE_EPOCH_LINES=0 turns the lines off.
+line lands above a progress bar rather than through it. ADAPTUNE_EPOCH_LINES=0 (or off, false, no) turns the lines off.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import sys
 from typing import Any
+
+from adaptune.core import environment
 
 ENV = "ADAPTUNE_EPOCH_LINES"
 
@@ -29,7 +30,7 @@ def format_epoch(run_id: str, epochs: int, primary_metric: str, point: dict[str,
 
 def report_epoch(run_id: str, epochs: int, primary_metric: str, point: dict[str, Any], best_epoch: int | None) -> None:
     """Print `format_epoch(...)` on stderr now (flushed), unless ADAPTUNE_EPOCH_LINES=0."""
-    if os.environ.get(ENV, "1").strip() in ("0", "false", "no", "off"):
+    if not environment.read(ENV):
         return
     from tqdm.auto import tqdm
 

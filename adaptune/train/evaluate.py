@@ -69,7 +69,7 @@ def evaluate_runs(
     model: nn.Module, runs: int, task: Task, split: EvalSplit, device: Device, collator: DataCollatorWithPadding,
     batch_size: int | None = None,
 ) -> list[EvalResult]:
-    """Each run's metrics on this split, in one pass: a group's model (adaptune.model.run_groups) reads
+    """Each run's metrics on this split, in one pass: a group's model (adaptune.fused.run_groups) reads
     every batch replicated once per run, block i scored for run i. `runs=1`: a solo model. `batch_size`: rows
     a batch, else evaluation_batch_size(device)."""
     model.eval()

@@ -1,4 +1,4 @@
-"""A group of runs trained in lock step through one shared frozen backbone (adaptune.model.run_groups):
+"""A group of runs trained in lock step through one shared frozen backbone (adaptune.fused.run_groups):
 the runs of one task and method that differ only in learning rate, seed and init std.
 
 Each run stays the run it would be alone (adaptune.train.loop), by construction:
@@ -8,7 +8,7 @@ Each run stays the run it would be alone (adaptune.train.loop), by construction:
   the loss is the sum of the runs' own mean losses, so each run's gradients are its own;
 - each run has its own AdamW, warmup-and-decay schedule, gradient clipping and finiteness check (the
   solo trainer's own objects); a diverging run is recorded as failed and leaves the group;
-- dropout masks come from each run's own generator, at its own shape (adaptune.model.run_dropout);
+- dropout masks come from each run's own generator, at its own shape (adaptune.fused.run_dropout);
 - each epoch's evaluation is one pass for every run (adaptune.train.evaluate.evaluate_runs), scored per
   run; each run writes the solo run's record, curve, state and compact checkpoint in its own directory.
 So a run's result does not depend on which runs shared its group, and a resumed run may train alone or
@@ -32,19 +32,16 @@ from transformers import get_linear_schedule_with_warmup, set_seed
 from adaptune.core.devices import Device, is_out_of_memory, pick_device, release_memory
 from adaptune.data.batching import epoch_batches, make_collator
 from adaptune.data.tasks import get_task
-from adaptune.model.attention_kernel import recorded_attention
 from adaptune.model.backbone import fresh_head_copy, load_model, load_tokenizer
-from adaptune.model.dropout_kernel import recorded_dropout
 from adaptune.model.methods import apply_method, method_from_dict
 from adaptune.model.params import count_parameters
-from adaptune.model.run_dropout import RowLayout, RunRandomness, dropout_stream, use_run_dropout
-from adaptune.model.run_groups import group_model, keep_runs, recorded_branch_sums, recorded_layer_norm, run_parameters, trained_tensors
-from adaptune.train.compiling import COMPILE_MODES, compile_mode, training_forward
+from adaptune.fused.run_dropout import RowLayout, RunRandomness, dropout_stream, use_run_dropout
+from adaptune.fused.run_groups import group_model, keep_runs, recorded_layer_norm, run_parameters, trained_tensors
 from adaptune.train.config import TrainConfig
 from adaptune.train import phase_times
 from adaptune.train.evaluate import evaluate_runs
-from adaptune.train.group_optimizer import clip_and_step
-from adaptune.train.grouping import GROUPABLE_METHODS, group_key, trains_whole_model
+from adaptune.fused.group_optimizer import clip_and_step
+from adaptune.fused.grouping import GROUPABLE_METHODS, group_key, trains_whole_model
 from adaptune.train.loop import (
     Evaluator,
     FiniteGuard,
@@ -58,11 +55,13 @@ from adaptune.train.loop import (
     decayed_names,
     frozen_backbone_for_autocast,
     prepare_data,
+    recorded_step_settings,
 )
 from adaptune.train.record import record_in_run_dir, run_record, with_provenance
-from adaptune.train.state import KeptSettings, load_state, resume_point
+from adaptune.fused.settings import StepSettings
+from adaptune.train.state import load_state, resume_point
 from adaptune.train.state_saves import StateSaves
-from adaptune.train.step_graphs import STEP_GRAPH_MODES, GraphedFusedStep
+from adaptune.fused.step_graphs import GraphedFusedStep
 
 _PAD_VALUES = {"attention_mask": 0, "token_type_ids": 0}
 # What a span task's collated batch holds besides the model's inputs (others: "labels"): the answer's
@@ -81,10 +80,12 @@ def train_group(
     on_state_saved: Sequence[Callable[[], None] | None] | None = None,
     write_record: bool = True,
     step_callback: StepCallback | None = None,
+    settings: StepSettings | None = None,
 ) -> list[dict[str, Any]]:
     """Train these runs as one group, each in its own out dir; returns their records in order (also
     written to each out dir's record.json unless `write_record` is False). A finished record already in
     a run's dir is returned as is, as the solo trainer does. Out of memory is raised for the caller."""
+    settings = settings or StepSettings.from_environment()  # an entry point's: read once, passed down
     keys = {group_key(config) for config in configs}
     alone = len(configs) == 1 and trains_whole_model(configs[0])  # a group of one: nothing to share, a step to replay
     if not alone and (None in keys or len(keys) != 1):
@@ -96,15 +97,15 @@ def train_group(
     callbacks = list(on_state_saved) if on_state_saved is not None else [None] * len(configs)
     outs = [Path(out) for out in out_dirs]
     records: dict[int, dict[str, Any]] = {}
-    by_resume_point: dict[tuple[int, KeptSettings], list[int]] = {}
+    by_resume_point: dict[tuple[int, StepSettings], list[int]] = {}
     for index, (config, out) in enumerate(zip(configs, outs, strict=True)):
         out.mkdir(parents=True, exist_ok=True)
         finished = record_in_run_dir(out, config.run_id)
         if finished is not None and finished.get("status") != "failed":
             records[index] = finished
         else:
-            by_resume_point.setdefault(resume_point(out), []).append(index)
-    # Runs resumed at different steps cannot share a step, nor runs that keep different settings (masks, stream).
+            by_resume_point.setdefault(resume_point(out, settings), []).append(index)
+    # Runs resumed at different steps cannot share a step, nor runs that keep different masks' schemes.
     for (_, kept), indices in by_resume_point.items():
         group = _Group([configs[i] for i in indices], [outs[i] for i in indices], [callbacks[i] for i in indices], kept)
         for index, record in zip(indices, group.train(data_dir, cache_dir, progress, step_callback, write_record), strict=True):
@@ -151,7 +152,7 @@ def _models_as_alone(backbone: str | None, task_kind: str, num_labels: int, seed
 
 class _Group:
     def __init__(self, configs: list[TrainConfig], outs: list[Path], callbacks: list[Callable[[], None] | None],
-                 kept: KeptSettings) -> None:
+                 settings: StepSettings) -> None:
         for config in configs:
             _check_config(config)
         self.device: Device = pick_device()
@@ -161,11 +162,10 @@ class _Group:
                     run_record(config, self.task.primary_metric, self.device.name), callback)
             for config, out, callback in zip(configs, outs, callbacks, strict=True)
         ]
-        self.kept, self.compile_mode = kept, compile_mode()
+        self.settings = settings
         for member in self.members:
-            member.kept = kept
-            member.record.update(group_size=len(self.members), dropout_masks=kept.mask_scheme, compile=self.compile_mode,
-                                 attention=recorded_attention(kept.mask_scheme), dropout=recorded_dropout(kept.mask_scheme))
+            member.settings = settings
+            member.record.update(group_size=len(self.members), **recorded_step_settings(settings))
         self.finished: dict[str, dict[str, Any]] = {}
         self.graphed: GraphedFusedStep | None = None
 
@@ -209,18 +209,17 @@ class _Group:
             trained.append(trained_tensors(model))
         counts, decayed = count_parameters(model), decayed_names(model)
         template = copy.deepcopy(model)
-        model = group_model(model, trained)
+        model = group_model(model, trained, self.settings)
         del trained
-        self.randomness = use_run_dropout(model, [dropout_stream(member.config.seed, device.torch_device, self.kept.mask_scheme)
-                                                  for member in self.members])
+        self.randomness = use_run_dropout(model, [dropout_stream(member.config.seed, device.torch_device, self.settings.dropout_masks)
+                                                  for member in self.members], self.settings)
         model.to(device.torch_device)
-        backbone_fields = frozen_backbone_for_autocast(model, device.autocast_dtype, self.kept.residual)
-        compiled = COMPILE_MODES[self.compile_mode] is not None  # compiled layers keep their own operators for inductor
-        layer_norm, branch_sums = recorded_layer_norm(model), recorded_branch_sums(model, compiled=compiled)
+        backbone_fields = frozen_backbone_for_autocast(model, device.autocast_dtype)
+        layer_norm = recorded_layer_norm(model)
         steps_per_epoch = math.ceil(len(data.train_rows) / first.batch_size)
         total_steps = steps_per_epoch * first.epochs
         for member, params, generator in zip(self.members, run_parameters(model), self.randomness.streams, strict=True):
-            member.record.update(trained_params=counts.trained, total_params=counts.total, layer_norm=layer_norm, branch_sums=branch_sums,
+            member.record.update(trained_params=counts.trained, total_params=counts.total, layer_norm=layer_norm,
                                  **backbone_fields)
             member.params, member.template, member.dropout = params, template, generator
             member.optimizer = adamw(params, decayed, member.config.lr, member.config.weight_decay)
@@ -233,7 +232,7 @@ class _Group:
                 member.progress = resumed
             member.curve_log.start(member.progress.global_step)
         self.model, self.collator, self.tokenizer = model, make_collator(tokenizer, pad_to_multiple_of=device.pad_multiple), tokenizer
-        self.forward = training_forward(model, self.compile_mode)  # evaluation calls the model itself
+        self.forward = model
         self.graphed = self._graphed_step()
         sharing = [member.progress for member in self.members]  # the group's phases are each run's
         for member in self.members:
@@ -286,7 +285,7 @@ class _Group:
             member._finish()
 
     def _graphed_step(self, replacing: GraphedFusedStep | None = None) -> GraphedFusedStep | None:
-        if self.compile_mode not in STEP_GRAPH_MODES:
+        if not self.settings.step_graphs:
             return None
         return GraphedFusedStep(self.forward, self.randomness, self.task.kind, self.device, run_losses, counted_from=replacing)
 
@@ -368,7 +367,7 @@ def fused_step(model: Callable[..., Any], randomness: RunRandomness, inputs: dic
                together: bool = True) -> list[StepResult]:
     """One optimizer step of every run of a group: one forward and backward through the shared backbone,
     then each run's own clipping, finiteness check (at once on the CPU, before its update, as alone) and
-    AdamW step, all runs' in one set of multi-tensor operators (adaptune.train.group_optimizer; `together`
+    AdamW step, all runs' in one set of multi-tensor operators (adaptune.fused.group_optimizer; `together`
     False: one run after another). Returns each run's (loss, gradient norm), still on the device. The
     benchmark times this."""
     randomness.layout = layout

@@ -26,15 +26,11 @@ from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup, set_seed
 from transformers.trainer_pt_utils import get_parameter_names
 
-from adaptune.model.attention_kernel import recorded_attention
-from adaptune.model.dropout_kernel import recorded_dropout
-from adaptune.model.frozen_projections import stack_frozen_projections
-from adaptune.model.residual_stream import round_residual_stream
-from adaptune.model.run_groups import recorded_branch_sums, recorded_layer_norm
+from adaptune.fused.frozen_projections import stack_frozen_projections
+from adaptune.fused.run_groups import recorded_layer_norm
 from adaptune.model.backbone import load_model, load_tokenizer
 from adaptune.data.batching import epoch_batches, iterate_batches, make_collator
 from adaptune.model.checkpoint import save_task_checkpoint
-from adaptune.train.compiling import compile_mode, training_forward
 from adaptune.train.config import TrainConfig
 from adaptune.train import phase_times
 from adaptune.train.epoch_log import report_epoch
@@ -48,10 +44,10 @@ from adaptune.train.record import record_in_run_dir, run_record, with_provenance
 from adaptune.train.run_data import RunData, prepare_run_data
 from adaptune.core.run_files import CHECKPOINT_DIR, PREDICTIONS_FILE, RECORD_FILE
 from adaptune.data.tasks import Task, get_task, scored_companions
-from adaptune.model.run_dropout import dropout_stream, use_run_dropout
-from adaptune.train.state import KeptSettings, Progress, load_state, remove_state, resume_point, save_state, trained_parameters
+from adaptune.fused.run_dropout import dropout_stream, use_run_dropout
+from adaptune.fused.settings import StepSettings
+from adaptune.train.state import Progress, load_state, remove_state, resume_point, save_state, trained_parameters
 from adaptune.train.state_saves import StateSaves
-from adaptune.train.step_graphs import STEP_GRAPH_MODES
 
 StepCallback = Callable[[int], None]
 Evaluator = Callable[[Task, EvalSplit], EvalResult]  # one run's scores on a split
@@ -72,8 +68,10 @@ def train_and_evaluate(
     step_callback: StepCallback | None = None,
     on_state_saved: Callable[[], None] | None = None,
     write_record: bool = True,
+    settings: StepSettings | None = None,
 ) -> dict[str, Any]:
-    """Train and evaluate one run; returns its record (also written to out_dir/record.json unless
+    """Train and evaluate one run, its steps computed as `settings` say (None: this process's environment's, read
+    once here, as at any entry point); returns its record (also written to out_dir/record.json unless
     `write_record` is False: the run store publishes the record itself, once, with its provenance).
 
     out_dir defaults to runs/<run_id>. A finished record already there for the same run id is
@@ -85,6 +83,7 @@ def train_and_evaluate(
     Out of memory is raised, not recorded: on a shared device it is transient, and the run store's
     shard runner (adaptune.sweep.shard_runner) decides whether to retry or record it.
     """
+    settings = settings or StepSettings.from_environment()  # an entry point's: read once, passed down
     started = time.perf_counter()
     out = Path(out_dir) if out_dir is not None else Path("runs") / config.run_id
     out.mkdir(parents=True, exist_ok=True)
@@ -97,7 +96,7 @@ def train_and_evaluate(
     _check_config(config)
     device = pick_device()
     record = with_provenance(run_record(config, task.primary_metric, device.name), data_dir)  # filled in as the run goes
-    run = _Run(config, task, method_cfg, device, out, record, on_state_saved)
+    run = _Run(config, task, method_cfg, device, out, record, on_state_saved, settings)
     try:
         run.execute(data_dir, cache_dir, progress, step_callback)
     except RunFailed as failure:
@@ -113,13 +112,13 @@ class _Run:
     """The state of one run while it trains: kept on an object so a failure can still report it."""
 
     def __init__(self, config: TrainConfig, task: Task, method_cfg: Any, device: Device, out: Path, record: dict[str, Any],
-                 on_state_saved: Callable[[], None] | None = None) -> None:
+                 on_state_saved: Callable[[], None] | None = None, settings: StepSettings = StepSettings()) -> None:
         self.config, self.task, self.method_cfg, self.device, self.out, self.record = config, task, method_cfg, device, out, record
+        self.settings = settings  # as given; a resumed run's masks' scheme is its own (execute)
         self.on_state_saved = on_state_saved
         self.progress = Progress()
         self.curve_log = CurveLog(out)  # TensorBoard's view of the curve, beside the record's
         self.sharing: list[Progress] | None = None  # a fused group's runs' progress: its phases are theirs too
-        self.kept: KeptSettings | None = None  # the settings it trains under, set as it starts
 
     def _phase_owners(self) -> list[Progress]:
         return self.sharing if self.sharing is not None else [self.progress]
@@ -147,18 +146,13 @@ class _Run:
         self.record.update(data_split=data.data_split, split_note=data.split_note, split_sizes=data.split_sizes)
         model = load_model(config.backbone, task.kind, task.num_labels)
         apply_method(model, self.method_cfg)
-        self.kept = kept = resume_point(self.out)[1]  # a resumed run keeps its own masks' scheme and residual stream
-        self.record["dropout_masks"], self.record["attention"] = kept.mask_scheme, recorded_attention(kept.mask_scheme)
-        self.record["dropout"] = recorded_dropout(kept.mask_scheme)
-        self.dropout = dropout_stream(config.seed, device.torch_device, kept.mask_scheme)
-        use_run_dropout(model, [self.dropout])
+        self.settings = settings = resume_point(self.out, self.settings)[1]  # a resumed run keeps its own masks' scheme
+        self.record.update(recorded_step_settings(settings, compile="eager"))  # step graphs are a fused group's
+        self.dropout = dropout_stream(config.seed, device.torch_device, settings.dropout_masks)
+        use_run_dropout(model, [self.dropout], settings)
         model.to(device.torch_device)
-        self.record.update(frozen_backbone_for_autocast(model, device.autocast_dtype, kept.residual))
+        self.record.update(frozen_backbone_for_autocast(model, device.autocast_dtype))
         self.record["layer_norm"] = recorded_layer_norm(model)  # "torch": a run alone has torch's LayerNorms
-        self.record["branch_sums"] = recorded_branch_sums(model)  # "separate": and its adapters' and LoRA's own sums
-        mode = compile_mode()
-        self.record["compile"] = mode = "eager" if mode in STEP_GRAPH_MODES else mode  # step graphs are a fused group's
-        forward = training_forward(model, mode)  # evaluation calls the model itself
         counts = count_parameters(model)
         self.record.update(trained_params=counts.trained, total_params=counts.total)
 
@@ -188,7 +182,7 @@ class _Run:
                     batches[p.step_in_epoch :], iterate_batches(data.train_rows, batches[p.step_in_epoch :], collator, device.torch_device)
                 ):
                     step_started = time.perf_counter()
-                    guard.add(self._step(forward, batch, optimizer, scheduler, trainable))
+                    guard.add(self._step(model, batch, optimizer, scheduler, trainable))
                     p.examples_trained += len(batch_rows)
                     p.global_step += 1
                     p.step_in_epoch += 1
@@ -284,7 +278,7 @@ class _Run:
         elapsed_before = self.progress.elapsed_s
         self.progress.elapsed_s = elapsed_before + (time.perf_counter() - segment_started)
         with phase_times.timed(self._phase_owners(), "saving"):
-            save_state(self.out, self.config.run_id, self._trained(model), optimizer, scheduler, self.progress, self.dropout, self.kept)
+            save_state(self.out, self.config.run_id, self._trained(model), optimizer, scheduler, self.progress, self.dropout)
             self.curve_log.flush()
         self.progress.elapsed_s = elapsed_before
         if self.on_state_saved is not None:
@@ -333,8 +327,7 @@ def training_step(
     model: Callable[..., Any], batch: dict[str, torch.Tensor], optimizer: Any, scheduler: Any, trainable: list[nn.Parameter],
     device: Device, max_grad_norm: float,
 ) -> StepResult:
-    """One optimizer step (forward, backward, clip, AdamW, schedule) of `model` (or its compiled forward,
-    adaptune.train.compiling); returns (loss, gradient norm) as
+    """One optimizer step (forward, backward, clip, AdamW, schedule) of `model`; returns (loss, gradient norm) as
     device tensors, so that a GPU step never waits for the host. `FiniteGuard` checks them: on the CPU
     at once, before the weights change; on a GPU or TPU within SYNC_EVERY_STEPS steps, and always
     before a state is saved or the model evaluated, so a diverged run is recorded as failed either way.
@@ -436,17 +429,21 @@ def adamw(trained: Mapping[str, nn.Parameter], decayed: set[str], lr: float, wei
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, weight_decay=weight_decay, fused=fused or None)
 
 
-def frozen_backbone_for_autocast(model: nn.Module, dtype: torch.dtype | None, residual_mode: str | None = None) -> dict[str, str]:
+def frozen_backbone_for_autocast(model: nn.Module, dtype: torch.dtype | None) -> dict[str, str]:
     """The frozen backbone as training runs it under autocast in `dtype` (None: no autocast, left as it is):
-    its Linear layers stored in `dtype`, each frozen query, key and value as one matmul where the settings
-    allow (it saves the input's casts; in float32 it saved nothing, bench/projections.json), and the residual
-    stream in `dtype` where `residual_mode` (a run's KeptSettings.residual; else $ADAPTUNE_RESIDUAL) asks. Returns
-    what records say: "projections" ("stacked" or "separate") and "residual" (the stream's dtype)."""
-    residual = round_residual_stream(model, dtype, residual_mode)  # a misspelt setting fails here, before training
+    its Linear layers stored in `dtype`, and each frozen query, key and value as one matmul (it saves the input's
+    casts; in float32 it saved nothing, bench/projections.json). Returns what records say: "projections" ("stacked"
+    or "separate") and "residual" (always "float32": the stream's bf16 option went untimed, bench/README.md)."""
     if dtype is None:
-        return {"projections": "separate", "residual": residual}
+        return {"projections": "separate", "residual": "float32"}
     keep_frozen_matmuls_in(model, dtype)
-    return {"projections": "stacked" if stack_frozen_projections(model) else "separate", "residual": residual}
+    return {"projections": "stacked" if stack_frozen_projections(model) else "separate", "residual": "float32"}
+
+
+def recorded_step_settings(settings: StepSettings, **actual: str) -> dict[str, str]:
+    """What a run's record says of the settings its steps ran under (`actual` overrides what a run could not use:
+    a lone run's compile); its adapters' and LoRA's sums are always their own operators ("separate")."""
+    return {**settings.recorded(), **actual, "branch_sums": "separate"}
 
 
 def keep_frozen_matmuls_in(model: nn.Module, dtype: torch.dtype) -> None:

@@ -17,6 +17,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from adaptune.core import environment
+
 CODE_VERSION_ENV = "ADAPTUNE_CODE_VERSION"  # baked into the images at build time (containers/Makefile)
 PACKAGES = ("adaptune", "torch", "transformers", "datasets", "tokenizers", "huggingface-hub", "safetensors", "numpy",
             "scikit-learn", "scipy", "pandas", "pyarrow", "fsspec", "gcsfs", "kfp")
@@ -29,7 +31,7 @@ def provenance(task: str, data_dir: str | os.PathLike[str] | None) -> dict[str, 
 
     return {
         "code_version": code_version(),
-        "image": os.environ.get("ADAPTUNE_IMAGE"),
+        "image": environment.given("ADAPTUNE_IMAGE"),  # None outside a pipeline task, as records have it
         "packages": package_versions(),
         "python": platform.python_version(),
         "host": socket.gethostname(),
@@ -42,8 +44,8 @@ def provenance(task: str, data_dir: str | os.PathLike[str] | None) -> dict[str, 
 @functools.cache
 def code_version() -> str:
     """$ADAPTUNE_CODE_VERSION (the images'), else `git describe` of this source tree, else "unknown"."""
-    if os.environ.get(CODE_VERSION_ENV):
-        return os.environ[CODE_VERSION_ENV]
+    if version := environment.read(CODE_VERSION_ENV):
+        return version
     try:
         described = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=12"], cwd=_REPO_ROOT,
                                    capture_output=True, text=True, timeout=10, check=True)

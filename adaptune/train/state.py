@@ -16,8 +16,8 @@ from torch import nn
 
 from adaptune.core.files import atomic_write
 from adaptune.core.run_files import STATE_FILE
-from adaptune.model.residual_stream import residual_mode
-from adaptune.model.run_dropout import CounterStream, mask_scheme, saved_scheme
+from adaptune.fused.run_dropout import CounterStream, saved_scheme
+from adaptune.fused.settings import StepSettings
 
 
 @dataclasses.dataclass
@@ -43,17 +43,6 @@ class Progress:
     final_companions: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)  # mnli_mm for an MNLI run
 
 
-@dataclasses.dataclass(frozen=True)
-class KeptSettings:
-    """The step settings a run keeps for its whole life, because they change what it computes beyond reduction order:
-    its dropout masks' scheme (run_dropout.MASK_SCHEMES) and its residual stream's precision ($ADAPTUNE_RESIDUAL). A run
-    starts with the environment's; a resumed run keeps those of its saved state, so it trains as it would have
-    uninterrupted, whatever the resubmission's environment says."""
-
-    mask_scheme: str
-    residual: str
-
-
 def trained_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
     return {name: parameter for name, parameter in model.named_parameters() if parameter.requires_grad}
 
@@ -73,11 +62,11 @@ def saved_optimizer_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
 
 def save_state(
     out_dir: Path, run_id: str, trained: Mapping[str, torch.Tensor], optimizer: torch.optim.Optimizer, scheduler: Any,
-    progress: Progress, dropout: torch.Generator | CounterStream | None = None, kept: KeptSettings | None = None,
+    progress: Progress, dropout: torch.Generator | CounterStream | None = None,
 ) -> None:
     """`trained`: the run's trained tensors by their solo names (a grouped run's too: run_groups.run_parameters);
-    `dropout`: the run's dropout stream (run_dropout), whose state a resumed run continues from; `kept`: the settings
-    it trains under, which a resumed run keeps (the masks' scheme is its stream's own)."""
+    `dropout`: the run's dropout stream (run_dropout), whose state a resumed run continues from (and whose scheme it
+    keeps: resume_point)."""
     state = {
         "run_id": run_id,
         "trained": {name: p.detach().cpu().clone() for name, p in trained.items()},
@@ -87,7 +76,6 @@ def save_state(
         "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
         "rng_dropout": dropout.get_state() if dropout is not None else None,
         "progress": dataclasses.asdict(progress),
-        "residual": kept.residual if kept is not None else None,
     }
     atomic_write(out_dir / STATE_FILE, lambda temporary: torch.save(state, temporary))
 
@@ -124,18 +112,18 @@ def load_state(
     return Progress(**{key: value for key, value in state["progress"].items() if key in known})  # older states' extra fields dropped
 
 
-def resume_point(out_dir: Path) -> tuple[int, KeptSettings]:
-    """Where a run stands: (the global step of its saved state, the settings it keeps), (0, the environment's) with
-    no state. A setting a state did not save (one saved before it was kept) is the environment's. Reads the
-    environment's settings first, so a misspelt one fails here, before anything trains. Memory-mapped: only these
-    fields are read."""
-    current = KeptSettings(mask_scheme(), residual_mode())
+def resume_point(out_dir: Path, settings: StepSettings) -> tuple[int, StepSettings]:
+    """Where a run stands: (the global step of its saved state, the settings it trains under): `settings`, with the
+    dropout masks' scheme of its saved state where it has one, since the scheme changes what a run computes beyond
+    reduction order (StepSettings.for_masks). Memory-mapped: only these fields are read."""
     path = out_dir / STATE_FILE
     if not path.is_file():
-        return 0, current
+        return 0, settings
     state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    return int(state["progress"]["global_step"]), KeptSettings(saved_scheme(state.get("rng_dropout")) or current.mask_scheme,
-                                                               state.get("residual") or current.residual)
+    if state.get("residual") not in (None, "float32"):  # saved by a run that trained a bf16 residual stream
+        raise ValueError(f"{path} was saved under ADAPTUNE_RESIDUAL=autocast, an option that has left (bench/README.md): "
+                         "delete it to train the run again from its start")
+    return int(state["progress"]["global_step"]), settings.for_masks(saved_scheme(state.get("rng_dropout")) or settings.dropout_masks)
 
 
 def remove_state(out_dir: Path) -> None:

@@ -17,25 +17,19 @@ A fused group decides once for all its runs, which then stand at one step and re
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from collections.abc import Callable, Iterator
 
+from adaptune.core import environment
+
 STATE_EVERY_S_ENV = "ADAPTUNE_STATE_EVERY_S"
-STATE_EVERY_S = 60.0
+STATE_EVERY_S = environment.parse(STATE_EVERY_S_ENV, None)  # 60
 SAVE_COST_MULTIPLE = 20
 
 
 def state_every_s() -> float:
     """$ADAPTUNE_STATE_EVERY_S (seconds, >= 0), else STATE_EVERY_S; one line saying what is wrong otherwise."""
-    value = os.environ.get(STATE_EVERY_S_ENV) or str(STATE_EVERY_S)
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = -1.0
-    if not seconds >= 0:
-        raise ValueError(f"{STATE_EVERY_S_ENV} must be a number of seconds >= 0 (0: a state at every epoch's end), got {value!r}")
-    return seconds
+    return environment.read(STATE_EVERY_S_ENV)
 
 
 class StateSaves:

@@ -96,3 +96,17 @@ def test_a_shard_run_by_hand_trains_with_its_accelerators_settings_unless_the_en
     record = store.record(shard.runs[0].run_id)
     assert (record["dropout_masks"], record["attention"]) == ("counter", "eager")  # "kernel", had the accelerator's applied
     assert DROPOUT_MASKS_ENV not in os.environ and os.environ[ATTENTION_ENV] == "eager"  # the environment left as it was
+
+
+def test_a_state_saved_under_a_removed_residual_stream_is_refused_in_one_line(tmp_path) -> None:
+    """A run that trained part of its steps with the bf16 residual stream cannot go on as float32 and claim one stream."""
+    import torch
+
+    from adaptune.core.run_files import STATE_FILE
+    from adaptune.train.state import resume_point
+
+    torch.save({"progress": {"global_step": 3}, "rng_dropout": None, "residual": "float32"}, tmp_path / STATE_FILE)
+    assert resume_point(tmp_path, StepSettings()) == (3, StepSettings())
+    torch.save({"progress": {"global_step": 3}, "rng_dropout": None, "residual": "autocast"}, tmp_path / STATE_FILE)
+    with pytest.raises(ValueError, match="saved under ADAPTUNE_RESIDUAL=autocast, an option that has left"):
+        resume_point(tmp_path, StepSettings())

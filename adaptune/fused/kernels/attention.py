@@ -17,7 +17,7 @@ the softmax, and dropout acts after it.
 
 Up to `MAX_LENGTH` tokens (SQuAD's 384 too), head sizes of 16, 32 or 64 (MiniLM's and BERT's); elsewhere,
 and in evaluation or with generator masks, attention runs eagerly. The kernels are torch custom operators,
-so a compiled layer (adaptune.fused.compiling) holds each call as one node. On a CPU the kernel runs only
+so a compiled graph holds each call as one node. On a CPU the kernel runs only
 under Triton's interpreter (TRITON_INTERPRET=1), which is how the tests check it.
 """
 

@@ -1,6 +1,6 @@
 """Where a position of a run's block lands in the counter dropout hash's 32-bit index, and the keep threshold:
-the plain arithmetic that run_dropout.counter_keep_mask and the Triton kernels (dropout_kernel,
-attention_kernel) share, below them all (no torch here)."""
+the plain arithmetic that run_dropout.counter_keep_mask and the Triton kernels (kernels.dropout,
+kernels.attention) share, below them all (no torch here)."""
 
 from __future__ import annotations
 

@@ -15,8 +15,7 @@ layers) the torch operators stay for inductor.
 
 Statistics in float32: mean, then the variance of the centred values (as torch's), rstd = 1 / sqrt(var + eps). The
 output's dtype is the promotion of the input's and the scale's (float32 for the trainers' float32 scales, as
-torch's path gives under autocast, which runs layer_norm in float32), or the one asked for (the autocast dtype, for
-a residual stream in bf16: adaptune.fused.residual_stream), written by the kernel with no cast after it. On a CPU
+torch's path gives under autocast, which runs layer_norm in float32), or the one asked for, written by the kernel with no cast after it. On a CPU
 the kernel runs only under Triton's interpreter (TRITON_INTERPRET=1), which is how the tests check it.
 """
 

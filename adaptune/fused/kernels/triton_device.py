@@ -1,4 +1,4 @@
-"""Where adaptune's Triton kernels (attention_kernel, dropout_kernel, layer_norm_kernel) can run, the one precision
+"""Where adaptune's Triton kernels (kernels.attention, .dropout, .layer_norm) can run, the one precision
 Triton's CPU interpreter gets wrong, and how the elementwise kernels size their tiles (no triton import here: the
 kernels' modules load it only where a kernel runs)."""
 

@@ -147,7 +147,7 @@ def test_a_group_trains_with_the_kernel_as_with_the_masks(interpreted: None, mod
     """Two adapter runs (a tiny BERT, counter masks, eager attention) trained 4 fused steps each way, in the eager
     fused step and in the step-graph step (on a CPU: the same step padded to 32-token buckets, uncaptured): every
     hidden-state site ran in the kernel, forward and backward, and losses and trained tensors agree (module docstring)."""
-    checked = check_dropout_kernel(TINY, "tiny", "adapters64", _batches((12, 20, 16, 9)), 2, CPU, steps=2, passes=2, mode=mode,
+    checked = check_dropout_kernel(TINY, "tiny", "adapters64", _batches((12, 20, 16, 9)), 2, CPU, steps=2, passes=2, settings=StepSettings(compile=mode, dropout_masks="counter"),
                                    one_call=False)
     sites = 2 * TINY["num_hidden_layers"] + 2  # embeddings, each layer's attention output and output, the pooled output
     assert checked["dropout_kernel_calls"] == 2 * sites * 4  # forward and backward (adapters train the LayerNorms before each)
