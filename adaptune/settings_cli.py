@@ -20,11 +20,11 @@ def preset_values(name: str) -> dict[str, str]:
     """What accelerator preset `name` pins, as variables: its step settings, its group and device sharing, and its
     CPU precision where it pins one."""
     from adaptune.core.precision import CPU_BF16_ENV, cpu_bf16_env_value
-    from adaptune.sweep.device_sharing import RUNS_PER_DEVICE_ENV, RUNS_PER_GROUP_ENV
+    from adaptune.sweep.device_sharing import RUNS_PER_GROUP_ENV
     from adaptune.sweep.experiments import ACCELERATORS
 
     accelerator = ACCELERATORS[name]
-    values = {RUNS_PER_GROUP_ENV: str(accelerator.runs_per_group), RUNS_PER_DEVICE_ENV: str(accelerator.runs_per_device),
+    values = {RUNS_PER_GROUP_ENV: str(accelerator.runs_per_group),
               **dict(accelerator.step_settings)}
     if accelerator.cpu_precision != "auto":
         values[CPU_BF16_ENV] = cpu_bf16_env_value(accelerator.cpu_precision)

@@ -44,8 +44,7 @@ import torch
 from torch import nn
 
 import adaptune.train.loop as train_module
-from adaptune.model import backbone
-from adaptune.model import methods
+from adaptune.model import backbone, methods
 from adaptune.train.config import TrainConfig
 
 HEADS = ("frozen", "trained", "mean")

@@ -143,9 +143,6 @@ run_part() {
     # much of a group's eager steps and captures is Triton compiling kernels: the second process finds them in the
     # on-disk cache (~/.triton/cache), as a later shard on the same node would.
     shardfused8*) part "$1" 100 --backbones bert-base --variants "" --fused "" --shard "" --shard-groups 8 ;;
-    # Two processes side by side, each training groups of 8, against one (18 RTE adapter runs, all rows): whether a
-    # group's fixed costs (setup, evaluation, saving: seconds_by_phase) hide behind another's steps (runs_per_device 2).
-    shardoverlap) part shardoverlap 150 --backbones bert-base --variants "" --fused "" --shard "" --shard-groups 8,2x8 ;;
     # Runs per GPU-hour on a realistic shard (9 RTE adapter runs, all of RTE's 2,241 training rows, 3 epochs: 213 steps a
     # run where the short shard's have 60): one at a time in the preset's mode (each a group of one, replayed), then fused 8,
     # the H100 preset's step settings as run_shard sets them (the LayerNorm kernel since 2026-11-27).
@@ -230,7 +227,7 @@ run_part() {
 # A second call: PARTS='shardhost presetlarge lengthcurve squadgraphs profilelarge' (the budget cuts what does not fit);
 # then 'maskcode topksizes shardmix'.
 # Other parts (shardhost, squadgraphs, profilelarge, lengthcurve, dropcheck, groupsizes, wholealone, presetlarge, shardfused8a,
-# shardfused8b, shardoverlap, lncheck, leversbase, leverslarge, topkdepths, dropgraphs, squadlarge, attncheck, attngraphs,
+# shardfused8b, lncheck, leversbase, leverslarge, topkdepths, dropgraphs, squadlarge, attncheck, attngraphs,
 # attnwide, profileattn, shardattn, graphcheck, graphs, shardgraphs, profilegraphs, graphsfused, shardfused, shard, base, topk,
 # profile, fused8, large) stay for later calls: PARTS="..." picks them. (The parts that timed only options since removed, the
 # compiled modes, the projections separate, the bf16 residual stream, the sums in the matmuls, the graph warm-up setting and

@@ -65,8 +65,8 @@ def ablate_runs(spec_json: str, runs_root: str, data_dir: str) -> int:
     import json
 
     from adaptune.sweep.experiments import spec_from_dict
-    from adaptune.sweep.store import RunStore
     from adaptune.sweep.fan_in import ablate_sweep
+    from adaptune.sweep.store import RunStore
 
     return ablate_sweep(spec_from_dict(json.loads(spec_json)), RunStore(runs_root), data_dir=data_dir or None)
 
@@ -77,8 +77,8 @@ def aggregate(spec_json: str, runs_root: str, results: Output[Dataset], sweep_su
     import json
 
     from adaptune.sweep.experiments import spec_from_dict
-    from adaptune.sweep.store import RunStore
     from adaptune.sweep.fan_in import aggregate_sweep
+    from adaptune.sweep.store import RunStore
 
     summary = aggregate_sweep(spec_from_dict(json.loads(spec_json)), RunStore(runs_root), results.path)
     results.metadata.update(summary)

@@ -51,8 +51,8 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from adaptune.sweep.experiments import get_experiment
     from adaptune.report import build_report
+    from adaptune.sweep.experiments import get_experiment
     from adaptune.sweep.fan_in import aggregate_sweep
 
     out = Path(args.out or Path("outputs") / _stem(args.name))
@@ -259,9 +259,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from adaptune.core.environment import SettingError, check
     from adaptune.sweep.experiments import SpecError, UnknownExperimentError
+    from adaptune.sweep.fan_in import IncompleteSweepError
     from adaptune.sweep.plan import PlanError
     from adaptune.sweep.store import StoreError
-    from adaptune.sweep.fan_in import IncompleteSweepError
     from pipelines.container_runner import EngineError
     from pipelines.submit import SettingsError
 

@@ -13,8 +13,8 @@ import os
 import shutil
 from pathlib import Path
 
-from adaptune.sweep.experiments import get_experiment
 from adaptune.sweep.data_check import check_local_data
+from adaptune.sweep.experiments import get_experiment
 from adaptune.sweep.plan import plan
 from adaptune.sweep.store import RunStore
 from components.images import image_for

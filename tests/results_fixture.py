@@ -43,9 +43,9 @@ def constructed_runs(rows: list[dict[str, Any]]) -> pd.DataFrame:
     optional test (None: no labelled test split), epochs (3), status ("ok"), backbone (bert-base-uncased).
     Trained parameters: 100% for full fine-tuning, 2% for adapters (of 1,000,000), 0.1% for LayerNorm;
     beside the paper's methods, 1% for Pfeiffer adapters, 0.2% for LoRA and 0.05% for (IA)3."""
+    from adaptune.report.results import run_row
     from adaptune.train.config import TrainConfig
     from adaptune.train.record import run_record
-    from adaptune.report.results import run_row
 
     base = 1_000_000
     trained = {"full": base, "adapters": base // 50, "layernorm": base // 1000, "pfeiffer": base // 100, "lora": base // 500,

@@ -30,11 +30,11 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 def store_files(now: float, running: int = 0, not_started: int = 0) -> dict[str, bytes]:
     """{path under the store root: content} of a paper_full sweep under way."""
-    from adaptune.sweep.experiments import get_experiment
     from adaptune.core.files import json_text
+    from adaptune.data.tasks import get_task
+    from adaptune.sweep.experiments import get_experiment
     from adaptune.sweep.plan import plan
     from adaptune.train.record import run_record
-    from adaptune.data.tasks import get_task
 
     runs = plan(get_experiment("paper_full")).runs
     files: dict[str, bytes] = {}

@@ -22,9 +22,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from adaptune.data.tasks import get_task, scored_companions
 from adaptune.train.config import TrainConfig
 from adaptune.train.record import run_record
-from adaptune.data.tasks import get_task, scored_companions
 
 
 def control_dir() -> Path:

@@ -23,9 +23,9 @@ from tests.test_tensorboard import ALL_STATUSES, _free_port, _post
 
 
 def write_store(root: Path, runs: list, curve_points: int) -> None:
+    from adaptune.data.tasks import get_task
     from adaptune.train.event_log import CurveLog, write_run_summary
     from adaptune.train.record import run_record
-    from adaptune.data.tasks import get_task
 
     for index, config in enumerate(runs):
         out = root / "runs" / config.run_id

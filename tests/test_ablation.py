@@ -8,16 +8,16 @@ import numpy as np
 import pytest
 import torch
 
-from adaptune.train.ablation import ablate  # noqa: E402
-from adaptune.model.backbone import load_model, load_tokenizer  # noqa: E402
-from adaptune.data.batching import make_collator  # noqa: E402
-from adaptune.model.checkpoint import load_task_checkpoint  # noqa: E402
-from adaptune.train.config import TrainConfig  # noqa: E402
 from adaptune.core.devices import pick_device  # noqa: E402
-from adaptune.train.evaluate import evaluate_split  # noqa: E402
-from adaptune.train.run_data import prepare_run_data  # noqa: E402
+from adaptune.data.batching import make_collator  # noqa: E402
 from adaptune.data.tasks import get_task  # noqa: E402
+from adaptune.model.backbone import load_model, load_tokenizer  # noqa: E402
+from adaptune.model.checkpoint import load_task_checkpoint  # noqa: E402
+from adaptune.train.ablation import ablate  # noqa: E402
+from adaptune.train.config import TrainConfig  # noqa: E402
+from adaptune.train.evaluate import evaluate_split  # noqa: E402
 from adaptune.train.loop import train_and_evaluate  # noqa: E402
+from adaptune.train.run_data import prepare_run_data  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ablation_run")]  # one worker trains `trained` once
 

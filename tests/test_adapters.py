@@ -20,8 +20,8 @@ from transformers import (
 from adaptune.model.adapters import (
     Adapter,
     UnsupportedModelError,
-    add_adapters,
     adapters_disabled,
+    add_adapters,
     all_adapters,
     encoder_layers,
     layer_adapters,

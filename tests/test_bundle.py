@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from adaptune.model.backbone import load_tokenizer
-from adaptune.data.batching import subsample
-from adaptune.model.checkpoint import load_task_checkpoint
 from adaptune.cli import main
-from adaptune.train.config import TrainConfig
+from adaptune.data.batching import subsample
 from adaptune.data.loading import load_task_data
+from adaptune.model.backbone import load_tokenizer
+from adaptune.model.checkpoint import load_task_checkpoint
 from adaptune.model.params import total_size_multiple
 from adaptune.serve.predict import predict_logits
+from adaptune.train.config import TrainConfig
 from adaptune.train.loop import train_and_evaluate
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("bundle")]  # one worker trains the store once

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from adaptune.sweep.experiments import spec_from_dict
 from adaptune.sweep.cost import (
     EVALUATION_OVERHEAD,
     FUSED_SPEEDUP,
@@ -19,9 +18,10 @@ from adaptune.sweep.cost import (
     planned_group_size,
     table_fused_speedup,
 )
+from adaptune.sweep.experiments import spec_from_dict
 from adaptune.sweep.plan import plan
-from adaptune.sweep.status_cache import store_summaries
 from adaptune.sweep.shard_runner import run_shard
+from adaptune.sweep.status_cache import store_summaries
 from adaptune.sweep.store import RunStore
 from adaptune.sweep.throughput import Measured, accelerator_hours, measure_on, measure_throughput, runs_on
 from pipelines.__main__ import main
@@ -200,7 +200,8 @@ def test_a_gpu_plan_prices_top_k_groups_at_the_shallowest_measured_depth_at_leas
     assert grouped * FUSED_SPEEDUP["top_k6"]["bert-base-uncased"][8] == pytest.approx(alone * FUSED_SPEEDUP["top_k6"]["bert-base-uncased"][1])
     # top_k 3 was measured at 8 only: a group of 3 at 8's step time, three eighths of its runs' work
     assert table_fused_speedup(by_k[3][0], spec, 3) == pytest.approx(FUSED_SPEEDUP["top_k3"]["bert-base-uncased"][8] * 3 / 8)
-    assert "9 run(s) priced at bench-gpu's measured fused speedup (6 fused 3 at a time, 3 alone, the step replayed as CUDA graphs;" in plan(spec).estimate_source()
+    source = plan(spec).estimate_source()
+    assert "9 run(s) priced at bench-gpu's measured fused speedup (6 fused 3 at a time, 3 alone, the step replayed as CUDA graphs;" in source
     large = spec_from_dict({**GROWN, "backbone": "bert-large-uncased", "accelerator": "h100",
                             "sweeps": [{**GROWN["sweeps"][0], "methods": ["top_k:3"]}]})
     assert {table_fused_speedup(run, large) for run in plan(large).runs} == {1.0}

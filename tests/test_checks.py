@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from adaptune.data.tasks import UnknownTaskError
 from adaptune.model import backbone as backbone_module
 from adaptune.model.backbone import BackboneError, check_backbone
 from adaptune.train.checks import ConfigError, check_train_config
 from adaptune.train.config import TrainConfig
-from adaptune.data.tasks import UnknownTaskError
 
 
 def _one_line(error: pytest.ExceptionInfo) -> str:

@@ -15,13 +15,13 @@ import pandas as pd
 import pytest
 from results_fixture import constructed_runs, real_ablation, real_records, real_results_dir  # noqa: F401  (session fixtures)
 
+from adaptune.core.paper_grids import DEVLIN_GLUE_LRS, GLUE_LRS
 from adaptune.report import build_report
 from adaptune.report.baselines import majority_baseline
-from adaptune.core.paper_grids import DEVLIN_GLUE_LRS, GLUE_LRS
 from adaptune.report.claims import COLUMNS, bootstrap_ci, claims_markdown, claims_table, judge, write_grid_left_out
 from adaptune.report.reference import load_reference
-from adaptune.report.tables import table1, table2
 from adaptune.report.results import read_results
+from adaptune.report.tables import table1, table2
 
 pytestmark = pytest.mark.xdist_group("results_report")
 

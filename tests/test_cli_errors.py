@@ -9,7 +9,6 @@ checks run before any model or data is loaded, so even the cases that import tor
 from __future__ import annotations
 
 import json
-
 import os
 import subprocess
 import sys
@@ -127,7 +126,8 @@ def test_train_help_shows_the_defaults(capsys: pytest.CaptureFixture[str], monke
     assert exit_.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
     for default in ("(default: adapters:64)", "(default: 0.0003)", "(default: 3)", "(default: 0)", "(default: 32)",
-                    "(default: adhoc)", "(default: all-MiniLM-L6-v2, embedded: works offline)", "(default: runs/<run_id>)", "(default: the task's standard, 384"):
+                    "(default: adhoc)", "(default: all-MiniLM-L6-v2, embedded: works offline)", "(default: runs/<run_id>)",
+                    "(default: the task's standard, 384"):
         assert default in text, default
     assert "(default: None)" not in text and "(default: False)" not in text
 

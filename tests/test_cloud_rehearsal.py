@@ -41,8 +41,8 @@ def test_a_store_with_fuse_semantics_trains_and_ablates_without_renaming_a_direc
     """The store (and its tokenization cache) on a filesystem that refuses directory renames and hard
     links, as the /gcs mount does: a real run trains, its record and checkpoint land, and the cache is
     published by its marker file. Before, tokenize_task's rename was refused and every run failed."""
-    from adaptune.sweep.fan_in import ablate_sweep
     from adaptune.sweep.experiments import Ablation
+    from adaptune.sweep.fan_in import ablate_sweep
 
     adapters = {"name": "adapters", "size": 8, "init_std": 1e-2}
     spec = dataclasses.replace(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-
 from collections import Counter
 from pathlib import Path
 
@@ -11,8 +10,7 @@ import datasets
 import pytest
 
 from adaptune.data import loading as data_module
-from adaptune.data.loading import (DataError, DataNotFoundError, holdout_indices, load_task_data, prepare, resolve_data_dir,
-                           split_indices, tokenize_task)
+from adaptune.data.loading import DataError, DataNotFoundError, holdout_indices, load_task_data, prepare, resolve_data_dir, split_indices, tokenize_task
 from adaptune.data.readers import MalformedFileError
 from adaptune.data.tasks import EXTRA_TASKS, TASKS
 

@@ -73,7 +73,7 @@ def test_the_registry_defaults_are_the_ones_the_code_falls_back_to(monkeypatch: 
 
 @pytest.mark.parametrize(("name", "raw"), [
     ("ADAPTUNE_EPOCH_LINES", "maybe"), ("ADAPTUNE_DEBUG", "2"), ("ADAPTUNE_CPU_BF16", "bf16"), ("ADAPTUNE_DEVICE", "gpu"),
-    ("ADAPTUNE_COMPILE", "graphs"), ("ADAPTUNE_RUNS_PER_GROUP", "0"), ("ADAPTUNE_RUNS_PER_DEVICE", "two"),
+    ("ADAPTUNE_COMPILE", "graphs"), ("ADAPTUNE_RUNS_PER_GROUP", "0"), ("ADAPTUNE_RUNS_PER_GROUP", "two"),
     ("ADAPTUNE_STATE_EVERY_S", "-1"), ("ADAPTUNE_STATE_EVERY_S", "nan"), ("ADAPTUNE_LEASE_SECONDS", "soon"),
     ("ADAPTUNE_RETRY_BACKOFF_S", "inf"),
 ])
@@ -190,9 +190,9 @@ def test_pipelines_refuses_an_unknown_variable_or_a_bad_value_before_anything_ru
     done = _run("pipelines", "plan", "smoke", ADAPTUNE_COMPLIE="step_graphs")
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr == "error: ADAPTUNE_COMPLIE is not a setting adaptune knows: did you mean ADAPTUNE_COMPILE?\n"
-    done = _run("pipelines", "plan", "smoke", ADAPTUNE_RUNS_PER_DEVICE="0")
+    done = _run("pipelines", "plan", "smoke", ADAPTUNE_RUNS_PER_GROUP="0")
     assert (done.returncode, done.stdout) == (2, "")
-    assert done.stderr.startswith("error: ADAPTUNE_RUNS_PER_DEVICE='0' is not valid: use a whole number >= 1")
+    assert done.stderr.startswith("error: ADAPTUNE_RUNS_PER_GROUP='0' is not valid: use a whole number >= 1")
     assert len(done.stderr.splitlines()) == 1
 
 

@@ -16,19 +16,19 @@ from typing import Any
 import pytest
 import torch
 
+import adaptune.fused.step_graphs as step_graphs
 import adaptune.train.group_loop as group_loop
 import adaptune.train.loop as loop
-import adaptune.fused.step_graphs as step_graphs
 from adaptune.core.run_files import STATE_FILE
-from adaptune.model.checkpoint import load_task_checkpoint
+from adaptune.fused.grouping import group_capacity, group_key, trains_whole_model
 from adaptune.fused.run_dropout import MASK_SCHEMES
 from adaptune.fused.settings import COMPILE_ENV, DROPOUT_MASKS_ENV, StepSettings
+from adaptune.fused.step_graphs import STEP_GRAPHS
+from adaptune.model.checkpoint import load_task_checkpoint
 from adaptune.sweep.run_attempt import form_groups
 from adaptune.train.config import TrainConfig
 from adaptune.train.group_loop import train_group
-from adaptune.fused.grouping import group_capacity, group_key, trains_whole_model
 from adaptune.train.loop import train_and_evaluate
-from adaptune.fused.step_graphs import STEP_GRAPHS
 
 TOLERANCE = 1e-4
 SMALL = dict(task="mrpc", epochs=2, max_length=48, max_train_examples=40, max_eval_examples=24, batch_size=16)
@@ -361,7 +361,7 @@ def test_a_group_size_below_1_fails_at_planning() -> None:
     from adaptune.sweep.experiments import CPU, get_experiment
     from adaptune.sweep.plan import PlanError, plan
 
-    for field in ("runs_per_group", "runs_per_device"):
+    for field in ("runs_per_group",):
         spec = dataclasses.replace(get_experiment("smoke"), accelerator=dataclasses.replace(CPU, **{field: 0}))
         with pytest.raises(PlanError, match=f"accelerator {field} must be a whole number >= 1, got 0"):
             plan(spec)

@@ -55,9 +55,9 @@ def test_every_kept_unfinished_state_is_a_planned_unfinished_run_that_fits_its_m
     """A state kept under in_progress/ (analysis/measured/README.md) resumes a run its experiment still
     plans and has not finished, and fits that run's model, so a fresh machine continues it."""
     from adaptune.data.tasks import get_task
+    from adaptune.fused.run_dropout import MASK_SCHEMES
     from adaptune.model.backbone import load_model
     from adaptune.model.methods import apply_method, method_from_dict
-    from adaptune.fused.run_dropout import MASK_SCHEMES
     from adaptune.train.state import resume_point, trained_parameters
 
     planned = {config.run_id: config for config in plan(EXPERIMENTS[experiment]).runs}

@@ -20,7 +20,6 @@ from transformers import (
 from transformers.models.bert.modeling_bert import BertPooler
 
 from adaptune.model.backbone import MeanPooler, load_model, load_tokenizer, pooler_is_untrained
-from adaptune.train.config import TrainConfig, method_label
 from adaptune.model.methods import (
     METHODS,
     AdaptersConfig,
@@ -32,6 +31,7 @@ from adaptune.model.methods import (
     parse_method,
     register_method,
 )
+from adaptune.train.config import TrainConfig, method_label
 
 ALL_CONFIGS = [FullConfig(), AdaptersConfig(size=64), AdaptersConfig(size=8, init_std=1e-3, nonlinearity="relu"), TopKConfig(k=3), LayerNormConfig()]
 
@@ -119,7 +119,8 @@ def test_an_untrained_pooler_is_replaced_by_mean_pooling(tmp_path, backbone_path
         pooler.weight.mul_(10.0)
     assert not pooler_is_untrained(raw)
     # No pooler (RoBERTa's classifier has none) or no weights (meta device): the paper's layout.
-    tiny = RobertaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, max_position_embeddings=64, pad_token_id=1)
+    tiny = RobertaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                         max_position_embeddings=64, pad_token_id=1)
     assert not pooler_is_untrained(RobertaForSequenceClassification(tiny))
     with torch.device("meta"):
         assert not pooler_is_untrained(BertForSequenceClassification(BertConfig()))
@@ -174,7 +175,8 @@ def test_span_and_regression_heads_are_trained(backbone_path) -> None:
 
 
 def test_head_found_by_structure_on_roberta() -> None:
-    tiny = RobertaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, max_position_embeddings=64, pad_token_id=1)
+    tiny = RobertaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                         max_position_embeddings=64, pad_token_id=1)
     model = apply_method(RobertaForSequenceClassification(tiny), TopKConfig(k=1))
     expected = {name for name, _ in model.named_parameters() if name.startswith(("roberta.encoder.layer.1.", "classifier."))}
     assert trainable_names(model) == expected  # RoBERTa's classifier is a dense + out_proj head, no pooler

@@ -9,12 +9,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from adaptune.sweep.experiments import spec_from_dict
-from adaptune.sweep.plan import plan
 from adaptune.report import build_report
+from adaptune.sweep.experiments import spec_from_dict
+from adaptune.sweep.fan_in import IncompleteSweepError, aggregate_sweep
+from adaptune.sweep.plan import plan
 from adaptune.sweep.shard_runner import run_shard
 from adaptune.sweep.store import RunStore
-from adaptune.sweep.fan_in import IncompleteSweepError, aggregate_sweep
 from pipelines.__main__ import main
 
 # 8 runs: RTE (GLUE, Table 1) and SMS spam (additional tasks, Table 2) x full, adapters x 2 seeds; shards of 3.

@@ -21,9 +21,6 @@ from peft import IA3Config, LoraConfig, get_peft_model
 from adaptune.model.adapters import DropoutThenAdapter, all_adapters, encoder_layers
 from adaptune.model.backbone import check_backbone, load_model, load_tokenizer
 from adaptune.model.checkpoint import load_task_checkpoint, save_task_checkpoint
-from adaptune.train.checks import ConfigError, check_train_config
-from adaptune.train.config import TrainConfig, method_label, method_text
-from adaptune.sweep.experiments import load_spec_file, spec_from_dict
 from adaptune.model.methods import (
     AdaptersConfig,
     IA3MethodConfig,
@@ -36,7 +33,10 @@ from adaptune.model.methods import (
     parse_method,
 )
 from adaptune.model.params import count_parameters
+from adaptune.sweep.experiments import load_spec_file, spec_from_dict
 from adaptune.sweep.plan import PlanError, plan
+from adaptune.train.checks import ConfigError, check_train_config
+from adaptune.train.config import TrainConfig, method_label, method_text
 
 PEFT_METHODS = [LoraMethodConfig(), IA3MethodConfig(), PfeifferConfig(size=64)]
 
@@ -202,7 +202,8 @@ def one_block(method, backbone: str = "all-MiniLM-L6-v2") -> dict:
 @pytest.mark.parametrize(
     ("method", "message"),
     [
-        ("lora:target_modules=query+q_proj", "lora target module 'q_proj' is not a module of backbone '{b}'; its Linear layers are named dense, key, query, value"),
+        ("lora:target_modules=query+q_proj",
+         "lora target module 'q_proj' is not a module of backbone '{b}'; its Linear layers are named dense, key, query, value"),
         ("ia3:target_modules=k_proj+output.dense", "ia3 target module 'k_proj' is not a module of backbone '{b}'"),
         ("lora:target_modules=LayerNorm", "lora does not support backbone '{b}' with target module 'LayerNorm': it matches LayerNorm modules"),
     ],

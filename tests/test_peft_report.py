@@ -13,14 +13,14 @@ import torch
 from results_fixture import constructed_runs
 from transformers import BertConfig, BertForSequenceClassification
 
-from adaptune.train.config import method_label
-from adaptune.sweep.experiments import DEVLIN_GLUE_LRS, GLUE_LRS, EXPERIMENTS
 from adaptune.model.methods import apply_method, method_from_dict
 from adaptune.model.params import count_parameters
-from adaptune.sweep.plan import plan
 from adaptune.report import figures
 from adaptune.report.methods_table import methods_markdown, methods_table
 from adaptune.report.reference import load_reference
+from adaptune.sweep.experiments import DEVLIN_GLUE_LRS, EXPERIMENTS, GLUE_LRS
+from adaptune.sweep.plan import plan
+from adaptune.train.config import method_label
 
 
 def _labels(spec_name: str) -> dict[str, set[tuple[float, int]]]:

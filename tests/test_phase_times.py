@@ -10,12 +10,12 @@ import torch
 
 from adaptune.core.run_files import STATE_FILE
 from adaptune.fused.settings import COMPILE_ENV, DROPOUT_MASKS_ENV
+from adaptune.fused.step_graphs import STEP_GRAPHS
 from adaptune.train import phase_times
 from adaptune.train.config import TrainConfig
 from adaptune.train.group_loop import train_group
 from adaptune.train.loop import train_and_evaluate
 from adaptune.train.state import Progress
-from adaptune.fused.step_graphs import STEP_GRAPHS
 
 SMALL = dict(task="mrpc", epochs=2, max_length=48, max_train_examples=40, max_eval_examples=24, batch_size=16,
              method={"name": "adapters", "size": 8})

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from adaptune.train.config import TrainConfig
+from adaptune.report.results import read_results, write_runs
 from adaptune.sweep.experiments import (
     EXPERIMENTS,
     Ablation,
@@ -17,10 +17,10 @@ from adaptune.sweep.experiments import (
     get_experiment,
     method_grid,
 )
-from adaptune.sweep.plan import PlanError, plan
 from adaptune.sweep.fan_in import select_ablation_runs
+from adaptune.sweep.plan import PlanError, plan
+from adaptune.train.config import TrainConfig
 from adaptune.train.record import failed_run_record
-from adaptune.report.results import read_results, write_runs
 
 
 def test_every_named_experiment_plans_with_unique_deterministic_run_ids() -> None:
@@ -263,9 +263,9 @@ def test_paper_fulls_8800_runs_train_in_the_groups_the_plan_priced() -> None:
     """At the paper's scale on H100s (8 runs a group): every planned group lies in one shard, the shard runner
     forms exactly the plan's groups from every shard, and no run that could share a forward pass trains alone
     (before 2026-11-28, 133 did: shards were packed run by run)."""
+    from adaptune.fused.grouping import group_capacity, group_key
     from adaptune.sweep.device_sharing import runs_per_group
     from adaptune.sweep.run_attempt import form_groups
-    from adaptune.fused.grouping import group_capacity, group_key
 
     spec = EXPERIMENTS["paper_full"]
     planned = plan(spec)

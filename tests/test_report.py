@@ -14,8 +14,8 @@ from results_fixture import real_ablation, real_records, real_results_dir  # noq
 
 from adaptune.report import build_report
 from adaptune.report.reference import load_reference
-from adaptune.report.tables import adapter_size_table, table1, table1_markdown, table2, table2_markdown
 from adaptune.report.results import read_results, write_results
+from adaptune.report.tables import adapter_size_table, table1, table1_markdown, table2, table2_markdown
 
 pytestmark = pytest.mark.xdist_group("results_report")
 
@@ -319,11 +319,11 @@ def test_figure6_heatmaps_read_accuracy_where_the_ablation_has_it(real_ablation)
 
 
 def test_squad_figure_says_when_its_runs_used_the_local_standin_split(tmp_path: Path) -> None:
-    from adaptune.train.config import TrainConfig
-    from adaptune.train.record import run_record
     from adaptune.report.figures import figure5_squad
     from adaptune.report.reference import load_reference
     from adaptune.report.results import read_results, write_runs
+    from adaptune.train.config import TrainConfig
+    from adaptune.train.record import run_record
 
     record = run_record(TrainConfig(task="squad", method={"name": "adapters", "size": 64}, backbone="bert-base-uncased"), "f1")
     record.update(val_metrics={"f1": 0.31, "exact_match": 0.2}, trained_params=10, total_params=100,
@@ -361,11 +361,11 @@ def test_methods_table_sets_every_method_side_by_side_on_its_best_configuration(
 
 
 def test_squad_figure_shows_bert_large_the_backbone_its_f1_points_to(tmp_path: Path) -> None:
-    from adaptune.train.config import TrainConfig
-    from adaptune.train.record import run_record
     from adaptune.report.figures import figure5_squad
     from adaptune.report.reference import load_reference
     from adaptune.report.results import read_results, write_runs
+    from adaptune.train.config import TrainConfig
+    from adaptune.train.record import run_record
 
     records = []
     for backbone in ("bert-base-uncased", "bert-base-uncased", "bert-large-uncased"):  # BERT-base the most common

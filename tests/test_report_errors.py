@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from adaptune.train.config import TrainConfig
-from adaptune.train.record import run_record
 from adaptune.report import build_report
 from adaptune.report.results import CURVES_FILE, RUNS_FILE, ResultsReadError, ResultsWarning, read_results, write_results
+from adaptune.train.config import TrainConfig
+from adaptune.train.record import run_record
 
 UGLY_REASON = 'Traceback (most recent call last):\n  File "x.py", line 1\nValueError: lr | too high\nsee the log'
 

@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 
 from adaptune.sweep.experiments import Sweep, get_experiment
+from adaptune.sweep.fan_in import IncompleteSweepError, aggregate_sweep
 from adaptune.sweep.lease import Holder, Lease, try_acquire
 from adaptune.sweep.plan import KFP_MAX_FANOUT, plan, within_fanout
 from adaptune.sweep.shard_runner import ShardEnvironmentError, is_transient, run_in_store, run_shard
 from adaptune.sweep.staging import StagingError, stage_models
 from adaptune.sweep.store import RunStore
-from adaptune.sweep.fan_in import IncompleteSweepError, aggregate_sweep
 from tests import stub_trainer
 
 

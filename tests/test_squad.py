@@ -5,32 +5,35 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
-
 from datasets import Dataset  # noqa: E402
 
-from adaptune.train import ablation  # noqa: E402
-
-from adaptune.data import loading as data
-
-from adaptune.train import run_data
-from adaptune.model.backbone import load_tokenizer  # noqa: E402
-from adaptune.data.batching import evaluation_batches, make_collator, subsample  # noqa: E402
 from adaptune.cli import main  # noqa: E402
-from adaptune.data.loading import (  # noqa: E402
-    SQUAD_STANDIN, STANDARD_SPLIT, DataNotFoundError, load_task_data, load_task_splits, squad_standin_titles,
-)
 from adaptune.core.devices import Device  # noqa: E402
+from adaptune.core.run_files import PREDICTIONS_FILE  # noqa: E402
+from adaptune.data import loading as data
+from adaptune.data.batching import evaluation_batches, make_collator, subsample  # noqa: E402
+from adaptune.data.loading import (  # noqa: E402
+    SQUAD_STANDIN,
+    STANDARD_SPLIT,
+    DataNotFoundError,
+    load_task_data,
+    load_task_splits,
+    squad_standin_titles,
+)
+from adaptune.data.squad import postprocess_predictions, prepare_features  # noqa: E402
+from adaptune.data.tasks import get_task  # noqa: E402
+from adaptune.model.backbone import load_tokenizer  # noqa: E402
+from adaptune.train import (
+    ablation,  # noqa: E402
+    run_data,
+)
 from adaptune.train.evaluate import EvalSplit, evaluate_split  # noqa: E402
 from adaptune.train.metrics import squad_scores  # noqa: E402
-from adaptune.data.squad import prepare_features, postprocess_predictions  # noqa: E402
-from adaptune.core.run_files import PREDICTIONS_FILE  # noqa: E402
-from adaptune.data.tasks import get_task  # noqa: E402
 
 # Short windows so one real paragraph (Super Bowl 50, 775 characters) spans several overlapping ones.
 MAX_LENGTH, STRIDE = 128, 32

@@ -8,16 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from adaptune.train.config import TrainConfig
-from adaptune.sweep.experiments import spec_from_dict
 from adaptune.core.files import json_text
+from adaptune.data.tasks import get_task
+from adaptune.sweep.experiments import spec_from_dict
 from adaptune.sweep.lease import try_acquire
 from adaptune.sweep.plan import plan
-from adaptune.train.record import run_record
 from adaptune.sweep.status import sweep_status
 from adaptune.sweep.status_text import format_status
 from adaptune.sweep.store import RUNS_DIR, STATE_FILE, RunStore
-from adaptune.data.tasks import get_task
+from adaptune.train.config import TrainConfig
+from adaptune.train.record import run_record
 from pipelines.__main__ import main
 from tests.gcs_emulator import gcs  # noqa: F401  (the fixture)
 

@@ -11,8 +11,6 @@ import pandas as pd
 import pytest
 import yaml
 
-from adaptune.train.config import TrainConfig
-from adaptune.train.state_saves import STATE_EVERY_S_ENV
 from adaptune.sweep.experiments import (
     CPU,
     EXPERIMENTS,
@@ -25,10 +23,12 @@ from adaptune.sweep.experiments import (
     spec_to_dict,
     spec_to_json,
 )
+from adaptune.sweep.fan_in import IncompleteSweepError, aggregate_sweep, sweep_records
 from adaptune.sweep.plan import PlanError, plan
 from adaptune.sweep.shard_runner import is_transient, run_shard
 from adaptune.sweep.store import RunStore
-from adaptune.sweep.fan_in import IncompleteSweepError, aggregate_sweep, sweep_records
+from adaptune.train.config import TrainConfig
+from adaptune.train.state_saves import STATE_EVERY_S_ENV
 from tests import stub_trainer
 
 MAX_EXECUTOR_INPUT = 16 * 1024
@@ -316,8 +316,8 @@ def test_mnli_is_planned_once_for_both_dev_sets() -> None:
 
 
 def test_an_mnli_record_fills_both_columns(tmp_path: Path) -> None:
-    from adaptune.train.record import run_record
     from adaptune.report.results import write_runs
+    from adaptune.train.record import run_record
 
     record = run_record(TrainConfig(task="mnli_m", method={"name": "full"}), "accuracy")
     record.update(val_metrics={"accuracy": 0.84}, test_metrics={"accuracy": 0.82},

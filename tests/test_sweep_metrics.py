@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from adaptune.sweep.console_metrics import sweep_metrics
 from adaptune.train.config import TrainConfig
 from adaptune.train.record import run_record
-from adaptune.sweep.console_metrics import sweep_metrics
 
 
 def record(task: str, method: dict, lr: float, seed: int, validation: float, reported: float, status: str = "ok") -> dict:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from adaptune.data.tasks import EXTRA_TASKS, GLUE_SCORE_TASKS, GLUE_TASKS, TASKS, UnknownTaskError, get_task
-from adaptune.data.task_table import format_task_table
 from adaptune.data.readers import READERS
+from adaptune.data.task_table import format_task_table
+from adaptune.data.tasks import EXTRA_TASKS, GLUE_SCORE_TASKS, GLUE_TASKS, TASKS, UnknownTaskError, get_task
 
 
 def test_registry_holds_the_papers_tasks() -> None:

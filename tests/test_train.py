@@ -12,15 +12,15 @@ import pytest
 import torch
 
 from adaptune.data.batching import subsample  # noqa: E402
-from adaptune.train.config import TrainConfig  # noqa: E402
 from adaptune.data.loading import load_task_data  # noqa: E402
-from adaptune.train import loop as train_module  # noqa: E402
 from adaptune.data.squad import check_window  # noqa: E402
+from adaptune.train import loop as train_module  # noqa: E402
 from adaptune.train.checks import ConfigError  # noqa: E402
 from adaptune.train.cli import add_train_arguments, config_from_args  # noqa: E402
+from adaptune.train.config import TrainConfig  # noqa: E402
+from adaptune.train.event_log import CURVE_FILE, read_events  # noqa: E402
 from adaptune.train.loop import train_and_evaluate  # noqa: E402
 from adaptune.train.state import STATE_FILE  # noqa: E402
-from adaptune.train.event_log import CURVE_FILE, read_events  # noqa: E402
 
 pytestmark = pytest.mark.slow
 SST2_RUN_GROUP = pytest.mark.xdist_group("sst2_run")  # the tests that read `sst2_run`: one worker trains it once

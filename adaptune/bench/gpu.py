@@ -1,4 +1,4 @@
-"""`make bench-gpu`: BERT-base and BERT-large training speed on a CUDA GPU, side by side; JSON out.
+"""`make bench-gpu`: BERT-base and BERT-large training speed on a CUDA GPU, step variants compared; JSON out.
 
     python -m adaptune.bench.gpu --out bench/gpu.json [--data-dir DIR] [--tokenizer DIR] [--variants before,now,preset]
 
@@ -15,9 +15,9 @@ step-time ratio. Step variants, timed with interleaved repetitions (medians):
   - `preset`: `now` with the trainer's run dropout under the step settings of this process's environment
     (StepSettings.from_environment, read once at the start), as a pipeline task trains a run alone.
 Then the fused groups (adaptune.bench.gpu_fused), each variant's StepSettings made from the --fused-* flags, and sweep
-throughput: one realistic shard trained one run at a time and k runs at a time on the one GPU (`shard_throughput`, its
-runs' settings read from the environment under the H100 preset as run_shard reads them), runs finished per hour and
-whether every result is identical.
+throughput: one realistic shard trained one run at a time and fused g runs per group on the one GPU (`shard_throughput`,
+its runs' settings read from the environment under the H100 preset as run_shard reads them), runs finished per hour and
+how far each result moved.
 Not a test: no pass/fail here.
 """
 
@@ -118,12 +118,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--batch-sets", default="length_grouped,padded_128",
                         help="the solo step's batches, comma-separated: as --fused-batch-sets")
-    parser.add_argument("--shard", default="1,4", help="runs at a time to compare on one shard (empty: skip)")
+    parser.add_argument("--shard", default="1", help="1: train the shard one run at a time first, the baseline (empty: skip)")
     parser.add_argument("--shard-groups", default="4,16", help="runs fused per group to compare on the same shard, comma-separated; "
-                        "PxG: P processes side by side, each training groups of G (one group's fixed costs beside another's "
-                        "steps); empty: skip")
+                        "empty: skip")
     parser.add_argument("--fused", default="1,4,8,16", help="group sizes of the fused step to measure (empty: skip)")
-    parser.add_argument("--fused-methods", default="adapters64,layernorm", help="comma-separated, of adapters64, layernorm, top_k1, top_k3, top_k6, top_k11, top_k12, full")
+    parser.add_argument("--fused-methods", default="adapters64,layernorm",
+                        help="comma-separated, of adapters64, layernorm, top_k1, top_k3, top_k6, top_k11, top_k12, full")
     parser.add_argument("--fused-optimizer", default="together,per_run",
                         help="the fused step's optimizer steps to compare: together (the trainer's), per_run")
     parser.add_argument("--fused-masks", default="generator,counter",
@@ -230,7 +230,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                            args.repeats, settings)
                 results["summary"] = summarize(results["runs"])
                 save()
-                log(f"{backbone} {method} {batches_name}: " + ", ".join(f"{r['variant']} {r['step_ms']} ms MFU {r['mfu']}" for r in results["runs"][-len(variants):]))
+                log(f"{backbone} {method} {batches_name}: "
+                    + ", ".join(f"{r['variant']} {r['step_ms']} ms MFU {r['mfu']}" for r in results["runs"][-len(variants):]))
     if args.fused:
         from adaptune.bench.gpu_fused import measure_fused
 
@@ -251,7 +252,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  task_count=len(TASKS), batches_name=batches_name,
                                  layer_settings={field: _names(getattr(args, f"fused_{field}")) for field in LAYER_SETTINGS})
             save()  # `keep` holds the same rows, now with their speedups against k = 1
-            log(f"{backbone} {method} {batches_name} fused: " + ", ".join(f"k={r['k']} {r['optimizer_step']} {r['masks']} {r['compile']} {r.get('examples_per_s', r.get('error'))} ex/s MFU {r.get('mfu')}" for r in rows))
+            log(f"{backbone} {method} {batches_name} fused: " + ", ".join(
+                f"k={r['k']} {r['optimizer_step']} {r['masks']} {r['compile']} {r.get('examples_per_s', r.get('error'))} ex/s MFU {r.get('mfu')}"
+                for r in rows))
     if _counts(args.graph_check):
         from adaptune.bench.gpu_fused import check_step_graphs
 
@@ -321,7 +324,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 save()
 
             rows = scale.shard_train_rows or args.shard_train_rows
-            shard_throughput(args.data_dir, args.tokenizer or _embedded_tokenizer_dir(), _counts(args.shard), Path(work),
+            shard_throughput(args.data_dir, args.tokenizer or _embedded_tokenizer_dir(), bool(_counts(args.shard)), Path(work),
                              group_sizes=_group_attempts(args.shard_groups), max_train_examples=rows, on_attempt=keep_shard,
                              config=scale.configs["bert-base"], tasks=_names(args.shard_tasks),
                              methods=[FUSED_METHODS[name] for name in _names(args.shard_methods)],
@@ -522,27 +525,21 @@ def _counts(text: str) -> list[int]:
     return [int(k) for k in text.split(",") if k.strip()]
 
 
-def _group_attempts(text: str) -> list[tuple[int, int]]:
-    """--shard-groups' attempts as (processes side by side, runs per group): "8" is (1, 8), "2x8" (2, 8)."""
-    attempts = []
-    for item in _names(text):
-        processes, _, group = item.rpartition("x")
-        attempts.append((int(processes or 1), int(group)))
-    return attempts
+def _group_attempts(text: str) -> list[int]:
+    """--shard-groups' attempts: runs per group ("8")."""
+    return [int(item) for item in _names(text)]
 
 
-def shard_throughput(data_dir: str | None, tokenizer_dir: str, runs_at_once: Sequence[int], work: Path, size: str = "bert-base",
-                     max_train_examples: int | None = None, group_sizes: Sequence[tuple[int, int]] = (),
+def shard_throughput(data_dir: str | None, tokenizer_dir: str, one_at_a_time: bool, work: Path, size: str = "bert-base",
+                     max_train_examples: int | None = None, group_sizes: Sequence[int] = (),
                      on_attempt: Callable[[dict[str, Any]], None] | None = None, config: dict[str, int] | None = None,
                      tasks: Sequence[str] = ("rte",), methods: Sequence[dict[str, Any]] = ({"name": "adapters", "size": 64},),
                      host_profile: int = 0) -> dict[str, Any]:
     """Runs finished per hour on one realistic shard (by default BERT-base adapters m=64 on RTE; `tasks` x
     `methods` as the plan shards them, a shard per task, trained in turn) at the paper's three adapter learning rates x 3
     seeds, 3 epochs, more seeds where a group needs more runs; randomly initialised, which is all speed needs),
-    trained one at a time, then k at a time
-    side by side (adaptune.sweep.shard_runner), then fused g runs per group, each into its own run store;
-    and whether every run's result is identical (side by side) or how far it moved (fused: float
-    reduction order differs). `host_profile` > 0: each attempt under cProfile, its that many heaviest functions kept
+    trained one at a time, then fused g runs per group, each into its own run store; and how far each fused run's result
+    moved (float reduction order differs). `host_profile` > 0: each attempt under cProfile, its that many heaviest functions kept
     (heaviest_functions)."""
     import cProfile
     import dataclasses
@@ -557,7 +554,7 @@ def shard_throughput(data_dir: str | None, tokenizer_dir: str, runs_at_once: Seq
     from adaptune.sweep.store import RunStore
     from adaptune.train.config import method_label
 
-    seeds = max(3, math.ceil(max((processes * group for processes, group in group_sizes), default=0) / len(GLUE_LRS)))
+    seeds = max(3, math.ceil(max(group_sizes, default=0) / len(GLUE_LRS)))
     backbone = work / "bert-base-random"
     torch.manual_seed(0)
     BertForSequenceClassification(BertConfig(**(config or CONFIGS[size]))).bert.save_pretrained(backbone)
@@ -575,16 +572,15 @@ def shard_throughput(data_dir: str | None, tokenizer_dir: str, runs_at_once: Seq
                                           f"3 epochs, {seeds} seeds, {max_train_examples or 'all'} training rows per run"
                                           + (f", {len(shards)} shards in turn" if len(shards) > 1 else "")}
     records = {}
-    attempts = [(f"{k}_at_a_time", k, 1) for k in runs_at_once] + [
-        (f"fused_{group}" + (f"_{processes}_processes" if processes > 1 else ""), processes, group) for processes, group in group_sizes]
-    for label, at_once, group in attempts:
+    attempts = [("1_at_a_time", 1)] * one_at_a_time + [(f"fused_{group}", group) for group in group_sizes]
+    for label, group in attempts:
         store = RunStore(work / f"store-{label}")
         started = time.perf_counter()
         outcomes: Counter[str] = Counter()
         profiler = cProfile.Profile() if host_profile else None
         with profiler or contextlib.nullcontext():
             for shard in shards:
-                outcomes += run_shard(spec, shard.id, store, data_dir=data_dir, runs_at_once=at_once, group_size=group)
+                outcomes += run_shard(spec, shard.id, store, data_dir=data_dir, group_size=group)
         seconds = time.perf_counter() - started
         records[label] = {run.run_id: store.record(run.run_id) for run in runs}
         failures = {run_id: {"reason": record["reason"], "traceback": _traceback_text(work / f"store-{label}", run_id)}
@@ -593,8 +589,7 @@ def shard_throughput(data_dir: str | None, tokenizer_dir: str, runs_at_once: Seq
         results[label] = {"seconds": round(seconds, 1), "runs_per_hour": round(len(runs) / seconds * 3600),
                           "outcomes": dict(outcomes), "failures": failures,
                           # where the attempt's time went (the records' time_s); "other": planning, leases, the store
-                          # (None side by side, where the processes' phases overlap in time and sum past the wall clock)
-                          "seconds_by_phase": {**by_phase, "other": round(seconds - sum(by_phase.values()), 1) if at_once == 1 else None},
+                          "seconds_by_phase": {**by_phase, "other": round(seconds - sum(by_phase.values()), 1)},
                           "step_graphs": _graph_counts(list(records[label].values()))}
         if profiler is not None:
             results[label]["host_profile"] = heaviest_functions(profiler, host_profile)
@@ -624,22 +619,17 @@ def heaviest_functions(profiler: Any, count: int) -> dict[str, list[dict[str, An
             "by_own": sorted(rows, key=lambda row: -row["own_s"])[:count]}
 
 
-def _compare(results: dict[str, Any], records: dict[str, dict[str, Any]], attempts: list[tuple[str, int, int]]) -> None:
-    """Each finished attempt against the first: speedup, and whether results are identical (side by side)
-    or how far the test score moved (fused: float reduction order differs)."""
+def _compare(results: dict[str, Any], records: dict[str, dict[str, Any]], attempts: list[tuple[str, int]]) -> None:
+    """Each finished attempt against the first: speedup, and how far the test score moved (fused: float reduction order
+    differs)."""
     first = attempts[0][0]
-    for label, at_once, group in attempts[1:]:
+    for label, _group in attempts[1:]:
         if label not in records:
             continue
         results[f"speedup_{label}_vs_{first}"] = round(results[first]["seconds"] / results[label]["seconds"], 2)
-        if group == 1:
-            results[f"identical_results_{label}_vs_{first}"] = all(
-                records[label][run_id]["val_metrics"] == records[first][run_id]["val_metrics"]
-                and records[label][run_id]["test_metrics"] == records[first][run_id]["test_metrics"] for run_id in records[first])
-        else:
-            changes = [abs(_score(records[label][run_id]) - _score(records[first][run_id])) for run_id in records[first]
-                       if _score(records[label][run_id]) is not None and _score(records[first][run_id]) is not None]
-            results[f"max_test_score_change_{label}_vs_{first}"] = max(changes, default=None)
+        changes = [abs(_score(records[label][run_id]) - _score(records[first][run_id])) for run_id in records[first]
+                   if _score(records[label][run_id]) is not None and _score(records[first][run_id]) is not None]
+        results[f"max_test_score_change_{label}_vs_{first}"] = max(changes, default=None)
 
 
 def _graph_counts(records: list[dict[str, Any]]) -> dict[str, Any] | None:

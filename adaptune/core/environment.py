@@ -74,9 +74,6 @@ VARIABLES: dict[str, Variable] = {variable.name: variable for variable in (
             "adaptune.core.devices"),
     Variable("ADAPTUNE_RUNS_PER_GROUP", "count", "",
              "runs fused into one forward pass (empty: the accelerator preset's runs_per_group)", "adaptune.sweep.device_sharing"),
-    Variable("ADAPTUNE_RUNS_PER_DEVICE", "count", "",
-             "runs trained side by side in processes on one device (empty: the preset's runs_per_device)",
-             "adaptune.sweep.device_sharing"),
     Variable("ADAPTUNE_STATE_EVERY_S", "seconds", "60",
              "the fewest seconds between a run's resume-state saves at epoch ends (0: at every epoch's end)",
              "adaptune.train.state_saves"),
@@ -196,7 +193,8 @@ def applied(values: Mapping[str, str]) -> Iterator[None]:
 
 
 # Settings that left because no measurement showed them paying (bench/README.md, "the options that left").
-REMOVED = ("ADAPTUNE_RESIDUAL", "ADAPTUNE_BRANCH_SUMS", "ADAPTUNE_PROJECTIONS", "ADAPTUNE_GRAPH_WARMUP", "ADAPTUNE_WHOLE_MODEL_RUNS_PER_GROUP")
+REMOVED = ("ADAPTUNE_RESIDUAL", "ADAPTUNE_BRANCH_SUMS", "ADAPTUNE_PROJECTIONS", "ADAPTUNE_GRAPH_WARMUP", "ADAPTUNE_WHOLE_MODEL_RUNS_PER_GROUP",
+           "ADAPTUNE_RUNS_PER_DEVICE")
 
 
 def unknown_line(name: str) -> str:

@@ -9,7 +9,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-
 _PARTIAL_PREFIX, _PARTIAL_SUFFIX = ".", ".tmp"  # atomic_write's temporary names (is_partial_write)
 
 

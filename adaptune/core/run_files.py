@@ -8,8 +8,8 @@ RECORD_FILE = "record.json"  # the finished (or failed) run record: written last
 CHECKPOINT_DIR = "checkpoint"  # the compact task checkpoint (what the method trained)
 STATE_FILE = "train_state.pt"  # the resumable training state, until the run finishes
 ATTEMPTS_FILE = "attempts.json"  # transient failures seen so far (preemption, OOM, network)
-TRACEBACK_FILE = "traceback.txt"
-EVENTS_DIR = "tensorboard"  # TensorBoard event files: the curve as it trains, the HParams session when done (train.event_log)  # the full story behind a failed run's one-line reason
+TRACEBACK_FILE = "traceback.txt"  # the full story behind a failed run's one-line reason
+EVENTS_DIR = "tensorboard"  # TensorBoard event files: the curve as it trains, the HParams session when done (train.event_log)
 # A SQuAD run's {question id: answer text} of the final epoch's validation questions: the prediction
 # file the official evaluate-v1.1.py reads.
 PREDICTIONS_FILE = "predictions.json"

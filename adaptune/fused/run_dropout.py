@@ -40,10 +40,10 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
 
-from adaptune.fused.settings import DROPOUT_MASKS_ENV, VALUES, StepSettings
 from adaptune.fused.kernels import attention as attention_kernel
 from adaptune.fused.kernels import dropout as dropout_kernel
 from adaptune.fused.kernels.counter_coordinates import COORDINATE_BITS, keep_threshold
+from adaptune.fused.settings import DROPOUT_MASKS_ENV, VALUES, StepSettings
 
 RUN_DROPOUT_ATTENTION = "adaptune_run_dropout"
 MASK_SCHEMES = VALUES["dropout_masks"]

@@ -34,9 +34,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from adaptune.fused.kernels import layer_norm as layer_norm_kernel
-from adaptune.model.adapters import Adapter
 from adaptune.fused.kernels.triton_device import runs_triton
 from adaptune.fused.settings import StepSettings
+from adaptune.model.adapters import Adapter
 
 
 class GroupingError(ValueError):

@@ -33,9 +33,9 @@ import torch
 from torch.nn import functional as F
 
 from adaptune.core.devices import Device
-from adaptune.fused.settings import STEP_GRAPHS  # noqa: F401 (the mode that runs this step, named where it is)
-from adaptune.fused.run_dropout import RowLayout, RunRandomness
 from adaptune.fused.group_optimizer import clip_each
+from adaptune.fused.run_dropout import RowLayout, RunRandomness
+from adaptune.fused.settings import STEP_GRAPHS  # noqa: F401 (the mode that runs this step, named where it is)
 
 LENGTH_BUCKET = 32  # tokens: BERT batches of up to 128 tokens need at most 4 graphs
 # Steps of a shape that replay a longer captured graph (same rows, its token axis padded up) before the shape gets

@@ -19,9 +19,9 @@ from typing import Any
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from adaptune.model.backbone import embedded_backbone_path, load_model, task_kind_of
 from adaptune.core.backbones import DEFAULT_BACKBONE
 from adaptune.core.files import atomic_write
+from adaptune.model.backbone import embedded_backbone_path, load_model, task_kind_of
 from adaptune.model.methods import apply_method, method_from_dict
 
 WEIGHTS_FILE = "task.safetensors"

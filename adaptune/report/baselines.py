@@ -24,8 +24,8 @@ import pandas as pd
 
 from adaptune.data.batching import subsample
 from adaptune.data.loading import load_task_data, local_files_status, resolve_data_dir
-from adaptune.train.metrics import compute_metrics
 from adaptune.data.tasks import get_task
+from adaptune.train.metrics import compute_metrics
 
 
 def majority_baseline(

@@ -9,8 +9,8 @@ from pathlib import Path
 import pandas as pd
 
 from adaptune.report.claims import bootstrap_ci
-from adaptune.report.selection import best_configuration, to_percent, usable_runs
 from adaptune.report.results import read_results
+from adaptune.report.selection import best_configuration, to_percent, usable_runs
 
 
 def sweep_summary(runs: pd.DataFrame) -> pd.DataFrame:

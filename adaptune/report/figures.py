@@ -23,9 +23,9 @@ import matplotlib
 matplotlib.use("Agg")  # headless: components and CI have no display
 
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import NullFormatter  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.ticker import NullFormatter  # noqa: E402
 
 from adaptune.report.reference import task_suite  # noqa: E402
 from adaptune.report.selection import (  # noqa: E402

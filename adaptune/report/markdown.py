@@ -9,12 +9,13 @@ from typing import Any
 
 import pandas as pd
 
-from adaptune.report.claims import claims_markdown, claims_table, read_grid_left_out
 from adaptune.report import figures as figure_module
+from adaptune.report.claims import claims_markdown, claims_table, read_grid_left_out
 from adaptune.report.figures import SQUAD_BACKBONE_NOTE, FigureOutput, all_figures
 from adaptune.report.methods_table import methods_markdown, methods_table
 from adaptune.report.partial import Coverage, claims_for_markdown, mark_claims, read_coverage, table_scopes
 from adaptune.report.reference import load_reference, reference_path
+from adaptune.report.results import ResultsWarning, read_results
 from adaptune.report.selection import problem_runs
 from adaptune.report.tables import (
     SUMMARY_COLUMNS,
@@ -29,7 +30,6 @@ from adaptune.report.tables import (
     table2_markdown,
     table2_shown,
 )
-from adaptune.report.results import ResultsWarning, read_results
 
 
 def build_report(

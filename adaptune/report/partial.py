@@ -17,8 +17,8 @@ from typing import Any
 
 import pandas as pd
 
-from adaptune.report.reference import extra_tasks, glue_tasks
 from adaptune.data.tasks import UnknownTaskError, get_task
+from adaptune.report.reference import extra_tasks, glue_tasks
 
 COVERAGE_FILE = "coverage.json"
 COMPLETE = "complete"

@@ -29,12 +29,12 @@ from typing import Any
 
 import pandas as pd
 
+from adaptune.core.files import write_json
+from adaptune.data.tasks import get_task
 from adaptune.model.backbone import resolve_backbone
 from adaptune.model.checkpoint import INFO_FILE, WEIGHTS_FILE
-from adaptune.core.files import write_json
 from adaptune.model.params import total_size_multiple
 from adaptune.sweep.store import CHECKPOINT_DIR, RUNS_DIR, RunStore
-from adaptune.data.tasks import get_task
 
 FORMAT_VERSION = 1
 MANIFEST_FILE = "manifest.json"

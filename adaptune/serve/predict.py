@@ -89,8 +89,8 @@ def _predict_task(bundle_dir: str | os.PathLike[str], checkpoint: Path, entry: d
                   batch_size: int) -> list[dict[str, Any]]:
     """predict() for a task bundled_task has already found and checked (its tensors hashed once)."""
     from adaptune.model.backbone import load_tokenizer
-    from adaptune.serve.bundle import BACKBONE_DIR
     from adaptune.model.checkpoint import load_task_checkpoint
+    from adaptune.serve.bundle import BACKBONE_DIR
 
     backbone = str(Path(bundle_dir) / BACKBONE_DIR)
     model, _, _ = load_task_checkpoint(checkpoint, backbone=backbone)
@@ -104,8 +104,8 @@ def predict_logits(model: Any, tokenizer: Any, texts: list[list[str]], max_lengt
     import numpy as np
     import torch
 
-    from adaptune.data.batching import evaluation_batches, iterate_batches, make_collator
     from adaptune.core.devices import pick_device
+    from adaptune.data.batching import evaluation_batches, iterate_batches, make_collator
 
     device = pick_device()
     model.to(device.torch_device).eval()

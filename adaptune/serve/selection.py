@@ -13,10 +13,10 @@ from collections import Counter
 
 import pandas as pd
 
-from adaptune.report.selection import BERT_LARGE, best_by_validation, runs_for_backbone, usable_runs
-from adaptune.report.results import run_row
-from adaptune.sweep.store import RECORD_FILE, RUNS_DIR, RunStore
 from adaptune.data.tasks import get_task
+from adaptune.report.results import run_row
+from adaptune.report.selection import BERT_LARGE, best_by_validation, runs_for_backbone, usable_runs
+from adaptune.sweep.store import RECORD_FILE, RUNS_DIR, RunStore
 
 SELECT_RULES = ("best",)  # the single run best on validation per task (Table 1)
 DEFAULT_METHOD = "adapters"  # the paper's 1.3x is about adapters (best size per task, Table 1)

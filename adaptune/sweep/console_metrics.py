@@ -8,9 +8,9 @@ from typing import Any
 
 import pandas as pd
 
-from adaptune.train.record import with_companions
 from adaptune.data.tasks import get_task
 from adaptune.sweep.throughput import accelerator_hours
+from adaptune.train.record import with_companions
 
 
 def sweep_metrics(records: Sequence[dict[str, Any]], planned: int, accelerators_per_run: int) -> dict[str, float]:

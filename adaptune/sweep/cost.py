@@ -6,13 +6,13 @@ accelerator-hours. A run store's own measurements (adaptune.sweep.throughput) re
 
 from __future__ import annotations
 
-from adaptune.fused.settings import StepSettings
 from adaptune.data.tasks import get_task
+from adaptune.fused.grouping import GROUPABLE_METHODS, group_capacity, group_key, trains_alone_for_its_length, trains_whole_model
+from adaptune.fused.settings import StepSettings
 from adaptune.sweep.device_sharing import runs_per_group
 from adaptune.sweep.experiments import ExperimentSpec
 from adaptune.sweep.throughput import REFERENCE_MAX_LENGTH, Measured, ThroughputKey, backbone_key, throughput_key
 from adaptune.train.config import TrainConfig
-from adaptune.fused.grouping import GROUPABLE_METHODS, group_capacity, group_key, trains_alone_for_its_length, trains_whole_model
 
 # Training throughput in examples per second for full fine-tuning at max_length 128, batch 32,
 # per backbone and accelerator (Vertex AI accelerator type, or "cpu"), for one run. These are

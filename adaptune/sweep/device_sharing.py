@@ -1,6 +1,7 @@
-"""How a shard shares its device: runs side by side in separate processes (`runs_per_device`) and runs
-fused into one forward pass (`runs_per_group`), each the accelerator preset's setting unless its
-environment variable overrides it. Torch-free, so that planning can price what the runner will do."""
+"""How a shard shares its device: runs fused into one forward pass (`runs_per_group`), the accelerator preset's
+setting unless its environment variable overrides it. Torch-free, so that planning can price what the runner will do.
+(Runs side by side in separate processes left on 2026-11-28: on an H100 four were no faster than one at a time,
+bench/README.md.)"""
 
 from __future__ import annotations
 
@@ -9,12 +10,7 @@ from typing import Any
 from adaptune.core import environment
 from adaptune.fused.settings import run_count
 
-RUNS_PER_DEVICE_ENV = "ADAPTUNE_RUNS_PER_DEVICE"
 RUNS_PER_GROUP_ENV = "ADAPTUNE_RUNS_PER_GROUP"
-
-
-def runs_per_device(accelerator: Any) -> int:
-    return _count(RUNS_PER_DEVICE_ENV, "runs_per_device", accelerator)
 
 
 def runs_per_group(accelerator: Any) -> int:

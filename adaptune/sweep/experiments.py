@@ -18,8 +18,8 @@ from typing import Any, Literal
 
 from adaptune.core.backbones import BERT_BASE, BERT_LARGE, DEFAULT_BACKBONE
 from adaptune.core.paper_grids import DEVLIN_GLUE_EPOCHS, DEVLIN_GLUE_LRS, EXTRA_LRS, GLUE_LRS
-from adaptune.fused.settings import StepSettings
 from adaptune.data.tasks import EXTRA_TASKS, GLUE_SCORE_TASKS
+from adaptune.fused.settings import StepSettings
 
 # `Sweep.epochs = PAPER_EPOCHS` means: the epochs the paper chose per task and method (Table 4).
 PAPER_EPOCHS: Literal["paper"] = "paper"
@@ -41,7 +41,6 @@ class Accelerator:
     tolerations: tuple[str, ...] = ()  # taint keys tolerated with operator Exists, effect NoSchedule
     cpu_limit: str = "4"
     memory_limit: str = "16G"
-    runs_per_device: int = 1  # runs trained side by side on the one device (adaptune.sweep.shard_runner; measured in bench/gpu.json)
     runs_per_group: int = 1  # runs fused into one forward pass (adaptune.train.group_loop; measured in bench/results.json)
     # The frozen backbone's precision on a CPU (adaptune.core.devices.CPU_PRECISIONS): "auto" leaves it to the
     # machine (bf16 where the CPU has it natively; $ADAPTUNE_CPU_BF16); an experiment whose records must stay
@@ -697,6 +696,11 @@ def _accelerator_from(value: Any) -> Accelerator:
         if value not in ACCELERATORS:
             raise SpecError(f"unknown accelerator {value!r}; presets: {', '.join(ACCELERATORS)} (or a mapping of Accelerator fields)")
         return ACCELERATORS[value]
+    if isinstance(value, dict) and "runs_per_device" in value:  # runs side by side in processes: the option left
+        if value["runs_per_device"] != 1:
+            raise SpecError(f"accelerator runs_per_device={value['runs_per_device']!r}: runs side by side in processes left the "
+                            "code (on an H100 four were no faster than one at a time, bench/README.md); remove the field")
+        value = {key: item for key, item in value.items() if key != "runs_per_device"}
     fields = _fields_of(Accelerator, value, "accelerator")
     fields["node_selector"] = tuple(tuple(pair) for pair in fields.get("node_selector", ()))
     fields["tolerations"] = tuple(fields.get("tolerations", ()))

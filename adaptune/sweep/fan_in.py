@@ -13,14 +13,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from adaptune.sweep.experiments import ExperimentSpec
-from adaptune.sweep.experiments import Ablation
+from adaptune.data.tasks import data_scheme, get_task
+from adaptune.sweep.console_metrics import sweep_metrics
+from adaptune.sweep.experiments import Ablation, ExperimentSpec
 from adaptune.sweep.lease import remove_orphaned_leases
 from adaptune.sweep.plan import Plan, plan
-from adaptune.train.record import is_stale
 from adaptune.sweep.store import ABLATION_DIR, RUNS_DIR, RunStore
-from adaptune.sweep.console_metrics import sweep_metrics
-from adaptune.data.tasks import data_scheme, get_task
+from adaptune.train.record import is_stale
 
 
 class IncompleteSweepError(RuntimeError):
@@ -95,9 +94,9 @@ def ablate_sweep(spec: ExperimentSpec, store: RunStore, data_dir: str | os.PathL
     """Ablate each selected run once (ablation/<run_id>.json in the store); returns how many have rows."""
     if spec.ablation is None:
         return 0
-    from adaptune.train.ablation import ablate
     from adaptune.sweep.machine import use_staged_backbones
     from adaptune.sweep.store import CHECKPOINT_DIR
+    from adaptune.train.ablation import ablate
 
     done = 0
     selected = select_ablation_runs(sweep_records(spec, store), spec.ablation)

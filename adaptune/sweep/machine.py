@@ -22,8 +22,8 @@ class ShardEnvironmentError(RuntimeError):
 
 def prepare_machine(store: RunStore, backbones: Iterable[str]) -> None:
     """Check the accelerator the task asked for and make every backbone loadable, before any run."""
-    from adaptune.model.backbone import BackboneError, check_backbone
     from adaptune.core.devices import CpuBf16Unsupported, pick_device
+    from adaptune.model.backbone import BackboneError, check_backbone
 
     try:
         device = pick_device()  # $ADAPTUNE_DEVICE=cuda|xla on accelerator tasks: raises instead of using the CPU

@@ -15,16 +15,16 @@ import math
 from collections import Counter
 from typing import Any
 
-from adaptune.model.layouts import BackboneError, backbone_layers, backbone_layout, unusable_backbone
-from adaptune.train.config import TrainConfig, method_label
-from adaptune.sweep.experiments import PAPER_EPOCHS, Ablation, ExperimentSpec, Sweep
-from adaptune.data.tasks import Task, UnknownTaskError, get_task
 from adaptune.core.precision import CPU_PRECISIONS
+from adaptune.data.tasks import Task, UnknownTaskError, get_task
+from adaptune.fused.grouping import fused_groups
 from adaptune.fused.settings import StepSettings
+from adaptune.model.layouts import BackboneError, backbone_layers, backbone_layout, unusable_backbone
 from adaptune.sweep.cost import estimate_hours, measured_at_length, measurement_for, step_tokens, table_fused_speedup
 from adaptune.sweep.device_sharing import runs_per_group
-from adaptune.fused.grouping import fused_groups
+from adaptune.sweep.experiments import PAPER_EPOCHS, Ablation, ExperimentSpec, Sweep
 from adaptune.sweep.throughput import Measured, ThroughputKey, throughput_key
+from adaptune.train.config import TrainConfig, method_label
 
 
 class PlanError(ValueError):
@@ -358,7 +358,7 @@ def _check_spec_values(spec: ExperimentSpec, problems: list[str]) -> None:
         problems.append(f"accelerator family must be cpu, gpu or tpu, got {accel.family!r}")
     elif accel.family != "cpu" and (not accel.type or accel.count < 1):
         problems.append(f"a {accel.family} accelerator needs a type (e.g. NVIDIA_H100_80GB) and count >= 1")
-    for field in ("runs_per_device", "runs_per_group"):
+    for field in ("runs_per_group",):
         value = getattr(accel, field)
         if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
             problems.append(f"accelerator {field} must be a whole number >= 1, got {value!r}")

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from adaptune.core import environment
+from adaptune.fused.grouping import fused_groups, group_key, trains_alone_for_its_length
 from adaptune.fused.settings import StepSettings
 from adaptune.sweep.lease import Holder, Lease, lease_seconds, new_owner, try_acquire
 from adaptune.sweep.machine import TRAINER_ENV, load_trainer
@@ -21,7 +22,6 @@ from adaptune.sweep.store import CHECKPOINT_DIR, RECORD_FILE, RUNS_DIR, RunDir, 
 from adaptune.sweep.transient import backoff_s, is_transient
 from adaptune.train.config import TrainConfig
 from adaptune.train.event_log import write_run_summary
-from adaptune.fused.grouping import fused_groups, group_key, trains_alone_for_its_length
 from adaptune.train.record import failed_run_record, is_stale, one_line_reason, save_traceback, with_provenance
 
 
@@ -43,7 +43,7 @@ def form_groups(configs: list[TrainConfig], runs_per_group: int) -> list[list[Tr
 
 
 def train_groups(groups: Iterable[list[TrainConfig]], shard_id: str, store: RunStore, options: dict[str, Any]) -> dict[str, str]:
-    """train_runs over groups already formed (side_by_side's workers take groups from one queue)."""
+    """train_runs over groups already formed."""
     owner = new_owner()
     by_run: dict[str, str] = {}
     deferred = []

@@ -30,12 +30,11 @@ import os
 from collections import Counter
 
 from adaptune.fused.settings import StepSettings
+from adaptune.sweep.device_sharing import RUNS_PER_GROUP_ENV, runs_per_group  # noqa: F401
 from adaptune.sweep.experiments import ExperimentSpec
 from adaptune.sweep.machine import TRAINER_ENV, ShardEnvironmentError, prepare_machine, start_deadline  # noqa: F401 (the shard's names)
 from adaptune.sweep.plan import plan
 from adaptune.sweep.run_attempt import run_in_store, train_runs  # noqa: F401 (one run in the store)
-from adaptune.sweep.device_sharing import RUNS_PER_DEVICE_ENV, RUNS_PER_GROUP_ENV, runs_per_device, runs_per_group  # noqa: F401
-from adaptune.sweep.side_by_side import train_side_by_side
 from adaptune.sweep.store import RunStore
 from adaptune.sweep.transient import BACKOFF_ENV, is_transient  # noqa: F401 (the retry rule's names)
 
@@ -49,17 +48,11 @@ def run_shard(
     progress: bool = False,
     retrain_stale: bool = False,
     enforce_deadline: bool = False,
-    runs_at_once: int | None = None,
     group_size: int | None = None,
 ) -> Counter[str]:
     """Train every run of the shard that the store has no record of; returns counts by outcome
     (reused, stale, ok, degenerate, failed, superseded). With `enforce_deadline` (pipeline tasks) the
-    process exits with status 124 past the shard's deadline (Plan.deadline_hours).
-
-    `runs_at_once` (default: the accelerator's `runs_per_device`, or $ADAPTUNE_RUNS_PER_DEVICE) trains
-    that many runs side by side on this machine's one device, one process each: a small model leaves a
-    GPU idle between its kernel launches, which another run's launches fill. The runs' leases share them
-    out, so each is trained once, exactly as it would be alone."""
+    process exits with status 124 past the shard's deadline (Plan.deadline_hours)."""
     store.require_writable()
     planned = plan(spec)
     shard = planned.shard(shard_id)
@@ -71,13 +64,8 @@ def run_shard(
     settings = StepSettings.from_environment(preset=spec.accelerator.step_settings)
     options = dict(data_dir=data_dir, retry_failed=retry_failed, retrain_stale=retrain_stale,
                    max_transient_failures=spec.retries, progress=progress, settings=settings)
-    workers = min(runs_at_once or runs_per_device(spec.accelerator), len(shard.runs))
     fused = group_size or runs_per_group(spec.accelerator)
-    if workers > 1:
-        print(f"{shard_id}: {workers} runs at a time on this device", flush=True)
-        by_run = train_side_by_side(list(shard.runs), shard_id, store, backbones, options, workers, fused)
-    else:
-        by_run = train_runs(list(shard.runs), shard_id, store, options, fused)
+    by_run = train_runs(list(shard.runs), shard_id, store, options, fused)
     outcomes = Counter(by_run.values())
     if outcomes["stale"]:
         print(f"{shard_id}: {outcomes['stale']} run(s) hold records from another data scheme; "

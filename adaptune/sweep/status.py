@@ -15,15 +15,15 @@ from typing import Any
 
 import pandas as pd
 
-from adaptune.train import phase_times
-from adaptune.train.config import method_label
 from adaptune.sweep.experiments import ExperimentSpec
 from adaptune.sweep.lease import lease_expires_at, lease_number, lease_owner
 from adaptune.sweep.plan import Plan, plan
 from adaptune.sweep.status_cache import record_summaries
-from adaptune.train.record import is_stale
 from adaptune.sweep.store import RECORD_FILE, RUNS_DIR, STATE_FILE, RunStore
 from adaptune.sweep.throughput import accelerator_hours, measure_on
+from adaptune.train import phase_times
+from adaptune.train.config import method_label
+from adaptune.train.record import is_stale
 
 FINISHED = ("ok", "degenerate", "failed")
 RUNNING, NOT_STARTED, STALE, UNREADABLE = "running", "not started", "stale", "unreadable"

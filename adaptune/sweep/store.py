@@ -43,7 +43,13 @@ from fsspec.implementations.local import LocalFileSystem
 
 from adaptune.core.files import is_partial_write, json_text, write_json
 from adaptune.core.run_files import (  # noqa: F401 (the layout above)
-    ATTEMPTS_FILE, CHECKPOINT_DIR, RECORD_FILE, STATE_FILE, TRACEBACK_FILE, UNREADABLE_SUFFIX, store_owned,
+    ATTEMPTS_FILE,
+    CHECKPOINT_DIR,
+    RECORD_FILE,
+    STATE_FILE,
+    TRACEBACK_FILE,
+    UNREADABLE_SUFFIX,
+    store_owned,
 )
 from adaptune.sweep.background_uploads import BackgroundUploads
 

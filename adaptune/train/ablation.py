@@ -14,14 +14,14 @@ import os
 from pathlib import Path
 from typing import Any
 
+from adaptune.core.devices import pick_device
+from adaptune.data.batching import make_collator
+from adaptune.data.tasks import get_task
 from adaptune.model.adapters import adapters_disabled, encoder_layers
 from adaptune.model.backbone import load_tokenizer
-from adaptune.data.batching import make_collator
 from adaptune.model.checkpoint import load_task_checkpoint
-from adaptune.core.devices import pick_device
 from adaptune.train.evaluate import evaluate_split
 from adaptune.train.run_data import prepare_run_data
-from adaptune.data.tasks import get_task
 
 
 def ablate(

@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from adaptune.train.config import TrainConfig
 from adaptune.data.tasks import get_task
+from adaptune.train.config import TrainConfig
 
 MAX_SEED = 2**32 - 1  # numpy's seed range, which transformers.set_seed also seeds
 

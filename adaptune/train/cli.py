@@ -13,12 +13,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+from adaptune.core.backbones import DEFAULT_BACKBONE
+from adaptune.data.squad import DOC_STRIDE as SPAN_DOC_STRIDE
+from adaptune.data.squad import MAX_LENGTH as SPAN_MAX_LENGTH
+from adaptune.data.tasks import get_task
 from adaptune.fused.settings import StepSettings
 from adaptune.train.checks import ConfigError, check_train_config, number_problems
-from adaptune.core.backbones import DEFAULT_BACKBONE
 from adaptune.train.config import TrainConfig
-from adaptune.data.squad import DOC_STRIDE as SPAN_DOC_STRIDE, MAX_LENGTH as SPAN_MAX_LENGTH
-from adaptune.data.tasks import get_task
 from adaptune.train.record import record_in_run_dir
 
 DEFAULT_METHOD = "adapters:64"

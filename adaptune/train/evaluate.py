@@ -11,11 +11,11 @@ from datasets import Dataset
 from torch import nn
 from transformers import DataCollatorWithPadding
 
-from adaptune.data.batching import column_values, evaluation_batches, iterate_batches
 from adaptune.core.devices import Device
-from adaptune.train.metrics import compute_metrics, squad_scores
+from adaptune.data.batching import column_values, evaluation_batches, iterate_batches
 from adaptune.data.squad import postprocess_predictions
 from adaptune.data.tasks import Task
+from adaptune.train.metrics import compute_metrics, squad_scores
 
 EVAL_BATCH_SIZE = 32  # rows a batch on a CPU: batches are sorted by length; larger ones mostly add padding there
 # On a GPU an evaluation batch is bound by the host launching its kernels (a fused group's forward pass launches

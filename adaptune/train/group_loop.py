@@ -32,16 +32,18 @@ from transformers import get_linear_schedule_with_warmup, set_seed
 from adaptune.core.devices import Device, is_out_of_memory, pick_device, release_memory
 from adaptune.data.batching import epoch_batches, make_collator
 from adaptune.data.tasks import get_task
+from adaptune.fused.group_optimizer import clip_and_step
+from adaptune.fused.grouping import GROUPABLE_METHODS, group_key, trains_whole_model
+from adaptune.fused.run_dropout import RowLayout, RunRandomness, dropout_stream, use_run_dropout
+from adaptune.fused.run_groups import group_model, keep_runs, recorded_layer_norm, run_parameters, trained_tensors
+from adaptune.fused.settings import StepSettings
+from adaptune.fused.step_graphs import GraphedFusedStep
 from adaptune.model.backbone import fresh_head_copy, load_model, load_tokenizer
 from adaptune.model.methods import apply_method, method_from_dict
 from adaptune.model.params import count_parameters
-from adaptune.fused.run_dropout import RowLayout, RunRandomness, dropout_stream, use_run_dropout
-from adaptune.fused.run_groups import group_model, keep_runs, recorded_layer_norm, run_parameters, trained_tensors
-from adaptune.train.config import TrainConfig
 from adaptune.train import phase_times
+from adaptune.train.config import TrainConfig
 from adaptune.train.evaluate import evaluate_runs
-from adaptune.fused.group_optimizer import clip_and_step
-from adaptune.fused.grouping import GROUPABLE_METHODS, group_key, trains_whole_model
 from adaptune.train.loop import (
     Evaluator,
     FiniteGuard,
@@ -58,10 +60,8 @@ from adaptune.train.loop import (
     recorded_step_settings,
 )
 from adaptune.train.record import record_in_run_dir, run_record, with_provenance
-from adaptune.fused.settings import StepSettings
 from adaptune.train.state import load_state, resume_point
 from adaptune.train.state_saves import StateSaves
-from adaptune.fused.step_graphs import GraphedFusedStep
 
 _PAD_VALUES = {"attention_mask": 0, "token_type_ids": 0}
 # What a span task's collated batch holds besides the model's inputs (others: "labels"): the answer's

@@ -26,26 +26,26 @@ from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup, set_seed
 from transformers.trainer_pt_utils import get_parameter_names
 
-from adaptune.fused.frozen_projections import stack_frozen_projections
-from adaptune.fused.run_groups import recorded_layer_norm
-from adaptune.model.backbone import load_model, load_tokenizer
-from adaptune.data.batching import epoch_batches, iterate_batches, make_collator
-from adaptune.model.checkpoint import save_task_checkpoint
-from adaptune.train.config import TrainConfig
-from adaptune.train import phase_times
-from adaptune.train.epoch_log import report_epoch
-from adaptune.train.event_log import CurveLog, write_run_summary
 from adaptune.core.devices import Device, is_out_of_memory, pick_device, release_memory
-from adaptune.train.evaluate import EvalResult, EvalSplit, evaluate_split
 from adaptune.core.files import write_json
+from adaptune.core.run_files import CHECKPOINT_DIR, PREDICTIONS_FILE, RECORD_FILE
+from adaptune.data.batching import epoch_batches, iterate_batches, make_collator
+from adaptune.data.tasks import Task, get_task, scored_companions
+from adaptune.fused.frozen_projections import stack_frozen_projections
+from adaptune.fused.run_dropout import dropout_stream, use_run_dropout
+from adaptune.fused.run_groups import recorded_layer_norm
+from adaptune.fused.settings import StepSettings
+from adaptune.model.backbone import load_model, load_tokenizer
+from adaptune.model.checkpoint import save_task_checkpoint
 from adaptune.model.methods import apply_method, method_from_dict
 from adaptune.model.params import count_parameters
+from adaptune.train import phase_times
+from adaptune.train.config import TrainConfig
+from adaptune.train.epoch_log import report_epoch
+from adaptune.train.evaluate import EvalResult, EvalSplit, evaluate_split
+from adaptune.train.event_log import CurveLog, write_run_summary
 from adaptune.train.record import record_in_run_dir, run_record, with_provenance
 from adaptune.train.run_data import RunData, prepare_run_data
-from adaptune.core.run_files import CHECKPOINT_DIR, PREDICTIONS_FILE, RECORD_FILE
-from adaptune.data.tasks import Task, get_task, scored_companions
-from adaptune.fused.run_dropout import dropout_stream, use_run_dropout
-from adaptune.fused.settings import StepSettings
 from adaptune.train.state import Progress, load_state, remove_state, resume_point, save_state, trained_parameters
 from adaptune.train.state_saves import StateSaves
 

@@ -13,10 +13,10 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from adaptune.train.config import TrainConfig, method_label
 from adaptune.core.files import atomic_write
 from adaptune.core.run_files import RECORD_FILE, TRACEBACK_FILE
 from adaptune.data.tasks import STANDARD_SPLIT, data_scheme, get_task
+from adaptune.train.config import TrainConfig, method_label
 from adaptune.train.provenance import provenance
 
 REASON_LIMIT = 500  # characters of a one-line reason
@@ -48,8 +48,8 @@ def run_record(config: TrainConfig, primary_metric: str, device: str | None = No
         # Where the wall time went (adaptune.train.phase_times): {setup, steps, evaluation, saving} seconds; a fused
         # group's runs each record the group's, as their wall_time_s.
         "time_s": {},
-        # A group trained as CUDA graphs (ADAPTUNE_COMPILE=step_graphs): {graphs, eager_steps, replayed_steps, padded_up_steps, eager_and_capture_s, capture_s, warmup} of the
-        # group; None where no step graphs were asked for.
+        # A group trained as CUDA graphs (ADAPTUNE_COMPILE=step_graphs): {graphs, eager_steps, replayed_steps, padded_up_steps,
+        # eager_and_capture_s, capture_s, warmup} of the group; None where no step graphs were asked for.
         "step_graphs": None,
         "train_examples_per_s": None,
         "device": device,

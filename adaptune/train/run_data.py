@@ -11,9 +11,9 @@ from datasets import Dataset, DatasetDict
 
 from adaptune.data.batching import column_values, model_rows, subsample
 from adaptune.data.loading import STANDARD_SPLIT, load_task_splits, quiet_datasets, tokenize_task
-from adaptune.train.evaluate import EvalSplit
 from adaptune.data.squad import check_window, prepare_features
 from adaptune.data.tasks import Task
+from adaptune.train.evaluate import EvalSplit
 
 EVAL_SPLITS = ("validation", "test")
 

@@ -56,8 +56,9 @@ def saved_optimizer_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     # A step replayed as a CUDA graph (step_graphs) holds its learning rate in a device tensor: saved as a number.
     groups = [{**group, "lr": float(group["lr"]), "capturable": False} if torch.is_tensor(group["lr"]) else group
               for group in optimizer_state["param_groups"]]
-    return {**optimizer_state, "param_groups": groups, "state": {index: {**state, "step": state["step"].clone()} if torch.is_tensor(state.get("step")) else state
-                                         for index, state in optimizer_state["state"].items()}}
+    states = {index: {**state, "step": state["step"].clone()} if torch.is_tensor(state.get("step")) else state
+              for index, state in optimizer_state["state"].items()}
+    return {**optimizer_state, "param_groups": groups, "state": states}
 
 
 def save_state(

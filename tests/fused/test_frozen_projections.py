@@ -18,8 +18,8 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from adaptune.model.backbone import load_model, load_tokenizer
 from adaptune.fused.frozen_projections import stack_frozen_projections
+from adaptune.model.backbone import load_model, load_tokenizer
 from adaptune.model.methods import apply_method, parse_method
 
 

@@ -14,7 +14,6 @@ import pytest
 import torch
 from transformers import BertConfig, BertForSequenceClassification
 
-from adaptune.fused.settings import DROPOUT_MASKS_ENV, StepSettings
 from adaptune.fused.run_dropout import (
     CounterStream,
     RunDropout,
@@ -26,6 +25,7 @@ from adaptune.fused.run_dropout import (
     saved_scheme,
     use_run_dropout,
 )
+from adaptune.fused.settings import DROPOUT_MASKS_ENV, StepSettings
 
 P = 0.1
 ATTENTION = (3, 32, 12, 48, 48)  # runs, rows, heads, queries, keys

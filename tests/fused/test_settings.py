@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from adaptune.core.environment import VARIABLES, SettingError
-from adaptune.fused.settings import (ATTENTION_ENV, COMPILE_ENV, DROPOUT_ENV, DROPOUT_MASKS_ENV, FIELD_VARIABLES, LAYER_NORM_ENV, VALUES,
-                                     StepSettings)
+from adaptune.fused.settings import ATTENTION_ENV, COMPILE_ENV, DROPOUT_ENV, DROPOUT_MASKS_ENV, FIELD_VARIABLES, LAYER_NORM_ENV, VALUES, StepSettings
 from adaptune.sweep.experiments import H100, spec_from_dict, spec_to_json
 from adaptune.sweep.plan import PlanError, plan
 

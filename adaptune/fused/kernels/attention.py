@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 
-from adaptune.fused.settings import ATTENTION_ENV, VALUES
 from adaptune.fused.kernels.triton_device import interpreted_bf16, power_of_two_at_least, runs_triton
+from adaptune.fused.settings import ATTENTION_ENV, VALUES
 
 ATTENTION_MODES = VALUES["attention"]
 MAX_LENGTH = 512  # tokens: the counter hash's coordinates give queries and keys 9 bits each

@@ -30,9 +30,9 @@ from typing import Any
 
 import torch
 
-from adaptune.fused.settings import DROPOUT_ENV, VALUES
 from adaptune.fused.kernels.counter_coordinates import coordinate_shifts, keep_threshold
 from adaptune.fused.kernels.triton_device import interpreted_bf16, lines_per_tile, power_of_two_at_least, runs_triton
+from adaptune.fused.settings import DROPOUT_ENV, VALUES
 
 DROPOUT_MODES = VALUES["dropout"]
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # the kernel computes in float32: no float64

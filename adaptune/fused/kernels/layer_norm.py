@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
-from adaptune.fused.settings import LAYER_NORM_ENV, VALUES
 from adaptune.fused.kernels.triton_device import interpreted_bf16, lines_per_tile, power_of_two_at_least, runs_triton
+from adaptune.fused.settings import LAYER_NORM_ENV, VALUES
 
 LAYER_NORM_MODES = VALUES["layer_norm"]
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)

@@ -18,13 +18,12 @@ import torch
 
 from adaptune.bench.gpu_fused import KernelLaunches, attention_kernel_matches, check_attention_kernel
 from adaptune.core.devices import Device
-from adaptune.fused.settings import StepSettings
 from adaptune.fused.kernels import attention as attention_kernel
 from adaptune.fused.kernels.counter_coordinates import keep_threshold
 from adaptune.fused.run_dropout import CounterStream, RunRandomness, counter_keep_mask
-from adaptune.train.group_loop import train_group
-from adaptune.fused.settings import COMPILE_ENV
+from adaptune.fused.settings import COMPILE_ENV, StepSettings
 from adaptune.fused.step_graphs import STEP_GRAPHS
+from adaptune.train.group_loop import train_group
 from tests.test_bench_gpu_fused import TINY, _batches, tiny_adapter_runs
 from tests.test_fused_groups import SMALL, _assert_same_run, step_losses  # noqa: F401  (a fixture)
 
@@ -114,7 +113,8 @@ def test_a_group_trains_with_the_kernel_as_with_eager_attention(interpreted: Non
     """Two adapter runs (a tiny BERT, counter masks) trained 4 fused steps each way, in the eager fused
     step and in the step-graph step (on a CPU: the same step padded to 32-token buckets, uncaptured):
     every attention call ran in the kernel, and losses and trained tensors agree."""
-    checked = check_attention_kernel(TINY, "tiny", "adapters64", _batches((12, 20, 16, 9)), 2, CPU, steps=2, passes=2, settings=StepSettings(compile=mode, dropout_masks="counter"),
+    checked = check_attention_kernel(TINY, "tiny", "adapters64", _batches((12, 20, 16, 9)), 2, CPU, steps=2, passes=2,
+                                     settings=StepSettings(compile=mode, dropout_masks="counter"),
                                      one_call=False)
     assert checked["kernel_calls"] == TINY["num_hidden_layers"] * 4
     assert checked["kernel"]["max_loss_difference"] < 1e-5 and checked["kernel"]["max_tensor_difference"] < 1e-5

@@ -32,9 +32,9 @@ from adaptune.fused.run_dropout import (
     counter_keep_mask,
     keep_threshold,
 )
+from adaptune.fused.settings import StepSettings
 from adaptune.train.group_loop import train_group
 from adaptune.train.loop import train_and_evaluate
-from adaptune.fused.settings import StepSettings
 from tests.test_bench_gpu_fused import TINY, _batches, tiny_adapter_runs
 from tests.test_fused_groups import SMALL, _assert_same_run, step_losses  # noqa: F401  (a fixture)
 
@@ -147,7 +147,8 @@ def test_a_group_trains_with_the_kernel_as_with_the_masks(interpreted: None, mod
     """Two adapter runs (a tiny BERT, counter masks, eager attention) trained 4 fused steps each way, in the eager
     fused step and in the step-graph step (on a CPU: the same step padded to 32-token buckets, uncaptured): every
     hidden-state site ran in the kernel, forward and backward, and losses and trained tensors agree (module docstring)."""
-    checked = check_dropout_kernel(TINY, "tiny", "adapters64", _batches((12, 20, 16, 9)), 2, CPU, steps=2, passes=2, settings=StepSettings(compile=mode, dropout_masks="counter"),
+    checked = check_dropout_kernel(TINY, "tiny", "adapters64", _batches((12, 20, 16, 9)), 2, CPU, steps=2, passes=2,
+                                   settings=StepSettings(compile=mode, dropout_masks="counter"),
                                    one_call=False)
     sites = 2 * TINY["num_hidden_layers"] + 2  # embeddings, each layer's attention output and output, the pooled output
     assert checked["dropout_kernel_calls"] == 2 * sites * 4  # forward and backward (adapters train the LayerNorms before each)

@@ -166,7 +166,8 @@ def test_a_group_trains_with_the_kernel_as_with_torchs_operators(interpreted: No
     """Two adapter runs (a tiny BERT, counter masks, eager attention) trained 4 fused steps each way, in the eager fused
     step and in the step-graph step (on a CPU: uncaptured): every trained LayerNorm ran in the kernel, forward and
     backward, and losses and trained tensors agree (module docstring)."""
-    checked = check_layer_norm_kernel(TINY, "tiny", "adapters64", _batches((12, 20, 16, 9)), 2, CPU, steps=2, passes=2, settings=StepSettings(compile=mode, dropout_masks="counter"),
+    checked = check_layer_norm_kernel(TINY, "tiny", "adapters64", _batches((12, 20, 16, 9)), 2, CPU, steps=2, passes=2,
+                                      settings=StepSettings(compile=mode, dropout_masks="counter"),
                                       one_call=False)
     layer_norms = 2 * TINY["num_hidden_layers"] + 1  # each layer's two, the embeddings'
     assert checked["layer_norm_kernel_calls"] == checked["layer_norm_backward_calls"] == layer_norms * 4
@@ -178,7 +179,8 @@ def test_the_presets_other_layer_norm_groups_train_with_the_kernel_as_with_torch
                                                                                trained_layer_norms: int) -> None:
     """The H100 preset takes the kernel for every group: LayerNorm-only's (each LayerNorm) and top_k's (its stacked top
     layer's two) train alike in the step-graph step, every trained LayerNorm in the kernel each way."""
-    checked = check_layer_norm_kernel(TINY, "tiny", method, _batches((12, 20, 16, 9)), 2, CPU, steps=2, passes=2, settings=StepSettings(compile="step_graphs", dropout_masks="counter"),
+    checked = check_layer_norm_kernel(TINY, "tiny", method, _batches((12, 20, 16, 9)), 2, CPU, steps=2, passes=2,
+                                      settings=StepSettings(compile="step_graphs", dropout_masks="counter"),
                                       one_call=False)
     assert checked["layer_norm_kernel_calls"] == checked["layer_norm_backward_calls"] == trained_layer_norms * 4
     assert checked["kernel"]["max_loss_difference"] < TIGHT and checked["kernel"]["max_tensor_difference"] < TIGHT
@@ -216,8 +218,8 @@ def test_the_trainers_train_with_the_kernel_as_with_torch_and_record_it(interpre
 
 def test_a_group_that_trains_no_layer_norm_records_torch(interpreted: None) -> None:
     """LoRA trains no LayerNorm: its group's record says "torch" whatever the setting; a group that does says "kernel"."""
-    from adaptune.model.methods import apply_method, method_from_dict
     from adaptune.fused.run_groups import group_model, trained_tensors
+    from adaptune.model.methods import apply_method, method_from_dict
 
     def grouped(method: dict) -> torch.nn.Module:
         torch.manual_seed(0)
