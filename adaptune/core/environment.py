@@ -121,7 +121,6 @@ VARIABLES: dict[str, Variable] = {variable.name: variable for variable in (
     Variable("ADAPTUNE_FIGURES", "text", "", "where analysis/results.ipynb writes its figures (empty: a temporary directory)",
              "analysis"),
     Variable("ADAPTUNE_CONTAINER_TESTS", "flag", "1", "run the tests that need a container engine where one is found", "tests"),
-    Variable("ADAPTUNE_TEST_INDUCTOR", "flag", "0", "compile with inductor in the compiling tests (minutes on a CPU)", "tests"),
     Variable("ADAPTUNE_TEST_RUNS_DIR", "text", "", "where the tests keep the real runs they train once (empty: pytest's temporary directory)",
              "tests"),
 )}
@@ -194,7 +193,7 @@ def applied(values: Mapping[str, str]) -> Iterator[None]:
 
 # Settings that left because no measurement showed them paying (bench/README.md, "the options that left").
 REMOVED = ("ADAPTUNE_RESIDUAL", "ADAPTUNE_BRANCH_SUMS", "ADAPTUNE_PROJECTIONS", "ADAPTUNE_GRAPH_WARMUP", "ADAPTUNE_WHOLE_MODEL_RUNS_PER_GROUP",
-           "ADAPTUNE_RUNS_PER_DEVICE")
+           "ADAPTUNE_RUNS_PER_DEVICE", "ADAPTUNE_TEST_INDUCTOR")
 
 
 def unknown_line(name: str) -> str:
