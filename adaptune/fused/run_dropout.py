@@ -209,12 +209,13 @@ class RunRandomness(nn.Module):
 
     def __init__(self, streams: list[torch.Generator | CounterStream], settings: StepSettings = StepSettings()) -> None:
         super().__init__()
-        # Where the kernels draw the masks themselves (StepSettings: only with counter streams).
-        self.attention_kernel, self.dropout_kernel = settings.attention == "kernel", settings.dropout == "kernel"
         schemes = {"counter" if isinstance(stream, CounterStream) else "generator" for stream in streams}
         if len(schemes) != 1:
             raise ValueError("the runs of a group must draw their dropout masks with one scheme")
         self.scheme = schemes.pop()
+        # Where the kernels draw the masks themselves: only with counter streams (StepSettings.for_masks).
+        settings = settings.for_masks(self.scheme)
+        self.attention_kernel, self.dropout_kernel = settings.attention == "kernel", settings.dropout == "kernel"
         self.layout: RowLayout | None = None
         self.sites = 0
         self._drawn: set[int] = set()  # sites drawn since the last advance (checked eagerly)
@@ -325,7 +326,7 @@ def use_run_dropout(model: nn.Module, streams: list[torch.Generator | CounterStr
     """Replace every nn.Dropout of the model by a RunDropout drawing from `streams` (one per run: all
     generators or all counter streams), and route attention through RUN_DROPOUT_ATTENTION; in place. The
     kernels `settings` ask for draw counter masks where they apply. Returns the shared RunRandomness."""
-    randomness = RunRandomness(streams, settings.for_masks("counter" if streams and isinstance(streams[0], CounterStream) else "generator"))
+    randomness = RunRandomness(streams, settings)
     # Depth first, in module order: the order a BERT forward pass reaches them (embeddings, each layer's
     # attention probabilities, attention output and output, the head's), which numbers their sites.
     dropouts = [(name, module) for name, module in model.named_modules(remove_duplicate=False) if isinstance(module, nn.Dropout)]

@@ -79,10 +79,6 @@ class StepSettings:
         default = StepSettings()
         return tuple((name, getattr(self, field)) for field, name in FIELD_VARIABLES.items() if getattr(self, field) != getattr(default, field))
 
-    def as_environment(self) -> dict[str, str]:
-        """The variables that give these settings (for a child process)."""
-        return {name: getattr(self, field) for field, name in FIELD_VARIABLES.items()}
-
     def for_masks(self, mask_scheme: str) -> StepSettings:
         """These settings for a run that keeps `mask_scheme` (a resumed run keeps its own): what needs counter
         masks falls back to its eager form for a run drawing generator masks."""
@@ -100,13 +96,3 @@ class StepSettings:
     def recorded(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-
-def run_count(name: str, value: object) -> int:
-    """`value` of the setting `name` as a number of runs (runs per group, per device), or one line saying what is wrong."""
-    try:
-        count = int(value)  # type: ignore[call-overload]
-    except (TypeError, ValueError):
-        count = 0
-    if count < 1:
-        raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
-    return count

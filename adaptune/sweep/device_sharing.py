@@ -8,16 +8,22 @@ from __future__ import annotations
 from typing import Any
 
 from adaptune.core import environment
-from adaptune.fused.settings import run_count
 
 RUNS_PER_GROUP_ENV = "ADAPTUNE_RUNS_PER_GROUP"
 
 
 def runs_per_group(accelerator: Any) -> int:
-    """Runs fused into one forward pass (adaptune.train.group_loop): the accelerator's setting, or the env's."""
-    return _count(RUNS_PER_GROUP_ENV, "runs_per_group", accelerator)
+    """Runs fused into one forward pass (adaptune.train.group_loop): the environment's count where it sets one (a bad
+    one is the registry's line), else the accelerator's."""
+    return environment.read(RUNS_PER_GROUP_ENV) or run_count(f"{RUNS_PER_GROUP_ENV} / runs_per_group", getattr(accelerator, "runs_per_group", 1))
 
 
-def _count(env: str, field: str, accelerator: Any) -> int:
-    """The environment's count where it sets one (a bad one is the registry's line), else the accelerator's."""
-    return environment.read(env) or run_count(f"{env} / {field}", getattr(accelerator, field, 1))
+def run_count(name: str, value: object) -> int:
+    """`value` of the setting `name` as a number of runs, or one line saying what is wrong."""
+    try:
+        count = int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        count = 0
+    if count < 1:
+        raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+    return count

@@ -47,8 +47,8 @@ def test_the_settings_values_are_the_registrys_and_the_trainers() -> None:
     assert all(VARIABLES[name].values == VALUES[field] for field, name in FIELD_VARIABLES.items())
     assert (MASK_SCHEMES, ATTENTION_MODES, DROPOUT_MODES, LAYER_NORM_MODES) == tuple(VALUES[field] for field in
                                                                                     ("dropout_masks", "attention", "dropout", "layer_norm"))
-    assert StepSettings.preset(StepSettings(dropout_masks="counter", dropout="kernel").pinned()).as_environment()[DROPOUT_ENV] == "kernel"
-    assert LAYER_NORM_ENV in StepSettings().as_environment()
+    assert StepSettings.preset(StepSettings(dropout_masks="counter", dropout="kernel").pinned()).dropout == "kernel"
+    assert LAYER_NORM_ENV in FIELD_VARIABLES.values() and DROPOUT_ENV in dict(StepSettings(dropout_masks="counter", dropout="kernel").pinned())
 
 
 def test_a_sweep_file_may_pin_step_settings_as_a_mapping_and_a_wrong_one_fails_at_planning() -> None:
