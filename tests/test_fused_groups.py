@@ -106,6 +106,7 @@ METHODS = {
     "adapters": {"name": "adapters", "size": 8},
     "pfeiffer": {"name": "pfeiffer", "size": 8},
     "layernorm": {"name": "layernorm"},
+    "head": {"name": "head"},  # the classifier alone: one GroupedLinear under the whole frozen backbone
     "lora": {"name": "lora", "r": 4},
     "ia3": {"name": "ia3"},
     "top_k": {"name": "top_k", "k": 2},  # the top 2 of the embedded backbone's 6 layers, stacked per run

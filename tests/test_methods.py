@@ -1,4 +1,4 @@
-"""The four tuning methods: trainable sets, frozen weights staying frozen, configs round-tripping."""
+"""The tuning methods: trainable sets, frozen weights staying frozen, configs round-tripping."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from adaptune.model.methods import (
     METHODS,
     AdaptersConfig,
     FullConfig,
+    HeadOnlyConfig,
     LayerNormConfig,
     TopKConfig,
     apply_method,
@@ -33,7 +34,8 @@ from adaptune.model.methods import (
 )
 from adaptune.train.config import TrainConfig, method_label
 
-ALL_CONFIGS = [FullConfig(), AdaptersConfig(size=64), AdaptersConfig(size=8, init_std=1e-3, nonlinearity="relu"), TopKConfig(k=3), LayerNormConfig()]
+ALL_CONFIGS = [FullConfig(), AdaptersConfig(size=64), AdaptersConfig(size=8, init_std=1e-3, nonlinearity="relu"), TopKConfig(k=3), LayerNormConfig(),
+               HeadOnlyConfig()]
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +88,7 @@ def _bert_checkpoint(directory, pooler_bias: float) -> str:
     return str(directory)
 
 
-@pytest.mark.parametrize("cfg", [AdaptersConfig(size=8), LayerNormConfig()], ids=["adapters", "layernorm"])
+@pytest.mark.parametrize("cfg", [AdaptersConfig(size=8), LayerNormConfig(), HeadOnlyConfig()], ids=["adapters", "layernorm", "head"])
 def test_a_pretrained_pooler_is_kept_and_stays_frozen(tmp_path, cfg) -> None:
     """BERT as the paper has it: a checkpoint whose pooler was trained keeps it, and adapters /
     LayerNorm-only leave it frozen (the paper's and the official code's trained set)."""
@@ -166,12 +168,27 @@ def test_layernorm_trains_layernorms_and_head(classifier) -> None:
     assert len([name for name in expected if "LayerNorm" in name]) == 13 * 2
 
 
+def test_head_only_trains_the_classifier_alone(classifier) -> None:
+    """The floor beneath every method: the frozen backbone's features, a linear probe on top (384 x 2 + 2)."""
+    model = applied(classifier, HeadOnlyConfig())
+    assert trainable_names(model) == {"classifier.weight", "classifier.bias"}
+    assert sum(p.numel() for p in model.parameters() if p.requires_grad) == 384 * 2 + 2
+    assert method_label(HeadOnlyConfig().to_dict()) == "head" and parse_method("head") == HeadOnlyConfig()
+
+
+def test_head_only_without_a_head_is_refused() -> None:
+    tiny = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, max_position_embeddings=64)
+    with pytest.raises(ValueError, match="BertModel has no task head beside its base model to train"):
+        apply_method(BertModel(tiny), HeadOnlyConfig())
+
+
 def test_span_and_regression_heads_are_trained(backbone_path) -> None:
     qa = apply_method(load_model(backbone_path, "span"), AdaptersConfig(size=4))
     assert {"qa_outputs.weight", "qa_outputs.bias"} <= trainable_names(qa)
     regression = apply_method(load_model(backbone_path, "regression"), LayerNormConfig())
     assert regression.classifier.out_features == 1 and regression.config.problem_type == "regression"
     assert {"classifier.weight", "classifier.bias"} <= trainable_names(regression)
+    assert trainable_names(apply_method(load_model(backbone_path, "span"), HeadOnlyConfig())) == {"qa_outputs.weight", "qa_outputs.bias"}
 
 
 def test_head_found_by_structure_on_roberta() -> None:
@@ -183,7 +200,7 @@ def test_head_found_by_structure_on_roberta() -> None:
     assert "classifier.out_proj.weight" in expected and "classifier.dense.weight" in expected
 
 
-@pytest.mark.parametrize("cfg", [AdaptersConfig(size=16), TopKConfig(k=2)], ids=["adapters", "top_k"])
+@pytest.mark.parametrize("cfg", [AdaptersConfig(size=16), TopKConfig(k=2), HeadOnlyConfig()], ids=["adapters", "top_k", "head"])
 def test_frozen_parameters_stay_bit_identical_under_training(classifier, sst2, cfg) -> None:
     torch.manual_seed(0)
     model = applied(classifier, cfg).train()
@@ -218,7 +235,8 @@ def test_whole_floats_from_kfp_are_accepted() -> None:
 
 
 def test_unknown_method_or_field_lists_the_known_ones() -> None:
-    with pytest.raises(ValueError, match=r"unknown method 'bitfit'; known methods: \['adapters', 'full', 'ia3', 'layernorm', 'lora', 'pfeiffer', 'top_k'\]"):
+    known = r"\['adapters', 'full', 'head', 'ia3', 'layernorm', 'lora', 'pfeiffer', 'top_k'\]"
+    with pytest.raises(ValueError, match=rf"unknown method 'bitfit'; known methods: {known}"):
         method_from_dict({"name": "bitfit"})
     with pytest.raises(ValueError, match=r"unknown field\(s\) \['sise'\] for method 'adapters'; known fields: \['init_std', 'nonlinearity', 'size'\]"):
         method_from_dict({"name": "adapters", "sise": 64})
@@ -255,7 +273,7 @@ def test_top_k_beyond_the_model_depth_fails_in_apply(classifier) -> None:
 
 
 def test_registry_is_explicit_and_guarded() -> None:
-    assert sorted(METHODS) == ["adapters", "full", "ia3", "layernorm", "lora", "pfeiffer", "top_k"]
+    assert sorted(METHODS) == ["adapters", "full", "head", "ia3", "layernorm", "lora", "pfeiffer", "top_k"]
     with pytest.raises(ValueError, match="already registered"):
         register_method("full", FullConfig, lambda model, cfg: None)
     with pytest.raises(ValueError, match="name must be 'bitfit'"):

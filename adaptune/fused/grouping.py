@@ -26,8 +26,8 @@ class RunConfig(Protocol):
 Config = TypeVar("Config", bound=RunConfig)
 
 # Methods whose trained tensors adaptune.fused.run_groups splits by run: small tensors beside a frozen
-# backbone, or (top_k) whole top layers, stacked per run as HFTA does, under a frozen bottom.
-GROUPABLE_METHODS = frozenset({"adapters", "pfeiffer", "layernorm", "lora", "ia3", "top_k"})
+# backbone (the head alone the smallest), or (top_k) whole top layers, stacked per run as HFTA does, under a frozen bottom.
+GROUPABLE_METHODS = frozenset({"adapters", "pfeiffer", "layernorm", "head", "lora", "ia3", "top_k"})
 # What may differ between the runs of a group: nothing else changes a step's shapes or count.
 _FREE_FIELDS = frozenset({"lr", "seed", "experiment", "checkpoint_every_steps"})
 _FREE_METHOD_FIELDS = frozenset({"init_std"})

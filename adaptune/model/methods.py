@@ -1,5 +1,6 @@
-"""The tuning methods as declared, registered configurations: the paper's four, and beside them the
-Pfeiffer adapter placement and two of today's PEFT methods (LoRA and (IA)3, through Hugging Face peft).
+"""The tuning methods as declared, registered configurations: the paper's four, the floor beneath them (the
+task head alone), and beside them the Pfeiffer adapter placement and two of today's PEFT methods (LoRA and
+(IA)3, through Hugging Face peft).
 
 A method is a frozen dataclass with a `name` tag that round-trips through a plain dict (a KFP
 parameter, a Parquet column) and an apply function that mutates a model in place: it inserts
@@ -12,6 +13,9 @@ Trained groups (chosen by module structure, never by parameter-name patterns):
   top_k      the top k Transformer layers, the pooler and the task head ("variable fine-tuning");
              with k = every layer, exactly full fine-tuning (embeddings included), as the paper says
   layernorm  every nn.LayerNorm and the task head
+  head       the task head alone, the whole backbone frozen (a linear probe): what the backbone gives
+             without any tuning, the floor every other method's score stands on. Variable fine-tuning
+             at k = 0, but for the pooler, which stays frozen as adapters keep it
   pfeiffer   as adapters, with one adapter per layer (after the feed-forward block) instead of two
   lora       peft's LoRA matrices (A, B) on the target Linear layers (query, value) and the task head
   ia3        peft's (IA)3 scaling vectors on the target Linear layers (key, value, output.dense) and the
@@ -80,6 +84,14 @@ class TopKConfig:
 @dataclasses.dataclass(frozen=True)
 class LayerNormConfig:
     name: ClassVar[str] = "layernorm"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, **dataclasses.asdict(self)}
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadOnlyConfig:
+    name: ClassVar[str] = "head"
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, **dataclasses.asdict(self)}
@@ -157,7 +169,7 @@ class IA3MethodConfig:
         return {"name": self.name, **dataclasses.asdict(self)}
 
 
-MethodConfig = FullConfig | AdaptersConfig | TopKConfig | LayerNormConfig | PfeifferConfig | LoraMethodConfig | IA3MethodConfig
+MethodConfig = FullConfig | AdaptersConfig | TopKConfig | LayerNormConfig | HeadOnlyConfig | PfeifferConfig | LoraMethodConfig | IA3MethodConfig
 ApplyFn = Callable[[nn.Module, Any], None]
 
 
@@ -326,6 +338,13 @@ def _apply_layernorm(model: nn.Module, cfg: LayerNormConfig) -> None:
     train_only(model, [*layer_norms(model), *head_modules(model)])
 
 
+def _apply_head_only(model: nn.Module, cfg: HeadOnlyConfig) -> None:
+    head = head_modules(model)
+    if not any(parameter.numel() for module in head for parameter in module.parameters()):
+        raise ValueError(f"head: {type(model).__name__} has no task head beside its base model to train")
+    train_only(model, head)
+
+
 def _apply_pfeiffer(model: nn.Module, cfg: PfeifferConfig) -> None:
     add_adapters(model, cfg.size, nonlinearity=cfg.nonlinearity, init_std=cfg.init_std, placement="pfeiffer")
     train_only(model, [*all_adapters(model), *layer_norms(model), *head_modules(model)])
@@ -383,6 +402,7 @@ register_method("full", FullConfig, _apply_full)
 register_method("adapters", AdaptersConfig, _apply_adapters)
 register_method("top_k", TopKConfig, _apply_top_k)
 register_method("layernorm", LayerNormConfig, _apply_layernorm)
+register_method("head", HeadOnlyConfig, _apply_head_only)
 register_method("pfeiffer", PfeifferConfig, _apply_pfeiffer)
 register_method("lora", LoraMethodConfig, _apply_lora, _targets_problem)
 register_method("ia3", IA3MethodConfig, _apply_ia3, _targets_problem)
