@@ -8,7 +8,7 @@ PIPELINE ?= smoke
 OUT ?= outputs
 export PYTHONHASHSEED := 0
 
-.PHONY: venv test test-heavy demo run plan status tensorboard report compile submit stage-models bench bench-fused bench-bf16 bench-data bench-attention bench-states bench-lengths bench-gpu gpu-carry bench-status bench-tensorboard bench-soak images lint lock clean
+.PHONY: venv test test-heavy demo run plan status tensorboard notebooks report compile submit stage-models bench bench-fused bench-bf16 bench-data bench-attention bench-states bench-lengths bench-gpu gpu-carry bench-status bench-tensorboard bench-soak images lint lock clean
 
 $(VENV)/.installed: pyproject.toml requirements.lock requirements-kernel-tests.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -43,8 +43,10 @@ plan: venv
 	$(PY) -m pipelines plan $(PIPELINE) $(if $(RUNS_ROOT),--runs-root $(RUNS_ROOT))
 
 # One sweep in TensorBoard: each run's curves, the whole grid in the HParams dashboard (only this sweep's runs).
+# Served to this machine only; BIND_ALL=1 serves it on every network interface.
 tensorboard: venv
-	$(PY) -m pipelines tensorboard $(PIPELINE) $(if $(RUNS_ROOT),--runs-root $(RUNS_ROOT)) $(if $(PORT),--port $(PORT))
+	$(PY) -m pipelines tensorboard $(PIPELINE) $(if $(RUNS_ROOT),--runs-root $(RUNS_ROOT)) $(if $(PORT),--port $(PORT)) \
+		$(if $(BIND_ALL),--bind-all)
 
 # Where a sweep stands (finished, failed, in progress, cost, ETA), read from its run store; runs nothing.
 status: venv
@@ -63,6 +65,17 @@ submit: venv
 # Copy the experiment's hub backbones into the run store once (FROM="bert-large-uncased=DIR ..." stages local copies).
 stage-models: venv
 	$(PY) -m pipelines stage-models $(PIPELINE) $(if $(RUNS_ROOT),--runs-root $(RUNS_ROOT)) $(foreach f,$(FROM),--from $(f))
+
+# The analysis notebooks in JupyterLab with the project's kernel (this venv's Python). JupyterLab is installed into
+# the venv on first use, outside requirements.lock (the images and the tests do not need it); the packages it brought
+# are listed in $(NOTEBOOK_PACKAGES), which `make lock` leaves out.
+JUPYTERLAB := jupyterlab==4.6.6
+NOTEBOOK_PACKAGES := $(VENV)/.notebook-packages
+notebooks: venv
+	test -f $(NOTEBOOK_PACKAGES) || { $(PY) -m pip freeze --exclude-editable | sort > $(VENV)/.freeze-before \
+	  && $(PY) -m pip install --quiet $(JUPYTERLAB) \
+	  && $(PY) -m pip freeze --exclude-editable | sort | comm -13 $(VENV)/.freeze-before - | cut -d= -f1 > $(NOTEBOOK_PACKAGES); }
+	cd analysis && ../$(PY) -m jupyter lab --ServerApp.ip=localhost $(if $(PORT),--ServerApp.port=$(PORT))
 
 bench: venv
 	$(PY) -m adaptune.bench.cpu --out bench/results.json
@@ -99,7 +112,7 @@ bench-lengths: venv
 bench-gpu: venv
 	$(PY) -m adaptune.bench.gpu --out bench/gpu.json
 
-# What a lent GPU machine lacks, for bench/gpu_session.sh (git-ignored, sent with the device call's `carry`):
+# What a GPU machine without network lacks, for bench/gpu_session.sh (git-ignored; copy them beside its checkout):
 # the four GLUE tasks' files, the embedded tokenizer, SQuAD's padded batch lengths (bench/gpu.py's squad_lengths), and wheels of datasets and this lock's transformers for
 # the image's Python 3.12 (it has torch and most of the rest).
 GPU_WHEELS := datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 fsspec==2026.9.0 transformers==5.23.0
@@ -138,7 +151,8 @@ lint: venv
 	$(MAKE) -C containers lint HADOLINT=$(CURDIR)/$(VENV)/bin/hadolint
 
 lock: venv
-	{ grep '^#' requirements.lock; $(PY) -m pip freeze --exclude-editable --exclude triton | sed 's/+cpu//'; } > requirements.lock.new
+	{ grep '^#' requirements.lock; $(PY) -m pip freeze --exclude-editable --exclude triton \
+	  $(foreach package,$(shell cat $(NOTEBOOK_PACKAGES) 2>/dev/null),--exclude $(package)) | sed 's/+cpu//'; } > requirements.lock.new
 	mv requirements.lock.new requirements.lock
 
 clean:

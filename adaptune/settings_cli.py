@@ -13,7 +13,7 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--preset", choices=sorted(ACCELERATORS), default=None,
                         help="an accelerator preset: the values it pins (where the environment leaves them unset) show as 'preset'")
-    parser.add_argument("--markdown", action="store_true", help="print README's table of settings (variable, default, meaning) instead")
+    parser.add_argument("--markdown", action="store_true", help="print docs/settings.md's table of settings (variable, default, meaning) instead")
 
 
 def preset_values(name: str) -> dict[str, str]:

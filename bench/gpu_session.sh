@@ -1,9 +1,8 @@
 #!/bin/bash
-# One lent GPU call (the device tool's `run`), prepared here by `make gpu-carry`:
-#   run(command="bash bench/gpu_session.sh", carry=[".devcarry", ".whl"], timeout_s=595)
-# bench-gpu's parts in order of value, each in its own process under its own time limit, each writing
-# its JSON to $OUT as it measures: a part that fails or runs out of time costs only itself.
-# Rehearse the whole call here first, on the CPU with a tiny BERT (a minute or two):
+# One GPU measurement as one script, on a machine without network, with what `make gpu-carry` staged
+# (.devcarry/ and .whl/) copied beside the checkout: bench-gpu's parts in order of value, each in its own
+# process under its own time limit, each writing its JSON to $OUT as it measures: a part that fails or runs
+# out of time costs only itself. Rehearse it on a CPU first, with a tiny BERT (a minute or two):
 #   REHEARSE=1 PYTHON=.venv/bin/python OUT=/tmp/gpu_session bash bench/gpu_session.sh
 set -u
 PY=${PYTHON:-python3}
@@ -26,7 +25,7 @@ elif [ -z "${BATCHES:-}" ]; then  # tokenized once per call by the first part, r
 fi
 COMMON=(--data-dir .devcarry/data --tokenizer .devcarry/tokenizer --batches-cache "$BATCHES" --batch-sets length_grouped
         ${REHEARSE:+--rehearse})
-BUDGET=${BUDGET:-575}  # seconds for the whole call, under the device call's timeout_s
+BUDGET=${BUDGET:-575}  # seconds for the whole call, under the caller's own time limit
 part() {  # name, seconds at most (or "rest"), arguments of adaptune.bench.gpu
     local name=$1 limit=$2 left=$((BUDGET - SECONDS)); shift 2
     if [ "$limit" = rest ] || [ "$limit" -gt "$left" ]; then limit=$left; fi

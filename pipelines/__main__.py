@@ -1,4 +1,4 @@
-"""`python -m pipelines run NAME --out DIR | plan NAME | status NAME | report NAME | compare A B | compile | submit NAME | stage-models NAME`
+"""`python -m pipelines run | plan | show | status | report | compare | tensorboard | compile | submit | stage-models`
 (what the Makefile calls)."""
 
 from __future__ import annotations
@@ -152,6 +152,16 @@ def _store_for(name: str, runs_root: str | None, local_out: Path) -> Any:
                         f"set $ADAPTUNE_RUNS_ROOT, or run it locally first (make run writes {local})")
 
 
+def _show(args: argparse.Namespace) -> int:
+    """An experiment as a sweep file (YAML), to start one's own from."""
+    import yaml
+
+    from adaptune.sweep.experiments import get_experiment, spec_to_dict
+
+    print(yaml.safe_dump(spec_to_dict(get_experiment(args.name)), sort_keys=False), end="")
+    return 0
+
+
 def _compile(args: argparse.Namespace) -> int:
     from pipelines.compile import compile_all
 
@@ -238,6 +248,9 @@ def build_parser() -> argparse.ArgumentParser:
     board.add_argument("--summaries-only", action="store_true", help="each run's HParams session and scores, not its curve (loads faster)")
     board.add_argument("--no-serve", action="store_true", help="build the view and stop")
     board.set_defaults(handler=_tensorboard)
+    show = commands.add_parser("show", help="print an experiment as a sweep file (YAML), to start your own from")
+    show.add_argument("name", help="a named experiment or a sweep file (.yaml/.json)")
+    show.set_defaults(handler=_show)
     compile_ = commands.add_parser("compile", help="write pipeline.yaml and pipelines/compiled/<name>.yaml")
     compile_.add_argument("--root", default=None, help="directory to write under (default: the repository root)")
     compile_.set_defaults(handler=_compile)

@@ -1,5 +1,5 @@
 """The registry of ADAPTUNE_* variables (adaptune.core.environment): one yes/no dialect, one line for a bad value
-or an unknown name, `python -m adaptune settings`, README's table, and no module reading one around it."""
+or an unknown name, `python -m adaptune settings`, docs/settings.md's table, and no module reading one around it."""
 
 from __future__ import annotations
 
@@ -152,11 +152,11 @@ def test_every_reader_named_exists() -> None:
                 assert (REPO_ROOT / reader).exists(), (variable.name, reader)
 
 
-def test_the_readme_table_is_the_registry() -> None:
-    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+def test_the_settings_table_is_the_registry() -> None:
+    readme = (REPO_ROOT / "docs" / "settings.md").read_text(encoding="utf-8")
     start = readme.index("<!-- settings table: python -m adaptune settings --markdown -->\n")
     table = readme[readme.index("\n", start) + 1:readme.index("\n<!-- end of settings table -->", start)]
-    assert table == environment.markdown_table(), "README's settings table is stale: python -m adaptune settings --markdown"
+    assert table == environment.markdown_table(), "docs/settings.md's table is stale: python -m adaptune settings --markdown"
     rows = [line.split(" | ") for line in table.splitlines()[2:]]
     assert [row[0].strip("| `") for row in rows] == list(VARIABLES)  # each once, in the registry's order
     assert {row[0].strip("| `"): row[1].strip("`") for row in rows} == {name: v.default for name, v in VARIABLES.items()}
@@ -271,4 +271,4 @@ f = os.environ.get("HOME")
 
 def test_a_setting_that_has_left_says_so_rather_than_guessing() -> None:
     assert environment.unknown({"ADAPTUNE_RESIDUAL": "autocast"}) == [
-        "ADAPTUNE_RESIDUAL is a setting that has left (no measurement showed it paying; bench/README.md): unset it"]
+        "ADAPTUNE_RESIDUAL is a setting that has left (no measurement showed it paying; bench/LOG.md): unset it"]

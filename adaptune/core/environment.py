@@ -191,14 +191,14 @@ def applied(values: Mapping[str, str]) -> Iterator[None]:
                 os.environ[name] = value
 
 
-# Settings that left because no measurement showed them paying (bench/README.md, "the options that left").
+# Settings that left because no measurement showed them paying (bench/LOG.md, "the options that left").
 REMOVED = ("ADAPTUNE_RESIDUAL", "ADAPTUNE_BRANCH_SUMS", "ADAPTUNE_PROJECTIONS", "ADAPTUNE_GRAPH_WARMUP", "ADAPTUNE_WHOLE_MODEL_RUNS_PER_GROUP",
            "ADAPTUNE_RUNS_PER_DEVICE", "ADAPTUNE_TEST_INDUCTOR")
 
 
 def unknown_line(name: str) -> str:
     if name in REMOVED:
-        return f"{name} is a setting that has left (no measurement showed it paying; bench/README.md): unset it"
+        return f"{name} is a setting that has left (no measurement showed it paying; bench/LOG.md): unset it"
     # Matched without the prefix every name shares, which would make any two names look alike.
     suffixes = {known.removeprefix(PREFIX): known for known in VARIABLES}
     closest = difflib.get_close_matches(name.removeprefix(PREFIX), suffixes, n=1, cutoff=0.6)
@@ -237,7 +237,7 @@ def rows(environ: Mapping[str, str] | None = None, preset: Mapping[str, str] | N
 
 
 def markdown_table() -> str:
-    """README's table of settings (tests/test_environment.py holds README to it)."""
+    """docs/settings.md's table of settings (tests/test_environment.py holds the file to it)."""
     lines = ["| variable | default | meaning |", "| --- | --- | --- |"]
     for variable in VARIABLES.values():
         default = f"`{variable.default}`" if variable.default else ""
