@@ -4,8 +4,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -117,16 +120,47 @@ def _tensorboard(args: argparse.Namespace) -> int:
           f"({time.perf_counter() - started:.1f} s)", flush=True)
     if args.no_serve:
         return 0
-    command = [sys.executable, "-m", "tensorboard.main", "--logdir", str(view.view_dir), "--port", str(args.port), "--bind_all"]
-    print(f"serving http://localhost:{args.port}/ (HParams: http://localhost:{args.port}/#hparams); Ctrl-C stops", flush=True)
+    host = ["--bind_all"] if args.bind_all else ["--host", "localhost"]  # a sweep's results stay on this machine unless asked
+    command = [sys.executable, "-m", "tensorboard.main", "--logdir", str(view.view_dir), "--port", str(args.port), *host]
+    where = "every network interface" if args.bind_all else "this machine only"
+    print(f"serving http://localhost:{args.port}/ to {where} (HParams: http://localhost:{args.port}/#hparams); Ctrl-C stops",
+          flush=True)
     server = subprocess.Popen(command)
+    with _stopped_by_sigterm():
+        try:
+            if not view.store.is_local:
+                view.keep_mirroring(args.refresh_s, until=lambda: server.poll() is not None)
+            return server.wait()
+        except (KeyboardInterrupt, _Terminated) as stop:
+            _stop_child(server)
+            return 128 + signal.SIGTERM if isinstance(stop, _Terminated) else 0
+
+
+class _Terminated(Exception):
+    """SIGTERM arrived (kill, timeout, a supervisor): stop as on Ctrl-C, the child with the command."""
+
+
+@contextlib.contextmanager
+def _stopped_by_sigterm() -> Iterator[None]:
+    def terminated(signum: int, frame: Any) -> None:
+        raise _Terminated()
+
+    previous = signal.signal(signal.SIGTERM, terminated)
     try:
-        if not view.store.is_local:
-            view.keep_mirroring(args.refresh_s, until=lambda: server.poll() is not None)
-        return server.wait()
-    except KeyboardInterrupt:
-        server.terminate()
-        return 0
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _stop_child(child: Any, wait_s: float = 10.0) -> None:
+    import subprocess
+
+    child.terminate()
+    try:
+        child.wait(timeout=wait_s)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
 
 
 def _stem(name: str) -> str:
@@ -247,6 +281,8 @@ def build_parser() -> argparse.ArgumentParser:
     board.add_argument("--refresh-s", type=float, default=60.0, help="a bucket store: how often the view copies new event files")
     board.add_argument("--summaries-only", action="store_true", help="each run's HParams session and scores, not its curve (loads faster)")
     board.add_argument("--no-serve", action="store_true", help="build the view and stop")
+    board.add_argument("--bind-all", action="store_true",
+                       help="serve on every network interface (default: localhost only, as a sweep's results are private)")
     board.set_defaults(handler=_tensorboard)
     show = commands.add_parser("show", help="print an experiment as a sweep file (YAML), to start your own from")
     show.add_argument("name", help="a named experiment or a sweep file (.yaml/.json)")

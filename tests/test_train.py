@@ -83,13 +83,14 @@ def test_short_real_run_learns_and_writes_record_and_checkpoint(sst2_run: tuple[
     assert record["train_examples_per_s"] > 0 and record["wall_time_s"] > 0
 
     # TensorBoard's own loader reads the run's event files back to the record's numbers.
-    assert [step for step, _ in _scalars(out, "train/loss")] == list(range(1, 25))  # every step once
+    assert [step for step, _ in _scalars(out, "loss/train")] == list(range(1, 25))  # every step once
     assert dict(_scalars(out, "validation/accuracy")) == pytest.approx(
         {point["step"]: point["val_metrics"]["accuracy"] for point in record["curve"]})
     assert dict(_scalars(out, "score/validation")) == pytest.approx({24: record["val_metrics"]["accuracy"]})
     assert dict(_scalars(out, "score/test")) == pytest.approx({24: record["test_metrics"]["accuracy"]})
-    assert _scalars(out, "params/trained") == [(24, record["trained_params"])]
-    assert _scalars(out, "train/lr")[-1][1] == 0.0  # the linear decay ends at zero
+    assert _scalars(out, "score/trained_params") == [(24, record["trained_params"])]
+    assert dict(_scalars(out, "score/test_accuracy")) == pytest.approx({24: record["test_metrics"]["accuracy"]})
+    assert _scalars(out, "lr/train")[-1][1] == 0.0  # the linear decay ends at zero
 
 
 def _scalars(out: Path, tag: str) -> list[tuple[int, float]]:
@@ -123,9 +124,9 @@ def test_interrupted_run_resumes_to_the_same_result(sst2_run: tuple[dict, Path],
         assert resumed[key] == uninterrupted[key], key
     assert resumed["curve"] == uninterrupted["curve"]  # identical losses and metrics at every epoch
     # The resumed run's event file holds each step once (steps 10 and 11 of the killed attempt dropped), with the same losses.
-    resumed_losses = _scalars(tmp_path, "train/loss")
+    resumed_losses = _scalars(tmp_path, "loss/train")
     assert [step for step, _ in resumed_losses] == list(range(1, 25))
-    assert dict(resumed_losses) == pytest.approx(dict(_scalars(sst2_run[1], "train/loss")), rel=1e-5)
+    assert dict(resumed_losses) == pytest.approx(dict(_scalars(sst2_run[1], "loss/train")), rel=1e-5)
 
 
 def test_nan_inducing_learning_rate_gives_failed_record(tmp_path: Path, shared_data_dir: Path, cache_dir: Path) -> None:

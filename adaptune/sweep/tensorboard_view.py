@@ -108,14 +108,31 @@ def write_experiment(path: Path, spec: ExperimentSpec, runs: list[TrainConfig]) 
     domains = {name: sorted({row[name] for row in rows}) for name in rows[0]}
     domains["status"] = sorted(SESSION_STATUS)
     experiment, _, _ = hparams(rows[0], {tag: 0.0 for tag in SCORE_TAGS}, hparam_domain_discrete=domains)
-    _mark_differing(experiment, {name for name, values in domains.items() if len(values) > 1 and name != "status"})
+    _mark_shown(experiment, shown_by_default({name for name, values in domains.items() if len(values) > 1}))
     path.parent.mkdir(parents=True, exist_ok=True)
     write_events(path, [Event(wall_time=time.time(), step=0, summary=experiment)])
 
 
-def _mark_differing(experiment: Any, names: set[str]) -> None:
-    """Set `differs` on the hyperparameters the grid varies: the dashboard shows those first (it shows 5
-    columns by default, sorted by differs then name: tensorboard/plugins/hparams/backend_context.py)."""
+# The HParams dashboard ticks the first 5 hyperparameters for its table, those marked `differs` first, then by
+# name (tf-hparams-query-pane: Math.min(5, ...); the backend sorts by (not differs, name):
+# tensorboard/plugins/hparams/backend_context.py, _sort_and_reduce_to_hparams_limit).
+DASHBOARD_COLUMNS = 5
+# What a user reads a row by, always: the task, the method (its label carries the adapter size or rank) and the
+# status (a degenerate or failed run must not pass for a score).
+ALWAYS_SHOWN = ("task", "method", "status")
+# Then what the grid varies, in this order; a seed last, as the row's name (the trial id) carries it too.
+SHOWN_IF_VARIED = ("lr", "epochs", "backbone", "seed")
+
+
+def shown_by_default(varied: set[str]) -> list[str]:
+    """The hyperparameters the table shows without the user ticking them: ALWAYS_SHOWN, then the varied ones of
+    SHOWN_IF_VARIED, at most DASHBOARD_COLUMNS."""
+    return [*ALWAYS_SHOWN, *(name for name in SHOWN_IF_VARIED if name in varied)][:DASHBOARD_COLUMNS]
+
+
+def _mark_shown(experiment: Any, names: list[str]) -> None:
+    """Set `differs` on exactly the hyperparameters to show (the dashboard's one lever over its default columns);
+    the others stay one tick away in its list."""
     from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 
     value = experiment.value[0]

@@ -31,7 +31,12 @@ SUMMARY_FILE = "events.out.tfevents.summary"
 VALIDATION_SCORE_TAG = "score/validation"  # the task's primary metric at the final epoch: the run's result
 TEST_SCORE_TAG = "score/test"
 SCORE_TAGS = (VALIDATION_SCORE_TAG, TEST_SCORE_TAG)
-TRAINED_PARAMS_TAG = "params/trained"
+TRAINED_PARAMS_TAG = "score/trained_params"
+# Time Series shows its tag groups (the part before the first "/") in name order: the curves' groups (loss, lr)
+# sort before the single-point score cards (score), so a run's loss is what a user sees first.
+LOSS_TAG = "loss/train"  # at every logging step
+EPOCH_LOSS_TAG = "loss/train_epoch_mean"
+LR_TAG = "lr/train"
 # A degenerate run finished but predicts one class (its status hparam says so); a failed one has no scores.
 SESSION_STATUS = {"ok": "STATUS_SUCCESS", "degenerate": "STATUS_SUCCESS", "failed": "STATUS_FAILURE"}
 
@@ -68,11 +73,11 @@ class CurveLog:
         self._writer = RecordWriter(open(self.path, "ab"))  # noqa: SIM115 -- closed by close()
 
     def train_step(self, global_step: int, mean_loss: float, lr: float) -> None:
-        self._add(global_step, {"train/loss": mean_loss, "train/lr": lr})
+        self._add(global_step, {LOSS_TAG: mean_loss, LR_TAG: lr})
 
     def epoch(self, global_step: int, epoch: int, train_loss: float, metrics: dict[str, float | None]) -> None:
         values = {f"validation/{name}": value for name, value in metrics.items() if value is not None}
-        self._add(global_step, {"train/epoch": epoch, "train/epoch_loss": train_loss, **values})
+        self._add(global_step, {EPOCH_LOSS_TAG: train_loss, "validation/epoch": epoch, **values})
 
     def _add(self, step: int, values: dict[str, float]) -> None:
         if self._writer is not None:
@@ -97,7 +102,7 @@ def write_run_summary(out: Path, record: dict[str, Any]) -> None:
     primary = record.get("primary_metric")
     scores = {VALIDATION_SCORE_TAG: (record.get("val_metrics") or {}).get(primary),
               TEST_SCORE_TAG: (record.get("test_metrics") or {}).get(primary),
-              **{f"test/{name}": value for name, value in (record.get("test_metrics") or {}).items()},
+              **{f"score/test_{name}": value for name, value in (record.get("test_metrics") or {}).items()},
               TRAINED_PARAMS_TAG: record.get("trained_params")}
     _, session_start, _ = hparams(run_hparams(record), {tag: 0.0 for tag in SCORE_TAGS})
     from tensorboard.compat.proto.event_pb2 import Event
