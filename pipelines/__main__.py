@@ -14,13 +14,39 @@ from typing import Any
 
 
 def _run(args: argparse.Namespace) -> int:
-    from pipelines.local import describe_outputs, run_local
+    from pipelines.local import run_local
 
     started = time.perf_counter()
     paths = run_local(args.name, args.out, data_dir=args.data_dir, runs_root=args.runs_root, retry_failed=args.retry_failed,
                       retrain_stale=args.retrain_stale, runner=args.runner)
-    print(f"{args.name} finished in {time.perf_counter() - started:.0f} s. {describe_outputs(paths)}")
+    print(f"\n{args.name} finished in {time.perf_counter() - started:.0f} s.")
+    print(result_summary(paths, Path(args.out)))
     return 0
+
+
+def result_summary(paths: dict[str, Path], out: Path) -> str:
+    """What a finished local run ends with: its methods table, then where its files are (paths as the user named
+    the output folder)."""
+    lines = []
+    methods = paths.get("tables", out / "tables") / "methods.md"
+    if methods.is_file():
+        lines += ["", "Methods (each one's configuration selected on validation, scored on a split selection never saw):",
+                  methods.read_text(encoding="utf-8").strip()]
+    files = [("report.md", "the report: the paper's tables and claims beside these runs"),
+             ("runs.parquet", "one row per run (columns: analysis/SCHEMA.md)"),
+             ("curves.parquet", "each run's scores by epoch"),
+             ("ablation.parquet", "the layer-span ablation"),
+             ("tables", "each table as Markdown and Parquet"),
+             ("figures", "Figures 3-7, PNG and PDF")]
+    shown = [(name, what) for name, what in files if name in paths]
+    if shown:
+        lines += ["", f"Files in {out}/:"]
+        width = max(len(name) + 1 for name, _ in shown)
+        lines += [f"  {(name + '/' if paths[name].is_dir() else name).ljust(width)}  {what}" for name, what in shown]
+    store = out / "store"
+    if store.is_dir():
+        lines.append(f"  {'store/'.ljust(width if shown else 6)}  the run store: run the same command again and its runs are reused")
+    return "\n".join(lines)
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -205,9 +231,34 @@ def _compile(args: argparse.Namespace) -> int:
 
 
 def _submit(args: argparse.Namespace) -> int:
-    from pipelines.submit import submit
+    """Check what the submission needs from outside (pipelines.submit_checks), then submit; a credential or network
+    error on the way is one line (exit 2), not the client libraries' traceback."""
+    import os
 
-    print(submit(args.name, retry_failed=args.retry_failed, retrain_stale=args.retrain_stale))
+    from pipelines import submit_checks
+    from pipelines.submit import SettingsError, get_experiment, load_settings, require_registry, require_vertex_settings, submit
+
+    get_experiment(args.name)  # an unknown experiment first, as submit() does
+    settings = load_settings()
+    host = os.environ.get("KFP_HOST")
+    if host:
+        require_registry(settings)
+        submit_checks.check_kfp_host(host)
+        target = f"the KFP endpoint {host}"
+    else:
+        require_vertex_settings(settings)
+        require_registry(settings)
+        submit_checks.check_credentials()
+        submit_checks.check_vertex_endpoint(settings.region or "")
+        submit_checks.check_buckets(settings)
+        target = "Vertex AI"
+    try:
+        print(submit(args.name, retry_failed=args.retry_failed, retrain_stale=args.retrain_stale))
+    except Exception as error:
+        line = submit_checks.explain(error, target)
+        if line is None:
+            raise
+        raise SettingsError(line) from None
     return 0
 
 

@@ -9,6 +9,7 @@ the output directory.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import os
 import shutil
 from pathlib import Path
@@ -18,7 +19,7 @@ from adaptune.sweep.experiments import get_experiment
 from adaptune.sweep.plan import plan
 from adaptune.sweep.store import RunStore
 from components.images import image_for
-from pipelines.log_filter import without_executor_inputs
+from pipelines.log_filter import without_executor_inputs, without_local_runner_warnings
 from pipelines.reproduction import build_pipeline
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -79,7 +80,8 @@ def run_local(
     # ParallelFor tasks at once can leave the swapped one in place: put the real print back afterwards.
     real_print = builtins.print
     try:
-        with without_executor_inputs():  # kfp prints each task's whole input JSON; the rest of its log stays
+        quiet = without_local_runner_warnings() if runner == "subprocess" else contextlib.nullcontext()
+        with without_executor_inputs(), quiet:  # kfp prints each task's whole input JSON; the rest of its log stays
             run = build_pipeline(spec)(runs_root=store.root, data_dir=str(root) if root else "", retry_failed=retry_failed,
                                        retrain_stale=retrain_stale)
     finally:
@@ -102,13 +104,3 @@ def collect_outputs(results_dir: Path, report_dir: Path, out_dir: Path) -> dict[
             shutil.copyfile(entry, target)
         paths[entry.name] = target
     return paths
-
-
-def describe_outputs(paths: dict[str, Path]) -> str:
-    parquet = ", ".join(str(paths[name]) for name in RESULT_FILES if name in paths)
-    parts = [f"Parquet: {parquet}"]
-    for name, label in (("tables", "tables"), ("figures", "figures"), ("report.md", "report")):
-        if name in paths:
-            parts.append(f"{label}: {paths[name]}")
-    return "; ".join(parts)
-

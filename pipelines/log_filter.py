@@ -1,4 +1,6 @@
-"""Keep kfp.local's output readable: drop the executor-input JSON that kfp prints for every task.
+"""Keep kfp.local's output readable: drop the executor-input JSON that kfp prints for every task, and the
+warnings kfp.local gives about what a local run does not use (the image named for the cloud, CPU and memory
+limits).
 
 kfp's executor logs its whole input at INFO level (`Got executor_input:` then the indented JSON) and
 has no switch for it; kfp.local echoes it for every component. Hand-written because no library
@@ -12,6 +14,7 @@ import contextlib
 import io
 import sys
 import threading
+import warnings
 from collections.abc import Iterator
 from typing import TextIO
 
@@ -67,3 +70,19 @@ def without_executor_inputs() -> Iterator[None]:
         sys.stdout = original
         if pending:
             original.write(pending)
+
+
+# kfp.local's warnings that say only that a local run ignores what the cloud uses: the task's image (the
+# subprocess runner runs this environment by design; the image is named for provenance) and its resource limits.
+LOCAL_RUNNER_NOISE = (
+    (RuntimeWarning, r"You may be attemping to run a task that uses custom or non-Python base image"),
+    (UserWarning, r"Task '.*': settings \[.*\] have no effect in the current local runner"),
+)
+
+
+@contextlib.contextmanager
+def without_local_runner_warnings() -> Iterator[None]:
+    with warnings.catch_warnings():
+        for category, message in LOCAL_RUNNER_NOISE:
+            warnings.filterwarnings("ignore", message=message, category=category)
+        yield
