@@ -41,15 +41,15 @@ def constructed_runs(rows: list[dict[str, Any]]) -> pd.DataFrame:
     """A runs frame (runs.parquet's columns, through results.run_row) of records never trained, for rules
     that must be tested on chosen numbers. Each row: task, method (dict), lr, seed, val (fraction);
     optional test (None: no labelled test split), epochs (3), status ("ok"), backbone (bert-base-uncased).
-    Trained parameters: 100% for full fine-tuning, 2% for adapters (of 1,000,000), 0.1% for LayerNorm;
+    Trained parameters: 100% for full fine-tuning, 2% for adapters (of 1,000,000), 0.1% for LayerNorm, 0.01% for the head;
     beside the paper's methods, 1% for Pfeiffer adapters, 0.2% for LoRA and 0.05% for (IA)3."""
     from adaptune.report.results import run_row
     from adaptune.train.config import TrainConfig
     from adaptune.train.record import run_record
 
     base = 1_000_000
-    trained = {"full": base, "adapters": base // 50, "layernorm": base // 1000, "pfeiffer": base // 100, "lora": base // 500,
-               "ia3": base // 2000}
+    trained = {"full": base, "adapters": base // 50, "layernorm": base // 1000, "head": base // 10000, "pfeiffer": base // 100,
+               "lora": base // 500, "ia3": base // 2000}
     frame = []
     for row in rows:
         config = TrainConfig(task=row["task"], method=row["method"], lr=row["lr"], seed=row["seed"], epochs=row.get("epochs", 3),
@@ -58,7 +58,7 @@ def constructed_runs(rows: list[dict[str, Any]]) -> pd.DataFrame:
         name = row["method"]["name"]
         record.update(status=row.get("status", "ok"), val_metrics={"accuracy": row["val"]},
                       test_metrics={} if row.get("test") is None else {"accuracy": row["test"]},
-                      trained_params=trained[name], total_params=base + (trained[name] if name not in ("full", "layernorm") else 0))
+                      trained_params=trained[name], total_params=base + (trained[name] if name not in ("full", "layernorm", "head") else 0))
         frame.append(run_row(record))
     return pd.DataFrame(frame)
 

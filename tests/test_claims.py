@@ -32,7 +32,7 @@ CLAIMS = (
 )
 VERDICTS = {"holds", "does not hold", "inconclusive", "not measured"}
 REPO_ROOT = Path(__file__).resolve().parents[1]
-FULL, LAYERNORM = {"name": "full"}, {"name": "layernorm"}
+FULL, LAYERNORM, HEAD = {"name": "full"}, {"name": "layernorm"}, {"name": "head"}
 ADAPTERS64 = {"name": "adapters", "size": 64, "init_std": 1e-2}
 
 
@@ -206,14 +206,21 @@ def _grid(task: str, methods: dict, rng: np.random.Generator, test: bool = True)
 
 def test_glue_claim_reads_table_1s_cells_the_single_best_run_on_validation(shared_data_dir):
     rng = np.random.default_rng(7)
-    rows = [row for task in ("sst2", "rte") for row in _grid(task, {"full": FULL, "a8": {**ADAPTERS64, "size": 8}, "a64": ADAPTERS64}, rng)]
+    methods = {"full": FULL, "a8": {**ADAPTERS64, "size": 8}, "a64": ADAPTERS64, "head": HEAD}
+    rows = [row for task in ("sst2", "rte") for row in _grid(task, methods, rng)]
     runs = constructed_runs(rows)
     glue = _claims(rows, shared_data_dir).loc["adapters_glue_within_0.4pt"]
     cells = table1(runs, load_reference(), shared_data_dir).set_index(["row", "task"])["measured"]
     per_task = {task: cells[("adapters_best", task)] - cells[("full", task)] for task in ("sst2", "rte")}
     assert glue["measured"] == pytest.approx(np.mean(list(per_task.values())))
     for task, difference in per_task.items():
-        assert f"{task} {difference:+.2f}" in glue["detail"]
+        assert f"{task} (dev) {difference:+.2f}" in glue["detail"]  # GLUE's reported split, as its publisher names it
+    # The floor beneath both: Table 1's head-only cells, each method's margin above them in the detail.
+    for task in ("sst2", "rte"):
+        head = cells[("head", task)]
+        above = f"{task} (dev; head alone {head:.2f}): adapters {cells[('adapters_best', task)] - head:+.2f}, " \
+                f"full fine-tuning {cells[('full', task)] - head:+.2f}"
+        assert above in glue["detail"]
     # Not the configuration with the best mean over seeds (the old estimator): these scores tell them apart.
     best_mean = {task: _best_config_scores(runs, task, "adapters", "test_score").mean() - _best_config_scores(runs, task, "full", "test_score").mean()
                  for task in per_task}
@@ -231,12 +238,17 @@ def test_additional_tasks_claim_reads_table_2s_cells(shared_data_dir):
 
 def test_layernorm_equal_to_adapters_shows_as_a_claim_that_does_not_hold():
     rows = [{"task": "cola", "method": method, "lr": lr, "seed": seed, "val": val + 0.002 * seed}
-            for method, lr, val in ((FULL, 3e-5, 0.85), (ADAPTERS64, 3e-4, 0.80), (LAYERNORM, 3e-3, 0.80)) for seed in range(3)]
+            for method, lr, val in ((FULL, 3e-5, 0.85), (ADAPTERS64, 3e-4, 0.80), (LAYERNORM, 3e-3, 0.80), (HEAD, 3e-3, 0.70))
+            for seed in range(3)]
     table = _claims(rows)
     assert table.loc["layernorm_clearly_worse", "verdict"] == "holds"
     assert table.loc["layernorm_clearly_worse", "measured"] == pytest.approx(-5.0)
     versus_adapters = table.loc["layernorm_worse_than_adapters"]
     assert versus_adapters["verdict"] == "does not hold" and versus_adapters["measured"] == pytest.approx(0.0)
+    # Each figure on its split (these claims read validation: GLUE's is held out of train), and the floor beneath.
+    assert "cola (validation (held out of train)) -5.00 (80.20 vs 85.20)" in table.loc["layernorm_clearly_worse", "detail"]
+    assert ("cola (validation (held out of train); head alone 70.20): LayerNorm-only +10.00, adapters +10.00"
+            in versus_adapters["detail"])
 
 
 def test_lr_robustness_reads_bert_base_runs_in_the_papers_range_only():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -246,6 +247,11 @@ def test_table1_mean_is_compared_with_the_papers_column_mean_not_its_server_scor
     assert means["paper_server_score"].to_dict() == {"full": 80.4, "adapters_best": 80.0, "adapters_64": 79.6}
     assert means["measured"].tolist() == pytest.approx([50.0] * 3) and (means["n_tasks"] == 9).all()
     assert "mean of 9 columns" in table1_markdown(table) and "glue_score" not in set(table["task"])
+    # Over fewer columns, the header counts them: one measured task is a mean of 1 column, not of 9.
+    one = [record for record in records if record["task"] == "cola"]
+    write_results(one, tmp_path / "one")
+    table = table1(read_results(tmp_path / "one")["runs"], reference)
+    assert "mean of 1 column |" in table1_markdown(table)
 
 
 def test_majority_class_baseline_stands_beside_every_measured_task(real_results_dir, shared_data_dir):
@@ -351,13 +357,14 @@ def test_methods_table_sets_every_method_side_by_side_on_its_best_configuration(
         group = usable[(usable["task"] == task) & (usable["method"] == method)]
         best = best_configuration(group, ["task", "method"]).iloc[0]
         seeds = runs[runs["run_id"].isin(best["run_ids"].split(","))]
-        assert row["mean"] == pytest.approx(100 * seeds["test_score"].mean()) and row["split"] == "test"
+        # The reported split as its publisher names it: GLUE's is its dev set; disasters' test is cut here.
+        assert row["mean"] == pytest.approx(100 * seeds["test_score"].mean()) and row["split"] == {"sst2": "dev", "disasters": "test"}[task]
         assert row["n_seeds"] == len(seeds) and row["rows"] == 64 and f"lr={best['lr']:g}" in row["selected"]
     adapters = table.loc[("disasters", "adapters")]
     assert adapters["n_seeds"] == 2 and adapters["sem"] > 0  # the degenerate init-std-0.1 seed is another configuration
     assert table.loc[("sst2", "full"), "majority"] == table.loc[("sst2", "adapters"), "majority"] is not None
     text = methods_markdown(methods_table(runs, data_dir=shared_data_dir))
-    assert "| sst2 | accuracy (test, 64) |" in text and "2 seeds" in text and "trained % of the backbone" in text
+    assert "| sst2 | accuracy (dev, 64) |" in text and "2 seeds" in text and "trained % of the backbone" in text
 
 
 def test_squad_figure_shows_bert_large_the_backbone_its_f1_points_to(tmp_path: Path) -> None:
@@ -391,3 +398,51 @@ def test_report_says_when_its_runs_were_trained_in_more_than_one_precision(real_
     others = len(scored) - 2
     assert f"**Trained in more than one precision:** residual stream: float32 ({others} runs), bf16 (2 runs); CPU precision: " in text
     assert text.index("more than one precision") < text.index("## Methods side by side")
+
+
+def test_the_head_alone_stands_beside_the_majority_class_in_every_table(shared_data_dir):
+    """Head-only runs (the frozen backbone, a trained head) are the floor: Table 1's row, Table 2's and the
+    methods table's first method, each beside the majority class; the paper has no such row, so no paper line."""
+    from results_fixture import constructed_runs
+
+    from adaptune.report.methods_table import methods_markdown, methods_table
+
+    head, full = {"name": "head"}, {"name": "full"}
+    rows = [{"task": task, "method": method, "lr": lr, "seed": seed, "val": val + 0.01 * seed, "test": test + 0.01 * seed}
+            for task in ("sst2", "sms_spam") for method, lr, val, test in ((head, 3e-3, 0.70, 0.68), (full, 1e-4, 0.90, 0.88))
+            for seed in range(2)]
+    runs = constructed_runs(rows)
+    reference = load_reference()
+    first = table1(runs, reference, shared_data_dir).set_index(["row", "task"])
+    assert first.loc[("head", "sst2"), "measured"] == pytest.approx(69.0) and pd.isna(first.loc[("head", "sst2"), "paper"])
+    assert first.loc[("head", "sst2"), "majority"] == first.loc[("full", "sst2"), "majority"] is not None
+    text = table1_markdown(table1(runs, reference, shared_data_dir), runs)
+    assert text.index("| Head only (frozen backbone) | measured | 69.0 |") < text.index("| Full fine-tuning | measured | 89.0 |")
+    head_lines = text.split("| Head only")[1].split("| Full fine-tuning")[0].splitlines()
+    assert [line.split(" | ")[1] for line in head_lines if line] == ["measured", "majority class"]  # no paper line
+    second = table2(runs, reference, shared_data_dir).set_index(["method", "task"])
+    assert second.loc[("head", "sms_spam"), "measured_mean"] == pytest.approx(68.5)
+    assert "Head only measured" in table2_markdown(table2(runs, reference, shared_data_dir), reference, runs)
+    methods = methods_markdown(methods_table(runs, data_dir=shared_data_dir))
+    assert methods.splitlines()[0].startswith("| task | metric (split, rows) | majority class | Head only (frozen backbone) | Full fine-tuning |")
+    assert "| sms_spam | accuracy (test" in methods and "| sst2 | accuracy (dev" in methods
+
+
+def test_a_report_copied_beside_its_results_names_that_folder(real_results_dir, tmp_path):
+    """The line under the title names the folder the results are in: a report copied out of a pipeline's
+    internal folders into the user's --out is pointed at that folder; anything but a report is refused."""
+    from adaptune.report.markdown import name_results_folder
+
+    internal = tmp_path / "kfp_root" / "aggregate" / "results"
+    shutil.copytree(real_results_dir, internal)
+    report = build_report(internal, tmp_path / "report")
+    assert f"Results: `{internal}` — " in report.read_text()
+    before = report.read_text().splitlines()
+    name_results_folder(report, tmp_path / "out")
+    after = report.read_text().splitlines()
+    changed = [index for index, (old, new) in enumerate(zip(before, after, strict=True)) if old != new]
+    assert len(changed) == 1 and after[changed[0]].startswith(f"Results: `{tmp_path / 'out'}` — ") and "kfp_root" not in report.read_text()
+    other = tmp_path / "notes.md"
+    other.write_text("# notes\n")
+    with pytest.raises(ValueError, match="has no results line"):
+        name_results_folder(other, tmp_path)

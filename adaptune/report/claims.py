@@ -42,6 +42,11 @@ rate measured (the paper gives a range of rates). The ablation claims read the r
 picked from. What an experiment itself says it leaves out (ExperimentSpec.grid_left_out, written by the
 fan-in as grid_left_out.json) is printed under the claims table.
 
+Every figure in a row's detail names its split (as the data's publisher names it: GLUE's reported split is
+its dev set), and the detail ends with how far each method the claim reads stands above the head alone (the
+frozen backbone with only its task head trained: `head`), per task, by the claim's own selection and split:
+what each method adds to what the backbone gives untuned.
+
 Degenerate runs (one predicted class) are real outcomes and stay in where their table keeps them
 (Table 2, the figures); Table 1 and the GLUE claim select among `usable_runs` as the table does.
 Failed runs have no score.
@@ -71,6 +76,7 @@ from adaptune.report.selection import (
     base_params,
     best_by_validation,
     best_configuration,
+    publisher_split,
     reported_score,
     runs_for_backbone,
     scored_runs,
@@ -206,7 +212,8 @@ def _extra_within_full(runs: pd.DataFrame, reference: dict[str, Any]) -> dict:
 
 
 def _versus_full(row: dict, runs: pd.DataFrame, candidates: pd.DataFrame, backbone: str | None, rule: str, tasks: list[str] | None) -> dict:
-    candidates = candidates.assign(score=100.0 * reported_score(candidates)[0])
+    score, split = reported_score(candidates)
+    candidates = candidates.assign(score=100.0 * score, split=split)
     pairs = _pairs(candidates, "adapters", "full", rule)
     if not pairs:
         return {**row, "detail": "needs, on some task, both a full fine-tuning and an adapters run with a score"}
@@ -223,8 +230,9 @@ def _versus_full(row: dict, runs: pd.DataFrame, candidates: pd.DataFrame, backbo
         why = f"; more than {FEW_PERCENT:g}% is not a few percent, whatever the scores"
     elif percent is None and result["verdict"] == HOLDS:
         result["verdict"], why = INCONCLUSIVE, "; without the adapters' trained share there is no verdict"
+    head = _above_head(candidates, [cell.key[0] for cell, _ in pairs], ["adapters", "full"], rule)
     return {**result, **grid_columns(_pair_runs(pairs), paper_grid), "backbone": backbone,
-            "detail": f"{_per_task(pairs, 'adapters', 'full')}; {share}{why}"}
+            "detail": f"{_per_task(pairs, 'adapters', 'full')}; {share}{why}; {head}"}
 
 
 def _layernorm_worse(runs: pd.DataFrame, other: str, claim_id: str, claim: str) -> dict:
@@ -234,20 +242,56 @@ def _layernorm_worse(runs: pd.DataFrame, other: str, claim_id: str, claim: str) 
                f"classification tasks of (LayerNorm-only - {_NAMES[other]}), each the configuration best on mean validation score, "
                f"its mean validation score over seeds (Figure 4's points); the paper gives no threshold: clearly worse is read as more "
                f"than {LAYERNORM_GAP:g} point below")
-    candidates = scored_runs(runs)
-    candidates = candidates[candidates["method"].isin([other, "layernorm"]) & ~candidates["task"].str.startswith("squad")]
-    candidates, backbone = runs_for_backbone(candidates, BERT_BASE)
-    pairs = _pairs(candidates.assign(score=100.0 * candidates["val_score"]), "layernorm", other, BEST_CONFIGURATION)
+    scored = scored_runs(runs)
+    classification = scored[~scored["task"].str.startswith("squad")]
+    candidates, backbone = runs_for_backbone(classification[classification["method"].isin([other, "layernorm"])], BERT_BASE)
+    pairs = _pairs(_on_validation(candidates), "layernorm", other, BEST_CONFIGURATION)
     if not pairs:
         return {**row, "detail": f"needs, on some task, both {_NAMES[other]} and LayerNorm-only runs with a score"}
     result = _judged(row, pairs, _mean_difference)
     degenerate = sum(int((cell.chosen()["status"] == "degenerate").sum()) for cell, _ in pairs)
     kept = f"; {degenerate} LayerNorm-only run(s) degenerate (kept)" if degenerate else ""
+    head = _above_head(_on_validation(_of_backbone(classification, backbone)), [cell.key[0] for cell, _ in pairs],
+                       ["layernorm", other], BEST_CONFIGURATION)
     return {**result, **grid_columns(_pair_runs(pairs), paper_grid), "backbone": backbone,
-            "detail": f"{_per_task(pairs, 'LayerNorm-only', _NAMES[other])}{kept}{result['detail']}"}
+            "detail": f"{_per_task(pairs, 'LayerNorm-only', _NAMES[other])}{kept}{result['detail']}; {head}"}
 
 
-_NAMES = {"full": "full fine-tuning", "adapters": "adapters"}
+_NAMES = {"full": "full fine-tuning", "adapters": "adapters", "layernorm": "LayerNorm-only", "head": "the head alone"}
+
+
+def _on_validation(runs: pd.DataFrame) -> pd.DataFrame:
+    """Runs scored, for a claim that reads validation, in points: `score` and its `split`."""
+    return runs.assign(score=100.0 * runs["val_score"], split="validation")
+
+
+def _of_backbone(runs: pd.DataFrame, backbone: str | None) -> pd.DataFrame:
+    return runs[runs["backbone"].astype(str) == str(backbone)]
+
+
+def _above_head(pool: pd.DataFrame, tasks: list[str], methods: list[str], rule: str) -> str:
+    """How far each method stands above the head alone on each of `tasks`, its cells chosen by `rule` from `pool`
+    (runs with `score` in points and its `split`: the claim's own selection and split); said so where the head alone
+    has no run on them."""
+    pool = pool[pool["task"].isin(tasks) & pool["method"].isin([*methods, "head"])]
+    cells = _cells(pool, ["task", "method"], rule)
+    tasks = sorted(task for task in dict.fromkeys(tasks) if (task, "head") in cells)
+    if not tasks:
+        return "the head alone (frozen backbone, trained head) not measured on these tasks"
+    per_task = []
+    for task in tasks:
+        head = cells[(task, "head")]
+        split = publisher_split(task, str(head.chosen()["split"].iloc[0]))
+        margins = [f"{_NAMES.get(method, method)} {_measured(cells[(task, method)]) - _measured(head):+.2f}"
+                   for method in methods if (task, method) in cells]
+        per_task.append(f"{task} ({split}; head alone {_measured(head):.2f}): {', '.join(margins)}")
+    return "above the head alone (frozen backbone, trained head), by the same selection: " + "; ".join(per_task)
+
+
+def _measured(cell: Cell) -> float:
+    """A cell's value on its runs as they are (every seed drawn once)."""
+    seeds = np.array(sorted(set(cell.runs["seed"])))
+    return float(cell.values(seeds, np.ones((1, len(seeds))))[0])
 
 
 def _pairs(candidates: pd.DataFrame, a: str, b: str, rule: str) -> list[tuple[Cell, Cell]]:
@@ -268,9 +312,14 @@ def _mean_difference(values: np.ndarray) -> np.ndarray:
 
 
 def _per_task(pairs: list[tuple[Cell, Cell]], a: str, b: str) -> str:
-    text = ", ".join(f"{cell_a.key[0]} {cell_a.estimate - cell_b.estimate:+.2f} ({cell_a.estimate:.2f} vs {cell_b.estimate:.2f})"
-                     for cell_a, cell_b in pairs)
+    """Per task, a - b with both values, each task's split named (the runs' own: test where labelled, or validation)."""
+    text = ", ".join(f"{cell_a.key[0]} ({_cell_split(cell_a)}) {cell_a.estimate - cell_b.estimate:+.2f} "
+                     f"({cell_a.estimate:.2f} vs {cell_b.estimate:.2f})" for cell_a, cell_b in pairs)
     return f"per task, {a} - {b}: {text}"
+
+
+def _cell_split(cell: Cell) -> str:
+    return publisher_split(str(cell.key[0]), str(cell.chosen()["split"].iloc[0]))
 
 
 def _judged(row: dict, pairs: list[tuple[Cell, Cell]], statistic: Callable[[np.ndarray], np.ndarray]) -> dict:
@@ -424,7 +473,9 @@ def _ablation_claims(ablation: pd.DataFrame, runs: pd.DataFrame, data_dir: Any) 
             halves.append(drop(half, layers - 1) - drop(0, half - 1))
             read["lower"].append(run_id)
     common = {"backbone": backbone, "n_runs": ablation["run_id"].nunique(), "n_tasks": ablation["task"].nunique()}
-    metric_note = f"metric: {', '.join(sorted(metrics))}"
+    metric_note = f"metric: {', '.join(sorted(metrics))}, on validation"
+    head = _above_head(_on_validation(_of_backbone(scored_runs(runs), backbone)), sorted(set(ablation["task"])), ["adapters"],
+                       BEST_CONFIGURATION)
     results = []
     for row, values, notes, run_ids in ((near, [g for g, _ in gaps], [text for _, text in gaps], read["near"]),
                                         (single, largest, [], read["single"]), (lower, halves, [], read["lower"])):
@@ -438,7 +489,7 @@ def _ablation_claims(ablation: pd.DataFrame, runs: pd.DataFrame, data_dir: Any) 
                               n_runs=len(values))
         per_run = notes if notes else ["per run: " + ", ".join(f"{v:+.2f}" for v in values)]
         results.append({**judged, **grid_columns(_ablation_pool(runs, run_ids), paper_grid), "backbone": backbone,
-                        "detail": "; ".join([metric_note, *per_run, *skipped]) + judged["detail"]})
+                        "detail": "; ".join([metric_note, *per_run, *skipped]) + judged["detail"] + f"; {head}"})
     return results
 
 
@@ -472,9 +523,12 @@ def _init_std_robust(runs: pd.DataFrame) -> dict:
     sizes = [len(levels) for levels in groups.values()]
     estimate, low, high, n_seeds = bootstrap_cells(cells, lambda values: _block_spreads(values, sizes).mean(axis=-1))
     judged = _verdict_row(row, estimate, low, high, n_seeds, n_tasks=len(groups), n_runs=sum(len(cell.runs) for cell in cells))
-    detail = "; ".join(f"{task}: " + ", ".join(f"std {cell.key[2]:g} {cell.estimate:.2f}" for cell in levels) for task, levels in groups.items())
+    detail = "on validation, " + "; ".join(f"{task}: " + ", ".join(f"std {cell.key[2]:g} {cell.estimate:.2f}" for cell in levels)
+                                             for task, levels in groups.items())
+    heads = _of_backbone(scored_runs(runs), backbone)
+    head = _above_head(_on_validation(pd.concat([small, heads[heads["method"] == "head"]])), list(groups), ["adapters"], BEST_CONFIGURATION)
     return {**judged, **grid_columns(pd.concat([cell.runs for cell in cells]), paper_grid), "backbone": backbone,
-            "detail": detail + judged["detail"]}
+            "detail": detail + judged["detail"] + f"; {head}"}
 
 
 def _lr_robust(runs: pd.DataFrame) -> dict:
@@ -509,8 +563,11 @@ def _lr_robust(runs: pd.DataFrame) -> dict:
     estimate, low, high, n_seeds = bootstrap_cells(cells, statistic)
     judged = _verdict_row(row, estimate, low, high, n_seeds, n_tasks=len(tasks), n_runs=sum(len(cell.runs) for cell in cells))
     detail = "; ".join(f"{task}: lrs {', '.join(f'{lr:g}' for lr in lrs)}" for task, _, _, lrs in tasks)
+    heads = _of_backbone(scored_runs(runs), backbone)
+    head = _above_head(_on_validation(pd.concat([candidates, heads[heads["method"] == "head"]])), [task for task, *_ in tasks],
+                       ["adapters", "full"], BEST_CONFIGURATION)
     return {**judged, **grid_columns(pd.concat([cell.runs for cell in cells]), _figure7_grid), "backbone": backbone,
-            "detail": detail + judged["detail"]}
+            "detail": detail + judged["detail"] + f"; {head}"}
 
 
 def _levels(runs: pd.DataFrame, column: str) -> dict[str, list[Cell]]:

@@ -31,6 +31,23 @@ from adaptune.report.tables import (
     table2_shown,
 )
 
+RESULTS_LINE_START = "Results: `"  # the report's first line after its title: the folder its results are in
+
+
+def name_results_folder(report: str | Path, results_dir: str | Path) -> None:
+    """Rewrite a report's results line to name `results_dir`: for a report copied out of a pipeline's internal
+    folders (kfp.local's pipeline root) into the folder its user asked for, beside the copied results."""
+    path = Path(report)
+    lines = path.read_text(encoding="utf-8").split("\n")
+    for index, line in enumerate(lines):
+        if line.startswith(RESULTS_LINE_START):
+            rest = line[len(RESULTS_LINE_START):].split("`", 1)[1]
+            lines[index] = f"{RESULTS_LINE_START}{results_dir}`{rest}"
+            break
+    else:
+        raise ValueError(f"{path} has no results line (starting {RESULTS_LINE_START!r}): not a report build_report wrote")
+    path.write_text("\n".join(lines), encoding="utf-8")
+
 
 def build_report(
     results_dir: str | Path, out_dir: str | Path, reference: str | Path | None = None, data_dir: str | Path | None = None
@@ -108,7 +125,7 @@ def _render(
     lines = [
         "# adaptune report",
         "",
-        f"Results: `{results_dir}` — {len(runs)} run(s): {status_line}; "
+        f"{RESULTS_LINE_START}{results_dir}` — {len(runs)} run(s): {status_line}; "
         f"{len(problems)} excluded from selection (listed under 'Excluded runs'). "
         f"{frames['curves']['run_id'].nunique()} run(s) with learning curves, {len(frames['ablation'])} ablation row(s).",
         "",
@@ -125,7 +142,9 @@ def _render(
         "",
         "Every classification task measured: per method, the configuration with the best mean validation score "
         "across seeds, and its reported score as mean ± s.e.m. across those seeds (degenerate seeds kept), with the "
-        "learning rate selected and, beside each task, the majority-class baseline on the same split and rows.",
+        "learning rate selected and, beside each task, the majority-class baseline on the same split and rows; 'Head "
+        "only' (where measured) is the frozen backbone with only its task head trained, the floor the other methods "
+        "stand on. Splits are named as their publisher names them: GLUE's reported split is its dev set.",
         "",
         _backbone_line(methods, "BERT-base / BERT-large"),
         "",
@@ -138,11 +157,13 @@ def _render(
         "Per task and row, the single run best on validation (the paper also picks the best seed), and beneath it "
         "the majority-class baseline: the training labels' most common class predicted for every example of the "
         "reported split, scored with the task's metric (F1 of that constant prediction; MCC and correlations 0). "
-        "'Mean of 9 columns': the plain mean over those of the paper's nine columns that were measured, beside the "
+        "'Mean of N columns': the plain mean over the N of the paper's nine columns measured, beside the "
         "mean of the paper's own columns over the same tasks (82.0 / 81.5 / 81.1 over all nine). The paper's "
         "'Total' (80.4 / 80.0 / 79.6) is the GLUE server's score, which counts WNLI and averages multi-metric tasks: "
         "not comparable, kept in table1.parquet as `paper_server_score`. "
-        "Trained % is relative to the backbone of these runs; total size is for all nine tasks at that trained %.",
+        "Trained % is relative to the backbone of these runs; total size is for all nine tasks at that trained %. "
+        "'Head only', where measured, is the frozen backbone with only its task head trained (not in the paper): the "
+        "floor each row above it stands on.",
         "",
         _backbone_line(t1, "BERT-large"),
         "",
@@ -188,7 +209,9 @@ def _render(
         "inconclusive row, ceil(n × (half-width / |measured − threshold|)²) seeds per task and method. Each rule quotes "
         "the paper's sentence: [claims.parquet](tables/claims.parquet) (`rule`) and `adaptune/report/claims.py`. 'Grid': "
         "the learning rates, epochs and seeds of the runs each claim read, marked where smaller than the paper's (§3.2's "
-        "for parameter-efficient methods, Devlin et al.'s for full fine-tuning on GLUE, §3.3's on the additional tasks).",
+        "for parameter-efficient methods, Devlin et al.'s for full fine-tuning on GLUE, §3.3's on the additional tasks). "
+        "Each figure in a detail names its split, and each detail says how far each method it reads stands above the "
+        "head alone (same selection, same split) where the head alone was measured.",
         "",
         markdown["claims"],
         "",

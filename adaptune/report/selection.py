@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from adaptune.core.backbones import BERT_BASE, BERT_LARGE  # noqa: F401 (the tables' and figures' backbones, named here for them)
+from adaptune.data.tasks import UnknownTaskError, get_task
 
 SEED_FREE_KEYS = ("seed", "experiment")  # what may differ between seeds of one configuration
 
@@ -44,6 +45,22 @@ def reported_score(runs: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
     """The score a table reports for each run (test where labelled, else validation) and its split."""
     has_test = runs["test_score"].notna()
     return runs["test_score"].where(has_test, runs["val_score"]), pd.Series(np.where(has_test, "test", "validation"), index=runs.index)
+
+
+def publisher_split(task: str, split: str) -> str:
+    """A split as the data's publisher names it, for what a reader sees: GLUE's reported split is its dev set
+    (dev.tsv; its test labels are not public) and SQuAD's validation is dev-v1.1, so both read "dev"; GLUE's
+    validation is a slice held out of train.tsv, named as such. Other tasks' splits are cut here (80/10/10) and
+    keep their names."""
+    try:
+        family = get_task(task).family
+    except UnknownTaskError:
+        return split
+    if family == "glue":
+        return {"test": "dev", "validation": "validation (held out of train)"}.get(split, split)
+    if family == "squad" and split == "validation":
+        return "dev"
+    return split
 
 
 def runs_for_backbone(runs: pd.DataFrame, preferred: str) -> tuple[pd.DataFrame, str | None]:

@@ -4,8 +4,10 @@ Each table is a long DataFrame (one measured number per row, with `paper` and `d
 columns) that is written as Parquet, every task and method of the paper's table in it; `*_markdown`
 renders it for the report, leading with what was measured: only the tasks and methods with a run,
 the others named on one line beneath (`not_run_line`). Scores are in percent.
-Beside every task stands its majority-class baseline (`majority`, see baselines.py), so a score that
-only predicts the most common class cannot pass as learning.
+Beside every task stand two floors: its majority-class baseline (`majority`, see baselines.py), so a score
+that only predicts the most common class cannot pass as learning, and where measured the head alone (the
+frozen backbone with only its task head trained: a row of Table 1, a method of Table 2, none in the paper),
+so a score reads as what its method adds to what the backbone gives untuned.
 """
 
 from __future__ import annotations
@@ -35,11 +37,15 @@ from adaptune.report.selection import (
 
 # Table 1's rows: which runs compete for each (paper row name -> filter on runs).
 TABLE1_ROWS: dict[str, tuple[str, Any]] = {
+    "head": ("Head only (frozen backbone)", lambda runs: runs["method"] == "head"),  # not in the paper: the floor
     "full": ("Full fine-tuning", lambda runs: runs["method"] == "full"),
     "adapters_best": ("Adapters (best size)", lambda runs: runs["method"] == "adapters"),
     "adapters_64": ("Adapters (64)", lambda runs: (runs["method"] == "adapters") & (runs["adapter_size"] == 64)),
 }
-TABLE2_METHODS = {"full": "Fine-tune", "top_k": "Variable FT (top-k)", "adapters": "Adapters", "layernorm": "LayerNorm only"}
+TABLE2_METHODS = {"head": "Head only", "full": "Fine-tune", "top_k": "Variable FT (top-k)", "adapters": "Adapters",
+                  "layernorm": "LayerNorm only"}
+# Methods a table shows beside the paper's only where measured: not in the paper's table.
+SHOWN_WHERE_MEASURED = ("head", "layernorm")
 # glue_mean: the plain mean of the paper's nine columns, beside the same mean of the paper's own
 # columns (82.0 / 81.5 / 81.1 over all nine). The paper's 'Total' (80.4 / 80.0 / 79.6) is the GLUE
 # server's score (WNLI and the multi-metric averages in it), not comparable: kept as paper_server_score.
@@ -62,8 +68,10 @@ def table1(runs: pd.DataFrame, reference: dict[str, Any], data_dir: Any = None) 
     base = base_params(runs)
     records = []
     for row, (label, selects) in TABLE1_ROWS.items():
-        paper_row = reference["table1"]["rows"][row]
+        paper_row = reference["table1"]["rows"].get(row, {})  # the head alone: no paper row
         candidates = usable[usable["task"].isin(tasks) & selects(usable)]
+        if row not in reference["table1"]["rows"] and candidates.empty:
+            continue
         chosen = best_by_validation(candidates, ["task"]).set_index("task")
         for task in tasks:
             paper = paper_row.get(task)
@@ -82,23 +90,23 @@ def table1(runs: pd.DataFrame, reference: dict[str, Any], data_dir: Any = None) 
         summary = _summary_record(row, label, "glue_mean", glue_mean, paper_mean, len(measured_tasks))
         majorities = [r["majority"] for r in row_records]
         summary["majority"] = float(np.mean(majorities)) if majorities and None not in majorities else None
-        summary["paper_server_score"] = paper_row["glue_score"]
+        summary["paper_server_score"] = paper_row.get("glue_score")
         records.append(summary)
         trained_percent, multiple = _size_summary(chosen, base, backbone, shares_backbone=row != "full", n_tasks=len(score_tasks))
         records.append(
-            _summary_record(row, label, "trained_params_percent", trained_percent, paper_row["trained_params_percent"], len(chosen))
+            _summary_record(row, label, "trained_params_percent", trained_percent, paper_row.get("trained_params_percent"), len(chosen))
         )
-        records.append(_summary_record(row, label, "total_size_multiple", multiple, paper_row["total_size_multiple"], len(chosen)))
+        records.append(_summary_record(row, label, "total_size_multiple", multiple, paper_row.get("total_size_multiple"), len(chosen)))
     frame = pd.DataFrame.from_records(records)
     frame["backbone"] = backbone
     return frame
 
 
 def table1_candidates(runs: pd.DataFrame, reference: dict[str, Any]) -> tuple[pd.DataFrame, str | None]:
-    """The runs Table 1 (and the GLUE claim) selects from: usable GLUE runs of full fine-tuning and
-    adapters, of one backbone (BERT-large, the paper's, where measured); and that backbone."""
+    """The runs Table 1 (and the GLUE claim) selects from: usable GLUE runs of full fine-tuning, adapters
+    and the head alone beneath them, of one backbone (BERT-large, the paper's, where measured); and that backbone."""
     usable = usable_runs(runs)
-    in_table = usable["task"].isin(glue_tasks(reference)) & usable["method"].isin(["full", "adapters"])
+    in_table = usable["task"].isin(glue_tasks(reference)) & usable["method"].isin(["full", "adapters", "head"])
     return runs_for_backbone(usable[in_table], BERT_LARGE)
 
 
@@ -125,7 +133,7 @@ def table2(runs: pd.DataFrame, reference: dict[str, Any], data_dir: Any = None) 
     base = base_params(runs)
     records = []
     for method, label in TABLE2_METHODS.items():
-        if method == "layernorm" and not any(m == method for _, m in chosen.index):
+        if method in SHOWN_WHERE_MEASURED and not any(m == method for _, m in chosen.index):
             continue  # not in the paper's Table 2; shown only when measured
         for task in tasks:
             paper_mean, paper_sem = (paper_tasks.get(task, {}).get(method) or [None, None])
@@ -233,18 +241,27 @@ def table1_markdown(table: pd.DataFrame, runs: pd.DataFrame | None = None, pendi
     if not rows:
         return "\n\n".join(filter(None, ["(no run of Table 1's tasks and methods)", hidden]))
     columns = tasks + list(SUMMARY_COLUMNS)
-    header = ["method", ""] + [_short(column) for column in columns]
+    means = table[(table["task"] == "glue_mean") & table["row"].isin(rows)]
+    counts = {row: int(n) for row, n in zip(means["row"], means["n_tasks"]) if not pd.isna(n)}
+    # One count in the header where every row's mean is over as many columns, else each cell says its own.
+    same_count = len(set(counts.values())) <= 1
+    mean_header = f"mean of {_count(next(iter(counts.values()), 0), 'column')}" if same_count else "mean (columns)"
+    header = ["method", ""] + [mean_header if column == "glue_mean" else _short(column) for column in columns]
     lines = [_md_row(header), _md_row(["---"] * len(header))]
     for row, group in table.groupby("row", sort=False):
         if row not in rows:
             continue
         by_task = group.set_index("task")
         label = group["row_label"].iloc[0]
-        for kind in ("measured", "majority", "paper", "difference"):
+        kinds = ("measured", "majority", "paper", "difference") if group["paper"].notna().any() else ("measured", "majority")
+        for kind in kinds:
             cells = [label if kind == "measured" else "", "majority class" if kind == "majority" else kind]
             for column in columns:
                 value = by_task.loc[column, kind] if column in by_task.index and kind in by_task.columns else None
-                cells.append(_fmt(value, signed=kind == "difference", multiple=column == "total_size_multiple"))
+                cell = _fmt(value, signed=kind == "difference", multiple=column == "total_size_multiple")
+                if column == "glue_mean" and not same_count and cell != "—":
+                    cell += f" ({counts.get(row, 0)})"
+                cells.append(cell)
             lines.append(_md_row(cells))
     return "\n\n".join(filter(None, ["\n".join(lines), hidden]))
 
@@ -425,14 +442,14 @@ def _table1_record(row: str, label: str, task: str, run: pd.Series | None, paper
     return record
 
 
-def _summary_record(row: str, label: str, name: str, measured: float | None, paper: float, n_tasks: int) -> dict[str, Any]:
+def _summary_record(row: str, label: str, name: str, measured: float | None, paper: float | None, n_tasks: int) -> dict[str, Any]:
     return {
         "row": row,
         "row_label": label,
         "task": name,
         "measured": measured,
         "paper": paper,
-        "difference": None if measured is None else measured - paper,
+        "difference": None if measured is None or paper is None else measured - paper,
         "n_tasks": n_tasks,
     }
 
@@ -475,7 +492,7 @@ def _float_or_none(value: Any) -> float | None:
 
 
 def _short(column: str) -> str:
-    return {"glue_mean": "mean of 9 columns", "trained_params_percent": "trained %/task", "total_size_multiple": "total size"}.get(
+    return {"glue_mean": "mean", "trained_params_percent": "trained %/task", "total_size_multiple": "total size"}.get(
         column, column
     )
 
