@@ -57,3 +57,30 @@ def test_compare_notebook_shows_per_task_method_deltas(real_results_dir, real_re
     assert "| disasters | adapters64 |" in text
     assert "| a only |" in text and "| 0.0 |" in text  # removed method shows; equal runs give zero deltas
     shutil.rmtree(sweep_b)
+
+
+def test_compare_notebook_defaults_to_the_kept_stores_and_marks_rows_whose_sides_selected_differently(monkeypatch):
+    # A fresh clone has both stores (analysis/measured/); on CoLA, LayerNorm-only's best is 20 epochs in float32 but
+    # 3 in bf16 (whose store lacks the 20-epoch runs), so its -15.8 is between two choices, and says so.
+    monkeypatch.delenv("ADAPTUNE_RESULTS_A", raising=False)
+    monkeypatch.delenv("ADAPTUNE_RESULTS_B", raising=False)
+    text = _outputs(_execute("compare_sweeps.ipynb", {}, monkeypatch))
+    assert "a = measured/glue_local" in text and "b = measured/bf16_local" in text
+    rows = {tuple(cell.strip() for cell in line.split("|")[1:4]): line for line in text.splitlines() if line.startswith("| ")}
+    assert rows[("cola", "layernorm", "lr 0.003 x 20")].rstrip(" |").endswith("different configurations selected")
+    assert not rows[("cola", "full", "lr 0.0001 x 3")].rstrip(" |").endswith("different configurations selected")
+
+
+def test_compare_notebook_names_the_variable_it_could_not_read(tmp_path, monkeypatch):
+    from nbclient.exceptions import CellExecutionError
+
+    monkeypatch.delenv("ADAPTUNE_RESULTS_A", raising=False)
+    with pytest.raises(CellExecutionError) as failed:
+        _execute("compare_sweeps.ipynb", {"ADAPTUNE_RESULTS_B": str(tmp_path / "nowhere")}, monkeypatch)
+    assert f"ADAPTUNE_RESULTS_B={tmp_path / 'nowhere'} is neither a results directory" in str(failed.value)
+
+
+def test_results_notebook_reads_a_run_store_too(tmp_path, monkeypatch):
+    store = Path(__file__).resolve().parents[1] / "analysis" / "measured" / "glue_local"
+    text = _outputs(_execute("results.ipynb", {"ADAPTUNE_RESULTS": str(store), "ADAPTUNE_FIGURES": str(tmp_path)}, monkeypatch))
+    assert f"{store}: 57 runs" in text
