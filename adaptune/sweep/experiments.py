@@ -113,6 +113,7 @@ def method_grid(
     adapter_sizes: tuple[int, ...] = (),
     top_k: tuple[int, ...] = (),
     layernorm: bool = False,
+    head: bool = False,
     init_stds: tuple[float, ...] = (1e-2,),
     pfeiffer_sizes: tuple[int, ...] = (),
     lora_ranks: tuple[int, ...] = (),
@@ -125,6 +126,8 @@ def method_grid(
     methods += [{"name": "adapters", "size": size, "init_std": std} for size in adapter_sizes for std in init_stds]
     if layernorm:
         methods.append({"name": "layernorm"})
+    if head:
+        methods.append({"name": "head"})
     methods += [{"name": "pfeiffer", "size": size} for size in pfeiffer_sizes]
     methods += [{"name": "lora", "r": r, "alpha": r} for r in lora_ranks]
     if ia3:
@@ -396,7 +399,7 @@ smoke = _register(
     dataclasses.replace(
         DEFAULTS,
         name="smoke",
-        description="minutes on a CPU: MiniLM, MRPC and SMS spam, full vs adapters vs LayerNorm, 2 short epochs",
+        description="minutes on a CPU: MiniLM, MRPC and SMS spam, full vs adapters vs LayerNorm vs the head alone, 2 short epochs",
         backbone=DEFAULT_BACKBONE,
         accelerator=CPU,
         parallelism=2,  # two shards (one per task) at a time, one per core
@@ -409,6 +412,8 @@ smoke = _register(
                   max_length=64, batch_size=16),
             Sweep(tasks=SMOKE_TASKS, methods=method_grid(adapter_sizes=(16,), layernorm=True), learning_rates=(3e-3,),
                   epochs=(2,), max_length=64, batch_size=16),
+            # The floor: a linear probe on the frozen backbone, at a rate a probe of 48 steps learns at.
+            Sweep(tasks=SMOKE_TASKS, methods=method_grid(head=True), learning_rates=(1e-2,), epochs=(2,), max_length=64, batch_size=16),
         ),
         ablation=Ablation(tasks=("sms_spam",), method={"name": "adapters", "size": 16, "init_std": 1e-2}),
     )
@@ -422,7 +427,7 @@ cpu_small = _register(
         DEFAULTS,
         name="cpu_small",
         description="the small reproduction, about 1.5 h on 2 CPU cores: MiniLM, CoLA/SST-2/SMS spam, full vs "
-        "adapters 64 vs LayerNorm-only, each over its own learning-rate grid (CoLA also at 10 epochs), 3 seeds, "
+        "adapters 64 vs LayerNorm-only vs the head alone, each over its own learning-rate grid (CoLA also at 10 epochs), 3 seeds, "
         "Figure 6 ablation on CoLA",
         backbone=DEFAULT_BACKBONE,
         accelerator=CPU,
@@ -440,11 +445,14 @@ cpu_small = _register(
             Sweep(tasks=CPU_SMALL_TASKS, methods=method_grid(adapter_sizes=(64,)), learning_rates=(1e-4, 3e-4, 1e-3),
                   seeds=(0, 1, 2)),
             Sweep(tasks=CPU_SMALL_TASKS, methods=method_grid(layernorm=True), learning_rates=(1e-3, 3e-3), seeds=(0, 1, 2)),
+            # The head alone, the floor the others stand on: a linear probe learns at larger rates still.
+            Sweep(tasks=CPU_SMALL_TASKS, methods=method_grid(head=True), learning_rates=(3e-3, 1e-2), seeds=(0, 1, 2)),
             # CoLA with 1,000 examples: 3 epochs (94 steps) leave adapters predicting one class at every rate
             # above. Epochs are a grid axis in the paper ({3, 20} on GLUE): 10 here, each method at one rate.
             Sweep(tasks=("cola",), methods=method_grid(full=True), learning_rates=(1e-4,), epochs=(10,), seeds=(0, 1, 2)),
             Sweep(tasks=("cola",), methods=method_grid(adapter_sizes=(64,)), learning_rates=(3e-4,), epochs=(10,), seeds=(0, 1, 2)),
             Sweep(tasks=("cola",), methods=method_grid(layernorm=True), learning_rates=(3e-3,), epochs=(10,), seeds=(0, 1, 2)),
+            Sweep(tasks=("cola",), methods=method_grid(head=True), learning_rates=(1e-2,), epochs=(10,), seeds=(0, 1, 2)),
         ),
         # The paper's Figure 6 ablates CoLA (and MNLI, too large here).
         ablation=Ablation(tasks=("cola",), method={"name": "adapters", "size": 64, "init_std": 1e-2}),
@@ -467,9 +475,11 @@ GLUE_LOCAL_TASKS = ("cola", "mrpc", "sst2")
 GLUE_LOCAL_SEEDS = (0, 1, 2)
 GLUE_LOCAL_ADAPTERS = method_grid(adapter_sizes=(64,))
 GLUE_LOCAL_LAYERNORM = method_grid(layernorm=True)
+GLUE_LOCAL_HEAD = method_grid(head=True)  # the floor: the frozen backbone, its head alone trained (a linear probe)
 GLUE_LOCAL_LEFT_OUT = (
     "adapters: §3.2's rate 3e-5 (slower than 3e-4, which itself still trailed after 3 epochs here); "
-    "LayerNorm-only: 20 epochs on CoLA only, one rate (3e-3); full fine-tuning: Devlin et al.'s 3 epochs at 1e-4 only"
+    "LayerNorm-only: 20 epochs on CoLA only, one rate (3e-3); full fine-tuning: Devlin et al.'s 3 epochs at 1e-4 only; "
+    "the head alone (not in the paper): 3 epochs at 3e-3 and 1e-2 only"
 )
 glue_local = _register(
     dataclasses.replace(
@@ -477,7 +487,7 @@ glue_local = _register(
         name="glue_local",
         description="the GLUE claim decided on a CPU under the paper's protocols: MiniLM, CoLA/MRPC/SST-2 with their "
         "training sets (SST-2 capped at 8,000), full 1e-4 x 3 epochs vs adapters 64 (3e-4, 3e-3) x epochs {3, 20} vs "
-        "LayerNorm-only 3e-3 (3 epochs; 20 on CoLA), 3 seeds; runs in parts through the store",
+        "LayerNorm-only 3e-3 (3 epochs; 20 on CoLA) vs the head alone (3e-3, 1e-2), 3 seeds; runs in parts through the store",
         backbone=DEFAULT_BACKBONE,
         accelerator=dataclasses.replace(CPU, cpu_precision="float32"),  # begun in float32: its runs stay comparable
         parallelism=2,
@@ -496,7 +506,8 @@ glue_local = _register(
         ) + tuple(
             Sweep(tasks=GLUE_LOCAL_TASKS, methods=GLUE_LOCAL_ADAPTERS, learning_rates=(3e-3,), epochs=(20,), seeds=(seed,))
             for seed in GLUE_LOCAL_SEEDS
-        ) + (Sweep(tasks=("cola",), methods=GLUE_LOCAL_LAYERNORM, learning_rates=(3e-3,), epochs=(20,), seeds=GLUE_LOCAL_SEEDS),),
+        ) + (Sweep(tasks=("cola",), methods=GLUE_LOCAL_LAYERNORM, learning_rates=(3e-3,), epochs=(20,), seeds=GLUE_LOCAL_SEEDS),
+             Sweep(tasks=GLUE_LOCAL_TASKS, methods=GLUE_LOCAL_HEAD, learning_rates=(3e-3, 1e-2), seeds=GLUE_LOCAL_SEEDS)),
     )
 )
 
