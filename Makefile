@@ -75,7 +75,8 @@ notebooks: venv
 	test -f $(NOTEBOOK_PACKAGES) || { $(PY) -m pip freeze --exclude-editable | sort > $(VENV)/.freeze-before \
 	  && $(PY) -m pip install --quiet $(JUPYTERLAB) \
 	  && $(PY) -m pip freeze --exclude-editable | sort | comm -13 $(VENV)/.freeze-before - | cut -d= -f1 > $(NOTEBOOK_PACKAGES); }
-	cd analysis && ../$(PY) -m jupyter lab --ServerApp.ip=localhost $(if $(PORT),--ServerApp.port=$(PORT))
+	cd analysis && ../$(PY) -m jupyter lab --ServerApp.ip=localhost $(if $(PORT),--ServerApp.port=$(PORT)) \
+	  $(if $(filter 0,$(shell id -u)),--allow-root)
 
 bench: venv
 	$(PY) -m adaptune.bench.cpu --out bench/results.json
