@@ -127,3 +127,27 @@ def test_pairs_name_the_step_settings_that_changed(float32_records: list[dict]) 
     older = [{key: value for key, value in record.items() if key != "branch_sums"} for record in a]  # before branch_sums
     pairs = paired_runs(_rows(older), _rows(a)).set_index("run_id")
     assert set(pairs["settings_changed"]) == {"branch_sums: unrecorded -> separate"}
+
+
+def test_a_fused_groups_runs_are_compared_as_a_group(float32_records: list[dict]) -> None:
+    """Runs of a group of 4 each train their own rows at a quarter of the group's rate: read as the device's rate
+    (examples/s x group size) a group as fast as its runs one after another compares at 1, not at 0.25; and each
+    side's group size and precision stand in the printed table."""
+    from adaptune.report.compare import paired_markdown
+
+    a = float32_records
+    b = [json.loads(json.dumps(record)) for record in a]
+    for record in b:
+        record.update(device="cpu:bf16", group_size=4, train_examples_per_s=record["train_examples_per_s"] / 4 * 1.1)
+    pairs = paired_runs(_rows(a), _rows(b))
+    assert pairs["speed_ratio"].to_numpy() == pytest.approx(1.1)
+    assert set(pairs["group_size_a"]) == {1} and set(pairs["group_size_b"]) == {4}
+    assert set(pairs["precision_a"]) == {"float32"} and set(pairs["precision_b"]) == {"bf16"}
+    by_id = pairs.set_index("run_id")
+    for record in b:
+        assert by_id.loc[record["run_id"], "run_seconds_b"] == pytest.approx(record["wall_time_s"] / 4)
+    table = paired_markdown(pairs)
+    header = table.splitlines()[0]
+    assert all(column in header for column in ("precision_a", "precision_b", "group_size_a", "group_size_b", "speed_ratio"))
+    overall = paired_summary(pairs).set_index("task").loc["all"]
+    assert overall["group_sizes_a"] == "1" and overall["group_sizes_b"] == "4" and overall["precisions_b"] == "bf16"

@@ -185,6 +185,14 @@ def run_row(record: dict[str, Any], written_at: dt.datetime | None = None) -> di
     }
 
 
+def run_precision(device: str | None) -> str | None:
+    """The precision a run was trained and scored in, from its record's `device` (adaptune.core.devices): "bf16"
+    under autocast (a GPU, a TPU, or "cpu:bf16", a CPU with native bf16), "float32" on a CPU without; None unrecorded."""
+    if not isinstance(device, str) or not device:
+        return None
+    return "float32" if device == "cpu" else "bf16"
+
+
 def curve_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per (epoch, validation metric) of a run's learning curve."""
     rows = []
