@@ -5,8 +5,8 @@ from __future__ import annotations
 from adaptune.core import environment
 
 # The frozen backbone's precision on a CPU. "auto": bf16 where the CPU multiplies it natively, else
-# float32 (measured: scores unchanged, README "The frozen backbone in bf16 on a CPU"; an emulated bf16
-# step is 17x slower); "bf16" is refused where it would be emulated.
+# float32 (scores within seed noise, docs/results.md; an emulated bf16 step is an order of magnitude
+# slower, bench/LOG.md); "bf16" is refused where it would be emulated.
 CPU_PRECISIONS = ("auto", "bf16", "float32")
 CPU_BF16_ENV = "ADAPTUNE_CPU_BF16"
 

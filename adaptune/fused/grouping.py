@@ -34,11 +34,11 @@ _FREE_METHOD_FIELDS = frozenset({"init_std"})
 # An accelerator's runs_per_group is chosen from memory measured at batch 32 of up to 128 tokens.
 REFERENCE_STEP_TOKENS = 32 * 128
 # A step of this many tokens keeps a GPU busy alone, so its runs train alone: on an H100, BERT-large adapters at
-# batch 32 padded to 384 tokens (SQuAD's), the trainer's one-run step took 83 ms (20% MFU) and a group of 2 took
-# 198 ms, 0.84x as fast per run (bench/gpu.json "h100_2026_11_27_levers").
+# SQuAD's 384 tokens ran slower per run in a group of 2 than alone (bench/gpu.json "h100_2026_11_27_levers";
+# bench/LOG.md).
 LONG_STEP_TOKENS = 3 * REFERENCE_STEP_TOKENS
 # Runs that train the whole model (nothing frozen to share) train one a group: stacking whole models, as HFTA does,
-# did not pay on an H100 (0.89-1.01x at 2 and 4 runs a group, bench/README.md, 2026-11-28); a group of one is replayed
+# did not pay on an H100 (bench/LOG.md, "the options that left"); a group of one is replayed
 # as step graphs where the step-graph step runs.
 WHOLE_MODEL_RUNS_PER_GROUP = 1
 

@@ -4,7 +4,7 @@ Each field is an ADAPTUNE_* variable of adaptune.core.environment (its values an
 `StepSettings.from_environment` reads them once, applies an accelerator preset's pinned values under the
 user's own, and checks the dependencies between them, each violation one line. Torch-free, so that planning
 can validate what a shard will run. Only settings a measurement shows to pay are here (the measurement log,
-bench/README.md, keeps the figures of those that went).
+bench/LOG.md, keeps the figures of those that went).
 """
 
 from __future__ import annotations

@@ -16,12 +16,10 @@ from adaptune.train.config import TrainConfig
 
 # Training throughput in examples per second for full fine-tuning at max_length 128, batch 32,
 # per backbone and accelerator (Vertex AI accelerator type, or "cpu"), for one run. These are
-# ESTIMATES for planning, except where a row says it was measured: the MiniLM CPU row comes from the
-# smoke runs here (full fine-tuning 12-17 examples/s at max_length 64, one thread per run, two runs
-# on a busy 2-core machine, halved for max_length 128); the BERT H100 rows are `make bench-gpu`'s
-# training steps on a lent H100 (bench/gpu.json, 2026-11-23: batch 32 padded to 128, bf16, one run:
-# 46.0 ms and 89.2 ms a step); the other rows are rough scalings of published BERT training
-# throughputs. A plan given a run store's measurements (adaptune.sweep.throughput) uses those instead.
+# ESTIMATES for planning, except where a row says it was measured (the MiniLM CPU row from the smoke
+# runs, the BERT H100 rows from `make bench-gpu`; their sources: bench/LOG.md); the other rows are rough
+# scalings of published BERT training throughputs. A plan given a run store's measurements
+# (adaptune.sweep.throughput) uses those instead.
 THROUGHPUT: dict[tuple[str, str], float] = {
     ("all-MiniLM-L6-v2", "cpu"): 7.0,
     ("bert-base-uncased", "cpu"): 1.5,
@@ -40,45 +38,31 @@ THROUGHPUT: dict[tuple[str, str], float] = {
 # Frozen weights need no weight gradients: a parameter-efficient step costs about 2/3 of a full one's FLOPs.
 PARAMETER_EFFICIENT_STEP_COST = 0.65
 # ... but where a GPU was measured, a step is bound by the host launching kernels, not by FLOPs: the
-# adapter (m=64) step over the full step, both at batch 32 padded to 128 as the THROUGHPUT rows
-# (bench/gpu.json, H100 2026-11-23: 47.1 / 46.0 ms and 76.1 / 89.2 ms).
+# adapter (m=64) step over the full step, both at batch 32 padded to 128 as the THROUGHPUT rows (bench/gpu.json).
 MEASURED_PARAMETER_EFFICIENT_STEP_COST: dict[tuple[str, str], float] = {
     ("bert-base-uncased", "NVIDIA_H100_80GB"): 1.02,
     ("bert-large-uncased", "NVIDIA_H100_80GB"): 0.85,
 }
 # One run's parameter-efficient step measured at a longer length than the THROUGHPUT rows', which a length
-# scaling of those rows would overprice (their 128-token steps were bound by the host, not by the tokens):
-# BERT-large adapters, batch 32 padded to 384 tokens (SQuAD's), the trainer's one-run step on an H100, 83.1 ms,
-# 20% MFU (bench/gpu.json "h100_2026_11_27_levers"; GLUE rows padded, a classification head: the span head's
-# work is negligible beside 24 layers); scaling gives 141 examples/s. Methods of the frozen_backbone kind only:
-# a top_k run's backward pass grows with its depth (top_k beyond half the layers does more than an adapter's).
+# scaling of those rows would overprice (their 128-token steps were bound by the host, not by the tokens): BERT-large
+# adapters at 384 tokens (SQuAD's), the trainer's one-run step (bench/gpu.json; a classification head stands in for
+# the span head, negligible beside 24 layers). Methods of the frozen_backbone kind only: a top_k run's backward pass
+# grows with its depth (top_k beyond half the layers does more than an adapter's).
 MEASURED_ONE_RUN_AT_LENGTH: dict[tuple[str, str, int], float] = {
     ("bert-large-uncased", "NVIDIA_H100_80GB", 384): 385.0,  # 32 / 0.0831 s
 }
-# Fused run groups on a GPU, as the H100 preset trains them (its step_settings: the step replayed as CUDA
-# graphs, counter dropout masks, the attention kernel, the grouped LayerNorm kernel): training examples/s of a
-# group of k runs on 64 real length-grouped GLUE batches, bf16, over this table's one-run throughput for the
-# method's step (THROUGHPUT x MEASURED_PARAMETER_EFFICIENT_STEP_COST: adapters 681 and 422 examples/s; THROUGHPUT
-# alone for whole models: 695 and 359), so that their product is the measured group's. The trainer's one-run step
-# measured on an H100 at real lengths (669 and 337 examples/s, "h100_2026_11_27_attention_kernel") is close to
-# the table's: it is bound by its host, not by its tokens.
-# - "frozen_backbone" (adapters, LayerNorm-only, LoRA, (IA)3: a group's step launches what an adapter group's does),
-#   BERT-base at k = 1, 2, 4, 6, 8 and 12 in one call: 4,477, 5,078, 5,066, 5,157, 5,291 and 4,919 examples/s
-#   ("h100_2026_11_28" groupsizes; 8 repeats 2026-11-27's 5,294). So a lone run replayed is already 85% of a group
-#   of 8: step graphs, not sharing, make most of the step's gain; the group's gain is in the costs outside steps.
-#   BERT-large at 8: 1,751 ("h100_2026_11_27_levers", without the LayerNorm kernel: 1.13x more padded to 128, a
-#   floor); at 1: 838, without either kernel, a floor ("h100_2026_11_26_step_graphs").
-# - top_k groups (each run's top layers stacked) by depth, without the LayerNorm kernel: 9,409, 4,944 and 3,374
-#   examples/s at 1, 6 and 11 layers in groups of 8, 10,498, 4,751 and 3,127 alone ("h100_2026_11_27_levers");
-#   3 layers eager, 5,029 ("h100_2026_11_26"). A top_k run prices at the shallowest depth measured at least its own
-#   (more stacked layers share less).
-# - "whole_model" (full fine-tuning, top_k over every layer: no frozen part to share; HFTA's stacked whole models):
-#   BERT-base at 1, 2 and 4 runs 3,022, 3,039 and 3,000 examples/s, BERT-large 1,214, 1,129 and 1,083
-#   ("h100_2026_11_28" wholegroups): stacking does not pay, so they train one a group
-#   (grouping.WHOLE_MODEL_RUNS_PER_GROUP), and a group of one replayed is 4.3x and 3.4x the table.
-# None of these has the dropout kernel, which the preset took on 2026-11-28 (1.31x a group of 8's step with the
-# LayerNorm kernel, "h100_2026_11_27_levers"): they are floors. Between two measured sizes a group is priced on the
-# line between their step times, and below the smallest at that size's step time (see table_fused_speedup).
+# Fused run groups on a GPU, as the H100 preset trains them (its step_settings): training examples/s of a group of
+# k runs on real length-grouped GLUE batches, bf16, over this table's one-run throughput for the method's step
+# (THROUGHPUT x MEASURED_PARAMETER_EFFICIENT_STEP_COST; THROUGHPUT alone for whole models), so that their product is
+# the measured group's (bench/gpu.json; each figure's call in bench/LOG.md). Kinds:
+# - "frozen_backbone" (adapters, LayerNorm-only, LoRA, (IA)3: a group's step launches what an adapter group's does);
+# - top_k<depth> (each run's top layers stacked): a top_k run prices at the shallowest depth measured at least its
+#   own (more stacked layers share less);
+# - "whole_model" (full fine-tuning, top_k over every layer: no frozen part to share): stacking them did not pay, so
+#   they train one a group (grouping.WHOLE_MODEL_RUNS_PER_GROUP), a group of one replayed.
+# Where a figure was measured without a kernel the preset now takes, it is a floor. Between two measured sizes a
+# group is priced on the line between their step times, and below the smallest at that size's step time (see
+# table_fused_speedup).
 FUSED_SPEEDUP: dict[str, dict[str, dict[int, float]]] = {
     "frozen_backbone": {"bert-base-uncased": {1: 6.57, 2: 7.46, 4: 7.44, 6: 7.57, 8: 7.77, 12: 7.22},
                         "bert-large-uncased": {1: 1.98, 8: 4.15}},
@@ -90,13 +74,10 @@ FUSED_SPEEDUP: dict[str, dict[str, dict[int, float]]] = {
 }
 # A task whose rows are mostly far shorter than its max_length, trained in length-grouped batches padded to their own
 # longest row (adaptune.data.batching): the mean tokens a row is padded to, by (task, max_length, doc_stride,
-# batch size). SQuAD v1.1 at 384 (stride 128): 185.1, one epoch's batches at a GPU's pad multiple of 8, through the
-# trainer's own features and batching (adaptune.bench.squad_lengths; here from the dev-v1.1 stand-in's 9,080 train
-# features, mean 178.1 tokens, 13 of 284 batches at 384; tests/test_calibration.py checks it against the data). The
-# table's 128-token rows scale by it where a step is longer than 128: a step measured at 128 tokens was bound by its
-# host (a step took the same time at 40 tokens as at 128), so at L tokens it takes at most L/128 of it (its GPU time
-# grows with its tokens, attention's share being a few percent at 185): an upper bound, where scaling by 384 priced
-# SQuAD's top-k steps at twice their tokens. bench/gpu_session.sh `squadtopk` measures those steps.
+# batch size), through the trainer's own features and batching (adaptune.bench.squad_lengths;
+# tests/test_calibration.py checks it against the data). The table's 128-token rows scale by it where a step is
+# longer than 128: a step measured at 128 tokens was bound by its host, so at L tokens it takes at most L/128 of it
+# (its GPU time grows with its tokens): an upper bound. bench/gpu_session.sh `squadtopk` measures those steps.
 MEAN_PADDED_LENGTH: dict[tuple[str, int, int, int], float] = {("squad", 384, 128, 32): 185.1}
 TOP_K_DEPTHS_MEASURED = sorted(int(kind.removeprefix("top_k")) for kind in FUSED_SPEEDUP if kind.startswith("top_k"))
 EVALUATION_OVERHEAD = 1.1  # per-epoch validation adds roughly a tenth

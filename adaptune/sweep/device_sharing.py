@@ -1,7 +1,6 @@
 """How a shard shares its device: runs fused into one forward pass (`runs_per_group`), the accelerator preset's
 setting unless its environment variable overrides it. Torch-free, so that planning can price what the runner will do.
-(Runs side by side in separate processes left on 2026-11-28: on an H100 four were no faster than one at a time,
-bench/README.md.)"""
+(Runs side by side in separate processes left: on an H100 four were no faster than one at a time, bench/LOG.md.)"""
 
 from __future__ import annotations
 

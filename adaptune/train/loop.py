@@ -433,7 +433,7 @@ def frozen_backbone_for_autocast(model: nn.Module, dtype: torch.dtype | None) ->
     """The frozen backbone as training runs it under autocast in `dtype` (None: no autocast, left as it is):
     its Linear layers stored in `dtype`, and each frozen query, key and value as one matmul (it saves the input's
     casts; in float32 it saved nothing, bench/projections.json). Returns what records say: "projections" ("stacked"
-    or "separate") and "residual" (always "float32": the stream's bf16 option went untimed, bench/README.md)."""
+    or "separate") and "residual" (always "float32": the stream's bf16 option went untimed, bench/LOG.md)."""
     if dtype is None:
         return {"projections": "separate", "residual": "float32"}
     keep_frozen_matmuls_in(model, dtype)

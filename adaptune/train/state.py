@@ -122,7 +122,7 @@ def resume_point(out_dir: Path, settings: StepSettings) -> tuple[int, StepSettin
         return 0, settings
     state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     if state.get("residual") not in (None, "float32"):  # saved by a run that trained a bf16 residual stream
-        raise ValueError(f"{path} was saved under ADAPTUNE_RESIDUAL=autocast, an option that has left (bench/README.md): "
+        raise ValueError(f"{path} was saved under ADAPTUNE_RESIDUAL=autocast, an option that has left (bench/LOG.md): "
                          "delete it to train the run again from its start")
     return int(state["progress"]["global_step"]), settings.for_masks(saved_scheme(state.get("rng_dropout")) or settings.dropout_masks)
 

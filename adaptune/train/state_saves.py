@@ -7,9 +7,9 @@ run loses little, never so often that saving costs much of its time, and never a
   ($ADAPTUNE_STATE_EVERY_S, STATE_EVERY_S unless set) and SAVE_COST_MULTIPLE times the last save's own time
   since it last saved (or started). So a preempted run loses at most that much and an epoch, and saving takes
   at most about 1/SAVE_COST_MULTIPLE of its time. A save's time grows with the state: a BERT-base adapter run's
-  is 29 MB, a whole BERT-large's 4 GB (background_uploads), against epochs of a few seconds for a small task's
-  fused group on an H100 (RTE's 2,490 rows at about 5,000 examples/s).
-- `every_s` 0 saves at every epoch's end, as every run did before 2026-11-28.
+  is tens of MB, a whole BERT-large's gigabytes (background_uploads), against epochs of a few seconds for a small
+  task's fused group on a GPU (figures: bench/LOG.md, `make bench-states`).
+- `every_s` 0 saves at every epoch's end, as every run did before this rule.
 A fused group decides once for all its runs, which then stand at one step and resume as one group again.
 `checkpoint_every_steps` saves where it says, within epochs, as before; such a save counts as the last one.
 """
