@@ -36,7 +36,7 @@ demo: venv
 run: venv
 	$(if $(filter docker,$(RUNNER)),$(MAKE) -C containers build-cpu)
 	$(PY) -m pipelines run $(PIPELINE) --out $(OUT)/$(basename $(notdir $(PIPELINE))) \
-		$(if $(RUNS_ROOT),--runs-root $(RUNS_ROOT)) $(if $(RETRY_FAILED),--retry-failed) $(if $(RETRAIN_STALE),--retrain-stale) \
+		$(if $(RUNS_ROOT),--runs-root $(RUNS_ROOT)) $(if $(RETRY_FAILED),--retry-failed) $(if $(RETRAIN_STALE),--retrain-stale) $(if $(RETRY_UNREADABLE),--retry-unreadable) \
 		$(if $(RUNNER),--runner $(RUNNER))
 
 plan: venv

@@ -37,9 +37,9 @@ def plan_shards(spec_json: str, compiled_shape: str) -> List[str]:
 
 
 def train_shard(spec_json: str, shard_id: str, runs_root: str, data_dir: str, retry_failed: bool, retrain_stale: bool,
-                shard_summary: Output[Metrics]) -> str:
+                retry_unreadable: bool, shard_summary: Output[Metrics]) -> str:
     """Train the shard's runs that the run store has no record of; returns a one-line summary, and logs
-    its counts (reused, ok, degenerate, failed, stale, superseded) as Metrics the console shows per task.
+    its counts (reused, ok, degenerate, failed, stale, unreadable, superseded, lost) as Metrics the console shows per task.
 
     Transient failures (out of memory, network, storage) are retried inside, with backoff; every other
     failure is a failed record and the shard goes on. The task ends itself past its deadline
@@ -52,10 +52,11 @@ def train_shard(spec_json: str, shard_id: str, runs_root: str, data_dir: str, re
     from adaptune.sweep.store import RunStore
 
     outcomes = run_shard(spec_from_dict(json.loads(spec_json)), shard_id, RunStore(runs_root), data_dir=data_dir or None,
-                         retry_failed=retry_failed, retrain_stale=retrain_stale, enforce_deadline=True)
+                         retry_failed=retry_failed, retrain_stale=retrain_stale, retry_unreadable=retry_unreadable,
+                         enforce_deadline=True)
     summary = ", ".join(f"{count} {outcome}" for outcome, count in sorted(outcomes.items()))
     print(f"shard {shard_id}: {summary}")
-    for outcome in ("reused", "ok", "degenerate", "failed", "stale", "superseded"):  # every one, so tasks compare
+    for outcome in ("reused", "ok", "degenerate", "failed", "stale", "unreadable", "superseded", "lost"):  # every one, so tasks compare
         shard_summary.log_metric(outcome, outcomes.get(outcome, 0))
     return summary
 

@@ -18,7 +18,7 @@ def _run(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     paths = run_local(args.name, args.out, data_dir=args.data_dir, runs_root=args.runs_root, retry_failed=args.retry_failed,
-                      retrain_stale=args.retrain_stale, runner=args.runner)
+                      retrain_stale=args.retrain_stale, retry_unreadable=args.retry_unreadable, runner=args.runner)
     print(f"\n{args.name} finished in {time.perf_counter() - started:.0f} s.")
     print(result_summary(paths, Path(args.out)))
     return 0
@@ -253,7 +253,7 @@ def _submit(args: argparse.Namespace) -> int:
         submit_checks.check_buckets(settings)
         target = "Vertex AI"
     try:
-        print(submit(args.name, retry_failed=args.retry_failed, retrain_stale=args.retrain_stale))
+        print(submit(args.name, retry_failed=args.retry_failed, retrain_stale=args.retrain_stale, retry_unreadable=args.retry_unreadable))
     except Exception as error:
         line = submit_checks.explain(error, target)
         if line is None:
@@ -300,6 +300,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--runs-root", default=None, help="the run store (default: OUT/store); finished runs there are reused")
     run.add_argument("--retry-failed", action="store_true", help="train again the runs whose record says failed")
     run.add_argument("--retrain-stale", action="store_true", help="train again the runs whose record is from another data scheme")
+    run.add_argument("--retry-unreadable", action="store_true",
+                     help="train again the runs whose record cannot be read (each file kept aside)")
     run.add_argument("--runner", choices=("subprocess", "docker"), default="subprocess",
                      help="subprocess: components in this environment; docker: in the project's images (image_for), "
                           "through kfp.local's DockerRunner (build them first: make -C containers build-cpu)")
@@ -345,6 +347,8 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("name", help="a named experiment or a sweep file (.yaml/.json)")
     submit.add_argument("--retry-failed", action="store_true", help="train again the runs whose record says failed")
     submit.add_argument("--retrain-stale", action="store_true", help="train again the runs whose record is from another data scheme")
+    submit.add_argument("--retry-unreadable", action="store_true",
+                        help="train again the runs whose record cannot be read (each file kept aside)")
     submit.set_defaults(handler=_submit)
     stage = commands.add_parser("stage-models", help="copy the experiment's hub backbones into the run store once (pods load them from there)")
     stage.add_argument("name", help="a named experiment or a sweep file (.yaml/.json)")

@@ -34,6 +34,7 @@ def run_local(
     runs_root: str | None = None,
     retry_failed: bool = False,
     retrain_stale: bool = False,
+    retry_unreadable: bool = False,
     runner: str = "subprocess",
     check_data: bool = True,
 ) -> dict[str, Path]:
@@ -83,7 +84,7 @@ def run_local(
         quiet = without_local_runner_warnings() if runner == "subprocess" else contextlib.nullcontext()
         with without_executor_inputs(), quiet:  # kfp prints each task's whole input JSON; the rest of its log stays
             run = build_pipeline(spec)(runs_root=store.root, data_dir=str(root) if root else "", retry_failed=retry_failed,
-                                       retrain_stale=retrain_stale)
+                                       retrain_stale=retrain_stale, retry_unreadable=retry_unreadable)
     finally:
         builtins.print = real_print
     return collect_outputs(Path(run.outputs["results"].path), Path(run.outputs["report"].path), out_dir)

@@ -95,12 +95,14 @@ def build_pipeline(spec: ExperimentSpec, target: str = "vertex") -> Callable[...
         data_dir: str = "",
         retry_failed: bool = False,
         retrain_stale: bool = False,
+        retry_unreadable: bool = False,
     ) -> outputs:
         plan_task = steps.plan_shards(spec_json=spec_json, compiled_shape=compiled_shape(spec))
         plan_task.set_caching_options(False)  # cheap, and must follow the image's adaptune
         with dsl.ParallelFor(plan_task.output, parallelism=spec.parallelism) as shard_id:
             train_task = steps.train_shard(spec_json=spec_json, shard_id=shard_id, runs_root=runs_root,
-                                           data_dir=data_dir, retry_failed=retry_failed, retrain_stale=retrain_stale)
+                                           data_dir=data_dir, retry_failed=retry_failed, retrain_stale=retrain_stale,
+                                           retry_unreadable=retry_unreadable)
             train_task.set_caching_options(False)  # the run store decides what to reuse
             configure_accelerator(train_task, spec.accelerator, spec.retries, target, timeout_s)
         last: Any = train_task

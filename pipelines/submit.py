@@ -166,14 +166,16 @@ def display_name(name: str, now: dt.datetime | None = None) -> str:
     return f"{pipeline_name(get_experiment(name))}-{now:%Y%m%d-%H%M%S}"
 
 
-def pipeline_arguments(settings: SubmitSettings, retry_failed: bool = False, retrain_stale: bool = False) -> dict[str, Any]:
+def pipeline_arguments(settings: SubmitSettings, retry_failed: bool = False, retrain_stale: bool = False,
+                       retry_unreadable: bool = False) -> dict[str, Any]:
     """The run-time parameters of a submission (the spec itself is the compiled default)."""
     return {"data_dir": settings.data_dir, "runs_root": settings.resolved_runs_root(), "retry_failed": retry_failed,
-            "retrain_stale": retrain_stale}
+            "retrain_stale": retrain_stale, "retry_unreadable": retry_unreadable}
 
 
 def submit_vertex(name: str, settings: SubmitSettings, credentials: Any = None, api_endpoint: str | None = None,
-                  api_transport: str | None = None, retry_failed: bool = False, retrain_stale: bool = False) -> Any:
+                  api_transport: str | None = None, retry_failed: bool = False, retrain_stale: bool = False,
+                  retry_unreadable: bool = False) -> Any:
     """Compile and submit to Vertex AI Pipelines; returns the submitted PipelineJob.
 
     The run joins the Vertex AI Experiment settings.resolved_vertex_experiment(name) (created on first
@@ -202,7 +204,7 @@ def submit_vertex(name: str, settings: SubmitSettings, credentials: Any = None, 
             display_name=display_name(name),
             template_path=str(package),
             pipeline_root=settings.pipeline_root,
-            parameter_values=pipeline_arguments(settings, retry_failed, retrain_stale),
+            parameter_values=pipeline_arguments(settings, retry_failed, retrain_stale, retry_unreadable),
             # None keeps each task's compiled choice (all off); True would override them and reuse a stale
             # aggregate and report after --retry-failed. The run store decides which runs to train.
             enable_caching=None,
@@ -213,7 +215,8 @@ def submit_vertex(name: str, settings: SubmitSettings, credentials: Any = None, 
     return job
 
 
-def submit_kfp(name: str, host: str, settings: SubmitSettings, retry_failed: bool = False, retrain_stale: bool = False) -> Any:
+def submit_kfp(name: str, host: str, settings: SubmitSettings, retry_failed: bool = False, retrain_stale: bool = False,
+               retry_unreadable: bool = False) -> Any:
     """Compile for a KFP cluster (node selectors, tolerations, timeouts, bounded fan-out) and create a run on `host`."""
     import kfp
 
@@ -223,21 +226,22 @@ def submit_kfp(name: str, host: str, settings: SubmitSettings, retry_failed: boo
         client = kfp.Client(host=host)
         return client.create_run_from_pipeline_package(
             str(package),
-            arguments=pipeline_arguments(settings, retry_failed, retrain_stale),
+            arguments=pipeline_arguments(settings, retry_failed, retrain_stale, retry_unreadable),
             run_name=display_name(name),
             experiment_name="adaptune",
             enable_caching=None,  # keep the compiled choice: caching off on every task
         )
 
 
-def submit(name: str, env: Mapping[str, str] | None = None, retry_failed: bool = False, retrain_stale: bool = False) -> str:
+def submit(name: str, env: Mapping[str, str] | None = None, retry_failed: bool = False, retrain_stale: bool = False,
+           retry_unreadable: bool = False) -> str:
     """`python -m pipelines submit NAME`: to KFP_HOST if set, else Vertex AI; returns a line to print."""
     env = os.environ if env is None else env
     get_experiment(name)  # an unknown experiment is reported before any missing or malformed setting
     settings = load_settings(env)
     host = env.get("KFP_HOST")
     if host:
-        result = submit_kfp(name, host, settings, retry_failed, retrain_stale)
+        result = submit_kfp(name, host, settings, retry_failed, retrain_stale, retry_unreadable)
         return f"submitted {name} to {host}: run {getattr(result, 'run_id', result)}"
-    job = submit_vertex(name, settings, retry_failed=retry_failed, retrain_stale=retrain_stale)
+    job = submit_vertex(name, settings, retry_failed=retry_failed, retrain_stale=retrain_stale, retry_unreadable=retry_unreadable)
     return f"submitted {name} to Vertex AI: {job.resource_name} (Vertex AI Experiment {settings.resolved_vertex_experiment(name)})"

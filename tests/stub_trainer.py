@@ -77,6 +77,7 @@ def _sleep(seconds: float, out_dir: Path, on_state_saved: Callable[[], None] | N
     while (left := end - time.monotonic()) > 0:
         time.sleep(min(left, every) if every else left)
         if every and on_state_saved is not None:
+            out_dir.mkdir(parents=True, exist_ok=True)  # as the loop's atomic_write does, were the folder deleted meanwhile
             (out_dir / "train_state.pt").write_bytes(str(time.time()).encode())
             on_state_saved()
 

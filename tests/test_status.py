@@ -49,7 +49,10 @@ def fill_store(store: RunStore) -> list[TrainConfig]:
     store.publish_record(finished(runs[6], "failed", "DataError: rte's train.tsv has no label column", None))
     try_acquire(store, runs[7].run_id, owner="pod-a", seconds=900)  # training now
     expired = {"owner": "pod-dead", "acquired_at": time.time() - 7200, "taken_at": time.time() - 3600, "expires_at": time.time() - 2700}
-    store.create_exclusive(json_text(expired).encode(), RUNS_DIR, runs[8].run_id, "lease-1.json")  # its pod died
+    store.create_exclusive(json_text(expired).encode(), RUNS_DIR, runs[8].run_id, "lease-1.json")  # its pod died an hour ago:
+    written = store.modified_times  # the store last wrote its lease then (status judges by the store's timestamp alone)
+    store.modified_times = lambda paths: {parts: stamp - (HOUR if parts[1] == runs[8].run_id else 0.0)  # type: ignore[method-assign]
+                                          for parts, stamp in written(paths).items()}
     store.publish_record({**finished(runs[9]), "data_scheme": "glue-1"})  # made before GLUE's validation slice
     store.write_json({"saved": True}, RUNS_DIR, runs[10].run_id, STATE_FILE)  # an interrupted run's state, no lease
     return runs  # runs[11]: nothing at all

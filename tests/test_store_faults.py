@@ -7,8 +7,8 @@ https://cloud.google.com/storage/docs/request-preconditions):
 - the store's own files (attempts.json, lease-<n>.json, record.json) are only ever written by the store's
   own calls: a run's scratch copy never uploads them back over fresher ones;
 - a record or lease that cannot be read is one line naming the run and the file: status lists it, the
-  shard goes on, --retry-failed retrains it (the file kept aside); an unreadable lease ends once it is
-  older than the lease length;
+  shard goes on, --retry-unreadable retrains it (the file kept aside) and --retry-failed does not; an
+  unreadable lease ends as any lease does, once the store shows it unchanged for a lease length;
 - a root that does not exist, or cannot be written, is refused with one line before anything runs.
 """
 
@@ -103,7 +103,7 @@ def test_a_live_run_longer_than_its_lease_is_not_taken_over(stub: Path, bucket: 
 # --- unreadable files ----------------------------------------------------------------------------------
 
 
-def test_an_unreadable_record_is_named_the_shard_goes_on_and_retry_failed_retrains_it(
+def test_an_unreadable_record_is_named_the_shard_goes_on_and_retry_unreadable_alone_retrains_it(
     stub: Path, bucket: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     spec = _spec()
@@ -121,14 +121,15 @@ def test_an_unreadable_record_is_named_the_shard_goes_on_and_retry_failed_retrai
     capsys.readouterr()
     assert _run(spec, store) == Counter(reused=3, unreadable=1)  # the other runs are still checked
     out = capsys.readouterr().out
-    assert f"{broken}: " in out and "record.json is not readable JSON" in out and "--retry-failed" in out
+    assert f"{broken}: " in out and "record.json is not readable JSON" in out and "--retry-unreadable" in out
 
     with pytest.raises(IncompleteSweepError, match=r"1 of 4 planned runs have a record that cannot be read .*record\.json"):
         aggregate_sweep(spec, store, tmp_path / "results")
     summary = aggregate_sweep(spec, store, tmp_path / "partial", partial=True)
     assert summary["runs"] == 3 and f"skipped run {broken}" in capsys.readouterr().err
 
-    assert _run(spec, store, retry_failed=True) == Counter(reused=3, ok=1)
+    assert _run(spec, store, retry_failed=True) == Counter(reused=3, unreadable=1)  # failed runs alone: not this one
+    assert _run(spec, store, retry_unreadable=True) == Counter(reused=3, ok=1)
     assert stub_trainer.calls(broken) == 2 and store.record(broken)["status"] == "ok"
     kept = [name for name in store.names("runs", broken) if name.startswith("record.json.unreadable-")]
     assert len(kept) == 1 and store.fs.cat_file(store._path("runs", broken, kept[0])).endswith(b'"sta')
@@ -139,8 +140,8 @@ def test_an_unreadable_record_is_named_the_shard_goes_on_and_retry_failed_retrai
 def test_an_unreadable_lease_ends_once_older_than_the_lease_length(
     stub: Path, bucket: str, monkeypatch: pytest.MonkeyPatch, content: bytes
 ) -> None:
-    """The rule: a lease file that cannot be read, or has no numeric expires_at, ended once the file is
-    older than the lease length (a live holder rewrites it every third of that)."""
+    """The rule: a lease file that cannot be read, or has no numeric expires_at, ends as any lease does: once
+    the store shows it unchanged for a lease length (a live holder rewrites it every third of that)."""
     monkeypatch.setenv(LEASE_SECONDS_ENV, "6")  # reading a torn file is retried for a second: room for two reads
     spec = _spec()
     held = plan(spec).runs[0].run_id
@@ -150,7 +151,7 @@ def test_an_unreadable_lease_ends_once_older_than_the_lease_length(
     status = sweep_status(spec, store)
     assert status.count("running") == 1 and status.count("not started") == 3
     taken = try_acquire(store, held, owner="other")
-    assert isinstance(taken, Holder) and taken.expires_at > time.time()
+    assert isinstance(taken, Holder) and 0 < taken.expires_in <= 6
     # The shard trains the others first, then waits for the lease to end and trains the held run.
     assert _run(spec, store) == Counter(ok=4)
     assert store.record(held)["status"] == "ok" and stub_trainer.calls(held) == 1
@@ -179,7 +180,8 @@ def test_a_missing_bucket_or_prefix_is_refused_by_readers_and_writers(stub: Path
 def test_a_root_no_run_can_be_written_under_is_refused_before_training(stub: Path, tmp_path: Path, where: str) -> None:
     (tmp_path / "a-file").write_text("")
     root = tmp_path / "a-file" / "store" if where == "under a file" else Path("/proc/adaptune-store")
-    with pytest.raises(StoreError, match=f"cannot write runs under {root}"):
+    refusal = f"run store {root} lies under {tmp_path / 'a-file'}, which is a file" if where == "under a file" else f"cannot write runs under {root}"
+    with pytest.raises(StoreError, match=refusal):
         _run(_spec(), RunStore(root))
     assert not (stub / "calls").exists()
 

@@ -130,7 +130,7 @@ def test_vertex_submission_sends_the_compiled_pipeline(fake_vertex: str, vertex_
     assert body["runtimeConfig"]["gcsOutputDirectory"] == "gs://bucket/root"
     # The run store defaults to a folder beside the pipeline root; the spec is the compiled default.
     assert body["runtimeConfig"]["parameterValues"] == {
-        "data_dir": "/gcs/bucket/data", "runs_root": "gs://bucket/root/adaptune-runs", "retry_failed": False,
+        "data_dir": "/gcs/bucket/data", "runs_root": "gs://bucket/root/adaptune-runs", "retry_failed": False, "retry_unreadable": False,
         "retrain_stale": False,
     }
     spec = body["pipelineSpec"]
@@ -177,7 +177,7 @@ def test_kfp_host_submits_a_kfp_target_package(monkeypatch: pytest.MonkeyPatch, 
     line = submit("glue_full", env={**env, "ADAPTUNE_REGISTRY": "us-docker.pkg.dev/p/r"})
     assert line == "submitted glue_full to http://127.0.0.1:1: run run-1"
     assert calls["host"] == "http://127.0.0.1:1" and calls["enable_caching"] is None
-    assert calls["arguments"] == {"data_dir": "", "runs_root": "gs://b/runs", "retry_failed": False, "retrain_stale": False}
+    assert calls["arguments"] == {"data_dir": "", "runs_root": "gs://b/runs", "retry_failed": False, "retrain_stale": False, "retry_unreadable": False}
     assert calls["run_name"].startswith("adaptune-glue-full-")
     assert "nodeSelector" in calls["package"] and "nvidia.com/gpu" in calls["package"]
 
@@ -261,4 +261,4 @@ def test_a_vertex_submission_joins_the_experiment_named_after_it_its_job_otherwi
     spec = created["body"]["pipelineSpec"]
     outputs = spec["components"]["comp-aggregate"]["outputDefinitions"]["artifacts"]
     assert outputs["sweep_summary"]["artifactType"]["schemaTitle"] == "system.Metrics"
-    assert set(created["body"]["runtimeConfig"]["parameterValues"]) == {"data_dir", "runs_root", "retry_failed", "retrain_stale"}
+    assert set(created["body"]["runtimeConfig"]["parameterValues"]) == {"data_dir", "runs_root", "retry_failed", "retrain_stale", "retry_unreadable"}

@@ -19,6 +19,7 @@ def atomic_write(target: str | os.PathLike[str], write: Callable[[Path], Any]) -
     so that a results directory written by one user or service account stays readable by its group.
     """
     target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)  # a run's folder deleted while it trains comes back with its next save
     handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f"{_PARTIAL_PREFIX}{target.name}.", suffix=_PARTIAL_SUFFIX)
     os.close(handle)
     try:

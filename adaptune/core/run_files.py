@@ -13,11 +13,14 @@ EVENTS_DIR = "tensorboard"  # TensorBoard event files: the curve as it trains, t
 # A SQuAD run's {question id: answer text} of the final epoch's validation questions: the prediction
 # file the official evaluate-v1.1.py reads.
 PREDICTIONS_FILE = "predictions.json"
-LEASE_FILE = re.compile(r"^lease-(\d+)\.json$")  # who trains the run now (adaptune.sweep.lease); the highest n is current
+# Who trains the run now (adaptune.sweep.lease); the highest n is current. Only the names the store writes
+# (lease-1.json, no leading zero): any other lease-*.json is not a lease, never waited on.
+LEASE_FILE = re.compile(r"^lease-([1-9][0-9]*)\.json$")
+LEASE_LIKE = re.compile(r"^lease-.*\.json$")  # the store's leases and strays like them: never copied with a run
 UNREADABLE_SUFFIX = ".unreadable-"  # <file>.unreadable-<unix time>: an unreadable record set aside, never deleted
 
 
 def store_owned(name: str) -> bool:
     """A file only the run store's own calls write (record, attempts, leases): never copied into a run's
     scratch directory nor uploaded back from one, so a stale copy can never overwrite the live file."""
-    return name in (RECORD_FILE, ATTEMPTS_FILE) or LEASE_FILE.match(name) is not None or UNREADABLE_SUFFIX in name
+    return name in (RECORD_FILE, ATTEMPTS_FILE) or LEASE_LIKE.match(name) is not None or UNREADABLE_SUFFIX in name

@@ -16,7 +16,7 @@ from typing import Any
 from adaptune.data.tasks import data_scheme, get_task
 from adaptune.sweep.console_metrics import sweep_metrics
 from adaptune.sweep.experiments import Ablation, ExperimentSpec
-from adaptune.sweep.lease import remove_orphaned_leases
+from adaptune.sweep.lease import remove_litter
 from adaptune.sweep.plan import Plan, plan
 from adaptune.sweep.store import ABLATION_DIR, RUNS_DIR, RunStore
 from adaptune.train.record import is_stale
@@ -35,7 +35,7 @@ def sweep_records(spec: ExperimentSpec, store: RunStore, planned: Plan | None = 
     if unreadable:
         run_id, reason = next(iter(unreadable.items()))
         raise IncompleteSweepError(f"{len(unreadable)} of {len(planned.runs)} planned runs have a record that cannot be read "
-                                   f"(e.g. {reason}): retrain them with --retry-failed (RETRY_FAILED=1), which keeps the file aside")
+                                   f"(e.g. {reason}): retrain them with --retry-unreadable (RETRY_UNREADABLE=1), which keeps the file aside")
     missing = [run.run_id for run in planned.runs if run.run_id not in found]
     if missing:
         raise IncompleteSweepError(
@@ -126,7 +126,7 @@ def aggregate_sweep(spec: ExperimentSpec, store: RunStore, out_dir: str | os.Pat
     planned = plan(spec)
     store.require_existing()
     records = (finished_records if partial else sweep_records)(spec, store, planned)
-    remove_orphaned_leases(store, store.run_files(), (record["run_id"] for record in records))
+    remove_litter(store, store.run_files(), records)
     if not records:
         raise IncompleteSweepError(f"no planned run of {spec.name!r} has finished yet in {store.root}: nothing to report")
     ablation: list[dict[str, Any]] = []

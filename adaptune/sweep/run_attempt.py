@@ -16,7 +16,7 @@ from typing import Any
 from adaptune.core import environment
 from adaptune.fused.grouping import fused_groups, group_key, trains_alone_for_its_length
 from adaptune.fused.settings import StepSettings
-from adaptune.sweep.lease import Holder, Lease, lease_seconds, new_owner, try_acquire
+from adaptune.sweep.lease import Holder, Lease, LeaseWatch, current_lease, lease_owner, lease_seconds, new_owner, try_acquire
 from adaptune.sweep.machine import TRAINER_ENV, load_trainer
 from adaptune.sweep.store import CHECKPOINT_DIR, RECORD_FILE, RUNS_DIR, RunDir, RunStore, UnreadableFileError
 from adaptune.sweep.transient import backoff_s, is_transient
@@ -44,14 +44,14 @@ def form_groups(configs: list[TrainConfig], runs_per_group: int) -> list[list[Tr
 
 def train_groups(groups: Iterable[list[TrainConfig]], shard_id: str, store: RunStore, options: dict[str, Any]) -> dict[str, str]:
     """train_runs over groups already formed."""
-    owner = new_owner()
+    owner, watch = new_owner(), LeaseWatch()
     by_run: dict[str, str] = {}
     deferred = []
     for group in groups:
         if len(group) == 1 and not _graphed_alone(group[0], options.get("settings", StepSettings())):
-            outcomes = {group[0].run_id: run_in_store(group[0], store, wait=False, owner=owner, **options)}
+            outcomes = {group[0].run_id: run_in_store(group[0], store, wait=False, owner=owner, watch=watch, **options)}
         else:
-            outcomes = group_in_store(group, store, owner, **options)
+            outcomes = group_in_store(group, store, owner, watch=watch, **options)
         for config in group:
             outcome = outcomes[config.run_id]
             if outcome == "leased":  # another attempt trains it now: train the rest first
@@ -61,7 +61,7 @@ def train_groups(groups: Iterable[list[TrainConfig]], shard_id: str, store: RunS
             by_run[config.run_id] = outcome
             print(f"{shard_id}: {config.run_id} {outcome}" + (f" (in a group of {len(group)})" if len(group) > 1 else ""), flush=True)
     for config in deferred:
-        by_run[config.run_id] = run_in_store(config, store, wait=True, owner=owner, **options)
+        by_run[config.run_id] = run_in_store(config, store, wait=True, owner=owner, watch=watch, **options)
         print(f"{shard_id}: {config.run_id} {by_run[config.run_id]}", flush=True)
     return by_run
 
@@ -82,7 +82,7 @@ def _graphed_alone(config: TrainConfig, settings: StepSettings) -> bool:
 
 class _Unreadable(str):
     """A record file that cannot be read (its one-line reason): the run is "unreadable" until retrained
-    with retry_failed, which sets the file aside (RunStore.set_aside) and trains the run again."""
+    with retry_unreadable, which sets the file aside (RunStore.set_aside) and trains the run again."""
 
 
 def _stored_record(store: RunStore, run_id: str) -> dict[str, Any] | _Unreadable | None:
@@ -92,12 +92,13 @@ def _stored_record(store: RunStore, run_id: str) -> dict[str, Any] | _Unreadable
         return _Unreadable(str(error))
 
 
-def _reuse(record: dict[str, Any] | _Unreadable | None, retry_failed: bool, retrain_stale: bool) -> str | None:
-    """'reused', 'stale' or 'unreadable' where the store's record stands, None where the run must train."""
+def _reuse(record: dict[str, Any] | _Unreadable | None, retry_failed: bool, retrain_stale: bool, retry_unreadable: bool) -> str | None:
+    """'reused', 'stale' or 'unreadable' where the store's record stands, None where the run must train: what
+    the user asked to retrain, and nothing else (failed runs, unreadable records and stale ones each by their own flag)."""
     if record is None:
         return None
     if isinstance(record, _Unreadable):
-        return None if retry_failed else "unreadable"
+        return None if retry_unreadable else "unreadable"
     if is_stale(record):
         return None if retrain_stale else "stale"
     if record.get("status") == "failed" and retry_failed:
@@ -117,21 +118,23 @@ def run_in_store(
     owner: str | None = None,
     sleep: Callable[[float], None] = time.sleep,
     settings: StepSettings = StepSettings(),
+    retry_unreadable: bool = False,
+    watch: LeaseWatch | None = None,
 ) -> str:
     """One run, at most once: 'reused' / 'stale' where the store's record stands, 'leased' (wait=False)
     where another attempt holds it, 'superseded' where ours expired and was taken over, else its status."""
     found = _stored_record(store, config.run_id)
-    reused = _reuse(found, retry_failed, retrain_stale)
+    reused = _reuse(found, retry_failed, retrain_stale, retry_unreadable)
     if reused:
         if reused == "unreadable":
-            print(f"{config.run_id}: {found}; retrain it with --retry-failed (RETRY_FAILED=1), which keeps the file aside", flush=True)
+            print(f"{config.run_id}: {found}; retrain it with --retry-unreadable (RETRY_UNREADABLE=1), which keeps the file aside", flush=True)
         return reused
-    lease = _take_lease(config.run_id, store, owner, wait, sleep)
+    lease = _take_lease(config.run_id, store, owner, wait, sleep, watch or LeaseWatch())
     if not isinstance(lease, Lease):
         return lease
     try:
         with lease.kept_alive():
-            reused = _clear_for_training(config, store, retry_failed, retrain_stale)
+            reused = _clear_for_training(config, store, retry_failed, retrain_stale, retry_unreadable)
             if reused:
                 return reused
             record = _train_with_retries(config, store, data_dir, max_transient_failures, progress, sleep, settings)
@@ -151,6 +154,8 @@ def group_in_store(
     retrain_stale: bool = False,
     sleep: Callable[[float], None] = time.sleep,
     settings: StepSettings = StepSettings(),
+    retry_unreadable: bool = False,
+    watch: LeaseWatch | None = None,
 ) -> dict[str, str]:
     """run_in_store for a group (wait=False): each run's record reused or its lease taken, as alone;
     the runs leased train together (adaptune.train.group_loop.train_group), each published as alone."""
@@ -159,17 +164,17 @@ def group_in_store(
         training = []
         for config in configs:
             found = _stored_record(store, config.run_id)
-            reused = _reuse(found, retry_failed, retrain_stale)
+            reused = _reuse(found, retry_failed, retrain_stale, retry_unreadable)
             if reused:
                 outcomes[config.run_id] = reused
                 continue
-            lease = _take_lease(config.run_id, store, owner, False, sleep)
+            lease = _take_lease(config.run_id, store, owner, False, sleep, watch or LeaseWatch())
             if not isinstance(lease, Lease):
                 outcomes[config.run_id] = lease
                 continue
             leases.callback(lease.release)
             leases.enter_context(lease.kept_alive())
-            reused = _clear_for_training(config, store, retry_failed, retrain_stale)
+            reused = _clear_for_training(config, store, retry_failed, retrain_stale, retry_unreadable)
             if reused:
                 outcomes[config.run_id] = reused
                 continue
@@ -182,11 +187,11 @@ def group_in_store(
     return outcomes
 
 
-def _clear_for_training(config: TrainConfig, store: RunStore, retry_failed: bool, retrain_stale: bool) -> str | None:
+def _clear_for_training(config: TrainConfig, store: RunStore, retry_failed: bool, retrain_stale: bool, retry_unreadable: bool) -> str | None:
     """Under the run's lease: its outcome where a record now stands (another attempt may have finished),
     else clear what would stop it training (an unreadable record set aside, a failed or stale one forgotten)."""
     existing = _stored_record(store, config.run_id)
-    reused = _reuse(existing, retry_failed, retrain_stale)
+    reused = _reuse(existing, retry_failed, retrain_stale, retry_unreadable)
     if reused:
         return reused
     if isinstance(existing, _Unreadable):
@@ -202,9 +207,16 @@ def _clear_for_training(config: TrainConfig, store: RunStore, retry_failed: bool
 def _publish(config: TrainConfig, record: dict[str, Any], lease: Lease, store: RunStore, data_dir: Any) -> str:
     """Publish the run's record once, if our lease still holds; returns the run's outcome."""
     with_provenance(record, data_dir)  # a trainer named by $ADAPTUNE_TRAINER may leave it to us
-    if not lease.still_held():
-        print(f"{config.run_id}: our lease expired and another attempt took the run over; its result stands", flush=True)
+    if not lease.still_held() and not lease.reclaim():
+        taken = current_lease(store, config.run_id)
+        print(f"{config.run_id}: another attempt ({lease_owner(taken[1] if taken else None)}) took the run over while this one trained, "
+              "its holder silent for a lease length or its folder deleted: that attempt's result stands, this one's is not published",
+              flush=True)
         return "superseded"
+    if record.get("checkpoint_dir") and not store.names(RUNS_DIR, config.run_id, CHECKPOINT_DIR):
+        print(f"{config.run_id}: its folder in the run store was deleted while it trained and its checkpoint went with it: "
+              "nothing published; the next submission trains it again", flush=True)
+        return "lost"
     if not store.publish_record(record):
         return "reused"  # a record appeared that no lease guarded (a store written by an older adaptune)
     if record["status"] != "failed":
@@ -212,9 +224,10 @@ def _publish(config: TrainConfig, record: dict[str, Any], lease: Lease, store: R
     return record["status"]
 
 
-def _take_lease(run_id: str, store: RunStore, owner: str | None, wait: bool, sleep: Callable[[float], None]) -> Lease | str:
+def _take_lease(run_id: str, store: RunStore, owner: str | None, wait: bool, sleep: Callable[[float], None],
+                watch: LeaseWatch) -> Lease | str:
     while True:
-        taken = try_acquire(store, run_id, owner)
+        taken = try_acquire(store, run_id, owner, watch=watch)
         if isinstance(taken, Lease):
             return taken
         if not wait:
@@ -223,7 +236,7 @@ def _take_lease(run_id: str, store: RunStore, owner: str | None, wait: bool, sle
             return "unreadable" if isinstance(found, _Unreadable) else "reused"
         assert isinstance(taken, Holder)
         print(f"{run_id}: {taken.describe()}; waiting", flush=True)
-        sleep(min(max(taken.expires_at - time.time(), 1.0), lease_seconds() / 10, 60.0))
+        sleep(min(max(taken.expires_in, 1.0), lease_seconds() / 10, 60.0))
         if (found := _stored_record(store, run_id)) is not None:
             return "unreadable" if isinstance(found, _Unreadable) else "reused"
 

@@ -7,7 +7,8 @@ backbone (the copy staged in the store, `make stage-models`; else the hub). A mi
 task with one line saying what to do, instead of recording every run as failed.
 
 For every run of the shard (adaptune.sweep.plan.Plan.shards):
-- a record in the store is reused (a failed one too, unless `retry_failed`); a record made under
+- a record in the store is reused (a failed one too, unless `retry_failed`; one that cannot be read is left
+  alone, unless `retry_unreadable`, which sets the file aside); a record made under
   another data scheme (tasks.DATA_SCHEMES) is "stale": neither reused nor retrained, unless
   `retrain_stale`;
 - otherwise the run's lease is taken (adaptune.sweep.lease): a run another attempt is training is left for
@@ -49,9 +50,10 @@ def run_shard(
     retrain_stale: bool = False,
     enforce_deadline: bool = False,
     group_size: int | None = None,
+    retry_unreadable: bool = False,
 ) -> Counter[str]:
     """Train every run of the shard that the store has no record of; returns counts by outcome
-    (reused, stale, ok, degenerate, failed, superseded). With `enforce_deadline` (pipeline tasks) the
+    (reused, stale, unreadable, ok, degenerate, failed, superseded, lost). With `enforce_deadline` (pipeline tasks) the
     process exits with status 124 past the shard's deadline (Plan.deadline_hours)."""
     store.require_writable()
     planned = plan(spec)
@@ -62,7 +64,7 @@ def run_shard(
     prepare_machine(store, backbones)
     # How every step of the shard computes: the accelerator preset's, under the task's or user's own variables.
     settings = StepSettings.from_environment(preset=spec.accelerator.step_settings)
-    options = dict(data_dir=data_dir, retry_failed=retry_failed, retrain_stale=retrain_stale,
+    options = dict(data_dir=data_dir, retry_failed=retry_failed, retrain_stale=retrain_stale, retry_unreadable=retry_unreadable,
                    max_transient_failures=spec.retries, progress=progress, settings=settings)
     fused = group_size or runs_per_group(spec.accelerator)
     by_run = train_runs(list(shard.runs), shard_id, store, options, fused)

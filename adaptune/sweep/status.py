@@ -16,7 +16,7 @@ from typing import Any
 import pandas as pd
 
 from adaptune.sweep.experiments import ExperimentSpec
-from adaptune.sweep.lease import lease_expires_at, lease_number, lease_owner
+from adaptune.sweep.lease import lease_number, lease_owner, lease_seconds, renewed_within
 from adaptune.sweep.plan import Plan, plan
 from adaptune.sweep.status_cache import record_summaries
 from adaptune.sweep.store import RECORD_FILE, RUNS_DIR, STATE_FILE, RunStore
@@ -95,6 +95,8 @@ def sweep_status(spec: ExperimentSpec, store: RunStore, now: float | None = None
         ((RUNS_DIR, run_id, f"lease-{number}.json") for run_id, number in lease_files.items()), bad_leases).items()}
     leases.update({parts[1]: {"unreadable": reason} for parts, reason in bad_leases.items()})
     leases = {run_id: lease if isinstance(lease, dict) else {"unreadable": "not an object"} for run_id, lease in leases.items()}
+    written = {parts[1]: stamp for parts, stamp in store.modified_times(
+        (RUNS_DIR, run_id, f"lease-{number}.json") for run_id, number in lease_files.items() if run_id in leases).items()}
 
     states, running, interrupted = {}, [], 0
     for run in planned.runs:
@@ -104,9 +106,9 @@ def sweep_status(spec: ExperimentSpec, store: RunStore, now: float | None = None
         elif run.run_id in unreadable:
             states[run.run_id] = UNREADABLE
         elif run.run_id in lease_files and (run.run_id not in leases  # vanished meanwhile: being taken or released
-                                            or lease_expires_at(store, run.run_id, lease_files[run.run_id], leases[run.run_id]) > now):
+                                            or renewed_within(written.get(run.run_id), now, lease_seconds())):
             states[run.run_id] = RUNNING
-            running.append(_running(run.run_id, leases.get(run.run_id), now))
+            running.append(_running(run.run_id, leases.get(run.run_id), written.get(run.run_id), now))
         else:
             states[run.run_id] = NOT_STARTED
             interrupted += run.run_id in lease_files or STATE_FILE in files.get(run.run_id, ())
@@ -130,13 +132,16 @@ def failure_groups(failed: dict[str, dict[str, Any]]) -> list[FailureGroup]:
     return [FailureGroup(reason, len(ids), ids[0]) for reason, ids in sorted(groups.items(), key=lambda item: (-len(item[1]), item[0]))]
 
 
-def _running(run_id: str, lease: dict[str, Any] | None, now: float) -> RunningRun:
+def _running(run_id: str, lease: dict[str, Any] | None, written: float | None, now: float) -> RunningRun:
+    """Renewed: by the store's timestamp of the lease's last write. Held: since the holder's own `acquired_at`,
+    the one time only it knows, kept within what its renewals allow (never negative, never before its
+    renewal where its clock runs ahead)."""
     lease = lease or {}
-    acquired, renewed = lease.get("acquired_at"), lease.get("taken_at")
-    acquired = acquired if isinstance(acquired, int | float) else None
-    renewed = renewed if isinstance(renewed, int | float) else None
-    return RunningRun(run_id, lease_owner(lease), None if acquired is None else now - acquired,
-                      None if renewed is None else now - renewed)
+    acquired = lease.get("acquired_at")
+    acquired = acquired if isinstance(acquired, int | float) and not isinstance(acquired, bool) else None
+    renewed = None if written is None else max(now - written, 0.0)
+    held = None if acquired is None else max(now - acquired, renewed or 0.0)
+    return RunningRun(run_id, lease_owner(lease), held, renewed)
 
 
 def _costs(planned: Plan, records: dict[str, dict[str, Any]], states: dict[str, str]) -> dict[str, Any]:

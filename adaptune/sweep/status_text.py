@@ -22,7 +22,7 @@ def format_status(status: SweepStatus) -> str:
                      "(neither reused nor retrained; RETRAIN_STALE=1 / --retrain-stale retrains them)")
     if status.count(UNREADABLE):
         lines.append(f"unreadable {status.count(UNREADABLE):,}: records that cannot be read, counted apart "
-                     "(RETRY_FAILED=1 / --retry-failed retrains them, keeping each file aside)")
+                     "(RETRY_UNREADABLE=1 / --retry-unreadable retrains them, keeping each file aside)")
         lines += [f"  {reason}" for reason in list(status.unreadable.values())[:SHOWN_RUNNING]]
     lines += [
         "",

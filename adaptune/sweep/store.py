@@ -94,6 +94,7 @@ class RunStore:
     def require_existing(self) -> RunStore:
         """Refuse a root that does not exist (a wrong path, prefix or bucket), for commands that read a
         store: an empty answer would look like a sweep that has not started."""
+        self.require_folder()
         try:
             found = self.fs.isdir(self._base)
         except Exception as error:  # noqa: BLE001 -- a bucket we may not list, a broken mount: one line
@@ -105,6 +106,7 @@ class RunStore:
     def require_writable(self) -> RunStore:
         """Refuse a root no run could be written under, before any run trains: a local path under a
         regular file or a read-only or virtual filesystem (/proc), a bucket that does not exist."""
+        self.require_folder()
         if self.is_local:
             try:
                 Path(self._base).mkdir(parents=True, exist_ok=True)
@@ -124,6 +126,26 @@ class RunStore:
                              "create) or fix --runs-root")
         return self
 
+    def require_folder(self) -> RunStore:
+        """The one rule for what a runs root is, shared by every command and the shard runner: a folder, or a
+        path where one can be made. A regular file or a bucket object, or a path under one, is refused with
+        the same line. On a bucket an object and a prefix may share a name, but the Cloud Storage FUSE mount
+        Vertex AI jobs read through shows only one of them (gcsfuse docs/semantics.md, "Files and
+        directories with the same name"), so such a root is refused too."""
+        parts = self._base.split("/")
+        first = 1 if self.is_local else 2  # a local path's "/" and a bucket's name are no files
+        for end in range(len(parts), first - 1, -1):
+            ancestor = "/".join(parts[:end]) or "/"
+            try:
+                is_file = self.fs.isfile(ancestor)
+            except Exception:  # noqa: BLE001 -- unreachable or unlistable: require_existing / require_writable say why
+                return self
+            if is_file:
+                where = "is" if end == len(parts) else f"lies under {self.root.removesuffix('/'.join(parts[end:])).rstrip('/')}, which is"
+                raise StoreError(f"run store {self.root} {where} a file, not a folder: pass a folder as --runs-root (RUNS_ROOT=), "
+                                 "for instance a new one beside it")
+        return self
+
     def url(self, *parts: str) -> str:
         """Where `parts` live, as a path or URL a user (or another pod) can open."""
         return "/".join([self.root, *parts])
@@ -138,9 +160,8 @@ class RunStore:
         write on a filesystem is visible before its content) is read again for up to a second; still
         unreadable then, it is an UnreadableFileError naming it."""
         for attempt in range(5):
-            try:
-                with self.fs.open(self._path(*parts), "r") as handle:
-                    return json.load(handle)
+            try:  # one whole-object read: no file object, whose read-ahead logs a vanished file as an error
+                return json.loads(self.fs.cat_file(self._path(*parts)))
             except FileNotFoundError:
                 return None
             except ValueError as error:  # JSONDecodeError, UnicodeDecodeError
@@ -167,8 +188,29 @@ class RunStore:
         rename, which Cloud Storage FUSE allows); returns the new name."""
         *where, name = parts
         kept = f"{name}{UNREADABLE_SUFFIX}{int(time.time())}"
-        self.fs.mv(self._path(*parts), self._path(*where, kept))
+        if self.is_local:
+            self.fs.mv(self._path(*parts), self._path(*where, kept))
+        else:  # an object has no rename: copy and delete (gcsfs's mv tries a folder move first and logs its refusal)
+            self.fs.copy(self._path(*parts), self._path(*where, kept))
+            self.fs.rm(self._path(*parts))
         return kept
+
+    def version(self, *parts: str) -> str | None:
+        """What changes whenever the file is written again (GCS generation; locally inode, mtime and size),
+        None where it does not exist: compared for equality only, never read as a time."""
+        try:
+            info = self.fs.info(self._path(*parts))
+        except FileNotFoundError:
+            return None
+        return _version(info)
+
+    def modified_times(self, paths: Iterable[tuple[str, ...]]) -> dict[tuple[str, ...], float]:
+        """When each existing file among `paths` was last written, by the store's own clock (a bucket's
+        `updated`, a filesystem's mtime), read concurrently."""
+        paths = list(paths)
+        with ThreadPoolExecutor(READ_THREADS) as pool:
+            found = list(pool.map(lambda parts: self.modified_at(*parts), paths))
+        return {parts: stamp for parts, stamp in zip(paths, found) if stamp is not None}
 
     def create_exclusive(self, data: bytes, *parts: str) -> bool:
         """Write a new file only where none exists; False when one does (another writer was first).
@@ -249,8 +291,7 @@ class RunStore:
         except FileNotFoundError:
             return {}
         prefix = base.rstrip("/") + "/"
-        return {path.removeprefix(prefix): str(info.get("generation") or f"{info.get('mtime')}:{info.get('size')}")
-                for path, info in listing.items() if path.startswith(prefix)}
+        return {path.removeprefix(prefix): _version(info) for path, info in listing.items() if path.startswith(prefix)}
 
     def get_file(self, target: Path, *parts: str) -> None:
         """Copy one store file to a local path, replaced whole (a reader never sees half of it)."""
@@ -418,6 +459,10 @@ class RunStore:
             except FileNotFoundError:
                 if path.exists():
                     raise
+
+
+def _version(info: dict[str, Any]) -> str:
+    return str(info.get("generation") or f"{info.get('ino', '')}:{info.get('mtime')}:{info.get('size')}")
 
 
 class RunDir:
