@@ -3,10 +3,14 @@
 Two overlapping submissions of the same sweep (shard workers in their own processes, several at once),
 workers SIGKILLed at chosen points and restarted (inside a run; between publishing a record and
 releasing its lease; while waiting for a run another attempt holds), runs that fail transiently and
-runs that diverge; then a third submission, status and aggregate. Checked: every planned run ends with
-exactly one record, the failed records are exactly the diverging runs, no lease is left behind, each run
-trained as often as its faults explain (once; twice if killed inside it; once more per transient
-failure), and status, aggregate and runs.parquet agree.
+runs that diverge; dead workers' leases that claim to expire ten years ahead, stray lease names the
+store does not write, workers whose clocks run ahead and behind by many lease lengths (the second
+submission's, alternately), run folders deleted while their runs train; then a third submission, status
+and aggregate. Checked: every planned run ends with exactly one record, none hangs (a deadline stops the
+submissions), none is trained to completion twice, the failed records are exactly the diverging runs, no
+lease nor resume state of a finished run is left behind, each run trained as often as its faults explain
+(once; twice if killed inside it; once more per transient failure), and status, aggregate and
+runs.parquet agree.
 
     python -m tests.soak --runs 10000 --out bench/soak.json      (make bench-soak)
 tests/test_soak.py runs the same driver at a few hundred runs.
@@ -44,7 +48,12 @@ class SoakSettings:
     diverging: int = 4  # runs whose loss is not finite: a failed record
     long_runs: int = 20  # runs that last long enough to cross a lease renewal (and sync meanwhile)
     long_run_s: float = 1.2
+    dead_leases: int = 4  # runs a dead worker's lease holds, claiming to expire ten years ahead
+    stray_leases: int = 4  # runs with a lease-01.json beside them: a name the store does not write
+    deleted_folders: int = 3  # runs whose folder is deleted while they train
+    clock_skew_s: float = 60.0  # the second submission's workers: ahead and behind by this, alternately
     lease_s: float = 1.5  # renewed every third of it
+    deadline_s: float = 900.0  # the submissions stopped here: a run still without a record hung
     workers: int = 4  # shard processes at once per submission
     shard_size: int = 25
     retries: int = 3
@@ -68,6 +77,7 @@ def run_soak(settings: SoakSettings, root: str, control: Path, log: Path) -> dic
     from adaptune.sweep.fan_in import aggregate_sweep
     from adaptune.sweep.plan import plan
     from adaptune.sweep.status import sweep_status
+    from adaptune.core.run_files import LEASE_FILE, STATE_FILE
     from adaptune.sweep.store import RunStore
 
     started = time.perf_counter()
@@ -75,7 +85,11 @@ def run_soak(settings: SoakSettings, root: str, control: Path, log: Path) -> dic
     planned = plan(spec)
     run_ids = [run.run_id for run in planned.runs]
     rng = random.Random(settings.seed)
-    faulty = rng.sample(run_ids, settings.transient + settings.diverging + settings.kills + settings.long_runs)
+    extra = settings.dead_leases + settings.stray_leases + settings.deleted_folders
+    faulty = rng.sample(run_ids, settings.transient + settings.diverging + settings.kills + settings.long_runs + extra)
+    faulty, special = faulty[:len(faulty) - extra], faulty[len(faulty) - extra:]
+    dead, stray = special[:settings.dead_leases], special[settings.dead_leases:settings.dead_leases + settings.stray_leases]
+    deleted = special[settings.dead_leases + settings.stray_leases:]
     transient = dict.fromkeys(faulty[:settings.transient])
     diverging = set(faulty[settings.transient:settings.transient + settings.diverging])
     killed_inside = faulty[settings.transient + settings.diverging:][:settings.kills // len(KILL_POINTS) + settings.kills % len(KILL_POINTS)]
@@ -89,8 +103,16 @@ def run_soak(settings: SoakSettings, root: str, control: Path, log: Path) -> dic
         (control / "nan" / run_id).write_text("")
     for run_id in long_runs:
         (control / "sleep" / run_id).write_text(str(settings.long_run_s))
+    for run_id in deleted:
+        (control / "sleep" / run_id).write_text(str(4 * settings.lease_s))  # long enough to be deleted mid-run
     for run_id in killed_inside:
         (control / "kill" / "inside" / run_id).write_text("")
+    store = RunStore(root)
+    never = {"owner": "dead-pod-1234", "acquired_at": time.time(), "taken_at": time.time(), "expires_at": time.time() + 10 * 365 * 86400}
+    for run_id in dead:
+        store.write_json(never, "runs", run_id, "lease-1.json")
+    for run_id in stray:
+        store.write_json(never, "runs", run_id, "lease-01.json")
     planned_kills = Counter(inside=len(killed_inside))
     for index in range(settings.kills - len(killed_inside)):  # tokens any worker may take at that point
         point = "publish" if index % 2 == 0 else "catch_up"
@@ -101,23 +123,32 @@ def run_soak(settings: SoakSettings, root: str, control: Path, log: Path) -> dic
 
     env = {**os.environ, "STUB_TRAINER_DIR": str(control), "ADAPTUNE_TRAINER": "tests.stub_trainer:train",
            "ADAPTUNE_RETRY_BACKOFF_S": "0", "ADAPTUNE_LEASE_SECONDS": str(settings.lease_s), "STUB_SYNC_EVERY_S": "0.3",
+           "STUB_SAVE_STATE": "1",
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]), "OMP_NUM_THREADS": "1"}
     shards = [shard.id for shard in planned.shards]
     first = _Submission("A", shards, root, spec_path, env, log, settings.workers)
-    second = _Submission("B", list(reversed(shards)), root, spec_path, env, log, settings.workers)
+    second = _Submission("B", list(reversed(shards)), root, spec_path, env, log, settings.workers, settings.clock_skew_s)
+    deadline = time.monotonic() + settings.deadline_s
+    to_delete = _FolderDeleter(store, deleted, after_s=settings.lease_s)
     first.start_some()
     time.sleep(1.0)  # the second submission overlaps the first
-    while not (first.done() and second.done()):
+    while not (first.done() and second.done()) and time.monotonic() < deadline:
         first.step()
         second.step()
+        to_delete.step()
         time.sleep(0.05)
     third = _Submission("C", shards, root, spec_path, env, log, settings.workers)
-    while not third.done():
+    while not (first.done() and second.done() and third.done()) and time.monotonic() < deadline:
         third.step()
         time.sleep(0.05)
+    hung_submissions = [submission.stop() for submission in (first, second, third)]
     wall = time.perf_counter() - started
+    if any(hung_submissions):
+        listed = store.run_files()
+        hung = sum(1 for run_id in run_ids if "record.json" not in listed.get(run_id, {}))
+    else:
+        hung = 0
 
-    store = RunStore(root)
     status = sweep_status(spec, store)
     out = Path(tempfile.mkdtemp(prefix="soak-results-"))
     summary = aggregate_sweep(spec, store, out)  # also drops the leases a kill after publishing left behind
@@ -129,19 +160,26 @@ def run_soak(settings: SoakSettings, root: str, control: Path, log: Path) -> dic
     calls = {run_id: int(path.read_text()) if (path := control / "calls" / run_id).is_file() else 0 for run_id in run_ids}
     expected = {run_id: 1 + transient.get(run_id, 0) + (run_id in killed_inside) for run_id in run_ids}
     failed = {run_id for run_id, record in records.items() if record["status"] == "failed"}
-    leases_left = sum(1 for names in files.values() for name in names if name.startswith("lease-"))
+    leases_left = sum(1 for names in files.values() for name in names if LEASE_FILE.match(name))
+    states_left = sum(1 for run_id, record in records.items() if record["status"] != "failed" and STATE_FILE in files.get(run_id, {}))
+    completions = {run_id: int(path.read_text()) if (path := control / "completions" / run_id).is_file() else 0 for run_id in run_ids}
     kills_made = {point: planned_kills[point] - sum(1 for _ in (control / "kill" / point).iterdir()) for point in KILL_POINTS}
     return {
         "runs": len(run_ids), "shards": len(shards), "workers_per_submission": settings.workers, "submissions": 3,
         "kills": sum(kills_made.values()), "kills_planned": settings.kills, "kills_by_point": kills_made,
         "worker_exits": Counter(first.exits + second.exits + third.exits),
         "transient_runs": len(transient), "diverging_runs": len(diverging), "long_runs": len(long_runs),
+        "dead_leases": len(dead), "stray_leases": len(stray), "folders_deleted": to_delete.deleted,
+        "clock_skew_s": settings.clock_skew_s,
         "calls": sum(calls.values()), "calls_per_run": sum(calls.values()) / len(run_ids),
         "lost": sum(1 for run_id in run_ids if run_id not in records),
+        "hung": hung,
+        "trained_twice": sum(1 for count in completions.values() if count > 1),
         "duplicated": sum(1 for run_id in run_ids if calls[run_id] > expected[run_id]),
         "trained_less_than_expected": sum(1 for run_id in run_ids if calls[run_id] < expected[run_id]),
         "failed_are_the_diverging": failed == diverging,
         "leases_left": leases_left,
+        "states_left": states_left,
         "status": {state: status.count(state) for state in ("ok", "failed", "running", "not started", "unreadable")},
         "aggregate_runs": summary["runs"], "parquet_rows": parquet_rows,
         "wall_s": round(wall, 1),
@@ -152,18 +190,22 @@ class _Submission:
     """One submission: each shard in its own worker process, `workers` at once; a killed worker is
     started again (what a KFP retry or a resubmission does), until every shard exits 0."""
 
-    def __init__(self, name: str, shards: list[str], root: str, spec_path: Path, env: dict[str, str], log: Path, workers: int) -> None:
+    def __init__(self, name: str, shards: list[str], root: str, spec_path: Path, env: dict[str, str], log: Path, workers: int,
+                 clock_skew_s: float = 0.0) -> None:
         self.name, self.pending, self.root, self.spec_path, self.env, self.log, self.workers = name, list(shards), root, spec_path, env, log, workers
         self.running: dict[str, subprocess.Popen[bytes]] = {}
         self.exits: list[str] = []
+        self.clock_skew_s, self.started = clock_skew_s, 0
 
     def start_some(self) -> None:
         while self.pending and len(self.running) < self.workers:
             shard = self.pending.pop(0)
+            skew = self.clock_skew_s * (1 if self.started % 2 == 0 else -1)  # ahead, behind, ahead, ...
+            self.started += 1
             with open(self.log, "ab") as out:
                 self.running[shard] = subprocess.Popen(
                     [sys.executable, "-m", "tests.soak", "worker", self.root, str(self.spec_path), shard],
-                    cwd=REPO, env=self.env, stdout=out, stderr=subprocess.STDOUT)
+                    cwd=REPO, env={**self.env, "SOAK_CLOCK_SKEW_S": str(skew)}, stdout=out, stderr=subprocess.STDOUT)
 
     def step(self) -> None:
         for shard, process in list(self.running.items()):
@@ -181,6 +223,37 @@ class _Submission:
     def done(self) -> bool:
         return not self.pending and not self.running
 
+    def stop(self) -> bool:
+        """Past the deadline: kill what still runs; True where anything had to be."""
+        for process in self.running.values():
+            process.kill()
+            process.wait()
+        stopped = bool(self.running or self.pending)
+        self.running, self.pending = {}, []
+        return stopped
+
+
+class _FolderDeleter:
+    """Deletes each chosen run's folder in the store `after_s` after its lease appears: mid-run."""
+
+    def __init__(self, store: Any, run_ids: list[str], after_s: float) -> None:
+        self.store, self.waiting, self.after_s = store, {run_id: None for run_id in run_ids}, after_s
+        self.deleted, self.next_look = 0, 0.0
+
+    def step(self) -> None:
+        now = time.monotonic()
+        if now < self.next_look or not self.waiting:
+            return
+        self.next_look = now + 0.2
+        for run_id, seen in list(self.waiting.items()):
+            if seen is None:
+                if any(name.startswith("lease-") for name in self.store.names("runs", run_id)):
+                    self.waiting[run_id] = now
+            elif now - seen >= self.after_s:
+                self.store.remove("runs", run_id)
+                del self.waiting[run_id]
+                self.deleted += 1
+
 
 def _worker(root: str, spec_path: str, shard_id: str) -> int:
     """One shard, in this process, with kill points on the store's own steps."""
@@ -190,6 +263,10 @@ def _worker(root: str, spec_path: str, shard_id: str) -> int:
     from adaptune.sweep.store import RunStore
     from tests.stub_trainer import consume, control_dir
 
+    skew = float(os.environ.get("SOAK_CLOCK_SKEW_S") or 0)
+    if skew:  # this worker's clock is off: every time it writes (a lease's claims) is
+        true_time = time.time
+        time.time = lambda: true_time() + skew  # type: ignore[assignment]
     def take(point: str) -> bool:
         return any(consume(f"kill/{point}/{token.name}") for token in sorted((control_dir() / "kill" / point).iterdir()))
 
@@ -203,10 +280,10 @@ def _worker(root: str, spec_path: str, shard_id: str) -> int:
 
     take_lease = run_attempt._take_lease
 
-    def catch_up_then_die(run_id: str, store: RunStore, owner: str | None, wait: bool, sleep: Any) -> Any:
+    def catch_up_then_die(run_id: str, store: RunStore, owner: str | None, wait: bool, sleep: Any, watch: Any) -> Any:
         if wait and take("catch_up"):  # waiting for a run another attempt holds
             os.kill(os.getpid(), signal.SIGKILL)
-        return take_lease(run_id, store, owner, wait, sleep)
+        return take_lease(run_id, store, owner, wait, sleep, watch)
 
     RunStore.publish_record = publish_then_die  # type: ignore[method-assign]
     run_attempt._take_lease = catch_up_then_die
@@ -228,7 +305,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="bench/soak.json")
     args = parser.parse_args(argv)
     settings = SoakSettings(runs=args.runs, kills=args.kills, transient=max(12, args.runs // 50), diverging=max(4, args.runs // 1000),
-                            long_runs=max(20, args.runs // 100), workers=args.workers, shard_size=args.shard_size)
+                            long_runs=max(20, args.runs // 100), workers=args.workers, shard_size=args.shard_size,
+                            dead_leases=max(4, args.runs // 1000), stray_leases=max(4, args.runs // 1000),
+                            deleted_folders=max(3, args.runs // 2000), deadline_s=max(900.0, args.runs * 0.4))
     from tests.gcs_emulator import gcs_emulator
 
     with tempfile.TemporaryDirectory(prefix="soak-") as scratch, gcs_emulator(log_dir=scratch) as emulator:
@@ -237,7 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2, default=str) + "\n")
     print(json.dumps(result, indent=2, default=str))
-    return 0 if result["lost"] == 0 and result["duplicated"] == 0 and result["leases_left"] == 0 else 1
+    clean = all(result[key] == 0 for key in ("lost", "hung", "duplicated", "trained_twice", "leases_left", "states_left"))
+    return 0 if clean else 1
 
 
 if __name__ == "__main__":

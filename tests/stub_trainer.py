@@ -4,7 +4,8 @@ Used through $ADAPTUNE_TRAINER (adaptune.sweep.shard_runner.TRAINER_ENV) to run 
 kfp.local in seconds, and directly by the run-store tests. Behaviour per run is steered by files in
 $STUB_TRAINER_DIR: `calls/<run_id>` counts the calls; `transient/<run_id>` holds how many more
 calls raise ConnectionError; `nan/<run_id>` makes the run diverge (a failed record); `sleep/<run_id>` holds its own
-seconds; `kill/inside/<run_id>` SIGKILLs the process halfway through the run, once.
+seconds; `kill/inside/<run_id>` SIGKILLs the process halfway through the run, once; `completions/<run_id>` counts the
+calls that returned a record. $STUB_SAVE_STATE=1 saves a stand-in resume state as each run starts.
 $STUB_SLEEP_S makes each call take that long, and records the process that trained it (`stub_pid`):
 what a test of runs trained side by side reads. $STUB_SECONDS_PER_EXAMPLE gives a finished record a known throughput (wall time = training rows x
 epochs x that, on device $STUB_DEVICE, default "stub"): what the plan's calibration reads. $STUB_SYNC_EVERY_S saves a
@@ -47,6 +48,9 @@ def train(config: TrainConfig, out_dir: str | os.PathLike[str], write_record: bo
         raise ConnectionError(f"stub: storage unreachable while training {config.run_id}")
     own_sleep = root / "sleep" / config.run_id
     seconds = float(own_sleep.read_text()) if own_sleep.is_file() else float(os.environ.get("STUB_SLEEP_S") or 0)
+    if os.environ.get("STUB_SAVE_STATE") == "1":
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        (Path(out_dir) / "train_state.pt").write_bytes(b"state")
     if consume(f"kill/inside/{config.run_id}"):  # the node dies halfway through this run (once)
         _sleep(seconds / 2, Path(out_dir), on_state_saved)
         os.kill(os.getpid(), signal.SIGKILL)
@@ -68,7 +72,13 @@ def train(config: TrainConfig, out_dir: str | os.PathLike[str], write_record: bo
                       split_sizes={"train": rows, "validation": 10, "test": 10}, stub_pid=os.getpid())
     if write_record:
         Path(out_dir, "record.json").write_text(json.dumps(record))
+    (root / "completions").mkdir(exist_ok=True)
+    (root / "completions" / config.run_id).write_text(str(_count(root / "completions" / config.run_id) + 1))
     return record
+
+
+def _count(path: Path) -> int:
+    return int(path.read_text()) if path.is_file() else 0
 
 
 def _sleep(seconds: float, out_dir: Path, on_state_saved: Callable[[], None] | None) -> None:

@@ -1,7 +1,8 @@
 """The run store's soak (tests/soak.py) at CI size: two overlapping submissions of 200 stub runs in a
 bucket on the GCS emulator, workers SIGKILLed inside runs, between publishing a record and releasing its
 lease, and while waiting for a held run, then restarted; transient and diverging runs; long runs that
-cross lease renewals while syncing. `make bench-soak` runs the same driver at 10,000 runs."""
+cross lease renewals while syncing; dead workers' far-future leases, stray lease names, workers whose
+clocks run a minute ahead and behind, run folders deleted mid-run. `make bench-soak` runs the same driver at 10,000 runs."""
 
 from __future__ import annotations
 
@@ -15,13 +16,15 @@ from tests.soak import SoakSettings, run_soak
 
 @pytest.mark.slow
 def test_the_soak_loses_nothing_and_trains_each_run_as_often_as_its_faults_explain(tmp_path: Path) -> None:
-    settings = SoakSettings(runs=200, kills=6, transient=8, diverging=3, long_runs=12, workers=3, shard_size=40)
+    settings = SoakSettings(runs=200, kills=6, transient=8, diverging=3, long_runs=12, workers=3, shard_size=40, dead_leases=3,
+                            stray_leases=3, deleted_folders=2, deadline_s=600)
     with gcs_emulator(log_dir=tmp_path) as emulator:
         result = run_soak(settings, emulator.url("soak"), tmp_path / "control", tmp_path / "workers.log")
     assert result["runs"] == 200
     assert result["kills_by_point"]["inside"] == 2 and result["kills_by_point"]["publish"] == 2  # catch-up kills need a wait
     assert result["worker_exits"]["killed"] == result["kills"] >= 4
     assert result["lost"] == 0 and result["duplicated"] == 0 and result["trained_less_than_expected"] == 0
-    assert result["failed_are_the_diverging"] and result["leases_left"] == 0
+    assert result["hung"] == 0 and result["trained_twice"] == 0 and result["folders_deleted"] == 2
+    assert result["failed_are_the_diverging"] and result["leases_left"] == 0 and result["states_left"] == 0
     assert result["status"] == {"ok": 197, "failed": 3, "running": 0, "not started": 0, "unreadable": 0}
     assert result["aggregate_runs"] == result["parquet_rows"] == 200
