@@ -67,12 +67,10 @@ def train_groups(groups: Iterable[list[TrainConfig]], shard_id: str, store: RunS
 
 
 def _graphed_alone(config: TrainConfig, settings: StepSettings) -> bool:
-    """Under step graphs (adaptune.fused.step_graphs, either mode) a groupable run without companions trains as a
-    group of one, its step replayed as a CUDA graph: on an H100 that step ran 6.6x the solo trainer's table figure
-    (BERT-base adapters with the attention and LayerNorm kernels, bench/gpu.json "h100_2026_11_28"), 3.9-5.7x for
-    top_k ("h100_2026_11_27_levers"). So does a run that trains the whole model (full fine-tuning, top_k over every
-    layer), which no group shares: 4.35x (BERT-base) and 3.38x (BERT-large) for full fine-tuning ("h100_2026_11_28").
-    Not a run whose step keeps the GPU busy alone (grouping.LONG_STEP_TOKENS): the trainer's own step was the faster there."""
+    """Under step graphs (adaptune.fused.step_graphs) a groupable run without companions trains as a group of one, its
+    step replayed as a CUDA graph, which outran the solo trainer's step on an H100 (bench/LOG.md, "Fused run groups");
+    so does a run that trains the whole model, which no group shares. Not a run whose step keeps the GPU busy alone
+    (grouping.LONG_STEP_TOKENS): the trainer's own step was the faster there."""
     if environment.read(TRAINER_ENV) or trains_alone_for_its_length(config):
         return False
     if group_key(config) is None:  # whole-model runs have keys too
