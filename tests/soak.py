@@ -73,11 +73,11 @@ def soak_spec(settings: SoakSettings) -> Any:
 
 def run_soak(settings: SoakSettings, root: str, control: Path, log: Path) -> dict[str, Any]:
     """Drive the soak against the store at `root` (the emulator's environment already in os.environ)."""
+    from adaptune.core.run_files import LEASE_FILE, STATE_FILE
     from adaptune.sweep.experiments import spec_to_dict
     from adaptune.sweep.fan_in import aggregate_sweep
     from adaptune.sweep.plan import plan
     from adaptune.sweep.status import sweep_status
-    from adaptune.core.run_files import LEASE_FILE, STATE_FILE
     from adaptune.sweep.store import RunStore
 
     started = time.perf_counter()
