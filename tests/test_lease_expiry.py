@@ -9,7 +9,6 @@ is replaced whole on every write and gets a new generation (https://cloud.google
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import threading
@@ -19,33 +18,18 @@ from pathlib import Path
 
 import pytest
 
-from adaptune.sweep.experiments import Sweep, get_experiment
 from adaptune.sweep.fan_in import aggregate_sweep
 from adaptune.sweep.lease import LEASE_SECONDS_ENV, Holder, Lease, LeaseWatch, try_acquire
 from adaptune.sweep.plan import plan
-from adaptune.sweep.shard_runner import run_in_store, run_shard
+from adaptune.sweep.shard_runner import run_in_store
 from adaptune.sweep.status import sweep_status
 from adaptune.sweep.status_text import format_status
 from adaptune.sweep.store import RunStore, StoreError
 from tests import stub_trainer
 from tests.gcs_emulator import bucket, gcs, gcs_emulator  # noqa: F401 (bucket, gcs: fixtures)
+from tests.test_store_faults import _run, _spec
 
 DEAD_POD_LEASE = {"owner": "dead-pod-1234", "acquired_at": time.time(), "taken_at": time.time(), "expires_at": time.time() + 10 * 365 * 86400}
-
-
-def _spec(**changes: object):
-    """Four runs of RTE on the embedded backbone, one shard."""
-    spec = dataclasses.replace(
-        get_experiment("smoke"), name="leases", ablation=None, shard_size=8, retries=1,
-        sweeps=(Sweep(tasks=("rte",), methods=({"name": "full"}, {"name": "layernorm"}), learning_rates=(1e-4,), epochs=(1,),
-                      seeds=(0, 1), max_length=32),),
-    )
-    return dataclasses.replace(spec, **changes)
-
-
-def _run(spec, store: RunStore, **options: object) -> Counter[str]:
-    (shard,) = plan(spec).shards
-    return run_shard(spec, shard.id, store, **options)
 
 
 class FakeClock:
