@@ -88,6 +88,7 @@ def test_bundled_tasks_are_the_best_runs_and_predict_exactly_as_them(store, inpu
     for task, entry in manifest["tasks"].items():
         run_checkpoint = root / "runs" / entry["run_id"] / "checkpoint"
         assert entry["sha256"] == hashlib.sha256((run_checkpoint / "task.safetensors").read_bytes()).hexdigest()
+        assert entry["precision"] == "float32"  # the suite's runs train in float32 (conftest): predict computes in it too
         assert not entry["carries_whole_model"] and entry["labels"] == {"sst2": ["negative", "positive"],
                                                                          "rte": ["entailment", "not_entailment"]}[task]
         served = predictions(tmp_path / "b", task, inputs, tmp_path / f"{task}.jsonl")

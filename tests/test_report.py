@@ -426,6 +426,7 @@ def test_the_head_alone_stands_beside_the_majority_class_in_every_table(shared_d
     methods = methods_markdown(methods_table(runs, data_dir=shared_data_dir))
     assert methods.splitlines()[0].startswith("| task | metric (split, rows) | majority class | Head only (frozen backbone) | Full fine-tuning |")
     assert "| sms_spam | accuracy (test" in methods and "| sst2 | accuracy (dev" in methods
+    assert "| trained % of the backbone | | | 0.01 | 100.00 |" in methods  # the head's 100 of 1,000,000 parameters
 
 
 def test_a_report_copied_beside_its_results_names_that_folder(real_results_dir, tmp_path):

@@ -83,7 +83,7 @@ def methods_markdown(table: pd.DataFrame) -> str:
             cells.append("—" if row.empty else _cell(row.iloc[0]))
         lines.append("| " + " | ".join(cells) + " |")
     percent = table.groupby("method")["trained_percent"].mean()
-    lines.append("| trained % of the backbone | | | " + " | ".join(_number(percent.get(m), digits=2) for m in methods) + " |")
+    lines.append("| trained % of the backbone | | | " + " | ".join(_percent(percent.get(m)) for m in methods) + " |")
     return "\n".join(lines)
 
 
@@ -95,6 +95,13 @@ def _cell(row: pd.Series) -> str:
     degenerate = f", {int(row['n_degenerate'])} degenerate" if row["n_degenerate"] else ""
     seeds = int(row["n_seeds"])
     return f"{text} (lr {lr}, {seeds} seed{'s' if seeds != 1 else ''}{degenerate})"
+
+
+def _percent(value: Any) -> str:
+    """Two decimals; below 0.01 two significant digits (the head alone trains thousandths of a percent)."""
+    if value is None or pd.isna(value) or value == 0 or value >= 0.01:
+        return _number(value, digits=2)
+    return f"{value:.2g}"
 
 
 def _number(value: Any, digits: int = 1) -> str:

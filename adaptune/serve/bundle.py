@@ -34,6 +34,7 @@ from adaptune.data.tasks import get_task
 from adaptune.model.backbone import resolve_backbone
 from adaptune.model.checkpoint import INFO_FILE, WEIGHTS_FILE
 from adaptune.model.params import total_size_multiple
+from adaptune.report.results import run_precision
 from adaptune.sweep.store import CHECKPOINT_DIR, RUNS_DIR, RunStore
 
 FORMAT_VERSION = 1
@@ -200,6 +201,8 @@ def _copy_task(run: pd.Series, store: RunStore, bundle: Path, method: str, data_
         "num_labels": int(info["num_labels"]),
         "labels": _label_names(task, data_dir),
         "max_length": int(config.get("max_length", 128)),
+        # The precision the run was scored in: predict computes in it, to reproduce the run's own evaluation.
+        "precision": run_precision(run.get("device")) or "float32",
         "trained_params": int(info["trained_params"]),
         "carries_whole_model": info["method"]["name"] == "full",
         "dir": f"{TASKS_DIR}/{task.name}",

@@ -9,8 +9,17 @@ checked before the model loads; a bad one is an error naming the file and line.
 Output lines, in input order: `line` (1-based), `id` where given, and for classification `label`
 (its name), `label_id`, `scores` (softmax probability per label) and `logits`; for regression
 (STS-B) `score`. Texts are stripped and tokenized as the runs' data was (truncated to the run's
-max_length), and batched as evaluation batches them, in float32: on CPU a bundled task's
-predictions equal its run's own evaluation exactly.
+max_length), and batched as evaluation batches them, in the precision the run was scored in (the
+manifest's `precision`, from its record's device: bf16 under autocast for a GPU's run or a CPU's with
+native bf16, else float32; `--precision` overrides it). What equals what, and how exactly:
+  float32   a run alone, scored in float32 on a CPU: its bundle's predictions equal its own evaluation
+            bit for bit (tests/test_bundle.py).
+  bf16      a run alone, scored in bf16: the same bf16 operators on the same batches, so the same
+            scores (tests/test_bf16_precision.py); a run trained in a fused group was scored in the
+            group's one pass (each batch repeated once per run), whose bf16 matmuls may round otherwise:
+            its bundle's predictions may differ from that pass by bf16 rounding, and a bf16 run predicted
+            in float32 (`--precision float32`) too (tests/bf16_gap.py measures both).
+On a CPU without native bf16 a bf16 run's predictions are emulated: the same numbers, many times slower.
 
 Extractive question answering (SQuAD) is not served: it needs sliding windows over the context and
 answer post-processing (adaptune.data.squad), which this command does not wire up; `bundle` refuses it.
@@ -29,6 +38,8 @@ from typing import Any, TextIO
 from adaptune.data.tasks import Task, get_task
 
 BATCH_SIZE = 32  # as evaluation on a CPU (adaptune.train.evaluate.EVAL_BATCH_SIZE)
+PRECISIONS = ("float32", "bf16")
+RUN_PRECISION = "run"  # --precision's default: the precision the bundled run was scored in
 
 
 class PredictInputError(ValueError):
@@ -77,16 +88,25 @@ def read_inputs(path: str | os.PathLike[str], task: Task) -> list[dict[str, Any]
     return inputs
 
 
-def predict(bundle_dir: str | os.PathLike[str], task_name: str, inputs: list[dict[str, Any]], batch_size: int = BATCH_SIZE) -> list[dict[str, Any]]:
-    """One output record per input (read_inputs' records), in order."""
+def predict(bundle_dir: str | os.PathLike[str], task_name: str, inputs: list[dict[str, Any]], batch_size: int = BATCH_SIZE,
+            precision: str = RUN_PRECISION) -> list[dict[str, Any]]:
+    """One output record per input (read_inputs' records), in order, computed in `precision` (default: the run's)."""
     from adaptune.serve.bundle import bundled_task
 
     checkpoint, entry, _ = bundled_task(bundle_dir, task_name)
-    return _predict_task(bundle_dir, checkpoint, entry, inputs, batch_size)
+    return _predict_task(bundle_dir, checkpoint, entry, inputs, batch_size, precision)
+
+
+def bundled_precision(entry: dict[str, Any], asked: str = RUN_PRECISION) -> str:
+    """The precision to predict a bundled task in: `asked`, or for "run" the one its run was scored in (a bundle
+    made before the manifest said so: float32, what predict computed in then)."""
+    if asked not in (RUN_PRECISION, *PRECISIONS):
+        raise PredictInputError(f"unknown precision {asked!r}: use {RUN_PRECISION} (the run's own), {' or '.join(PRECISIONS)}")
+    return (entry.get("precision") or "float32") if asked == RUN_PRECISION else asked
 
 
 def _predict_task(bundle_dir: str | os.PathLike[str], checkpoint: Path, entry: dict[str, Any], inputs: list[dict[str, Any]],
-                  batch_size: int) -> list[dict[str, Any]]:
+                  batch_size: int, precision: str = RUN_PRECISION) -> list[dict[str, Any]]:
     """predict() for a task bundled_task has already found and checked (its tensors hashed once)."""
     from adaptune.model.backbone import load_tokenizer
     from adaptune.model.checkpoint import load_task_checkpoint
@@ -95,26 +115,34 @@ def _predict_task(bundle_dir: str | os.PathLike[str], checkpoint: Path, entry: d
     backbone = str(Path(bundle_dir) / BACKBONE_DIR)
     model, _, _ = load_task_checkpoint(checkpoint, backbone=backbone)
     tokenizer = load_tokenizer(backbone)
-    logits = predict_logits(model, tokenizer, [item["texts"] for item in inputs], entry["max_length"], batch_size)
+    logits = predict_logits(model, tokenizer, [item["texts"] for item in inputs], entry["max_length"], batch_size,
+                            bundled_precision(entry, precision))
     return [_output(item, row, entry) for item, row in zip(inputs, logits, strict=True)]
 
 
-def predict_logits(model: Any, tokenizer: Any, texts: list[list[str]], max_length: int, batch_size: int = BATCH_SIZE) -> Any:
-    """Float32 logits (n x num_labels numpy array) in input order, batched as evaluation batches."""
+def predict_logits(model: Any, tokenizer: Any, texts: list[list[str]], max_length: int, batch_size: int = BATCH_SIZE,
+                   precision: str = "float32") -> Any:
+    """Logits (n x num_labels float32 numpy array) in input order, batched as evaluation batches, computed in
+    `precision`: "bf16" under autocast, as the trainer's evaluation computes them where its device autocasts."""
+    import contextlib
+
     import numpy as np
     import torch
 
     from adaptune.core.devices import pick_device
     from adaptune.data.batching import evaluation_batches, iterate_batches, make_collator
 
-    device = pick_device()
+    if precision not in PRECISIONS:
+        raise PredictInputError(f"unknown precision {precision!r}: use {' or '.join(PRECISIONS)}")
+    device = pick_device(cpu_precision="float32")  # the device only: the precision is the run's, set below
     model.to(device.torch_device).eval()
+    autocast = (torch.autocast(device_type=device.kind, dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext())
     second = [pair[1] for pair in texts] if len(texts[0]) == 2 else None
     encoded = tokenizer([pair[0] for pair in texts], second, truncation=True, max_length=max_length)
     rows = [{name: encoded[name][i] for name in encoded} for i in range(len(texts))]
     batches = evaluation_batches([len(row["input_ids"]) for row in rows], batch_size)
     out: list[Any] = [None] * len(rows)
-    with torch.inference_mode():
+    with torch.inference_mode(), autocast:
         for indices, batch in zip(batches, iterate_batches(rows, batches, make_collator(tokenizer), device.torch_device), strict=True):
             values = model(**batch).logits.float().cpu().numpy()
             for position, index in enumerate(indices):
@@ -147,6 +175,8 @@ def add_predict_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input", required=True, help="JSONL: one JSON object per line with the task's text fields")
     parser.add_argument("--output", default=None, help="JSONL to write (default: stdout)")
     parser.add_argument("--batch-size", type=int, default=BATCH_SIZE, help="inputs per forward pass")
+    parser.add_argument("--precision", default=RUN_PRECISION, choices=(RUN_PRECISION, *PRECISIONS),
+                        help="compute in: run (default: the precision the bundled run was scored in, the manifest's), float32 or bf16")
 
 
 def predict_from_args(args: argparse.Namespace) -> int:
@@ -157,12 +187,13 @@ def predict_from_args(args: argparse.Namespace) -> int:
         raise PredictInputError(f"--batch-size must be >= 1, got {args.batch_size}")
     inputs = read_inputs(args.input, get_task(args.task))
     started = time.perf_counter()
-    outputs = _predict_task(args.bundle, checkpoint, entry, inputs, args.batch_size)
+    outputs = _predict_task(args.bundle, checkpoint, entry, inputs, args.batch_size, args.precision)
     if args.output:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         with open(args.output, "w", encoding="utf-8") as handle:
             _write(outputs, handle)
-        print(f"{len(outputs)} {args.task} predictions ({entry['method_label']}, run {entry['run_id']}) -> {args.output} "
+        print(f"{len(outputs)} {args.task} predictions ({entry['method_label']}, run {entry['run_id']}, "
+              f"{bundled_precision(entry, args.precision)}) -> {args.output} "
               f"in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     else:
         _write(outputs, sys.stdout)
