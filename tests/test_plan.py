@@ -43,7 +43,7 @@ def test_grid_sizes_follow_the_paper() -> None:
     assert len(plan(get_experiment("tradeoff")).runs) == 8 * 23 * 3 * 2 * 3
     # §3.5 on BERT-large: 24 top-k x 3 lr x 3 epochs + 10 adapter sizes x 4 lr x 3 epochs, 3 seeds.
     assert len(plan(get_experiment("squad")).runs) == (24 * 3 * 3 + 10 * 4 * 3) * 3
-    assert len(plan(get_experiment("smoke")).runs) == 2 * 3
+    assert len(plan(get_experiment("smoke")).runs) == 2 * 4  # 2 tasks x (full, adapters, LayerNorm-only, the head alone)
 
 
 def test_extra_full_uses_table_4_epochs_per_method() -> None:
@@ -129,7 +129,7 @@ def test_summary_prints_the_grid_run_count_and_estimate(capsys: pytest.CaptureFi
 
     assert main(["plan", "smoke"]) == 0
     out = capsys.readouterr().out
-    assert "\n6 runs\n" in out and "accelerator-hours" in out and "sms_spam" in out
+    assert "\n8 runs\n" in out and "accelerator-hours" in out and "sms_spam" in out
     assert main(["plan", "nope"]) == 2
 
 
