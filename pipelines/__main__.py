@@ -95,7 +95,7 @@ def _report(args: argparse.Namespace) -> int:
 
 def _compare(args: argparse.Namespace) -> int:
     """The runs two stores both hold, run by run (adaptune.report.compare.paired_runs) and summed up."""
-    from adaptune.report.compare import paired_runs, paired_summary
+    from adaptune.report.compare import paired_markdown, paired_runs, paired_summary
     from adaptune.serve.selection import SelectionError, store_runs
     from adaptune.sweep.store import RunStore
 
@@ -111,8 +111,7 @@ def _compare(args: argparse.Namespace) -> int:
         print(f"error: {args.runs_a} and {args.runs_b} share no run id: nothing to compare", file=sys.stderr)
         return 2
     summary = paired_summary(pairs)
-    shown = ["run_id", "device_a", "device_b", "status_a", "status_b", "val_a", "val_b", "test_a", "test_b", "test_delta", "speed_ratio"]
-    print(pairs[shown].to_markdown(index=False, floatfmt=".2f"))
+    print(paired_markdown(pairs))
     print()
     print(summary.to_markdown(index=False, floatfmt=".2f"))
     print(f"\n{len(pairs)} runs in both (b minus a, percent points; intervals: {len(pairs)} pairs resampled)")

@@ -91,7 +91,10 @@ def run_local(
 
 
 def collect_outputs(results_dir: Path, report_dir: Path, out_dir: Path) -> dict[str, Path]:
-    """Copy the Parquet files and the report (report.md, tables/, figures/) into out_dir."""
+    """Copy the Parquet files and the report (report.md, tables/, figures/) into out_dir; the report's results line
+    then names out_dir, where its user finds them, not kfp.local's internal folder."""
+    from adaptune.report.markdown import name_results_folder
+
     paths: dict[str, Path] = {}
     for name in RESULT_FILES:
         if (results_dir / name).is_file():
@@ -104,4 +107,6 @@ def collect_outputs(results_dir: Path, report_dir: Path, out_dir: Path) -> dict[
         else:
             shutil.copyfile(entry, target)
         paths[entry.name] = target
+    if "report.md" in paths:
+        name_results_folder(paths["report.md"], out_dir)
     return paths

@@ -106,9 +106,10 @@ def test_smoke_runs_end_to_end_on_real_data(smoke_run: dict[str, Path]) -> None:
     assert sorted(runs["run_id"]) == sorted(run.run_id for run in planned.runs)  # one row per planned run
     assert set(runs["status"]) <= {"ok", "degenerate", "failed"}
     ok = runs[runs["status"] == "ok"]
-    # Full fine-tuning and adapters learn SMS spam within 48 steps (majority class is 0.87).
-    assert set(ok[ok["task"] == "sms_spam"]["method_label"]) >= {"full", "adapters16"}
-    assert (ok[ok["task"] == "sms_spam"]["val_score"] > 0.95).all()
+    # Full fine-tuning and adapters learn SMS spam within 48 steps; the head alone stands above the majority class (0.87).
+    sms = ok[ok["task"] == "sms_spam"].set_index("method_label")["val_score"]
+    assert set(sms.index) >= {"full", "adapters16", "head"}
+    assert (sms[["full", "adapters16"]] > 0.95).all() and sms["head"] > 0.87
     curves = pd.read_parquet(paths["curves.parquet"])
     assert set(curves["run_id"]) == set(runs["run_id"])
     # Figure 6 on the 6-layer MiniLM: every span (first <= last) of the selected adapter run.
@@ -116,6 +117,7 @@ def test_smoke_runs_end_to_end_on_real_data(smoke_run: dict[str, Path]) -> None:
     assert ablation["run_id"].nunique() == 1 and ablation["task"].iloc[0] == "sms_spam"
     assert len(ablation[["first_layer", "last_layer"]].drop_duplicates()) == 6 * 7 // 2
     assert paths["report.md"].is_file() and paths["figures"].is_dir()
+    assert f"Results: `{paths['runs.parquet'].parent}`" in paths["report.md"].read_text()  # the user's folder, not kfp.local's
 
 
 @pytest.mark.slow

@@ -65,16 +65,8 @@ H100 = Accelerator(
     tolerations=("nvidia.com/gpu",),
     cpu_limit="12",
     memory_limit="96G",
-    # 8 adapter-style runs per forward pass, the step replayed as CUDA graphs with counter dropout masks and
-    # the attention kernel: 6.6x (BERT-base) and 4.9x (BERT-large) the trainer's one-run step on the same
-    # H100, 1.85x and 1.23x the eager group with generator masks (bench/gpu.json "h100_2026_11_27_attention_kernel",
-    # "h100_2026_11_26"); 16 runs were slower than 8 for both. Runs side by side in processes stay at 1: four
-    # of them were no faster than one at a time ("h100_2026_11_26" shard). The grouped LayerNorm kernel: 1.12x
-    # (BERT-base, real lengths) and 1.13x (BERT-large, padded to 128) that step, its group trained as torch's
-    # LayerNorm's within 5e-4 of a step loss ("h100_2026_11_27_levers"). The dropout kernel: 1.31x that step (1.47x
-    # both). Its group trained 0.37 of a step loss away from the masks' because the masks were wrong, not the kernel:
-    # on an H100 the kernel drew counter_keep_mask's bits exactly and the compiled masks did not ("h100_2026_11_28").
-    # 12 runs a group were slower than 8 (4,919 against 5,291 examples/s, "h100_2026_11_28" groupsizes).
+    # 8 adapter-style runs per forward pass with every step setting the H100 timed faster than without it; 12 and
+    # 16 runs a group were slower than 8 (bench/LOG.md, "The H100 preset's choices": the figures behind each).
     runs_per_group=8,
     step_settings=StepSettings(compile="step_graphs", dropout_masks="counter", attention="kernel", dropout="kernel", layer_norm="kernel").pinned(),
 )
@@ -710,7 +702,7 @@ def _accelerator_from(value: Any) -> Accelerator:
     if isinstance(value, dict) and "runs_per_device" in value:  # runs side by side in processes: the option left
         if value["runs_per_device"] != 1:
             raise SpecError(f"accelerator runs_per_device={value['runs_per_device']!r}: runs side by side in processes left the "
-                            "code (on an H100 four were no faster than one at a time, bench/README.md); remove the field")
+                            "code (on an H100 four were no faster than one at a time, bench/LOG.md); remove the field")
         value = {key: item for key, item in value.items() if key != "runs_per_device"}
     fields = _fields_of(Accelerator, value, "accelerator")
     fields["node_selector"] = tuple(tuple(pair) for pair in fields.get("node_selector", ()))
