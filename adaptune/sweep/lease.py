@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import os
 import socket
 import threading
@@ -64,7 +65,7 @@ class Holder:
     expires_in: float  # at most this long on our own clock, unless the store shows a renewal meanwhile
 
     def describe(self) -> str:
-        return f"held by {self.owner}, taken over in at most {max(self.expires_in, 0.0):.0f} s unless its holder renews it"
+        return f"held by {self.owner}, taken over in at most {math.ceil(max(self.expires_in, 0.0))} s unless its holder renews it"
 
 
 class LeaseWatch:
