@@ -1,7 +1,7 @@
 """How far apart bf16 leaves what float32 keeps equal: a fused group's runs against the same runs alone, and a
 bundle's predictions against its run's recorded score, on a small real task, in each CPU precision.
 
-    .venv/bin/python tests/bf16_gap.py [--task mrpc] [--train-rows 300] [--eval-rows 200] [--out gap.json]
+    .venv/bin/python tests/bf16_gap.py [--task mrpc] [--train-rows 300] [--eval-rows 200] [--methods head,...] [--out gap.json]
 
 Needs a CPU with native bf16 (avx512_bf16 or AMX; elsewhere bf16 is emulated, many times slower, and never the
 default). Per method, 2 learning rates x 2 seeds train as one fused group and one by one alone, in bf16 and in
@@ -128,13 +128,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-rows", type=int, default=200)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--methods", default=",".join(METHODS), help=f"a comma-separated subset of {', '.join(METHODS)}")
+    parser.add_argument("--precisions", default="bf16,float32", help="the training precisions, comma-separated")
     parser.add_argument("--out", default=None, help="also write the JSON here")
     args = parser.parse_args(argv)
+    unknown = set(args.methods.split(",")) - set(METHODS)
+    if unknown:
+        print(f"error: unknown method(s) {', '.join(sorted(unknown))}; known: {', '.join(METHODS)}", file=sys.stderr)
+        return 2
     if not native_cpu_bf16():
         print("error: this CPU has no native bf16 (avx512_bf16 or AMX): bf16 would be emulated, and is never the default here",
               file=sys.stderr)
         return 2
-    result = measure(args.task, args.train_rows, args.eval_rows, args.epochs, args.data_dir)
+    result = measure(args.task, args.train_rows, args.eval_rows, args.epochs, args.data_dir,
+                     methods={name: METHODS[name] for name in args.methods.split(",")}, precisions=tuple(args.precisions.split(",")))
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:
