@@ -144,8 +144,8 @@ def fused_counter_keep_mask() -> Callable[..., torch.Tensor]:
     """counter_keep_mask as one kernel (torch.compile), the mask's shape given as a meta tensor's, whose sizes
     compile as symbols: (keys, draws, like, p) -> mask. Training no longer draws masks with it: on the CPU it
     draws counter_keep_mask's bits (tests/fused/test_run_dropout.py), but on an H100 it drew others at a training
-    step's inputs (int32 draws, the token axis padded 32 to 128 in turn; bench/gpu.json "h100_2026_11_28"),
-    while the dropout kernel (adaptune.fused.kernels.dropout) and the eager operators agreed bit for bit. Kept
+    step's inputs (bench/LOG.md, "Step graphs' constants"), while the dropout kernel (adaptune.fused.kernels.dropout)
+    and the eager operators agreed bit for bit. Kept
     for bench-gpu's check (adaptune.bench.gpu_fused), which tells the next GPU call whether that changes."""
     return torch.compile(_keep_mask_like, dynamic=True)
 
@@ -269,7 +269,7 @@ class RunRandomness(nn.Module):
         given as a tensor (`ordinal`), so that one compiled layer serves every layer's sites."""
         draws = self.site_draws(site, ordinal)
         # Eager operators on a GPU too: the compiled form drew other bits than these on an H100 at a training step's
-        # inputs (bench/gpu.json "h100_2026_11_28", dropout_check), where the dropout kernel drew these exactly.
+        # inputs, where the dropout kernel drew these exactly (bench/LOG.md, "Step graphs' constants").
         return counter_keep_mask(self.keys, draws, shape, p)
 
 

@@ -39,9 +39,8 @@ from adaptune.fused.settings import STEP_GRAPHS  # noqa: F401 (the mode that run
 
 LENGTH_BUCKET = 32  # tokens: BERT batches of up to 128 tokens need at most 4 graphs
 # Steps of a shape that replay a longer captured graph (same rows, its token axis padded up) before the shape gets
-# its own graph. On an H100 a group's eager step and capture cost about 1.1 s of the host's time together, a
-# replayed step of 5 BERT-base runs 36 ms at 128 tokens (bench/gpu.json "h100_2026_11_28"): padding a step from 96
-# to 128 tokens costs at most a third of a step, so a shape that comes this rarely is cheaper padded. A group's step
+# its own graph: an eager step and a capture cost the host far more than padding a replayed step by a bucket, so a
+# shape that comes this rarely is cheaper padded (figures: bench/LOG.md, "Step graphs' constants"). A group's step
 # pads to its longest run's batch, so most of its steps meet the longest bucket and the others come rarely.
 PAD_UP_STEPS = 32
 GRAPH_WARMUP = 1  # eager steps of a shape before its capture (graph_warmup says why)
@@ -49,11 +48,9 @@ StepResult = tuple[torch.Tensor, torch.Tensor]
 
 
 def graph_warmup() -> int:
-    """Eager steps of a shape before it is captured: 1 (the first makes the
-    optimizer's state, compiles the shape's kernels, sizes library workspaces). On an H100 (bench/gpu.json
-    "h100_2026_11_28"), RTE's 9 adapter runs fused as 5 and 4 trained to the same losses and validation scores
-    at 1 as at 2 (every epoch of every run, to the 4 digits printed), and the shard took 40.1 s against 47.0 s:
-    an eager step of a group cost about 1.1 s of the host's time there, 30 replayed ones."""
+    """Eager steps of a shape before it is captured: 1 (the first makes the optimizer's state, compiles the shape's
+    kernels, sizes library workspaces); a second trained to the same losses and cost the host time of many replayed
+    steps (bench/LOG.md, "Step graphs' constants")."""
     return GRAPH_WARMUP
 
 
