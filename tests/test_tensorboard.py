@@ -96,8 +96,8 @@ def test_the_hparams_view_names_every_planned_run_of_the_smoke_sweep(smoke_run: 
     port = served(tmp_path / "view")
     experiment = _post(port, "/data/plugin/hparams/experiment", {"experimentName": ""})
     domains = {info["name"]: info.get("domainDiscrete") for info in experiment["hparamInfos"]}
-    # What the grid varies is marked, so the dashboard's default columns show it.
-    assert {info["name"] for info in experiment["hparamInfos"] if info["differs"]} == {"task", "method", "lr", "size_or_rank"}
+    # Task, method and status, then what the grid varies, are marked, so the dashboard's default columns show them.
+    assert {info["name"] for info in experiment["hparamInfos"] if info["differs"]} == {"task", "method", "status", "lr"}
     assert domains["task"] == sorted({run.task for run in planned})
     assert domains["lr"] == sorted({run.lr for run in planned})
     assert {metric["name"]["tag"] for metric in experiment["metricInfos"]} == {"score/validation", "score/test"}
