@@ -124,7 +124,7 @@ def predict_logits(model: Any, tokenizer: Any, texts: list[list[str]], max_lengt
                    precision: str = "float32") -> Any:
     """Logits (n x num_labels float32 numpy array) in input order, batched as evaluation batches, computed in
     `precision`: "bf16" under autocast, as the trainer's evaluation computes them where its device autocasts."""
-    import contextlib
+    import dataclasses
 
     import numpy as np
     import torch
@@ -134,15 +134,15 @@ def predict_logits(model: Any, tokenizer: Any, texts: list[list[str]], max_lengt
 
     if precision not in PRECISIONS:
         raise PredictInputError(f"unknown precision {precision!r}: use {' or '.join(PRECISIONS)}")
-    device = pick_device(cpu_precision="float32")  # the device only: the precision is the run's, set below
+    device = pick_device(cpu_precision="float32")  # the device only: the precision is the run's, set here
+    device = dataclasses.replace(device, autocast_dtype=torch.bfloat16 if precision == "bf16" else None)
     model.to(device.torch_device).eval()
-    autocast = (torch.autocast(device_type=device.kind, dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext())
     second = [pair[1] for pair in texts] if len(texts[0]) == 2 else None
     encoded = tokenizer([pair[0] for pair in texts], second, truncation=True, max_length=max_length)
     rows = [{name: encoded[name][i] for name in encoded} for i in range(len(texts))]
     batches = evaluation_batches([len(row["input_ids"]) for row in rows], batch_size)
     out: list[Any] = [None] * len(rows)
-    with torch.inference_mode(), autocast:
+    with torch.inference_mode(), device.autocast():
         for indices, batch in zip(batches, iterate_batches(rows, batches, make_collator(tokenizer), device.torch_device), strict=True):
             values = model(**batch).logits.float().cpu().numpy()
             for position, index in enumerate(indices):

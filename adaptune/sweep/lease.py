@@ -215,7 +215,7 @@ def try_acquire(store: RunStore, run_id: str, owner: str | None = None, seconds:
     if store.create_exclusive(json_text(lease.content()).encode(), RUNS_DIR, run_id, lease.file):
         return lease
     taken = current_lease(store, run_id)
-    return Holder(owner=lease_owner(taken[1] if taken else None) if taken and taken[1] else "(another attempt)", expires_in=seconds)
+    return Holder(owner=lease_owner(taken[1]) if taken and taken[1] else "(another attempt)", expires_in=seconds)
 
 
 def remove_litter(store: RunStore, files: dict[str, dict[str, str]], records: Iterable[dict[str, Any]], now: float | None = None) -> int:
@@ -225,17 +225,18 @@ def remove_litter(store: RunStore, files: dict[str, dict[str, str]], records: It
     leases that the store shows unrenewed for a lease length go; its state stays for the retry to resume
     from. `files`: RunStore.run_files(). Returns how many files were removed."""
     now = time.time() if now is None else now
-    removed = 0
+    doomed: list[tuple[str, ...]] = []
+    retrainable: list[tuple[str, ...]] = []  # leases of failed or stale runs: judged by the store's timestamps, read at once
     for record in records:
         run_id = record["run_id"]
         names = files.get(run_id, {})
-        leases = [name for name in names if LEASE_FILE.match(name)]
+        leases = [(RUNS_DIR, run_id, name) for name in names if LEASE_FILE.match(name)]
         if record.get("status") != "failed" and not is_stale(record):
-            doomed = leases + ([STATE_FILE] if STATE_FILE in names else [])
+            doomed += leases + ([(RUNS_DIR, run_id, STATE_FILE)] if STATE_FILE in names else [])
         else:
-            written = store.modified_times((RUNS_DIR, run_id, name) for name in leases)
-            doomed = [name for name in leases if not renewed_within(written.get((RUNS_DIR, run_id, name)), now, lease_seconds())]
-        for name in doomed:
-            store.remove(RUNS_DIR, run_id, name)
-        removed += len(doomed)
-    return removed
+            retrainable += leases
+    written = store.modified_times(retrainable)
+    doomed += [parts for parts in retrainable if not renewed_within(written.get(parts), now, lease_seconds())]
+    for parts in doomed:
+        store.remove(*parts)
+    return len(doomed)
