@@ -281,7 +281,7 @@ def _above_head(pool: pd.DataFrame, tasks: list[str], methods: list[str], rule: 
     per_task = []
     for task in tasks:
         head = cells[(task, "head")]
-        split = publisher_split(task, str(head.chosen()["split"].iloc[0]))
+        split = _cell_split(head)
         margins = [f"{_NAMES.get(method, method)} {_measured(cells[(task, method)]) - _measured(head):+.2f}"
                    for method in methods if (task, method) in cells]
         per_task.append(f"{task} ({split}; head alone {_measured(head):.2f}): {', '.join(margins)}")
