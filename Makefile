@@ -79,76 +79,77 @@ notebooks: venv
 	  $(if $(filter 0,$(shell id -u)),--allow-root)
 
 bench: venv
-	$(PY) -m adaptune.bench.cpu --out bench/results.json
+	$(PY) -m bench.cpu --out bench/results.json
 
 # Fused run groups only: operators per example and examples/s at k = 1, 4, 16, the group's optimizer step
 # together against one run after another (bench/fused_groups.json).
 bench-fused: venv
-	$(PY) -m adaptune.bench.cpu --only-fused --out bench/fused_groups.json
+	$(PY) -m bench.cpu --only-fused --out bench/fused_groups.json
 
 # The frozen backbone in bf16 against float32 on this CPU (native bf16 or emulated: the entry says which).
 bench-bf16: venv
-	$(PY) -m adaptune.bench.cpu --only-bf16 --out bench/cpu_bf16.json
+	$(PY) -m bench.cpu --only-bf16 --out bench/cpu_bf16.json
 
 # The host time a run spends preparing its data (rows from the tokenized cache), per task (bench/data_prep.json).
 bench-data: venv
-	$(PY) -m adaptune.bench.cpu --only-data --out bench/data_prep.json
+	$(PY) -m bench.cpu --only-data --out bench/data_prep.json
 
 # What the attention kernel takes off a fused step's memory traffic, counted on this CPU (operators and bytes
 # written per layer, eager attention against the kernel under Triton's interpreter; bench/attention_kernel.json).
 bench-attention: venv
-	$(PY) -m adaptune.bench.attention --out bench/attention_kernel.json
+	$(PY) -m bench.attention --out bench/attention_kernel.json
 
 # What saving a run's resume state costs (BERT-base and -large shapes, on this disk), and the states and hours
 # paper_full's runs save at every epoch's end against adaptune.train.state_saves' rule (bench/state_saves.json).
 bench-states: venv
-	$(PY) -m adaptune.bench.state_saves --out bench/state_saves.json
+	$(PY) -m bench.state_saves --out bench/state_saves.json
 
 # The tokens a training row of each task is padded to, as a run batches it (bench/task_lengths.json): how far each task's
 # steps are from the mix bench-gpu's fused figures were measured on.
 bench-lengths: venv
-	$(PY) -m adaptune.bench.task_lengths --out bench/task_lengths.json
+	$(PY) -m bench.task_lengths --out bench/task_lengths.json
 
 # On a CUDA machine: BERT-base/-large training speed and MFU, and runs side by side on one GPU (bench/gpu.json).
 bench-gpu: venv
-	$(PY) -m adaptune.bench.gpu --out bench/gpu.json
+	$(PY) -m bench.gpu --out bench/gpu.json
 
 # What a GPU machine without network lacks, for bench/gpu_session.sh (git-ignored; copy them beside its checkout):
-# the four GLUE tasks' files, the embedded tokenizer, SQuAD's padded batch lengths (bench/gpu.py's squad_lengths), and wheels of datasets and this lock's transformers for
+# the four GLUE tasks' files, the embedded tokenizer, SQuAD's padded batch lengths (bench/squad_lengths.py), and wheels of datasets and this lock's transformers for
 # the image's Python 3.12 (it has torch and most of the rest).
 GPU_WHEELS := datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 fsspec==2026.9.0 transformers==5.23.0
 gpu-carry: venv
 	rm -rf .devcarry .whl && mkdir -p .devcarry/data/glue .devcarry/tokenizer .whl
 	grep -qxF /.devcarry/ .git/info/exclude 2>/dev/null || printf '/.devcarry/\n/.whl/\n' >> .git/info/exclude
-	data=$$($(PY) -c 'from adaptune.data.loading import resolve_data_dir; print(resolve_data_dir() or "")'); \
+	data=$$($(PY) -c 'from adaptune.data.sources import resolve_data_dir; print(resolve_data_dir() or "")'); \
 	  test -n "$$data" || { echo "gpu-carry: no local data mirror (set ADAPTUNE_DATA_DIR)"; exit 2; }; \
 	  for task in CoLA SST-2 MRPC RTE; do cp -r "$$data/glue/$$task" .devcarry/data/glue/; done
-	tokenizer=$$($(PY) -c 'from adaptune.bench.gpu import _embedded_tokenizer_dir; print(_embedded_tokenizer_dir())'); \
+	tokenizer=$$($(PY) -c 'from bench.gpu_shard import embedded_tokenizer_dir; print(embedded_tokenizer_dir())'); \
 	  cp "$$tokenizer"/{vocab.txt,tokenizer.json,tokenizer_config.json,special_tokens_map.json} .devcarry/tokenizer/
-	rm -f .devcarry/batches.pt && $(PY) -m adaptune.bench.gpu --write-batches .devcarry/batches.pt --data-dir .devcarry/data --tokenizer .devcarry/tokenizer
-	$(PY) -m adaptune.bench.gpu --write-squad-lengths .devcarry/squad_lengths.json --tokenizer .devcarry/tokenizer
+	rm -f .devcarry/batches.pt && $(PY) -m bench.gpu --write-batches .devcarry/batches.pt --data-dir .devcarry/data --tokenizer .devcarry/tokenizer
+	$(PY) -m bench.gpu --write-squad-lengths .devcarry/squad_lengths.json --tokenizer .devcarry/tokenizer
 	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl $(GPU_WHEELS)
 	du -sh .devcarry .whl
 
 # `make status` against paper_full's 8,556 stub records in the emulated GCS bucket (JSON out; a few minutes).
 bench-status: venv
-	$(PY) -m tests.status_timing --out bench/status.json
+	$(PY) -m bench.status_timing --out bench/status.json
 
 # The run store's soak at 10,000 stub runs in the emulated GCS bucket: overlapping submissions, SIGKILLed
 # workers, transient and diverging runs (JSON out: runs, kills, calls per run, lost, duplicated, wall; about 19 min here).
 bench-soak: venv
-	$(PY) -m tests.soak --runs 10000 --out bench/soak.json
+	$(PY) -m bench.soak --runs 10000 --out bench/soak.json
 
 # TensorBoard's HParams view of paper_full's 8,800 stub runs: seconds until every session is listed (JSON out).
 bench-tensorboard: venv
-	$(PY) -m tests.tensorboard_timing --out bench/tensorboard.json
+	$(PY) -m bench.tensorboard_timing --out bench/tensorboard.json
 
 images:
 	$(MAKE) -C containers images
 
 lint: venv
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 	$(MAKE) -C containers lint HADOLINT=$(CURDIR)/$(VENV)/bin/hadolint
 
 lock: venv

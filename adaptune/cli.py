@@ -21,38 +21,15 @@ import warnings
 from pathlib import Path
 
 from adaptune.core import environment
+from adaptune.core.errors import EXIT_USER_ERROR, UserError
 from adaptune.train.record import one_line_reason
 
 DEBUG_ENV = "ADAPTUNE_DEBUG"
-EXIT_FAILED, EXIT_USAGE = 1, 2
+EXIT_FAILED, EXIT_USAGE = 1, EXIT_USER_ERROR
 MESSAGE_LIMIT = 4000  # characters of an error line (an unknown task's line lists every task)
-# Exceptions that mean bad input, not a bug: one line and exit 2. Named, not imported, so that an
-# error costs no import (an unknown task must not wait for torch). Subclasses count too.
-USER_ERRORS = frozenset({
-    "adaptune.core.environment.SettingError",
-    "adaptune.train.checks.ConfigError",
-    "adaptune.core.backbones.BackboneError",
-    "adaptune.train.record.RunDirError",
-    "adaptune.data.tasks.UnknownTaskError",
-    "adaptune.data.loading.DataNotFoundError",
-    "adaptune.data.loading.DataError",
-    "adaptune.data.readers.MalformedFileError",
-    "adaptune.model.adapters.UnsupportedModelError",
-    "adaptune.report.results.SchemaError",
-    "adaptune.report.results.ResultsReadError",
-    "adaptune.sweep.plan.PlanError",
-    "adaptune.sweep.experiments.SpecError",
-    "adaptune.sweep.experiments.UnknownExperimentError",
-    "adaptune.model.checkpoint.CheckpointError",
-    "adaptune.sweep.store.StoreError",
-    "adaptune.serve.bundle.BundleError",
-    "adaptune.serve.selection.SelectionError",
-    "adaptune.serve.predict.PredictInputError",
-    "builtins.FileNotFoundError",
-    "builtins.NotADirectoryError",
-    "builtins.IsADirectoryError",
-    "builtins.PermissionError",
-})
+# Bad input, not a bug: one line and exit 2. Every error a user can fix subclasses UserError (adaptune.core.errors,
+# which imports nothing: an unknown task need not wait for torch); these builtins are a path the user named.
+USER_ERRORS = (UserError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
 
 # Commands whose arguments and handler live in the module that does the work:
 # name -> (help, module, function adding the arguments, handler).
@@ -100,7 +77,7 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _report(args: argparse.Namespace) -> int:
+def _render(args: argparse.Namespace) -> int:
     from adaptune.report import build_report
 
     print(f"report: {build_report(Path(args.results), Path(args.out))}")
@@ -154,10 +131,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     plan.add_argument("experiment")
     plan.set_defaults(handler=_plan)
 
-    report = add_command("report", help="tables, figures and report.md from a results directory")
-    report.add_argument("results", help="directory holding runs.parquet (and curves/ablation)")
-    report.add_argument("--out", required=True, help="directory for report.md, tables/ and figures/")
-    report.set_defaults(handler=_report)
+    # Not `report`: `python -m pipelines report` aggregates a run store first; this renders Parquet already written.
+    render = add_command("render", help="render report.md, tables and figures from a results directory's Parquet")
+    render.add_argument("results", help="directory holding runs.parquet (and curves/ablation)")
+    render.add_argument("--out", required=True, help="directory for report.md, tables/ and figures/")
+    render.set_defaults(handler=_render)
 
     for name, (help_text, module_name, add_arguments, handler) in MODULE_COMMANDS.items():
         sub = add_command(name, help=help_text)
@@ -177,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     except environment.SettingError as error:
         print(f"{prog}: error: {error}", file=sys.stderr)
         return EXIT_USAGE
-    debug = "--debug" in argv or environment.read(DEBUG_ENV)
+    debug = "--debug" in argv or environment.settings().debug
     saved_format = warnings.formatwarning
     if not debug:  # our warnings (e.g. an unreadable optional results file) as one line each
         warnings.formatwarning = lambda message, category, *_args, **_kwargs: f"{prog}: warning: {' '.join(str(message).split())}\n"
@@ -198,8 +176,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def is_user_error(error: BaseException) -> bool:
-    """Bad input rather than a bug: one of USER_ERRORS, or a subclass of one."""
-    return any(f"{cls.__module__}.{cls.__qualname__}" in USER_ERRORS for cls in type(error).__mro__)
+    """Bad input rather than a bug: a UserError, or a path the user named that is missing or not allowed."""
+    return isinstance(error, USER_ERRORS)
 
 
 def error_line(prog: str, error: BaseException, user_error: bool | None = None) -> str:

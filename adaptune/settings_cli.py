@@ -9,7 +9,7 @@ from adaptune.core import environment
 
 
 def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
-    from adaptune.sweep.experiments import ACCELERATORS
+    from adaptune.sweep.spec import ACCELERATORS
 
     parser.add_argument("--preset", choices=sorted(ACCELERATORS), default=None,
                         help="an accelerator preset: the values it pins (where the environment leaves them unset) show as 'preset'")
@@ -21,7 +21,7 @@ def preset_values(name: str) -> dict[str, str]:
     CPU precision where it pins one."""
     from adaptune.core.precision import CPU_BF16_ENV, cpu_bf16_env_value
     from adaptune.sweep.device_sharing import RUNS_PER_GROUP_ENV
-    from adaptune.sweep.experiments import ACCELERATORS
+    from adaptune.sweep.spec import ACCELERATORS
 
     accelerator = ACCELERATORS[name]
     values = {RUNS_PER_GROUP_ENV: str(accelerator.runs_per_group),

@@ -1,7 +1,7 @@
 """One-off side-by-side (2026-11-26): the counter masks' int32 form (adaptune.fused.run_dropout) against
-the int64 definition it replaced (tests/fused/test_run_dropout.py), per mask site and per fused training step
+the int64 definition it replaced (bench/counter_scheme.py), per mask site and per fused training step
 (adapters 64, counter masks, eager), interleaved in one process. Prints JSON.
-    PYTHONPATH=. .venv/bin/python bench/counter_mask_int32.py"""
+    .venv/bin/python -m bench.counter_mask_int32"""
 
 import json
 import statistics
@@ -9,18 +9,18 @@ import time
 
 import torch
 
-from adaptune.bench import fused
 from adaptune.core.backbones import DEFAULT_BACKBONE
 from adaptune.core.devices import pick_device
 from adaptune.fused import run_dropout
 from adaptune.fused.settings import StepSettings
-from tests.fused.test_run_dropout import _defined_keep_mask
+from bench import fused
+from bench.counter_scheme import defined_keep_mask
 
 
 def _int64_keep_mask(keys: torch.Tensor, draws: torch.Tensor, shape: tuple[int, ...], p: float) -> torch.Tensor:
     """The definition on int64 words: a run group holds its keys and per-pass counts as int32 words."""
     low32 = (1 << 32) - 1
-    return _defined_keep_mask(keys.long() & low32, draws.long() & low32, shape, p)
+    return defined_keep_mask(keys.long() & low32, draws.long() & low32, shape, p)
 
 
 FORMS = {"int32": run_dropout.counter_keep_mask, "int64": _int64_keep_mask}
@@ -53,7 +53,7 @@ def main() -> None:
              "token_type_ids": torch.zeros(32, 64, dtype=torch.int64), "labels": torch.randint(0, 2, (32,), generator=generator)}
     out["fused_step_ms"] = {}
     for k in (4, 16):
-        step = fused._step_fn(DEFAULT_BACKBONE, k, device, batch, together=True, settings=StepSettings(dropout_masks="counter"))
+        step = fused.step_fn(DEFAULT_BACKBONE, k, device, batch, together=True, settings=StepSettings(dropout_masks="counter"))
         out["fused_step_ms"][f"minilm adapters64 k={k}"] = _timed(step, repeats=3)
     print(json.dumps(out, indent=1))
 

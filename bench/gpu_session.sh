@@ -26,12 +26,12 @@ fi
 COMMON=(--data-dir .devcarry/data --tokenizer .devcarry/tokenizer --batches-cache "$BATCHES" --batch-sets length_grouped
         ${REHEARSE:+--rehearse})
 BUDGET=${BUDGET:-575}  # seconds for the whole call, under the caller's own time limit
-part() {  # name, seconds at most (or "rest"), arguments of adaptune.bench.gpu
+part() {  # name, seconds at most (or "rest"), arguments of bench.gpu
     local name=$1 limit=$2 left=$((BUDGET - SECONDS)); shift 2
     if [ "$limit" = rest ] || [ "$limit" -gt "$left" ]; then limit=$left; fi
     if [ "$limit" -lt 20 ]; then log "part $name skipped: $left s left"; return; fi
     log "part $name (at most $limit s): $*"
-    timeout --signal=INT --kill-after=10 "$limit" $PY -m adaptune.bench.gpu --out "$OUT/$name.json" "${COMMON[@]}" "$@" >>"$OUT/log.txt" 2>&1
+    timeout --signal=INT --kill-after=10 "$limit" $PY -m bench.gpu --out "$OUT/$name.json" "${COMMON[@]}" "$@" >>"$OUT/log.txt" 2>&1
     local status=$?
     log "part $name ended: exit $status"
     return $status
@@ -214,7 +214,7 @@ run_part() {
     # alone (dynamic or static sizes, int32 or int64 draws, one shape or the training sequence), with inductor's code.
     maskcode) local left=$((BUDGET - SECONDS)); if [ "$left" -lt 60 ]; then log "part maskcode skipped: $left s left"; return; fi
         log "part maskcode (at most 60 s)"
-        TORCH_LOGS=output_code,recompiles timeout --signal=INT --kill-after=10 60 $PY bench/mask_code.py >"$OUT/maskcode.json" 2>"$OUT/maskcode_code.log"
+        TORCH_LOGS=output_code,recompiles timeout --signal=INT --kill-after=10 60 $PY -m bench.mask_code >"$OUT/maskcode.json" 2>"$OUT/maskcode_code.log"
         local status=$?; gzip -f "$OUT/maskcode_code.log"; log "part maskcode ended: exit $status" ;;
     *) log "no part $1" ;;
     esac

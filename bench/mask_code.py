@@ -3,7 +3,7 @@ eager operators on an H100 at a training step's inputs (bench/gpu.json "h100_202
 the same: each factor alone, on a GPU. For every case, a fresh compile (dynamo reset) of the mask over one block
 shape or the training sequence of shapes, dynamic or static sizes, int32 or int64 draws; whether its bits equal the
 eager form's, and where they first differ. Inductor's generated code goes to stderr (TORCH_LOGS=output_code).
-    TORCH_LOGS=output_code,recompiles python bench/mask_code.py > out.json 2> code.log"""
+    TORCH_LOGS=output_code,recompiles python -m bench.mask_code > out.json 2> code.log"""
 
 from __future__ import annotations
 
@@ -12,10 +12,15 @@ import sys
 
 import torch
 
-from adaptune.fused.run_dropout import CounterStream, RunRandomness, _keep_mask_like, counter_keep_mask
+from adaptune.fused.run_dropout import CounterStream, RunRandomness, counter_keep_mask
 
 K, FEATURES, P = 8, 768, 0.1
 SEQUENCE = [(K, 32, length, FEATURES) for length in (32, 64, 96, 128, 64)] + [(K, 32, FEATURES)]
+
+
+def _keep_mask_like(keys: torch.Tensor, draws: torch.Tensor, like: torch.Tensor, p: float) -> torch.Tensor:
+    """counter_keep_mask with the mask's shape given as a tensor's (run_dropout.fused_counter_keep_mask compiles the same)."""
+    return counter_keep_mask(keys, draws, like.shape, p)
 
 
 def _first_difference(compiled: torch.Tensor, eager: torch.Tensor) -> dict[str, object] | None:

@@ -9,14 +9,14 @@ from __future__ import annotations
 from adaptune.core import environment
 
 ACCELERATOR_IMAGES = {"cpu": "adaptune-cpu", "gpu": "adaptune-gpu", "tpu": "adaptune-tpu"}
-DEFAULT_REGISTRY = environment.parse("ADAPTUNE_REGISTRY", None)  # a placeholder: submit refuses it (image references are lowercase)
-DEFAULT_TAG = environment.parse("ADAPTUNE_IMAGE_TAG", None)
+DEFAULT_REGISTRY = environment.DEFAULTS.registry  # a placeholder: submit refuses it (image references are lowercase)
+DEFAULT_TAG = environment.DEFAULTS.image_tag
 
 
 def image_for(accelerator: str) -> str:
     """Full image reference for an accelerator family: "cpu", "gpu" or "tpu"."""
     if accelerator not in ACCELERATOR_IMAGES:
         raise ValueError(f"unknown accelerator family {accelerator!r}; expected one of {sorted(ACCELERATOR_IMAGES)}")
-    registry = environment.read("ADAPTUNE_REGISTRY").rstrip("/")
-    tag = environment.read("ADAPTUNE_IMAGE_TAG")
+    registry = environment.settings().registry.rstrip("/")
+    tag = environment.settings().image_tag
     return f"{registry}/{ACCELERATOR_IMAGES[accelerator]}:{tag}"

@@ -22,8 +22,8 @@ def plan_shards(spec_json: str, compiled_shape: str) -> List[str]:
     """
     import json
 
-    from adaptune.sweep.experiments import spec_from_dict
     from adaptune.sweep.plan import plan
+    from adaptune.sweep.spec_file import spec_from_dict
 
     spec = spec_from_dict(json.loads(spec_json))
     shape = json.loads(compiled_shape)
@@ -47,13 +47,14 @@ def train_shard(spec_json: str, shard_id: str, runs_root: str, data_dir: str, re
     """
     import json
 
-    from adaptune.sweep.experiments import spec_from_dict
+    from adaptune.sweep.retrain import RetrainPolicy
     from adaptune.sweep.shard_runner import run_shard
+    from adaptune.sweep.spec_file import spec_from_dict
     from adaptune.sweep.store import RunStore
 
+    policy = RetrainPolicy.from_flags(retry_failed, retrain_stale, retry_unreadable)  # the pipeline's parameters, as one policy
     outcomes = run_shard(spec_from_dict(json.loads(spec_json)), shard_id, RunStore(runs_root), data_dir=data_dir or None,
-                         retry_failed=retry_failed, retrain_stale=retrain_stale, retry_unreadable=retry_unreadable,
-                         enforce_deadline=True)
+                         policy=policy, enforce_deadline=True)
     summary = ", ".join(f"{count} {outcome}" for outcome, count in sorted(outcomes.items()))
     print(f"shard {shard_id}: {summary}")
     for outcome in ("reused", "ok", "degenerate", "failed", "stale", "unreadable", "superseded", "lost"):  # every one, so tasks compare
@@ -65,8 +66,8 @@ def ablate_runs(spec_json: str, runs_root: str, data_dir: str) -> int:
     """Figure 6: switch off the adapters of every span of layers in the selected runs (rows in the store)."""
     import json
 
-    from adaptune.sweep.experiments import spec_from_dict
     from adaptune.sweep.fan_in import ablate_sweep
+    from adaptune.sweep.spec_file import spec_from_dict
     from adaptune.sweep.store import RunStore
 
     return ablate_sweep(spec_from_dict(json.loads(spec_json)), RunStore(runs_root), data_dir=data_dir or None)
@@ -77,8 +78,8 @@ def aggregate(spec_json: str, runs_root: str, results: Output[Dataset], sweep_su
     run counts, accelerator-hours and each method's GLUE mean logged as Metrics (the console shows them)."""
     import json
 
-    from adaptune.sweep.experiments import spec_from_dict
     from adaptune.sweep.fan_in import aggregate_sweep
+    from adaptune.sweep.spec_file import spec_from_dict
     from adaptune.sweep.store import RunStore
 
     summary = aggregate_sweep(spec_from_dict(json.loads(spec_json)), RunStore(runs_root), results.path)

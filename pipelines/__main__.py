@@ -17,8 +17,7 @@ def _run(args: argparse.Namespace) -> int:
     from pipelines.local import run_local
 
     started = time.perf_counter()
-    paths = run_local(args.name, args.out, data_dir=args.data_dir, runs_root=args.runs_root, retry_failed=args.retry_failed,
-                      retrain_stale=args.retrain_stale, retry_unreadable=args.retry_unreadable, runner=args.runner)
+    paths = run_local(args.name, args.out, data_dir=args.data_dir, runs_root=args.runs_root, policy=_retrain_policy(args), runner=args.runner)
     print(f"\n{args.name} finished in {time.perf_counter() - started:.0f} s.")
     print(result_summary(paths, Path(args.out)))
     return 0
@@ -140,7 +139,7 @@ def _tensorboard(args: argparse.Namespace) -> int:
     view = SweepView(get_experiment(args.name), _store_for(args.name, args.runs_root, out), out / "tensorboard", curves=not args.summaries_only)
     started = time.perf_counter()
     with_events = view.build()
-    how = "linked to the store (live)" if view.store.is_local else f"copied from {view.store.root}, refreshed every {args.refresh_s:g} s"
+    how = "linked to the store (live)" if view.store.files.is_local else f"copied from {view.store.root}, refreshed every {args.refresh_s:g} s"
     print(f"{view.view_dir}: {len(view.runs):,} planned runs, {with_events:,} with events so far, {how} "
           f"({time.perf_counter() - started:.1f} s)", flush=True)
     if args.no_serve:
@@ -153,7 +152,7 @@ def _tensorboard(args: argparse.Namespace) -> int:
     server = subprocess.Popen(command)
     with _stopped_by_sigterm():
         try:
-            if not view.store.is_local:
+            if not view.store.files.is_local:
                 view.keep_mirroring(args.refresh_s, until=lambda: server.poll() is not None)
             return server.wait()
         except (KeyboardInterrupt, _Terminated) as stop:
@@ -196,8 +195,9 @@ def _stem(name: str) -> str:
 def _store_for(name: str, runs_root: str | None, local_out: Path) -> Any:
     """The run store to read: --runs-root; else the submission's ($ADAPTUNE_RUNS_ROOT, adaptune.toml); else
     the local one `make run` wrote (<local_out>/store, local_out being outputs/<name>)."""
+    from adaptune.core.environment import SettingError
     from adaptune.sweep.store import RunStore
-    from pipelines.submit import SettingsError, load_settings
+    from pipelines.submit import load_settings
 
     if runs_root:
         return RunStore(runs_root).require_existing()
@@ -207,7 +207,7 @@ def _store_for(name: str, runs_root: str | None, local_out: Path) -> Any:
     local = local_out / "store"
     if local.is_dir():
         return RunStore(local)
-    raise SettingsError(f"no run store for {name!r}: pass --runs-root DIR or gs://bucket/prefix (make ... RUNS_ROOT=...), "
+    raise SettingError(f"no run store for {name!r}: pass --runs-root DIR or gs://bucket/prefix (make ... RUNS_ROOT=...), "
                         f"set $ADAPTUNE_RUNS_ROOT, or run it locally first (make run writes {local})")
 
 
@@ -215,7 +215,8 @@ def _show(args: argparse.Namespace) -> int:
     """An experiment as a sweep file (YAML), to start one's own from."""
     import yaml
 
-    from adaptune.sweep.experiments import get_experiment, spec_to_dict
+    from adaptune.sweep.experiments import get_experiment
+    from adaptune.sweep.spec_file import spec_to_dict
 
     print(yaml.safe_dump(spec_to_dict(get_experiment(args.name)), sort_keys=False), end="")
     return 0
@@ -230,59 +231,65 @@ def _compile(args: argparse.Namespace) -> int:
 
 
 def _submit(args: argparse.Namespace) -> int:
-    """Check what the submission needs from outside (pipelines.submit_checks), then submit; a credential or network
-    error on the way is one line (exit 2), not the client libraries' traceback."""
-    import os
-
+    """The settings checked once (pipelines.submit.prepare_submission), then what the submission needs from outside
+    (pipelines.submit_checks), then send it; a credential or network error on the way is one line (exit 2), not the
+    client libraries' traceback."""
+    from adaptune.core.environment import SettingError
     from pipelines import submit_checks
-    from pipelines.submit import SettingsError, get_experiment, load_settings, require_registry, require_vertex_settings, submit
+    from pipelines.submit import prepare_submission, send
 
-    get_experiment(args.name)  # an unknown experiment first, as submit() does
-    settings = load_settings()
-    host = os.environ.get("KFP_HOST")
-    if host:
-        require_registry(settings)
-        submit_checks.check_kfp_host(host)
-        target = f"the KFP endpoint {host}"
+    submission = prepare_submission(args.name)
+    if submission.host:
+        submit_checks.check_kfp_host(submission.host)
     else:
-        require_vertex_settings(settings)
-        require_registry(settings)
         submit_checks.check_credentials()
-        submit_checks.check_vertex_endpoint(settings.region or "")
-        submit_checks.check_buckets(settings)
-        target = "Vertex AI"
+        submit_checks.check_vertex_endpoint(submission.settings.region or "")
+        submit_checks.check_buckets(submission.settings)
     try:
-        print(submit(args.name, retry_failed=args.retry_failed, retrain_stale=args.retrain_stale, retry_unreadable=args.retry_unreadable))
+        print(send(submission, _retrain_policy(args)))
     except Exception as error:
-        line = submit_checks.explain(error, target)
+        line = submit_checks.explain(error, submission.target)
         if line is None:
             raise
-        raise SettingsError(line) from None
+        raise SettingError(line) from None
     return 0
 
 
 def _stage_models(args: argparse.Namespace) -> int:
+    from adaptune.core.environment import SettingError
     from adaptune.sweep.experiments import get_experiment
-    from adaptune.sweep.staging import StagingError, stage_models
+    from adaptune.sweep.staging import stage_models
     from adaptune.sweep.store import RunStore
-    from pipelines.submit import SettingsError, load_settings
+    from pipelines.submit import load_settings
 
     sources = {}
     for item in args.sources:
         name, separator, path = item.partition("=")
         if not separator or not name or not path:
-            raise SettingsError(f"--from {item!r}: write --from BACKBONE=DIR, e.g. --from bert-large-uncased=/models/bert-large")
+            raise SettingError(f"--from {item!r}: write --from BACKBONE=DIR, e.g. --from bert-large-uncased=/models/bert-large")
         sources[name] = path
     root = args.runs_root or load_settings().resolved_runs_root()
-    try:
-        staged = stage_models(get_experiment(args.name), RunStore(root), sources, force=args.force)
-    except StagingError as error:
-        raise SettingsError(str(error)) from None
+    staged = stage_models(get_experiment(args.name), RunStore(root), sources, force=args.force)  # a StagingError is a UserError
     for line in staged:
         print(f"{line['name']}: {line['action']} -> {line['where']} ({line['bytes'] / 1e9:.2f} GB)")
     if not staged:
         print(f"{args.name} uses no hub backbone: nothing to stage")
     return 0
+
+
+def _add_retrain_flags(parser: argparse.ArgumentParser) -> None:
+    """The retrain policy's options (adaptune.sweep.retrain.RetrainPolicy), as `run` and `submit` take them."""
+    parser.add_argument("--retry-failed", action="store_true", help="train again the runs whose record says failed")
+    parser.add_argument("--retrain-stale", action="store_true", help="train again the runs whose record is from another data scheme")
+    parser.add_argument("--retry-unreadable", action="store_true",
+                        help="train again the runs whose record cannot be read (each file kept aside)")
+
+
+def _retrain_policy(args: argparse.Namespace) -> Any:
+    """The RetrainPolicy a command's options ask for, built once where the command starts."""
+    from adaptune.sweep.retrain import RetrainPolicy
+
+    return RetrainPolicy(failed=args.retry_failed, stale=args.retrain_stale, unreadable=args.retry_unreadable)
 
 
 RUNS_ROOT_HELP = ("the run store (default: $ADAPTUNE_RUNS_ROOT or adaptune.toml's, as submit uses; else outputs/<name>/store, "
@@ -297,10 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", required=True, help="where the Parquet, tables, figures and report land")
     run.add_argument("--data-dir", default=None, help="local data mirror (default: shared/data found next to the tree, else the hub)")
     run.add_argument("--runs-root", default=None, help="the run store (default: OUT/store); finished runs there are reused")
-    run.add_argument("--retry-failed", action="store_true", help="train again the runs whose record says failed")
-    run.add_argument("--retrain-stale", action="store_true", help="train again the runs whose record is from another data scheme")
-    run.add_argument("--retry-unreadable", action="store_true",
-                     help="train again the runs whose record cannot be read (each file kept aside)")
+    _add_retrain_flags(run)
     run.add_argument("--runner", choices=("subprocess", "docker"), default="subprocess",
                      help="subprocess: components in this environment; docker: in the project's images (image_for), "
                           "through kfp.local's DockerRunner (build them first: make -C containers build-cpu)")
@@ -344,10 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
     compile_.set_defaults(handler=_compile)
     submit = commands.add_parser("submit", help="submit to Vertex AI Pipelines, or to $KFP_HOST when set")
     submit.add_argument("name", help="a named experiment or a sweep file (.yaml/.json)")
-    submit.add_argument("--retry-failed", action="store_true", help="train again the runs whose record says failed")
-    submit.add_argument("--retrain-stale", action="store_true", help="train again the runs whose record is from another data scheme")
-    submit.add_argument("--retry-unreadable", action="store_true",
-                        help="train again the runs whose record cannot be read (each file kept aside)")
+    _add_retrain_flags(submit)
     submit.set_defaults(handler=_submit)
     stage = commands.add_parser("stage-models", help="copy the experiment's hub backbones into the run store once (pods load them from there)")
     stage.add_argument("name", help="a named experiment or a sweep file (.yaml/.json)")
@@ -360,21 +361,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from adaptune.core.environment import SettingError, check
-    from adaptune.sweep.experiments import SpecError, UnknownExperimentError
-    from adaptune.sweep.fan_in import IncompleteSweepError
-    from adaptune.sweep.plan import PlanError
-    from adaptune.sweep.store import StoreError
-    from pipelines.container_runner import EngineError
-    from pipelines.submit import SettingsError
+    """Run a command; what the user can fix (adaptune.core.errors.UserError: a setting, an experiment, a spec, a run
+    store, a record, the container engine) is one line on stderr, exit status 2."""
+    from adaptune.core.environment import check
+    from adaptune.core.errors import EXIT_USER_ERROR, UserError
 
     args = build_parser().parse_args(argv)
     try:
         check()  # a misspelt ADAPTUNE_* name or a bad value, before anything runs
         return args.handler(args)
-    except (SettingError, UnknownExperimentError, SpecError, PlanError, SettingsError, StoreError, EngineError, IncompleteSweepError) as error:
+    except UserError as error:
         print(f"error: {error}", file=sys.stderr)
-        return 2
+        return EXIT_USER_ERROR
 
 
 if __name__ == "__main__":

@@ -19,9 +19,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+from adaptune.core.errors import UserError
 from adaptune.core.precision import CPU_BF16_ENV
-from adaptune.data.loading import DATA_DIR_ENV, HUB
-from adaptune.sweep.experiments import ExperimentSpec
+from adaptune.data.sources import DATA_DIR_ENV, HUB
+from adaptune.sweep.spec import ExperimentSpec
 from adaptune.sweep.store import RunStore
 from components.images import image_for
 
@@ -45,7 +46,7 @@ ENGINE_HINT = (
 )
 
 
-class EngineError(RuntimeError):
+class EngineError(UserError, RuntimeError):
     """No usable container engine or image; the one-line message says what to do."""
 
 
@@ -130,7 +131,7 @@ def docker_runner(spec: ExperimentSpec, pipeline_root: Path, store: RunStore, da
     pipeline_root.mkdir(parents=True, exist_ok=True)
     writable = [pipeline_root]
     mounts = []
-    if store.is_local:
+    if store.files.is_local:
         store_root = Path(store.root)
         store_root.mkdir(parents=True, exist_ok=True)
         writable.append(store_root)

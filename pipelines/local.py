@@ -16,8 +16,10 @@ from pathlib import Path
 
 from adaptune.sweep.data_check import check_local_data
 from adaptune.sweep.experiments import get_experiment
-from adaptune.sweep.plan import plan
+from adaptune.sweep.plan import Plan, plan
+from adaptune.sweep.retrain import RetrainPolicy
 from adaptune.sweep.store import RunStore
+from adaptune.sweep.store_files import UnreadableFileError
 from components.images import image_for
 from pipelines.log_filter import without_executor_inputs, without_local_runner_warnings
 from pipelines.reproduction import build_pipeline
@@ -32,9 +34,7 @@ def run_local(
     out_dir: str | Path,
     data_dir: str | Path | None = None,
     runs_root: str | None = None,
-    retry_failed: bool = False,
-    retrain_stale: bool = False,
-    retry_unreadable: bool = False,
+    policy: RetrainPolicy = RetrainPolicy(),
     runner: str = "subprocess",
     check_data: bool = True,
 ) -> dict[str, Path]:
@@ -43,23 +43,29 @@ def run_local(
     `name` is a named experiment or a sweep file. The run store defaults to <out_dir>/store: run
     the same command again and finished runs are reused, interrupted ones resume. `runner`:
     "subprocess" (this environment) or "docker" (the images `image_for` names, through kfp.local's
-    DockerRunner: see pipelines/container_runner.py).
+    DockerRunner: see pipelines/container_runner.py). `policy`: which runs the store holds are trained again.
+    What the user can fix is refused in one line before the DAG starts (a UserError): a run store that is a file
+    or cannot be written, a record there that cannot be read (unless the policy retrains such runs).
     """
     if runner not in RUNNERS:
         raise ValueError(f"unknown runner {runner!r}; expected one of {RUNNERS}")
     from kfp import local
 
-    from adaptune.data.loading import resolve_data_dir
+    from adaptune.data.sources import resolve_data_dir
 
     spec = get_experiment(name)
     planned = plan(spec)
+    out_dir = Path(out_dir).resolve()
+    # The checks every shard would make, made once: a root that is a file (or unwritable) would fail every task, each
+    # retried by kfp.local; a record that cannot be read would end the run at the aggregate, inside kfp's traceback.
+    store = RunStore(runs_root or out_dir / "store").require_writable()
+    if not policy.unreadable:
+        refuse_unreadable_records(planned, store)
     print(planned.summary(), flush=True)
     root = resolve_data_dir(data_dir)
     if check_data:  # off only for dry runs of a DAG's shape with a stand-in trainer ($ADAPTUNE_TRAINER)
         check_local_data(planned, root)  # a missing file fails here, before a single run starts
-    out_dir = Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
-    store = RunStore(runs_root or out_dir / "store")
     print(f"data: {root if root else 'the Hugging Face hub (no local mirror found)'}", flush=True)
     print(f"run store: {store.root}", flush=True)
 
@@ -83,11 +89,22 @@ def run_local(
     try:
         quiet = without_local_runner_warnings() if runner == "subprocess" else contextlib.nullcontext()
         with without_executor_inputs(), quiet:  # kfp prints each task's whole input JSON; the rest of its log stays
-            run = build_pipeline(spec)(runs_root=store.root, data_dir=str(root) if root else "", retry_failed=retry_failed,
-                                       retrain_stale=retrain_stale, retry_unreadable=retry_unreadable)
+            run = build_pipeline(spec)(runs_root=store.root, data_dir=str(root) if root else "", **policy.as_flags())
     finally:
         builtins.print = real_print
     return collect_outputs(Path(run.outputs["results"].path), Path(run.outputs["report"].path), out_dir)
+
+
+def refuse_unreadable_records(planned: Plan, store: RunStore) -> None:
+    """One line naming a planned run's record that cannot be read, and what to do, before anything runs: the shards
+    would leave such a run alone and the aggregate refuse the sweep (UnreadableFileError, a UserError)."""
+    unreadable: dict[str, str] = {}
+    store.records([run.run_id for run in planned.runs], unreadable=unreadable)
+    if unreadable:
+        reason = next(iter(unreadable.values()))
+        more = f" ({len(unreadable) - 1} more of the {len(planned.runs)} planned runs' records cannot be read either)" if len(unreadable) > 1 else ""
+        raise UnreadableFileError(f"{reason}{more}: train the run again with --retry-unreadable (RETRY_UNREADABLE=1), "
+                                  "which keeps the file aside")
 
 
 def collect_outputs(results_dir: Path, report_dir: Path, out_dir: Path) -> dict[str, Path]:

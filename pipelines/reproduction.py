@@ -28,8 +28,9 @@ from typing import Any, Callable, NamedTuple
 from kfp import dsl, kubernetes
 
 from adaptune.core.precision import CPU_BF16_ENV, cpu_bf16_env_value
-from adaptune.sweep.experiments import Accelerator, ExperimentSpec, spec_to_json
 from adaptune.sweep.plan import plan, within_fanout
+from adaptune.sweep.spec import Accelerator, ExperimentSpec
+from adaptune.sweep.spec_file import spec_to_json
 from components import make_components
 from components.images import image_for
 

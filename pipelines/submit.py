@@ -17,6 +17,12 @@ Settings come from environment variables, else from the [submit] table of a TOML
 
 Credentials are never read here: Vertex AI uses Application Default Credentials at submit time,
 and nothing but the names above reaches the request; the compiled spec holds no setting at all.
+
+Submitting is two steps: `prepare_submission` loads the settings, picks the target (KFP_HOST, else Vertex AI) and
+checks everything that needs no network, once, into a `Submission`; `send` compiles and submits a Submission,
+checking nothing again. `submit` is the two in turn; `python -m pipelines submit` runs the checks that need the
+network (pipelines.submit_checks) between them. A setting that is missing or malformed is one
+adaptune.core.environment.SettingError line (a UserError: exit status 2).
 """
 
 from __future__ import annotations
@@ -33,7 +39,9 @@ from pathlib import Path
 from typing import Any
 
 from adaptune.core import environment
+from adaptune.core.environment import SettingError
 from adaptune.sweep.experiments import get_experiment
+from adaptune.sweep.retrain import RetrainPolicy
 from pipelines.compile import compile_experiment
 from pipelines.reproduction import pipeline_name
 
@@ -56,10 +64,6 @@ REQUIRED_FOR_VERTEX = ("project", "region", "pipeline_root", "service_account")
 VERTEX_EXPERIMENT_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,127}")
 
 
-class SettingsError(ValueError):
-    """Submission settings are missing or malformed; the message names each one and where to set it."""
-
-
 @dataclasses.dataclass(frozen=True)
 class SubmitSettings:
     project: str | None = None
@@ -77,7 +81,7 @@ class SubmitSettings:
         vertex_experiment_name(name). A name Vertex AI would refuse is refused here, before compiling."""
         chosen = self.vertex_experiment or vertex_experiment_name(name)
         if not VERTEX_EXPERIMENT_NAME.fullmatch(chosen):
-            raise SettingsError(
+            raise SettingError(
                 f"vertex_experiment {chosen!r} is not a Vertex AI Experiment name (lowercase letters, digits and hyphens, "
                 f"at most 128, not starting with a hyphen): set ${ENV_VARS['vertex_experiment']} or `vertex_experiment = ...` "
                 f"under [submit] in {CONFIG_FILE}, e.g. {vertex_experiment_name(name)!r}"
@@ -91,7 +95,7 @@ class SubmitSettings:
             return self.runs_root
         if self.pipeline_root:
             return self.pipeline_root.rstrip("/") + "/adaptune-runs"
-        raise SettingsError(f"no run store: set ${ENV_VARS['runs_root']} or `runs_root = \"gs://bucket/prefix\"` under [submit] in {CONFIG_FILE}")
+        raise SettingError(f"no run store: set ${ENV_VARS['runs_root']} or `runs_root = \"gs://bucket/prefix\"` under [submit] in {CONFIG_FILE}")
 
 
 def load_settings(env: Mapping[str, str] | None = None, config_path: str | Path | None = None) -> SubmitSettings:
@@ -102,27 +106,27 @@ def load_settings(env: Mapping[str, str] | None = None, config_path: str | Path 
     """
     named = environment.given("ADAPTUNE_CONFIG", env)
     if config_path is None and named and not Path(named).is_file():
-        raise SettingsError(f"$ADAPTUNE_CONFIG={named} is not a file: point it at a TOML file with a [submit] table, or unset it")
+        raise SettingError(f"$ADAPTUNE_CONFIG={named} is not a file: point it at a TOML file with a [submit] table, or unset it")
     path = Path(config_path or named or CONFIG_FILE)
     from_file: dict[str, Any] = {}
     if path.is_file():
         try:
             from_file = tomllib.loads(path.read_text()).get("submit", {})
         except tomllib.TOMLDecodeError as error:
-            raise SettingsError(f"{path} is not valid TOML: {error}") from None
+            raise SettingError(f"{path} is not valid TOML: {error}") from None
         except UnicodeDecodeError:
-            raise SettingsError(f"{path} is not a UTF-8 text file: write the settings as TOML") from None
+            raise SettingError(f"{path} is not a UTF-8 text file: write the settings as TOML") from None
         if not isinstance(from_file, dict):
-            raise SettingsError(
+            raise SettingError(
                 f"{path}: `submit` must be a table of settings, not submit = {from_file!r}: write a `[submit]` line, "
                 'then one `key = "value"` line per setting (e.g. project = "my-project")'
             )
         unknown = sorted(set(from_file) - set(ENV_VARS))
         if unknown:
-            raise SettingsError(f"{path} [submit] has unknown key(s) {unknown}; known: {sorted(ENV_VARS)}")
+            raise SettingError(f"{path} [submit] has unknown key(s) {unknown}; known: {sorted(ENV_VARS)}")
         for key, value in from_file.items():
             if not isinstance(value, str):
-                raise SettingsError(
+                raise SettingError(
                     f'{path} [submit] {key} must be a string in quotes ({key} = "..."), not {value!r} ({type(value).__name__})'
                 )
     values = {key: environment.given(var, env) or from_file.get(key) for key, var in ENV_VARS.items()}
@@ -135,7 +139,7 @@ def require_registry(settings: SubmitSettings) -> None:
     from components.images import DEFAULT_REGISTRY
 
     if not settings.registry or settings.registry.rstrip("/") == DEFAULT_REGISTRY:
-        raise SettingsError(f"no image registry: set ${ENV_VARS['registry']} (or `registry = ...` under [submit] in {CONFIG_FILE}) "
+        raise SettingError(f"no image registry: set ${ENV_VARS['registry']} (or `registry = ...` under [submit] in {CONFIG_FILE}) "
                             "to where `make images REGISTRY=...` pushed the images, e.g. us-docker.pkg.dev/PROJECT/adaptune")
 
 
@@ -143,7 +147,7 @@ def require_vertex_settings(settings: SubmitSettings) -> None:
     missing = [key for key in REQUIRED_FOR_VERTEX if not getattr(settings, key)]
     if missing:
         lines = [f"  {key}: set ${ENV_VARS[key]} or `{key} = ...` under [submit] in {CONFIG_FILE}" for key in missing]
-        raise SettingsError("missing Vertex AI setting(s):\n" + "\n".join(lines) + "\n(or set KFP_HOST to submit to a KFP endpoint)")
+        raise SettingError("missing Vertex AI setting(s):\n" + "\n".join(lines) + "\n(or set KFP_HOST to submit to a KFP endpoint)")
 
 
 @contextlib.contextmanager
@@ -166,16 +170,54 @@ def display_name(name: str, now: dt.datetime | None = None) -> str:
     return f"{pipeline_name(get_experiment(name))}-{now:%Y%m%d-%H%M%S}"
 
 
-def pipeline_arguments(settings: SubmitSettings, retry_failed: bool = False, retrain_stale: bool = False,
-                       retry_unreadable: bool = False) -> dict[str, Any]:
-    """The run-time parameters of a submission (the spec itself is the compiled default)."""
-    return {"data_dir": settings.data_dir, "runs_root": settings.resolved_runs_root(), "retry_failed": retry_failed,
-            "retrain_stale": retrain_stale, "retry_unreadable": retry_unreadable}
+def pipeline_arguments(settings: SubmitSettings, policy: RetrainPolicy = RetrainPolicy()) -> dict[str, Any]:
+    """The run-time parameters of a submission (the spec itself is the compiled default): the policy as the
+    pipeline's three flags."""
+    return {"data_dir": settings.data_dir, "runs_root": settings.resolved_runs_root(), **policy.as_flags()}
+
+
+@dataclasses.dataclass(frozen=True)
+class Submission:
+    """An experiment, the settings it is submitted with and where to: checked (check_submission), so that sending
+    it checks nothing again."""
+
+    name: str
+    settings: SubmitSettings
+    host: str | None = None  # a KFP endpoint; None: Vertex AI
+    vertex_experiment: str | None = None  # the Vertex AI Experiment the run joins (Vertex AI only)
+
+    @property
+    def target(self) -> str:
+        """Where it goes, in words (for the lines that explain a failure on the way)."""
+        return f"the KFP endpoint {self.host}" if self.host else "Vertex AI"
+
+
+def check_submission(name: str, settings: SubmitSettings, host: str | None = None) -> Submission:
+    """Every check of the settings a submission needs without the network, in the order a user fixes them: the
+    Vertex AI settings (no `host`), the image registry, the Vertex AI Experiment's name, the run store."""
+    if not host:
+        require_vertex_settings(settings)
+    require_registry(settings)
+    vertex_experiment = None if host else settings.resolved_vertex_experiment(name)
+    settings.resolved_runs_root()
+    return Submission(name, settings, host or None, vertex_experiment)
+
+
+def prepare_submission(name: str, env: Mapping[str, str] | None = None) -> Submission:
+    """The settings loaded (load_settings) and checked (check_submission); to KFP_HOST if set, else Vertex AI."""
+    env = os.environ if env is None else env
+    get_experiment(name)  # before the settings are read: a typo in the name is the first thing to fix
+    return check_submission(name, load_settings(env), env.get("KFP_HOST"))
 
 
 def submit_vertex(name: str, settings: SubmitSettings, credentials: Any = None, api_endpoint: str | None = None,
-                  api_transport: str | None = None, retry_failed: bool = False, retrain_stale: bool = False,
-                  retry_unreadable: bool = False) -> Any:
+                  api_transport: str | None = None, policy: RetrainPolicy = RetrainPolicy()) -> Any:
+    """check_submission, then send it to Vertex AI (_to_vertex); returns the submitted PipelineJob."""
+    return _to_vertex(check_submission(name, settings), policy, credentials, api_endpoint, api_transport)
+
+
+def _to_vertex(submission: Submission, policy: RetrainPolicy, credentials: Any = None, api_endpoint: str | None = None,
+               api_transport: str | None = None) -> Any:
     """Compile and submit to Vertex AI Pipelines; returns the submitted PipelineJob.
 
     The run joins the Vertex AI Experiment settings.resolved_vertex_experiment(name) (created on first
@@ -187,9 +229,7 @@ def submit_vertex(name: str, settings: SubmitSettings, credentials: Any = None, 
     """
     from google.cloud import aiplatform
 
-    require_vertex_settings(settings)
-    require_registry(settings)
-    experiment = settings.resolved_vertex_experiment(name)
+    name, settings = submission.name, submission.settings
     init_args: dict[str, Any] = {"project": settings.project, "location": settings.region}
     if credentials is not None:
         init_args["credentials"] = credentials
@@ -204,44 +244,48 @@ def submit_vertex(name: str, settings: SubmitSettings, credentials: Any = None, 
             display_name=display_name(name),
             template_path=str(package),
             pipeline_root=settings.pipeline_root,
-            parameter_values=pipeline_arguments(settings, retry_failed, retrain_stale, retry_unreadable),
+            parameter_values=pipeline_arguments(settings, policy),
             # None keeps each task's compiled choice (all off); True would override them and reuse a stale
             # aggregate and report after --retry-failed. The run store decides which runs to train.
             enable_caching=None,
             project=settings.project,
             location=settings.region,
         )
-        job.submit(service_account=settings.service_account, experiment=experiment)
+        job.submit(service_account=settings.service_account, experiment=submission.vertex_experiment)
     return job
 
 
-def submit_kfp(name: str, host: str, settings: SubmitSettings, retry_failed: bool = False, retrain_stale: bool = False,
-               retry_unreadable: bool = False) -> Any:
-    """Compile for a KFP cluster (node selectors, tolerations, timeouts, bounded fan-out) and create a run on `host`."""
+def submit_kfp(name: str, host: str, settings: SubmitSettings, policy: RetrainPolicy = RetrainPolicy()) -> Any:
+    """check_submission, then send it to the KFP endpoint `host` (_to_kfp); returns the created run."""
+    return _to_kfp(check_submission(name, settings, host), policy)
+
+
+def _to_kfp(submission: Submission, policy: RetrainPolicy) -> Any:
+    """Compile for a KFP cluster (node selectors, tolerations, timeouts, bounded fan-out) and create a run on its host."""
     import kfp
 
-    require_registry(settings)
+    name, settings = submission.name, submission.settings
     with tempfile.TemporaryDirectory() as tmp, image_settings(settings):
         package = compile_experiment(name, Path(tmp) / f"{name}.yaml", target="kfp")
-        client = kfp.Client(host=host)
+        client = kfp.Client(host=submission.host)
         return client.create_run_from_pipeline_package(
             str(package),
-            arguments=pipeline_arguments(settings, retry_failed, retrain_stale, retry_unreadable),
+            arguments=pipeline_arguments(settings, policy),
             run_name=display_name(name),
             experiment_name="adaptune",
             enable_caching=None,  # keep the compiled choice: caching off on every task
         )
 
 
-def submit(name: str, env: Mapping[str, str] | None = None, retry_failed: bool = False, retrain_stale: bool = False,
-           retry_unreadable: bool = False) -> str:
-    """`python -m pipelines submit NAME`: to KFP_HOST if set, else Vertex AI; returns a line to print."""
-    env = os.environ if env is None else env
-    get_experiment(name)  # an unknown experiment is reported before any missing or malformed setting
-    settings = load_settings(env)
-    host = env.get("KFP_HOST")
-    if host:
-        result = submit_kfp(name, host, settings, retry_failed, retrain_stale, retry_unreadable)
-        return f"submitted {name} to {host}: run {getattr(result, 'run_id', result)}"
-    job = submit_vertex(name, settings, retry_failed=retry_failed, retrain_stale=retrain_stale, retry_unreadable=retry_unreadable)
-    return f"submitted {name} to Vertex AI: {job.resource_name} (Vertex AI Experiment {settings.resolved_vertex_experiment(name)})"
+def send(submission: Submission, policy: RetrainPolicy = RetrainPolicy()) -> str:
+    """Compile and submit a checked submission, checking nothing again; returns a line to print."""
+    if submission.host:
+        result = _to_kfp(submission, policy)
+        return f"submitted {submission.name} to {submission.host}: run {getattr(result, 'run_id', result)}"
+    job = _to_vertex(submission, policy)
+    return f"submitted {submission.name} to Vertex AI: {job.resource_name} (Vertex AI Experiment {submission.vertex_experiment})"
+
+
+def submit(name: str, env: Mapping[str, str] | None = None, policy: RetrainPolicy = RetrainPolicy()) -> str:
+    """Submit experiment `name`: to KFP_HOST if set, else Vertex AI (prepare_submission, then send); returns a line to print."""
+    return send(prepare_submission(name, env), policy)

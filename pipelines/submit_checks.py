@@ -12,7 +12,8 @@ import socket
 import urllib.parse
 from typing import Any
 
-from pipelines.submit import ENV_VARS, SettingsError, SubmitSettings
+from adaptune.core.environment import SettingError as SettingsError
+from pipelines.submit import ENV_VARS, SubmitSettings
 
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 CONNECT_TIMEOUT_S = 10.0

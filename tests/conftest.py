@@ -55,14 +55,14 @@ def smoke_run(tmp_path_factory: pytest.TempPathFactory, shared_data_dir: Path) -
 
 @pytest.fixture()
 def stub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Runs train with tests/stub_trainer.py (here and in kfp.local's subprocesses); transient failures
+    """Runs train with bench/stand_ins/stub_trainer.py (here and in kfp.local's subprocesses); transient failures
     are retried at once. Returns the stub's control directory."""
     from adaptune.sweep.shard_runner import BACKOFF_ENV, TRAINER_ENV
 
     control = tmp_path / "stub"
     control.mkdir()
     monkeypatch.setenv("STUB_TRAINER_DIR", str(control))
-    monkeypatch.setenv(TRAINER_ENV, "tests.stub_trainer:train")
+    monkeypatch.setenv(TRAINER_ENV, "bench.stand_ins.stub_trainer:train")
     monkeypatch.setenv(BACKOFF_ENV, "0")
     return control
 
@@ -80,3 +80,15 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if _group_lost(item):  # fail before its fixtures build, in one line (a worker's own exit shows no message)
         pytest.fail(f"--dist loadgroup ignored this test's xdist_group under pytest {pytest.__version__}: "
                     "install the versions in requirements.lock (make venv)", pytrace=False)
+
+
+@pytest.fixture()
+def patch_settings():
+    """adaptune.core.environment.patch for the rest of the test: `patch_settings(device="cpu")`, undone at its end.
+    This process's settings only: a test whose code under test runs in a child process sets its variables instead."""
+    import contextlib
+
+    from adaptune.core import environment
+
+    with contextlib.ExitStack() as stack:
+        yield lambda **values: stack.enter_context(environment.patch(**values))

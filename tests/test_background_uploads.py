@@ -23,14 +23,14 @@ from tests.gcs_emulator import bucket  # noqa: F401 (the fixture)
 def _held_uploads(store: RunStore, monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, list[int]]:
     """The store's uploads wait for the returned event; the list counts the uploads that ran."""
     release, ran = threading.Event(), []
-    upload = store._upload
+    upload = store.files.upload
 
     def held(local: Path, remote: str) -> None:
         assert release.wait(30), "the test never released the upload"
         ran.append(1)
         upload(local, remote)
 
-    monkeypatch.setattr(store, "_upload", held)
+    monkeypatch.setattr(store.files, "upload", held)
     return release, ran
 
 
@@ -40,13 +40,13 @@ def test_a_sync_returns_while_its_upload_runs_and_the_close_waits_for_it(bucket:
     with store.run_dir("run-a") as work:
         atomic_write(work.path / "train_state.pt", lambda path: path.write_bytes(b"epoch 1"))
         work.sync()  # returns at once: the upload waits on `release`
-        assert ran == [] and store.names("runs", "run-a") == []
+        assert ran == [] and store.files.names("runs", "run-a") == []
         atomic_write(work.path / "train_state.pt", lambda path: path.write_bytes(b"epoch 2"))
         work.sync()  # one upload waits behind the held one
         work.sync()  # ... and covers this request too
         release.set()
     assert len(ran) == 2  # the held upload, then one for both later requests
-    assert store.fs.cat_file(store._path("runs", "run-a", "train_state.pt")) == b"epoch 2"
+    assert store.files.fs.cat_file(store.files.path("runs", "run-a", "train_state.pt")) == b"epoch 2"
 
 
 def test_a_file_being_written_is_not_uploaded_nor_one_removed_meanwhile(bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -57,15 +57,15 @@ def test_a_file_being_written_is_not_uploaded_nor_one_removed_meanwhile(bucket: 
         (work.path / "gone.txt").write_text("removed before the upload reads it")
         work.sync()
         (work.path / "events.out").write_text("kept")
-        real_put = store.fs.put_file
+        real_put = store.files.fs.put_file
 
         def put_after_removal(local: str, remote: str, **kwargs: object) -> None:
             (work.path / "gone.txt").unlink(missing_ok=True)  # as a finished run removes its state
             real_put(local, remote, **kwargs)
 
-        monkeypatch.setattr(store.fs, "put_file", put_after_removal)
+        monkeypatch.setattr(store.files.fs, "put_file", put_after_removal)
         release.set()
-    assert store.names("runs", "run-a") == ["events.out"]
+    assert store.files.names("runs", "run-a") == ["events.out"]
 
 
 def test_an_upload_that_failed_is_raised_by_the_next_request_and_by_the_close(bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -79,6 +79,6 @@ def test_an_upload_that_failed_is_raised_by_the_next_request_and_by_the_close(bu
         uploads.request()
 
     store = RunStore(bucket)
-    monkeypatch.setattr(store, "_upload", lambda local, remote: refused())
+    monkeypatch.setattr(store.files, "upload", lambda local, remote: refused())
     with pytest.raises(ConnectionError, match="did not answer"), store.run_dir("run-b") as work:
         work.sync()  # the close waits for it and raises its failure

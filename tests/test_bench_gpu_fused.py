@@ -1,4 +1,4 @@
-"""The GPU benchmark's fused-group measurement (adaptune.bench.gpu_fused) runs on the CPU too, on a tiny
+"""The GPU benchmark's fused-group measurement (bench.gpu_fused) runs on the CPU too, on a tiny
 BERT: a lent GPU's minutes are too few to find a broken benchmark there (the first GPU session lost
 its side-by-side shard to failures that no CPU run had exercised)."""
 
@@ -12,11 +12,11 @@ import pytest
 import torch
 from transformers import BertConfig, BertForSequenceClassification
 
-from adaptune.bench.gpu import REHEARSAL
-from adaptune.bench.gpu import main as bench_gpu
-from adaptune.bench.gpu_fused import _group, check_step_graphs, group_batches, measure_fused, profile_fused
 from adaptune.core.devices import pick_device
 from adaptune.train.group_loop import stack_run_batches
+from bench.gpu import main as bench_gpu
+from bench.gpu_batches import REHEARSAL
+from bench.gpu_fused import check_step_graphs, group_batches, initialised_group, measure_fused, profile_fused
 
 TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
 
@@ -56,8 +56,8 @@ def test_fused_rows_count_every_runs_examples_and_flops() -> None:
     assert all(row["examples_per_s"] > 0 and row["mfu"] > 0 and row["peak_gib"] is None for row in rows)
     # Two runs' FLOPs per fused step: each run's own batch at the step's padded length (20 tokens).
     fused = [stack_run_batches(batches[:2], 0, device.torch_device)]
-    _, _, runs, run_flops = _group(TINY, {"name": "layernorm"}, 2, device, fused)
-    solo = _group(TINY, {"name": "layernorm"}, 1, device, [stack_run_batches(batches[1:2], 0, device.torch_device)])
+    _, _, runs, run_flops = initialised_group(TINY, {"name": "layernorm"}, 2, device, fused)
+    solo = initialised_group(TINY, {"name": "layernorm"}, 1, device, [stack_run_batches(batches[1:2], 0, device.torch_device)])
     assert len(runs) == 2 and run_flops == solo[3]  # batch 1 is the longer: both runs pay its length
 
 
@@ -102,7 +102,7 @@ def test_the_kernel_checks_take_the_calls_settings(tmp_path, shared_data_dir, mo
     first fused method and one StepSettings: counter masks, the first compile mode and (for the later kernels) the kernels
     before them as the call gives them; and keep each row under its own key. The checks themselves are stood in for: under
     Triton's interpreter each takes minutes at the rehearsal's 12 layers (tests/fused/kernels/ run them on a 2-layer BERT)."""
-    import adaptune.bench.gpu_fused as gpu_fused
+    import bench.gpu_fused as gpu_fused
     from adaptune.fused.settings import StepSettings
 
     calls = []
@@ -135,8 +135,8 @@ def test_the_fused_variants_are_step_settings_a_group_can_train_under(tmp_path) 
     """bench-gpu's --fused-* flags crossed: a kernel or step graphs asked of generator masks take their eager form, as a run
     that keeps generator masks does (StepSettings.for_masks), and a combination that comes out as one before it is timed
     once; a value no setting has fails as the flag's error, before anything runs."""
-    from adaptune.bench.gpu_fused import crossed_settings
     from adaptune.fused.settings import StepSettings
+    from bench.gpu_fused import crossed_settings
 
     crossed = crossed_settings(("generator", "counter"), ("eager", "step_graphs"), {"attention": ("eager", "kernel")})
     assert crossed == [StepSettings(), *(StepSettings(compile=compile, dropout_masks="counter", attention=attention)
@@ -182,7 +182,7 @@ def test_a_host_profile_names_where_the_hosts_time_went() -> None:
     import cProfile
     import time
 
-    from adaptune.bench.gpu import heaviest_functions
+    from bench.gpu_shard import heaviest_functions
 
     def waits() -> None:
         time.sleep(0.05)

@@ -1,5 +1,5 @@
-"""bench-gpu's `squad_lengths` and `tokens_<L>` steps (adaptune.bench.squad_lengths), and each task's padded row length
-(adaptune.bench.task_lengths): SQuAD's batch lengths written from the real SQuAD files (../shared/data) through the
+"""bench-gpu's `squad_lengths` and `tokens_<L>` steps (bench.squad_lengths), and each task's padded row length
+(bench.task_lengths): SQuAD's batch lengths written from the real SQuAD files (../shared/data) through the
 trainer's own features and batching, and steps built at them."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from adaptune.bench.squad_lengths import batches_at_lengths, read_padded_lengths, write_squad_lengths
+from bench.squad_lengths import batches_at_lengths, read_padded_lengths, write_squad_lengths
 
 
 def test_squad_steps_come_at_squads_own_batch_lengths(tmp_path: Path, shared_data_dir: Path) -> None:
@@ -39,7 +39,7 @@ def test_squad_steps_come_at_squads_own_batch_lengths(tmp_path: Path, shared_dat
 
 
 def test_tokens_sets_hold_every_step_at_their_length() -> None:
-    from adaptune.bench.gpu import fixed_length_sets
+    from bench.gpu_batches import fixed_length_sets
 
     padded = [{"input_ids": torch.ones(32, 128, dtype=torch.long), "attention_mask": torch.zeros(32, 128, dtype=torch.long),
                "labels": torch.zeros(32, dtype=torch.long)} for _ in range(6)]
@@ -52,7 +52,7 @@ def test_tokens_sets_hold_every_step_at_their_length() -> None:
 
 
 def test_each_tasks_rows_are_padded_as_a_run_batches_them(shared_data_dir: Path) -> None:
-    from adaptune.bench.task_lengths import task_lengths
+    from bench.task_lengths import task_lengths
 
     lengths = task_lengths("smoke", str(shared_data_dir))  # MRPC and SMS spam at 64 tokens
     assert set(lengths["tasks"]) == {"mrpc", "sms_spam"} and lengths["missing"] == {}

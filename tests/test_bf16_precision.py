@@ -1,5 +1,5 @@
 """The bf16 path, the default on a CPU with native bf16: what it keeps equal and how far apart it leaves the rest,
-at the gaps tests/bf16_gap.py measures (float32's equalities are tests/test_fused_groups.py's and
+at the gaps bench/bf16_gap.py measures (float32's equalities are tests/test_fused_groups.py's and
 tests/test_bundle.py's). Skipped, with the reason, on a CPU without native bf16, where bf16 is never the default.
 
 - A run alone scored in bf16, bundled: predict computes in the run's precision (the manifest says bf16) and its
@@ -11,6 +11,7 @@ tests/test_bundle.py's). Skipped, with the reason, on a CPU without native bf16,
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,14 +25,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("bundle"),
 # tests/test_bundle.py's runs: small enough for seconds, large enough not to collapse to one class (32 steps).
 SMALL = dict(task="sst2", epochs=2, max_length=64, max_train_examples=128, max_eval_examples=64, batch_size=8, experiment="test_bf16")
 # The largest |fused - alone| validation or test score in bf16, in points: measured up to 0.9 (validation) and 0.6
-# (test) on two tasks of 1,000 training rows, groups of 4 (issue 64); tests/bf16_gap.py measures it here. The bound
+# (test) on two tasks of 1,000 training rows, groups of 4 (issue 64); bench/bf16_gap.py measures it here. The bound
 # is about twice that, so rounding passes and a run scored on another run's rows, batches or seed does not.
 BF16_MEASURED_POINTS = 0.9
 BF16_FUSED_POINTS = 2.0
 
 
 def test_a_bf16_runs_bundle_predicts_in_bf16_and_reproduces_its_record(tmp_path: Path, shared_data_dir: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                       patch_settings: Callable[..., object]) -> None:
     from adaptune.cli import main
     from adaptune.data.batching import subsample
     from adaptune.data.loading import load_task_data
@@ -39,7 +40,7 @@ def test_a_bf16_runs_bundle_predicts_in_bf16_and_reproduces_its_record(tmp_path:
     from adaptune.train.loop import train_and_evaluate
     from adaptune.train.metrics import compute_metrics
 
-    monkeypatch.setenv("ADAPTUNE_CPU_BF16", "1")
+    patch_settings(cpu_bf16="1")
     config = TrainConfig(method={"name": "adapters", "size": 8}, lr=3e-3, seed=0, **SMALL)
     record = train_and_evaluate(config, data_dir=shared_data_dir, out_dir=tmp_path / "store" / "runs" / config.run_id, progress=False)
     assert record["status"] == "ok" and record["device"] == "cpu:bf16"
@@ -63,12 +64,12 @@ def test_a_bf16_runs_bundle_predicts_in_bf16_and_reproduces_its_record(tmp_path:
 
 
 def test_bf16_fused_runs_stay_within_the_measured_gap_of_their_runs_alone(tmp_path: Path, shared_data_dir: Path,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                          patch_settings: Callable[..., object]) -> None:
     from adaptune.train.config import TrainConfig
     from adaptune.train.group_loop import train_group
     from adaptune.train.loop import train_and_evaluate
 
-    monkeypatch.setenv("ADAPTUNE_CPU_BF16", "1")
+    patch_settings(cpu_bf16="1")
     configs = [TrainConfig(method={"name": "adapters", "size": 8}, lr=lr, seed=seed, **SMALL) for lr, seed in ((1e-3, 0), (3e-3, 1))]
     fused = train_group(configs, [tmp_path / "group" / config.run_id for config in configs], data_dir=shared_data_dir)
     alone = [train_and_evaluate(config, data_dir=shared_data_dir, out_dir=tmp_path / "alone" / config.run_id, progress=False)

@@ -18,9 +18,9 @@ from adaptune.sweep.cost import (
     planned_group_size,
     table_fused_speedup,
 )
-from adaptune.sweep.experiments import spec_from_dict
 from adaptune.sweep.plan import plan
 from adaptune.sweep.shard_runner import run_shard
+from adaptune.sweep.spec_file import spec_from_dict
 from adaptune.sweep.status_cache import store_summaries
 from adaptune.sweep.store import RunStore
 from adaptune.sweep.throughput import Measured, accelerator_hours, measure_on, measure_throughput, runs_on
@@ -231,8 +231,8 @@ def test_squads_long_steps_train_alone_and_adapters_price_at_the_step_measured_a
 
 def test_squads_mean_padded_length_is_what_its_data_gives(tmp_path: Path, shared_data_dir: Path) -> None:
     """MEAN_PADDED_LENGTH's SQuAD row is the mean tokens a feature is padded to in the trainer's own batches of the
-    local SQuAD files (adaptune.bench.squad_lengths), at a GPU's pad multiple; far below 384, and above 128."""
-    from adaptune.bench.squad_lengths import write_squad_lengths
+    local SQuAD files (bench.squad_lengths), at a GPU's pad multiple; far below 384, and above 128."""
+    from bench.squad_lengths import write_squad_lengths
 
     written = write_squad_lengths(tmp_path / "lengths.json", str(shared_data_dir), None, pad_multiple=8)
     assert MEAN_PADDED_LENGTH[("squad", written["max_length"], written["doc_stride"], written["batch_size"])] == written["mean_padded_length"]

@@ -18,7 +18,8 @@ from results_fixture import constructed_runs, real_ablation, real_records, real_
 from adaptune.core.paper_grids import DEVLIN_GLUE_LRS, GLUE_LRS
 from adaptune.report import build_report
 from adaptune.report.baselines import majority_baseline
-from adaptune.report.claims import COLUMNS, bootstrap_ci, claims_markdown, claims_table, judge, write_grid_left_out
+from adaptune.report.bootstrap import bootstrap_ci
+from adaptune.report.claims import COLUMNS, claims_markdown, claims_table, judge, write_grid_left_out
 from adaptune.report.reference import load_reference
 from adaptune.report.results import read_results
 from adaptune.report.tables import table1, table2

@@ -72,7 +72,7 @@ CASES = [
     # Other commands.
     Case("tasks with a missing data dir", ("tasks", "--data-dir", "{tmp}/nowhere"), ("data dir", "does not exist")),
     Case("unknown experiment", ("plan", "smoek"), ("unknown experiment 'smoek'", "did you mean smoke")),
-    Case("report of a corrupt results dir", ("report", "{mirror}", "--out", "{tmp}/run"),
+    Case("render of a corrupt results dir", ("render", "{mirror}", "--out", "{tmp}/run"),
          ("runs.parquet cannot be read", "truncated"), mirror={"runs.parquet": "PAR1 not really parquet"}),
 ]
 
@@ -171,8 +171,8 @@ def test_report_goes_on_without_an_unreadable_curves_file(tmp_path: Path) -> Non
 
     write_results(_records(), tmp_path / "results")
     (tmp_path / "results" / CURVES_FILE).write_bytes(b"not parquet")
-    result = _run(("report", str(tmp_path / "results"), "--out", str(tmp_path / "report")))
+    result = _run(("render", str(tmp_path / "results"), "--out", str(tmp_path / "report")))
     assert result.returncode == 0, result.stderr
     warning, = result.stderr.splitlines()  # one line
-    assert warning.startswith("adaptune report: warning: ") and str(tmp_path / "results" / CURVES_FILE) in warning
+    assert warning.startswith("adaptune render: warning: ") and str(tmp_path / "results" / CURVES_FILE) in warning
     assert (tmp_path / "report" / "report.md").is_file()

@@ -14,22 +14,17 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from adaptune.sweep.experiments import Sweep, get_experiment, spec_to_json
+from adaptune.sweep.experiments import get_experiment
 from adaptune.sweep.plan import KFP_MAX_FANOUT, plan
+from adaptune.sweep.retrain import RetrainPolicy
 from adaptune.sweep.shard_runner import run_shard
+from adaptune.sweep.spec import Sweep
+from adaptune.sweep.spec_file import spec_to_json
 from adaptune.sweep.store import RunStore
-from tests import stub_trainer
+from bench.rehearsal_timing import comparable_results as _results
+from bench.stand_ins import stub_trainer
 from tests.fuse_semantics import fuse_semantics
 from tests.gcs_emulator import gcs  # noqa: F401  (the fixture)
-
-# What must agree between two runs of the same grid (times, paths and provenance may differ).
-RESULT_COLUMNS = ["task", "method_label", "status", "val_score", "test_score", "trained_params", "total_params",
-                  "train_rows", "val_rows", "test_rows", "data_scheme"]
-
-
-def _results(runs: pd.DataFrame) -> pd.DataFrame:
-    return runs[RESULT_COLUMNS].sort_values(["task", "method_label"]).reset_index(drop=True)
-
 
 # --- Cloud Storage FUSE -----------------------------------------------------------------------------
 
@@ -41,8 +36,8 @@ def test_a_store_with_fuse_semantics_trains_and_ablates_without_renaming_a_direc
     """The store (and its tokenization cache) on a filesystem that refuses directory renames and hard
     links, as the /gcs mount does: a real run trains, its record and checkpoint land, and the cache is
     published by its marker file. Before, tokenize_task's rename was refused and every run failed."""
-    from adaptune.sweep.experiments import Ablation
     from adaptune.sweep.fan_in import ablate_sweep
+    from adaptune.sweep.spec import Ablation
 
     adapters = {"name": "adapters", "size": 8, "init_std": 1e-2}
     spec = dataclasses.replace(
@@ -69,7 +64,7 @@ def test_a_store_with_fuse_semantics_trains_and_ablates_without_renaming_a_direc
     markers = list((root / "cache" / "tokenized").glob("sst2-*.json"))  # the run's, and the ablation's splits
     assert markers and all((root / "cache/tokenized" / json.loads(m.read_text())["dir"] / "dataset_dict.json").is_file()
                            for m in markers)
-    assert store.read_json("ablation", f"{run_id}.json")
+    assert store.files.read_json("ablation", f"{run_id}.json")
 
 
 # --- a resubmission with --retry-failed ---------------------------------------------------------------
@@ -102,7 +97,7 @@ def test_a_resubmission_with_retry_failed_trains_only_that_run_and_refreshes_the
     report_before = first["report.md"].read_text()
 
     (control / "nan" / diverging).unlink()
-    again = run_local(str(sweep_file), tmp_path / "again", runs_root=str(store), retry_failed=True, check_data=False)
+    again = run_local(str(sweep_file), tmp_path / "again", runs_root=str(store), policy=RetrainPolicy(failed=True), check_data=False)
     after = pd.read_parquet(again["runs.parquet"]).set_index("run_id")
     assert {run.run_id: stub_trainer.calls(run.run_id) for run in runs} == {run.run_id: 2 if run.run_id == diverging else 1
                                                                           for run in runs}
@@ -162,7 +157,7 @@ def test_the_kfp_payload_at_paper_full_carries_device_timeout_and_a_bounded_fan_
     import kfp
     import yaml
 
-    from adaptune.sweep.experiments import spec_from_dict
+    from adaptune.sweep.spec_file import spec_from_dict
     from pipelines.submit import submit
 
     sent: dict[str, Any] = {}

@@ -52,7 +52,7 @@ def test_an_experiment_that_pins_its_cpu_precision_carries_it_and_auto_leaves_it
 def test_an_accelerators_step_settings_reach_its_training_tasks_and_nothing_else_sets_them() -> None:
     """The H100 preset trains as measured fastest (bench/gpu.json "h100_2026_11_27_levers", "h100_2026_11_28"): its
     tasks carry the step settings; a CPU experiment's carry none, so a local run keeps the defaults."""
-    from adaptune.sweep.experiments import H100
+    from adaptune.sweep.spec import H100
 
     assert EXPERIMENTS["glue_full"].accelerator == H100
     env = {item["name"]: item["value"] for item in _train_env("glue_full")}

@@ -472,8 +472,8 @@ def test_compiled_pipeline_runs_each_task_in_the_image_of_the_accelerator_it_req
 ) -> None:
     from kfp import compiler
 
-    from adaptune.sweep.experiments import ACCELERATORS as EXPERIMENT_ACCELERATORS
     from adaptune.sweep.experiments import get_experiment
+    from adaptune.sweep.spec import ACCELERATORS as EXPERIMENT_ACCELERATORS
     from pipelines.compile import MAIN_EXPERIMENT
     from pipelines.reproduction import build_pipeline
 

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import datasets
 import pytest
 
 from adaptune.data import loading as data_module
-from adaptune.data.loading import DataError, DataNotFoundError, holdout_indices, load_task_data, prepare, resolve_data_dir, split_indices, tokenize_task
+from adaptune.data.loading import load_task_data, prepare
 from adaptune.data.readers import MalformedFileError
+from adaptune.data.sources import DataError, DataNotFoundError, resolve_data_dir
+from adaptune.data.splits import holdout_indices, split_indices
 from adaptune.data.tasks import EXTRA_TASKS, TASKS
+from adaptune.data.token_cache import tokenize_task
 
 # Row counts from the shared data README (train.tsv, dev.tsv); label counts of train.tsv read off the files.
 GLUE_EXPECTED = {
@@ -240,11 +244,11 @@ def test_hub_rows_go_through_the_same_canonicalisation(shared_data_dir: Path, mo
         assert from_hub[split]["label"] == from_mirror[split]["label"]
 
 
-def test_resolve_data_dir_order(tmp_path: Path, monkeypatch, shared_data_dir: Path) -> None:
-    monkeypatch.setenv("ADAPTUNE_DATA_DIR", str(tmp_path))
+def test_resolve_data_dir_order(tmp_path: Path, monkeypatch, shared_data_dir: Path, patch_settings: Callable[..., object]) -> None:
+    patch_settings(data_dir=tmp_path)
     assert resolve_data_dir(shared_data_dir) == shared_data_dir.resolve()
     assert resolve_data_dir() == tmp_path.resolve()
-    monkeypatch.delenv("ADAPTUNE_DATA_DIR")
+    patch_settings(data_dir=None)
     monkeypatch.chdir(tmp_path)
     assert resolve_data_dir() == shared_data_dir.resolve()  # found from the package's location
     assert resolve_data_dir("hub") is None

@@ -30,7 +30,7 @@ SHELL_BLOCK = re.compile(r"^```(?:bash|sh|shell)\n(.*?)^```", re.S | re.M)
 # What a command may do here in seconds: read a store, plan, report, bundle and serve the demo's two tasks.
 RUN_MAKE = {"plan", "status", "report"}
 RUN_PIPELINES = {"plan", "show", "status", "report", "compare"}
-RUN_ADAPTUNE = {"tasks", "settings", "health", "plan", "report", "bundle", "predict"}
+RUN_ADAPTUNE = {"tasks", "settings", "health", "plan", "render", "bundle", "predict"}
 WRITES = ("--out", "--into", "--output")
 NOT_IN_A_CLONE = {".git", "outputs", "runs", ".pytest_cache", "__pycache__"}
 

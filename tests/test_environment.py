@@ -33,18 +33,17 @@ def _run(*args: str, **settings: str) -> subprocess.CompletedProcess:
     ("1", True), ("true", True), ("True", True), ("YES", True), ("on", True), (" On ", True),
     ("0", False), ("false", False), ("False", False), ("no", False), ("off", False), ("OFF", False),
 ])
-def test_every_flag_speaks_one_yes_no_dialect(raw: str, expected: bool, monkeypatch: pytest.MonkeyPatch,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_every_flag_speaks_one_yes_no_dialect(raw: str, expected: bool, capsys: pytest.CaptureFixture[str]) -> None:
     from adaptune.core.precision import cpu_precision_setting
     from adaptune.train.epoch_log import report_epoch
 
     for name, variable in VARIABLES.items():
         if variable.kind == "flag":
             assert environment.parse(name, raw) is expected
-    monkeypatch.setenv("ADAPTUNE_CPU_BF16", raw)  # a choice with auto, then the same yes and no
-    assert cpu_precision_setting() == ("bf16" if expected else "float32")
-    monkeypatch.setenv("ADAPTUNE_EPOCH_LINES", raw)  # "False" used to leave the lines on
-    report_epoch("run", 3, "accuracy", {"epoch": 1, "train_loss": 0.5, "val_metrics": {"accuracy": 0.5}}, 1)
+    with environment.patch(cpu_bf16=raw):  # a choice with auto, then the same yes and no
+        assert cpu_precision_setting() == ("bf16" if expected else "float32")
+    with environment.patch(epoch_lines=raw):  # "False" used to leave the lines on
+        report_epoch("run", 3, "accuracy", {"epoch": 1, "train_loss": 0.5, "val_metrics": {"accuracy": 0.5}}, 1)
     assert ("run epoch 1/3" in capsys.readouterr().err) is expected
 
 
@@ -57,18 +56,17 @@ def test_unset_or_empty_takes_the_default() -> None:
     assert environment.given("ADAPTUNE_PROJECT", {"ADAPTUNE_PROJECT": ""}) is None
 
 
-def test_the_registry_defaults_are_the_ones_the_code_falls_back_to(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_registry_defaults_are_the_ones_the_code_falls_back_to() -> None:
     from adaptune.sweep.lease import DEFAULT_LEASE_SECONDS, lease_seconds
     from adaptune.sweep.transient import DEFAULT_BACKOFF_S, backoff_s
     from adaptune.train.state_saves import STATE_EVERY_S, state_every_s
     from components.images import image_for
 
-    for name in ("ADAPTUNE_LEASE_SECONDS", "ADAPTUNE_RETRY_BACKOFF_S", "ADAPTUNE_STATE_EVERY_S", "ADAPTUNE_REGISTRY"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("ADAPTUNE_IMAGE_TAG", "")  # empty: the default, as for every variable
     assert (DEFAULT_LEASE_SECONDS, DEFAULT_BACKOFF_S, STATE_EVERY_S) == (900.0, 30.0, 60.0)
-    assert (lease_seconds(), backoff_s(1), state_every_s()) == (900.0, 30.0, 60.0)
-    assert image_for("cpu") == "us-docker.pkg.dev/your-project/adaptune/adaptune-cpu:0.2.0"
+    # None: unset; empty: the default, as for every variable
+    with environment.patch(lease_seconds=None, retry_backoff_s=None, state_every_s=None, registry=None, image_tag=""):
+        assert (lease_seconds(), backoff_s(1), state_every_s()) == (900.0, 30.0, 60.0)
+        assert image_for("cpu") == "us-docker.pkg.dev/your-project/adaptune/adaptune-cpu:0.2.0"
 
 
 @pytest.mark.parametrize(("name", "raw"), [
@@ -86,26 +84,24 @@ def test_a_bad_value_is_one_line_naming_the_variable_and_what_it_takes(name: str
         environment.check({name: raw})
 
 
-def test_the_modules_read_their_variables_through_the_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_modules_read_their_variables_through_the_registry() -> None:
     """Each reader refuses a bad value with the registry's line (no reader of its own with another dialect)."""
     from adaptune.core.devices import pick_device
     from adaptune.sweep.device_sharing import runs_per_group
-    from adaptune.sweep.experiments import ACCELERATORS
     from adaptune.sweep.lease import lease_seconds
+    from adaptune.sweep.spec import ACCELERATORS
     from adaptune.sweep.transient import backoff_s
     from adaptune.train.state_saves import state_every_s
 
     for name, read in (("ADAPTUNE_DEVICE", pick_device), ("ADAPTUNE_LEASE_SECONDS", lease_seconds),
                        ("ADAPTUNE_RETRY_BACKOFF_S", lambda: backoff_s(1)), ("ADAPTUNE_STATE_EVERY_S", state_every_s),
                        ("ADAPTUNE_RUNS_PER_GROUP", lambda: runs_per_group(ACCELERATORS["h100"]))):
-        monkeypatch.setenv(name, "x")
-        with pytest.raises(SettingError, match=f"^{name}='x' is not valid"):
+        with environment.patch(**{environment.attribute(name): "x"}), pytest.raises(SettingError, match=f"^{name}='x' is not valid"):
             read()
-        monkeypatch.delenv(name)
-    monkeypatch.setenv("ADAPTUNE_RUNS_PER_GROUP", "4")
-    assert runs_per_group(ACCELERATORS["h100"]) == 4
-    monkeypatch.delenv("ADAPTUNE_RUNS_PER_GROUP")
-    assert runs_per_group(ACCELERATORS["h100"]) == ACCELERATORS["h100"].runs_per_group
+    with environment.patch(runs_per_group=4):
+        assert runs_per_group(ACCELERATORS["h100"]) == 4
+    with environment.patch(runs_per_group=None):
+        assert runs_per_group(ACCELERATORS["h100"]) == ACCELERATORS["h100"].runs_per_group
 
 
 def test_an_unknown_variable_is_named_with_the_closest_known_one() -> None:
@@ -120,16 +116,54 @@ def test_an_unknown_variable_is_named_with_the_closest_known_one() -> None:
     environment.check({"ADAPTUNE_COMPILE": "step_graphs", "PATH": "/bin"})
 
 
-def test_the_cache_dir_has_one_rule_for_the_data_and_the_status_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from adaptune.data.loading import default_cache_dir
+def test_the_cache_dir_has_one_rule_for_the_data_and_the_status_cache(tmp_path: Path) -> None:
+    from adaptune.data.token_cache import default_cache_dir
     from adaptune.sweep.status_cache import cache_path
     from adaptune.sweep.store import RunStore
 
     default = Path.home() / ".cache" / "adaptune"
     for value, expected in (("", default), ("~/elsewhere", Path.home() / "elsewhere"), (str(tmp_path), tmp_path)):
-        monkeypatch.setenv("ADAPTUNE_CACHE_DIR", value)  # empty used to mean the current directory for the data
-        assert default_cache_dir() == expected
-        assert cache_path(RunStore(tmp_path / "store")).parent == expected / "record-summaries"
+        with environment.patch(cache_dir=value):  # empty used to mean the current directory for the data
+            assert default_cache_dir() == expected
+            assert cache_path(RunStore(tmp_path / "store")).parent == expected / "record-summaries"
+
+
+def test_settings_are_typed_attributes_named_after_their_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert list(environment.ATTRIBUTES)[:2] == ["compile", "dropout_masks"] and "results_a" in environment.ATTRIBUTES
+    assert all(VARIABLES[f"ADAPTUNE_{name.upper()}"] is variable for name, variable in environment.ATTRIBUTES.items())
+    settings = environment.Settings({"ADAPTUNE_LEASE_SECONDS": "12", "ADAPTUNE_EPOCH_LINES": "off", "ADAPTUNE_DEVICE": "CPU"})
+    assert (settings.lease_seconds, settings.epoch_lines, settings.device, settings.runs_per_group) == (12.0, False, "cpu", None)
+    assert environment.DEFAULTS.image_tag == "0.2.0" and environment.DEFAULTS.state_every_s == 60.0
+    with pytest.raises(AttributeError, match="'devcie' is not a setting: did you mean 'device'"):
+        settings.devcie  # noqa: B018
+    with pytest.raises(AttributeError, match="read-only"):
+        settings.device = "cuda"  # type: ignore[misc]
+    with pytest.raises(SettingError, match="^ADAPTUNE_DEBUG='2' is not valid"):  # a bad value: its line where it is read
+        environment.Settings({"ADAPTUNE_DEBUG": "2"}).debug  # noqa: B018
+    monkeypatch.setenv("ADAPTUNE_LEASE_SECONDS", "7")
+    assert environment.settings() is environment.settings() and environment.settings().lease_seconds == 7.0
+    monkeypatch.setenv("ADAPTUNE_LEASE_SECONDS", "8")  # this process's environment changed: read again
+    assert environment.settings().lease_seconds == 8.0 and environment.read("ADAPTUNE_LEASE_SECONDS") == 8.0
+
+
+def test_patch_changes_settings_for_the_block_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ADAPTUNE_DEVICE", "cpu")
+    monkeypatch.delenv("ADAPTUNE_STATE_EVERY_S", raising=False)
+    with environment.patch(device=None, state_every_s=0, epoch_lines=False, cache_dir=Path("/c")) as patched:
+        assert patched is environment.settings()
+        assert (patched.device, patched.state_every_s, patched.epoch_lines, patched.cache_dir) == ("", 0.0, False, "/c")
+        with environment.patch(device="xla"):
+            assert environment.settings().device == "xla" and environment.settings().epoch_lines is False
+        assert environment.settings().device == "" and os.environ["ADAPTUNE_DEVICE"] == "cpu"  # the environment untouched
+        assert environment.given("ADAPTUNE_STATE_EVERY_S") == 0.0 and environment.given("ADAPTUNE_DEVICE") is None
+    assert environment.settings().device == "cpu" and environment.settings().state_every_s == 60.0
+    with pytest.raises(AttributeError, match="did you mean 'device'"), environment.patch(devcie="cpu"):
+        pass
+
+    @environment.patch(epoch_lines="off")
+    def decorated() -> bool:
+        return environment.settings().epoch_lines
+    assert decorated() is False
 
 
 def test_applied_sets_the_variables_for_the_block_only(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -359,8 +359,9 @@ def test_a_group_takes_fewer_runs_where_a_step_holds_more_tokens() -> None:
 def test_a_group_size_below_1_fails_at_planning() -> None:
     import dataclasses
 
-    from adaptune.sweep.experiments import CPU, get_experiment
+    from adaptune.sweep.experiments import get_experiment
     from adaptune.sweep.plan import PlanError, plan
+    from adaptune.sweep.spec import CPU
 
     for field in ("runs_per_group",):
         spec = dataclasses.replace(get_experiment("smoke"), accelerator=dataclasses.replace(CPU, **{field: 0}))
@@ -371,9 +372,10 @@ def test_a_group_size_below_1_fails_at_planning() -> None:
 def test_a_shard_trains_its_groupable_runs_as_groups_and_each_run_is_published_as_alone(tmp_path: Path, shared_data_dir: Path) -> None:
     import dataclasses
 
-    from adaptune.sweep.experiments import Sweep, get_experiment
+    from adaptune.sweep.experiments import get_experiment
     from adaptune.sweep.plan import plan
     from adaptune.sweep.shard_runner import run_shard
+    from adaptune.sweep.spec import Sweep
     from adaptune.sweep.store import RunStore
 
     spec = dataclasses.replace(
@@ -396,9 +398,10 @@ def test_under_step_graphs_a_groupable_run_alone_trains_as_a_group_of_one(tmp_pa
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     import dataclasses
 
-    from adaptune.sweep.experiments import Sweep, get_experiment
+    from adaptune.sweep.experiments import get_experiment
     from adaptune.sweep.plan import plan
     from adaptune.sweep.shard_runner import run_shard
+    from adaptune.sweep.spec import Sweep
     from adaptune.sweep.store import RunStore
 
     monkeypatch.setenv(DROPOUT_MASKS_ENV, "counter")
@@ -427,9 +430,10 @@ def test_a_group_that_runs_out_of_memory_trains_as_halves(tmp_path: Path, shared
     shard trains it as two groups of 2 (here every group above 2 runs out), and no run is lost."""
     import dataclasses
 
-    from adaptune.sweep.experiments import Sweep, get_experiment
+    from adaptune.sweep.experiments import get_experiment
     from adaptune.sweep.plan import plan
     from adaptune.sweep.shard_runner import run_shard
+    from adaptune.sweep.spec import Sweep
     from adaptune.sweep.store import RunStore
 
     real = group_loop.train_group
@@ -456,11 +460,11 @@ def test_a_group_that_runs_out_of_memory_trains_as_halves(tmp_path: Path, shared
 
 def test_the_whole_run_timing_trains_the_same_runs_fused_and_alone_in_the_precision_it_pins(shared_data_dir: Path,
                                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    """adaptune.bench.fused.time_whole_runs (make bench-bf16's whole runs): each way twice, in ABBA order, the
+    """bench.fused.time_whole_runs (make bench-bf16's whole runs): each way twice, in ABBA order, the
     runs' scores equal fused and alone (float32), and the caller's precision setting restored afterwards."""
     import os
 
-    from adaptune.bench.fused import WholeRuns, time_whole_runs
+    from bench.fused import WholeRuns, time_whole_runs
 
     monkeypatch.setenv("ADAPTUNE_CPU_BF16", "auto")
     timed = time_whole_runs(str(shared_data_dir), 2, WholeRuns(task="mrpc", train_rows=32, eval_rows=16, epochs=1, max_length=32),

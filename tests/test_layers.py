@@ -9,11 +9,12 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("adaptune", "components", "pipelines")
+PACKAGES = ("adaptune", "components", "pipelines", "bench")
 # Bottom to top; a module may import its own layer and those below it. "adaptune" is the package's
-# entry points (cli, __main__, healthcheck), above every subpackage.
+# entry points (cli, __main__, healthcheck), above every subpackage; bench (the benchmarks, their drivers and
+# the stand-ins the tests share) is above everything it measures, and nothing imports it but the tests.
 LAYERS = ("adaptune.core", "adaptune.model", "adaptune.data", "adaptune.fused", "adaptune.train", "adaptune.report", "adaptune.sweep",
-          "adaptune.serve", "adaptune.bench", "adaptune", "components", "pipelines")
+          "adaptune.serve", "adaptune", "components", "pipelines", "bench")
 
 
 def module_name(path: Path) -> str:
@@ -157,3 +158,14 @@ def test_every_project_import_names_something_that_exists() -> None:
                 missing += [f"{module}: import {alias.name}" for alias in node.names
                             if alias.name.split(".")[0] in PACKAGES and alias.name not in modules]
     assert missing == []
+
+
+def test_nothing_outside_tests_imports_tests() -> None:
+    """The tests may import the project (bench included); no project module imports the tests."""
+    found = []
+    for module, path in project_modules().items():
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            names = [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else \
+                [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+            found += [f"{module}: {name}" for name in names if name.split(".")[0] == "tests"]
+    assert found == []

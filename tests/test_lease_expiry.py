@@ -24,8 +24,9 @@ from adaptune.sweep.plan import plan
 from adaptune.sweep.shard_runner import run_in_store
 from adaptune.sweep.status import sweep_status
 from adaptune.sweep.status_text import format_status
-from adaptune.sweep.store import RunStore, StoreError
-from tests import stub_trainer
+from adaptune.sweep.store import RunStore
+from adaptune.sweep.store_files import StoreError
+from bench.stand_ins import stub_trainer
 from tests.gcs_emulator import bucket, gcs, gcs_emulator  # noqa: F401 (bucket, gcs: fixtures)
 from tests.test_store_faults import _run, _spec
 
@@ -45,7 +46,7 @@ class FakeClock:
 
 def test_a_dead_workers_far_future_lease_expires_after_one_lease_length_on_the_waiters_clock(bucket: str) -> None:
     store = RunStore(bucket)
-    store.write_json(DEAD_POD_LEASE, "runs", "run-a", "lease-1.json")
+    store.files.write_json(DEAD_POD_LEASE, "runs", "run-a", "lease-1.json")
     clock = FakeClock()
     watch = LeaseWatch(clock)
     first = try_acquire(store, "run-a", owner="waiter", seconds=10, watch=watch)
@@ -86,8 +87,8 @@ def test_a_shard_trains_the_runs_a_dead_worker_and_a_stray_lease_name_block(stub
     spec = _spec()
     dead, stray = plan(spec).runs[0].run_id, plan(spec).runs[1].run_id
     store = RunStore(bucket)
-    store.write_json(DEAD_POD_LEASE, "runs", dead, "lease-1.json")
-    store.write_json(DEAD_POD_LEASE, "runs", stray, "lease-01.json")  # a name the store does not write
+    store.files.write_json(DEAD_POD_LEASE, "runs", dead, "lease-1.json")
+    store.files.write_json(DEAD_POD_LEASE, "runs", stray, "lease-01.json")  # a name the store does not write
     running = sweep_status(spec, store)
     assert running.count("running") == 1 and [run.run_id for run in running.running] == [dead]
     assert "renewed 0 s ago" in format_status(running)  # by the store's timestamp, not its claimed expiry
@@ -104,7 +105,7 @@ def test_status_shows_a_lease_the_store_has_not_seen_renewed_for_a_lease_length_
     spec = _spec()
     dead = plan(spec).runs[0].run_id
     store = RunStore(bucket)
-    store.write_json(DEAD_POD_LEASE, "runs", dead, "lease-1.json")
+    store.files.write_json(DEAD_POD_LEASE, "runs", dead, "lease-1.json")
     later = sweep_status(spec, store, now=time.time() + 11)
     assert later.count("running") == 0 and later.interrupted == 1
 
@@ -119,7 +120,7 @@ def test_a_file_or_a_bucket_object_as_the_runs_root_is_refused_alike_by_every_co
 
     (tmp_path / "a-file").write_text("")
     with gcs_emulator(log_dir=tmp_path) as emulator:
-        RunStore(emulator.url("")).fs.pipe_file(RunStore(emulator.url("object"))._path(), b"not a folder")
+        RunStore(emulator.url("")).files.fs.pipe_file(RunStore(emulator.url("object")).files.path(), b"not a folder")
         for root, line in [(str(tmp_path / "a-file"), f"run store {tmp_path / 'a-file'} is a file, not a folder"),
                            (str(tmp_path / "a-file" / "under"), f"run store {tmp_path / 'a-file' / 'under'} lies under {tmp_path / 'a-file'}, "
                                                                 "which is a file, not a folder"),
@@ -155,10 +156,10 @@ def test_a_run_whose_folder_is_deleted_while_it_trains_publishes_its_record(stub
     store = RunStore(any_root)
 
     def delete_the_folder_mid_run() -> None:
-        while not store.names("runs", config.run_id):
+        while not store.files.names("runs", config.run_id):
             time.sleep(0.05)
         time.sleep(0.8)
-        store.remove("runs", config.run_id)
+        store.files.remove("runs", config.run_id)
 
     deleter = threading.Thread(target=delete_the_folder_mid_run)
     deleter.start()
@@ -166,7 +167,7 @@ def test_a_run_whose_folder_is_deleted_while_it_trains_publishes_its_record(stub
     deleter.join()
     assert store.record(config.run_id)["status"] == "ok" and stub_trainer.calls(config.run_id) == 1
     assert "superseded" not in capsys.readouterr().out
-    assert not [name for name in store.names("runs", config.run_id) if name.startswith("lease-")]  # released
+    assert not [name for name in store.files.names("runs", config.run_id) if name.startswith("lease-")]  # released
 
 
 def test_a_run_taken_over_after_its_folder_was_deleted_says_so_in_one_true_line(stub: Path, tmp_path: Path,
@@ -175,7 +176,7 @@ def test_a_run_taken_over_after_its_folder_was_deleted_says_so_in_one_true_line(
     store = RunStore(tmp_path / "store")
     ours = try_acquire(store, config.run_id, owner="ours", seconds=60)
     assert isinstance(ours, Lease)
-    store.remove("runs", config.run_id)
+    store.files.remove("runs", config.run_id)
     assert isinstance(try_acquire(store, config.run_id, owner="other", seconds=60), Lease)  # the folder is empty: theirs now
     assert not ours.reclaim()
     from adaptune.sweep.run_attempt import _publish
@@ -201,7 +202,7 @@ def test_failed_runs_and_unreadable_records_are_retrained_each_by_their_own_flag
     assert stub_trainer.calls(runs[0]) == 2 and stub_trainer.calls(runs[1]) == 1
     assert _run(spec, store, retry_unreadable=True) == Counter(reused=3, ok=1)  # the unreadable one alone
     assert stub_trainer.calls(runs[0]) == 2 and stub_trainer.calls(runs[1]) == 2
-    assert any(name.startswith("record.json.unreadable-") for name in store.names("runs", runs[1]))
+    assert any(name.startswith("record.json.unreadable-") for name in store.files.names("runs", runs[1]))
     (tmp_path / "store" / "runs" / runs[2] / "record.json").write_text("[]")
     assert _run(spec, store, retry_failed=True, retry_unreadable=True) == Counter(reused=2, failed=1, ok=1)  # both
     assert stub_trainer.calls(runs[0]) == 3 and stub_trainer.calls(runs[2]) == 2
@@ -215,19 +216,19 @@ def test_the_fan_in_removes_the_lease_and_state_a_kill_after_publishing_left(stu
     store = RunStore(bucket)
     assert _run(spec, store) == Counter(ok=4)
     killed = plan(spec).runs[0].run_id
-    store.write_json({"owner": "killed-after-publishing", "taken_at": time.time()}, "runs", killed, "lease-3.json")
-    store.fs.pipe_file(store._path("runs", killed, "train_state.pt"), b"29 MB to 4 GB")
+    store.files.write_json({"owner": "killed-after-publishing", "taken_at": time.time()}, "runs", killed, "lease-3.json")
+    store.files.fs.pipe_file(store.files.path("runs", killed, "train_state.pt"), b"29 MB to 4 GB")
     aggregate_sweep(spec, store, tmp_path / "results")
-    assert store.names("runs", killed) == ["record.json"]
+    assert store.files.names("runs", killed) == ["record.json"]
 
 
 def test_a_lease_vanishing_between_listing_and_reading_and_a_set_aside_log_nothing(bucket: str, caplog: pytest.LogCaptureFixture) -> None:
     store = RunStore(bucket)
-    store.write_json({"run_id": "run-a"}, "runs", "run-a", "record.json")
+    store.files.write_json({"run_id": "run-a"}, "runs", "run-a", "record.json")
     with caplog.at_level(logging.WARNING):
-        assert store.read_json("runs", "run-a", "lease-7.json") is None
-        assert store.read_json_many([("runs", "run-b", "lease-1.json")]) == {}
-        kept = store.set_aside("runs", "run-a", "record.json")
-    assert store.names("runs", "run-a") == [kept]
-    assert json.loads(store.fs.cat_file(store._path("runs", "run-a", kept))) == {"run_id": "run-a"}
+        assert store.files.read_json("runs", "run-a", "lease-7.json") is None
+        assert store.files.read_json_many([("runs", "run-b", "lease-1.json")]) == {}
+        kept = store.files.set_aside("runs", "run-a", "record.json")
+    assert store.files.names("runs", "run-a") == [kept]
+    assert json.loads(store.files.fs.cat_file(store.files.path("runs", "run-a", kept))) == {"run_id": "run-a"}
     assert [record.getMessage() for record in caplog.records] == []

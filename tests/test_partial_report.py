@@ -10,10 +10,10 @@ import pandas as pd
 import pytest
 
 from adaptune.report import build_report
-from adaptune.sweep.experiments import spec_from_dict
 from adaptune.sweep.fan_in import IncompleteSweepError, aggregate_sweep
 from adaptune.sweep.plan import plan
 from adaptune.sweep.shard_runner import run_shard
+from adaptune.sweep.spec_file import spec_from_dict
 from adaptune.sweep.store import RunStore
 from pipelines.__main__ import main
 

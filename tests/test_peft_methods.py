@@ -33,8 +33,8 @@ from adaptune.model.methods import (
     parse_method,
 )
 from adaptune.model.params import count_parameters
-from adaptune.sweep.experiments import load_spec_file, spec_from_dict
 from adaptune.sweep.plan import PlanError, plan
+from adaptune.sweep.spec_file import load_spec_file, spec_from_dict
 from adaptune.train.checks import ConfigError, check_train_config
 from adaptune.train.config import TrainConfig, method_label, method_text
 

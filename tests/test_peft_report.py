@@ -13,12 +13,13 @@ import torch
 from results_fixture import constructed_runs
 from transformers import BertConfig, BertForSequenceClassification
 
+from adaptune.core.paper_grids import DEVLIN_GLUE_LRS, GLUE_LRS
 from adaptune.model.methods import apply_method, method_from_dict
 from adaptune.model.params import count_parameters
 from adaptune.report import figures
 from adaptune.report.methods_table import methods_markdown, methods_table
 from adaptune.report.reference import load_reference
-from adaptune.sweep.experiments import DEVLIN_GLUE_LRS, EXPERIMENTS, GLUE_LRS
+from adaptune.sweep.experiments import EXPERIMENTS
 from adaptune.sweep.plan import plan
 from adaptune.train.config import method_label
 

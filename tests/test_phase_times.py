@@ -3,13 +3,13 @@ over a resume, and a step-graph group's counts. Real data (MRPC from ../shared/d
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
 from adaptune.core.run_files import STATE_FILE
-from adaptune.fused.settings import COMPILE_ENV, DROPOUT_MASKS_ENV
 from adaptune.fused.step_graphs import STEP_GRAPHS
 from adaptune.train import phase_times
 from adaptune.train.config import TrainConfig
@@ -41,9 +41,8 @@ def test_a_run_alone_records_its_time_by_phase(tmp_path: Path, shared_data_dir: 
 
 
 def test_a_groups_runs_each_record_the_groups_time_and_step_graph_counts(tmp_path: Path, shared_data_dir: Path,
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(DROPOUT_MASKS_ENV, "counter")
-    monkeypatch.setenv(COMPILE_ENV, STEP_GRAPHS)
+                                                                         patch_settings: Callable[..., object]) -> None:
+    patch_settings(dropout_masks="counter", compile=STEP_GRAPHS)
     runs = [TrainConfig(lr=1e-3, seed=0, **SMALL), TrainConfig(lr=3e-4, seed=1, **SMALL)]
     records = train_group(runs, [tmp_path / "a", tmp_path / "b"], data_dir=shared_data_dir)
     for record in records:

@@ -11,8 +11,9 @@ import pytest
 import yaml
 from kfp import compiler
 
-from adaptune.sweep.experiments import TPU_V5E, get_experiment
+from adaptune.sweep.experiments import get_experiment
 from adaptune.sweep.plan import plan
+from adaptune.sweep.spec import TPU_V5E
 from pipelines.reproduction import build_pipeline
 
 
@@ -127,7 +128,8 @@ def test_a_local_run_leaves_print_as_it_found_it(stub: Path, tmp_path: Path) -> 
     stick (every later print in the process indented). run_local puts the real one back."""
     import builtins
 
-    from adaptune.sweep.experiments import Sweep, spec_to_json
+    from adaptune.sweep.spec import Sweep
+    from adaptune.sweep.spec_file import spec_to_json
     from pipelines.local import run_local
 
     spec = dataclasses.replace(

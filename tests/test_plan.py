@@ -8,17 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from adaptune.core import environment
 from adaptune.report.results import read_results, write_runs
-from adaptune.sweep.experiments import (
-    EXPERIMENTS,
-    Ablation,
-    Sweep,
-    UnknownExperimentError,
-    get_experiment,
-    method_grid,
-)
+from adaptune.sweep.experiments import EXPERIMENTS, UnknownExperimentError, get_experiment
 from adaptune.sweep.fan_in import select_ablation_runs
 from adaptune.sweep.plan import PlanError, plan
+from adaptune.sweep.spec import Ablation, Sweep, method_grid
 from adaptune.train.config import TrainConfig
 from adaptune.train.record import failed_run_record
 
@@ -232,8 +227,8 @@ def test_a_plans_shards_hold_whole_fused_groups_and_the_runner_forms_those_group
     its 10 full fine-tuning runs alone. The shard runner, given each shard, forms exactly the plan's groups, and
     the plan prices each run at its group's size."""
     from adaptune.sweep.device_sharing import runs_per_group
-    from adaptune.sweep.experiments import ACCELERATORS
     from adaptune.sweep.run_attempt import form_groups
+    from adaptune.sweep.spec import ACCELERATORS
 
     spec = dataclasses.replace(
         EXPERIMENTS["glue_local"], name="groups_check", accelerator=ACCELERATORS["h100"], shard_size=6,
@@ -280,15 +275,15 @@ def test_paper_fulls_8800_runs_train_in_the_groups_the_plan_priced() -> None:
     assert max(map(len, formed)) == per_group
 
 
-def test_whole_model_runs_train_one_a_group_and_a_bad_group_size_fails_at_planning(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_whole_model_runs_train_one_a_group_and_a_bad_group_size_fails_at_planning() -> None:
     """Full fine-tuning trains one a group (stacked whole models did not pay on an H100); a group size that is not a
     number of runs fails at planning, in one line."""
-    from adaptune.sweep.experiments import ACCELERATORS
+    from adaptune.sweep.spec import ACCELERATORS
 
     spec = dataclasses.replace(EXPERIMENTS["glue_local"], name="whole_groups_check", accelerator=ACCELERATORS["h100"],
                                backbone="bert-base-uncased", sweeps=(Sweep(tasks=("rte",), methods=method_grid(full=True),
                                                                            learning_rates=(3e-5, 3e-4, 3e-3), seeds=(0, 1, 2)),))
     assert sorted(map(len, plan(spec).groups)) == [1] * 9
-    monkeypatch.setenv("ADAPTUNE_RUNS_PER_GROUP", "x")
-    with pytest.raises((PlanError, ValueError), match="ADAPTUNE_RUNS_PER_GROUP.*(whole number >= 1|'x')"):
+    with environment.patch(runs_per_group="x"), \
+            pytest.raises((PlanError, ValueError), match="ADAPTUNE_RUNS_PER_GROUP.*(whole number >= 1|'x')"):
         plan(spec)

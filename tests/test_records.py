@@ -65,7 +65,7 @@ def test_reason_drops_markers_and_module_paths_and_is_bounded(failing) -> None:
 
 
 def _raise_data_error() -> None:
-    from adaptune.data.loading import DataError
+    from adaptune.data.sources import DataError
 
     raise DataError("dev.tsv: the validation split is empty")
 

@@ -15,14 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from adaptune.sweep.experiments import Sweep, get_experiment
+from adaptune.sweep.experiments import get_experiment
 from adaptune.sweep.fan_in import IncompleteSweepError, aggregate_sweep
 from adaptune.sweep.lease import Holder, Lease, try_acquire
 from adaptune.sweep.plan import KFP_MAX_FANOUT, plan, within_fanout
+from adaptune.sweep.retrain import RetrainPolicy
 from adaptune.sweep.shard_runner import ShardEnvironmentError, is_transient, run_in_store, run_shard
+from adaptune.sweep.spec import Sweep
 from adaptune.sweep.staging import StagingError, stage_models
 from adaptune.sweep.store import RunStore
-from tests import stub_trainer
+from bench.stand_ins import stub_trainer
 
 
 def _spec(**changes: object):
@@ -72,7 +74,7 @@ def test_an_expired_lease_is_taken_over_and_its_old_holder_publishes_nothing(stu
     assert run_in_store(config, store, owner="retry") == "ok"
     assert stub_trainer.calls(config.run_id) == 1
     assert not stalled.still_held()  # the stalled pod, were it to wake, is fenced off
-    assert store.names("runs", config.run_id) == ["record.json"]  # leases released
+    assert store.files.names("runs", config.run_id) == ["record.json"]  # leases released
 
 
 def test_a_run_held_by_another_attempt_is_left_to_it_then_reused(stub: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -136,12 +138,12 @@ def test_a_record_from_another_data_scheme_is_reported_not_reused_and_retrained_
     old = plan(spec).runs[1]
     record = store.record(old.run_id)
     record.pop("data_scheme")  # as records were written before the GLUE validation slice
-    store.remove("runs", old.run_id, "record.json")
+    store.files.remove("runs", old.run_id, "record.json")
     store.publish_record(record)
     assert run_shard(spec, shard.id, store) == Counter(reused=3, stale=1)
     with pytest.raises(IncompleteSweepError, match=r"1 of 4 planned runs hold records from another data scheme.*--retrain-stale"):
         aggregate_sweep(spec, store, tmp_path / "results")
-    assert run_shard(spec, shard.id, store, retrain_stale=True) == Counter(reused=3, ok=1)
+    assert run_shard(spec, shard.id, store, policy=RetrainPolicy(stale=True)) == Counter(reused=3, ok=1)
     assert store.record(old.run_id)["data_scheme"] == "glue-2"
     assert aggregate_sweep(spec, store, tmp_path / "results")["ok"] == 4
 

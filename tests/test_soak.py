@@ -1,4 +1,4 @@
-"""The run store's soak (tests/soak.py) at CI size: two overlapping submissions of 200 stub runs in a
+"""The run store's soak (bench/soak.py) at CI size: two overlapping submissions of 200 stub runs in a
 bucket on the GCS emulator, workers SIGKILLed inside runs, between publishing a record and releasing its
 lease, and while waiting for a held run, then restarted; transient and diverging runs; long runs that
 cross lease renewals while syncing; dead workers' far-future leases, stray lease names, workers whose
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.soak import SoakSettings, run_soak
 from tests.gcs_emulator import gcs_emulator
-from tests.soak import SoakSettings, run_soak
 
 
 @pytest.mark.slow

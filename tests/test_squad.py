@@ -16,17 +16,17 @@ from adaptune.cli import main  # noqa: E402
 from adaptune.core.devices import Device  # noqa: E402
 from adaptune.core.run_files import PREDICTIONS_FILE  # noqa: E402
 from adaptune.data import loading as data
+from adaptune.data import sources, squad_data
 from adaptune.data.batching import evaluation_batches, make_collator, subsample  # noqa: E402
-from adaptune.data.loading import (  # noqa: E402
+from adaptune.data.loading import load_task_data, load_task_splits
+from adaptune.data.sources import DataNotFoundError
+from adaptune.data.squad import postprocess_predictions, prepare_features  # noqa: E402
+from adaptune.data.squad_data import squad_standin_titles
+from adaptune.data.tasks import (
     SQUAD_STANDIN,
     STANDARD_SPLIT,
-    DataNotFoundError,
-    load_task_data,
-    load_task_splits,
-    squad_standin_titles,
+    get_task,  # noqa: E402
 )
-from adaptune.data.squad import postprocess_predictions, prepare_features  # noqa: E402
-from adaptune.data.tasks import get_task  # noqa: E402
 from adaptune.model.backbone import load_tokenizer  # noqa: E402
 from adaptune.train import (
     ablation,  # noqa: E402
@@ -173,8 +173,8 @@ def test_where_the_hub_is_usable_train_comes_from_the_hub_and_dev_from_the_mirro
         asked.append((split, instead_of))
         return squad_dev.select(range(5))
 
-    monkeypatch.setattr(data, "_hub_usable", lambda: True)
-    monkeypatch.setattr(data, "_squad_hub", hub)
+    monkeypatch.setattr(sources, "hub_usable", lambda: True)
+    monkeypatch.setattr(squad_data, "_squad_hub", hub)
     loaded = load_task_splits("squad", shared_data_dir)
     assert loaded.data_split == STANDARD_SPLIT and loaded.split_note is None
     assert asked == [("train", shared_data_dir / "squad" / "train-v1.1.json")]

@@ -4,6 +4,7 @@ often as the interval and the save's own cost allow, and for a fused group's run
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -50,16 +51,16 @@ def test_a_costly_save_spaces_the_next_ones_out_by_its_multiple() -> None:
 
 
 def test_a_malformed_interval_fails_in_one_line_that_says_what_to_set(tmp_path: Path, shared_data_dir: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                       patch_settings: Callable[..., object]) -> None:
     message = rf"^{STATE_EVERY_S_ENV}='.*' is not valid: use a number of seconds >= 0 \(.*0: at every epoch's end"
     for value in ("-1", "soon", "nan"):
-        monkeypatch.setenv(STATE_EVERY_S_ENV, value)
+        patch_settings(state_every_s=value)
         with pytest.raises(ValueError, match=message):
             state_every_s()
     with pytest.raises(ValueError, match=message):  # a run stops there, before it loads or trains anything
         train_and_evaluate(TrainConfig(lr=1e-3, seed=0, **SMALL), data_dir=shared_data_dir, out_dir=tmp_path, progress=False)
     assert not any(tmp_path.iterdir())
-    monkeypatch.setenv(STATE_EVERY_S_ENV, "0")
+    patch_settings(state_every_s="0")
     assert state_every_s() == 0
 
 
@@ -70,10 +71,10 @@ def _counting(counts: list[int], index: int):
 
 
 @pytest.mark.parametrize("every_s, saves_per_run", [("0", 2), ("", 0)])
-def test_a_run_alone_saves_between_epochs_only(tmp_path: Path, shared_data_dir: Path, monkeypatch: pytest.MonkeyPatch,
+def test_a_run_alone_saves_between_epochs_only(tmp_path: Path, shared_data_dir: Path, patch_settings: Callable[..., object],
                                                every_s: str, saves_per_run: int) -> None:
     """3 epochs of seconds: at every epoch's end but the last with interval 0; none under the default minute."""
-    monkeypatch.setenv(STATE_EVERY_S_ENV, every_s)
+    patch_settings(state_every_s=every_s)
     counts = [0]
     record = train_and_evaluate(TrainConfig(lr=1e-3, seed=0, **SMALL), data_dir=shared_data_dir, out_dir=tmp_path,
                                 progress=False, on_state_saved=_counting(counts, 0))
@@ -82,9 +83,9 @@ def test_a_run_alone_saves_between_epochs_only(tmp_path: Path, shared_data_dir: 
 
 
 @pytest.mark.parametrize("every_s, saves_per_run", [("0", 2), ("", 0)])
-def test_a_groups_runs_save_together(tmp_path: Path, shared_data_dir: Path, monkeypatch: pytest.MonkeyPatch,
+def test_a_groups_runs_save_together(tmp_path: Path, shared_data_dir: Path, patch_settings: Callable[..., object],
                                      every_s: str, saves_per_run: int) -> None:
-    monkeypatch.setenv(STATE_EVERY_S_ENV, every_s)
+    patch_settings(state_every_s=every_s)
     counts = [0, 0]
     runs = [TrainConfig(lr=1e-3, seed=0, **SMALL), TrainConfig(lr=3e-4, seed=1, **SMALL)]
     records = train_group(runs, [tmp_path / "a", tmp_path / "b"], data_dir=shared_data_dir,

@@ -10,9 +10,9 @@ import pytest
 
 from adaptune.core.files import json_text
 from adaptune.data.tasks import get_task
-from adaptune.sweep.experiments import spec_from_dict
 from adaptune.sweep.lease import try_acquire
 from adaptune.sweep.plan import plan
+from adaptune.sweep.spec_file import spec_from_dict
 from adaptune.sweep.status import sweep_status
 from adaptune.sweep.status_text import format_status
 from adaptune.sweep.store import RUNS_DIR, STATE_FILE, RunStore
@@ -49,12 +49,12 @@ def fill_store(store: RunStore) -> list[TrainConfig]:
     store.publish_record(finished(runs[6], "failed", "DataError: rte's train.tsv has no label column", None))
     try_acquire(store, runs[7].run_id, owner="pod-a", seconds=900)  # training now
     expired = {"owner": "pod-dead", "acquired_at": time.time() - 7200, "taken_at": time.time() - 3600, "expires_at": time.time() - 2700}
-    store.create_exclusive(json_text(expired).encode(), RUNS_DIR, runs[8].run_id, "lease-1.json")  # its pod died an hour ago:
-    written = store.modified_times  # the store last wrote its lease then (status judges by the store's timestamp alone)
-    store.modified_times = lambda paths: {parts: stamp - (HOUR if parts[1] == runs[8].run_id else 0.0)  # type: ignore[method-assign]
+    store.files.create_exclusive(json_text(expired).encode(), RUNS_DIR, runs[8].run_id, "lease-1.json")  # its pod died an hour ago:
+    written = store.files.modified_times  # the store last wrote its lease then (status judges by the store's timestamp alone)
+    store.files.modified_times = lambda paths: {parts: stamp - (HOUR if parts[1] == runs[8].run_id else 0.0)  # type: ignore[method-assign]
                                           for parts, stamp in written(paths).items()}
     store.publish_record({**finished(runs[9]), "data_scheme": "glue-1"})  # made before GLUE's validation slice
-    store.write_json({"saved": True}, RUNS_DIR, runs[10].run_id, STATE_FILE)  # an interrupted run's state, no lease
+    store.files.write_json({"saved": True}, RUNS_DIR, runs[10].run_id, STATE_FILE)  # an interrupted run's state, no lease
     return runs  # runs[11]: nothing at all
 
 
@@ -123,8 +123,8 @@ def test_a_second_status_reads_only_the_records_written_since(store: RunStore, m
     spec = spec_from_dict(SWEEP)
     sweep_status(spec, store)
     reads: list[tuple[str, ...]] = []
-    read_json = store.read_json
-    monkeypatch.setattr(store, "read_json", lambda *parts: reads.append(parts) or read_json(*parts))
+    read_json = store.files.read_json
+    monkeypatch.setattr(store.files, "read_json", lambda *parts: reads.append(parts) or read_json(*parts))
     store.forget(runs[4].run_id)  # retried: a new record, a new version in the store
     store.publish_record(finished(runs[4]))
     store.publish_record(finished(runs[11]))

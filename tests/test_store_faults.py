@@ -22,15 +22,18 @@ from pathlib import Path
 
 import pytest
 
-from adaptune.sweep.experiments import Sweep, get_experiment
+from adaptune.sweep.experiments import get_experiment
 from adaptune.sweep.fan_in import IncompleteSweepError, aggregate_sweep
 from adaptune.sweep.lease import LEASE_SECONDS_ENV, Holder, Lease, try_acquire
 from adaptune.sweep.plan import plan
+from adaptune.sweep.retrain import RetrainPolicy
 from adaptune.sweep.shard_runner import run_in_store, run_shard
+from adaptune.sweep.spec import Sweep
 from adaptune.sweep.status import sweep_status
 from adaptune.sweep.status_text import format_status
-from adaptune.sweep.store import RunStore, StoreError
-from tests import stub_trainer
+from adaptune.sweep.store import RunStore
+from adaptune.sweep.store_files import StoreError
+from bench.stand_ins import stub_trainer
 from tests.gcs_emulator import bucket, gcs_emulator  # noqa: F401 (bucket: a fixture)
 
 
@@ -44,9 +47,10 @@ def _spec(**changes: object):
     return dataclasses.replace(spec, **changes)
 
 
-def _run(spec, store: RunStore, **options: object) -> Counter[str]:
+def _run(spec, store: RunStore, **flags: bool) -> Counter[str]:
+    """The one shard, under the RetrainPolicy of `flags` (retry_failed=..., as the pipeline's parameters)."""
     (shard,) = plan(spec).shards
-    return run_shard(spec, shard.id, store, **options)
+    return run_shard(spec, shard.id, store, policy=RetrainPolicy.from_flags(**flags))
 
 
 # --- the store's own files are written only by the store ---------------------------------------------
@@ -63,7 +67,7 @@ def test_retries_are_limited_on_a_bucket(stub: Path, bucket: str) -> None:
     assert _run(spec, store) == Counter(ok=3, failed=1)
     assert stub_trainer.calls(flaky) == 4
     assert store.record(flaky)["reason"].startswith("transient failure persisted over 4 attempts: ConnectionError: stub")
-    assert store.read_json("runs", flaky, "attempts.json")["transient_failures"] == 4
+    assert store.files.read_json("runs", flaky, "attempts.json")["transient_failures"] == 4
 
 
 def test_a_sync_never_puts_back_an_old_lease(bucket: str) -> None:
@@ -74,11 +78,11 @@ def test_a_sync_never_puts_back_an_old_lease(bucket: str) -> None:
         assert not any(path.name.startswith("lease-") for path in work.path.iterdir())
         time.sleep(0.01)
         lease.renew()
-        renewed = store.read_json("runs", "run-a", lease.file)
+        renewed = store.files.read_json("runs", "run-a", lease.file)
         (work.path / "train_state.pt").write_bytes(b"state")
         work.sync()
-    assert store.read_json("runs", "run-a", lease.file) == renewed
-    assert store.names("runs", "run-a") == [lease.file, "train_state.pt"]
+    assert store.files.read_json("runs", "run-a", lease.file) == renewed
+    assert store.files.names("runs", "run-a") == [lease.file, "train_state.pt"]
 
 
 def test_a_live_run_longer_than_its_lease_is_not_taken_over(stub: Path, bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -111,7 +115,7 @@ def test_an_unreadable_record_is_named_the_shard_goes_on_and_retry_unreadable_al
     store = RunStore(bucket)
     assert _run(spec, store) == Counter(ok=4)
     broken = runs[1].run_id
-    store.fs.pipe_file(store._path("runs", broken, "record.json"), b'{"run_id": "' + broken.encode() + b'", "sta')
+    store.files.fs.pipe_file(store.files.path("runs", broken, "record.json"), b'{"run_id": "' + broken.encode() + b'", "sta')
 
     status = sweep_status(spec, store)
     assert status.count("unreadable") == 1 and status.count("ok") == 3
@@ -131,8 +135,8 @@ def test_an_unreadable_record_is_named_the_shard_goes_on_and_retry_unreadable_al
     assert _run(spec, store, retry_failed=True) == Counter(reused=3, unreadable=1)  # failed runs alone: not this one
     assert _run(spec, store, retry_unreadable=True) == Counter(reused=3, ok=1)
     assert stub_trainer.calls(broken) == 2 and store.record(broken)["status"] == "ok"
-    kept = [name for name in store.names("runs", broken) if name.startswith("record.json.unreadable-")]
-    assert len(kept) == 1 and store.fs.cat_file(store._path("runs", broken, kept[0])).endswith(b'"sta')
+    kept = [name for name in store.files.names("runs", broken) if name.startswith("record.json.unreadable-")]
+    assert len(kept) == 1 and store.files.fs.cat_file(store.files.path("runs", broken, kept[0])).endswith(b'"sta')
     assert sweep_status(spec, store).count("ok") == 4
 
 
@@ -146,7 +150,7 @@ def test_an_unreadable_lease_ends_once_older_than_the_lease_length(
     spec = _spec()
     held = plan(spec).runs[0].run_id
     store = RunStore(bucket)
-    store.fs.pipe_file(store._path("runs", held, "lease-1.json"), content)
+    store.files.fs.pipe_file(store.files.path("runs", held, "lease-1.json"), content)
 
     status = sweep_status(spec, store)
     assert status.count("running") == 1 and status.count("not started") == 3

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from pipelines.submit import ENV_VARS, SettingsError, SubmitSettings, load_settings, submit, submit_vertex
+from adaptune.core.environment import SettingError as SettingsError  # the one settings error
+from pipelines.submit import ENV_VARS, SubmitSettings, load_settings, submit, submit_vertex
 
 
 def test_missing_settings_are_named_in_one_message(tmp_path: Path) -> None:
@@ -183,7 +184,7 @@ def test_kfp_host_submits_a_kfp_target_package(monkeypatch: pytest.MonkeyPatch, 
 
 
 def test_a_submission_without_a_run_store_says_where_to_set_one() -> None:
-    from pipelines.submit import SettingsError
+    from adaptune.core.environment import SettingError as SettingsError
 
     with pytest.raises(SettingsError, match="ADAPTUNE_RUNS_ROOT"):
         SubmitSettings().resolved_runs_root()

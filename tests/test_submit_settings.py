@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from adaptune.core.environment import SettingError as SettingsError  # the one settings error
 from adaptune.sweep.experiments import UnknownExperimentError
-from pipelines.submit import SettingsError, load_settings, submit
+from pipelines.submit import load_settings, submit
 
 
 def _config(tmp_path: Path, text: str) -> Path:

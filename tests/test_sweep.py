@@ -11,25 +11,17 @@ import pandas as pd
 import pytest
 import yaml
 
-from adaptune.sweep.experiments import (
-    CPU,
-    EXPERIMENTS,
-    H100,
-    SpecError,
-    Sweep,
-    get_experiment,
-    load_spec_file,
-    spec_from_dict,
-    spec_to_dict,
-    spec_to_json,
-)
+from adaptune.sweep.experiments import EXPERIMENTS, get_experiment
 from adaptune.sweep.fan_in import IncompleteSweepError, aggregate_sweep, sweep_records
 from adaptune.sweep.plan import PlanError, plan
+from adaptune.sweep.retrain import RetrainPolicy
 from adaptune.sweep.shard_runner import is_transient, run_shard
+from adaptune.sweep.spec import CPU, H100, SpecError, Sweep
+from adaptune.sweep.spec_file import load_spec_file, spec_from_dict, spec_to_dict, spec_to_json
 from adaptune.sweep.store import RunStore
 from adaptune.train.config import TrainConfig
 from adaptune.train.state_saves import STATE_EVERY_S_ENV
-from tests import stub_trainer
+from bench.stand_ins import stub_trainer
 
 MAX_EXECUTOR_INPUT = 16 * 1024
 
@@ -48,10 +40,10 @@ def _small_spec(**changes: object):
     return dataclasses.replace(spec, **changes)
 
 
-def _run_all(spec, store: RunStore, **options: object) -> Counter[str]:
+def _run_all(spec, store: RunStore, **flags: bool) -> Counter[str]:
     outcomes: Counter[str] = Counter()
     for shard in plan(spec).shards:
-        outcomes += run_shard(spec, shard.id, store, **options)
+        outcomes += run_shard(spec, shard.id, store, policy=RetrainPolicy.from_flags(**flags))
     return outcomes
 
 
@@ -184,7 +176,7 @@ def test_a_transient_error_is_retried_and_a_diverged_run_recorded_once(stub: Pat
     store = RunStore(tmp_path / "store")
     # Retried inside the shard (on KFP the orchestrator would not retry a ParallelFor task), with backoff.
     assert _run_all(spec, store) == Counter(ok=7, failed=1)
-    assert store.read_json("runs", flaky, "attempts.json")["reasons"][0].startswith("ConnectionError: stub")
+    assert store.files.read_json("runs", flaky, "attempts.json")["reasons"][0].startswith("ConnectionError: stub")
     assert _run_all(spec, store) == Counter(reused=8)
     assert stub_trainer.calls(flaky) == 2 and stub_trainer.calls(diverging) == 1
     assert store.record(diverging)["status"] == "failed"
@@ -258,7 +250,7 @@ def test_a_run_killed_mid_shard_resumes_in_the_next_attempt(
     assert len(steps) == 6  # only the second epoch's 6 steps: the first came back from the store
     record = store.record(shard.runs[0].run_id)
     assert [point["epoch"] for point in record["curve"]] == [1, 2]
-    assert record["checkpoint_dir"] == store.url("runs", shard.runs[0].run_id, "checkpoint")
+    assert record["checkpoint_dir"] == store.files.url("runs", shard.runs[0].run_id, "checkpoint")
 
 
 # --- the whole DAG at paper scale under kfp.local ----------------------------------------------------
@@ -352,8 +344,8 @@ def test_a_run_scores_the_tasks_trained_as_it(tmp_path: Path, shared_data_dir: P
 def test_a_bucket_root_reads_through_the_vertex_mount_or_says_what_is_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib.util
 
-    from adaptune.sweep import store as store_module
-    from adaptune.sweep.store import StoreError
+    from adaptune.sweep import store_files as store_module
+    from adaptune.sweep.store_files import StoreError
 
     if importlib.util.find_spec("gcsfs") is None:  # this environment's case: no GCS client library
         with pytest.raises(StoreError, match="install gcsfs, or on Vertex AI use the /gcs/<bucket> mount"):
@@ -361,4 +353,4 @@ def test_a_bucket_root_reads_through_the_vertex_mount_or_says_what_is_missing(tm
     monkeypatch.setattr(store_module, "VERTEX_GCS_MOUNT", tmp_path / "gcs")
     (tmp_path / "gcs").mkdir()
     mounted = RunStore("gs://bucket/prefix")  # on Vertex AI: the Cloud Storage FUSE path, a local filesystem
-    assert mounted.is_local and mounted.root == str(tmp_path / "gcs" / "bucket" / "prefix")
+    assert mounted.files.is_local and mounted.root == str(tmp_path / "gcs" / "bucket" / "prefix")

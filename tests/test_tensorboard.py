@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -27,9 +26,10 @@ from adaptune.sweep.tensorboard_view import EXPERIMENT_FILE, SweepView, run_labe
 from adaptune.train.config import TrainConfig
 from adaptune.train.event_log import SUMMARY_FILE, read_events, write_run_summary
 from adaptune.train.record import failed_run_record
+from bench.stand_ins.loopback import HPARAMS_STATUSES as ALL_STATUSES
+from bench.stand_ins.loopback import free_port as _free_port
+from bench.stand_ins.loopback import post_json as _post
 from tests.gcs_emulator import gcs  # noqa: F401, F811  (the fixture)
-
-ALL_STATUSES = ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE", "STATUS_RUNNING"]
 
 
 def _copy_events(source: Path, target: Path) -> None:
@@ -38,19 +38,6 @@ def _copy_events(source: Path, target: Path) -> None:
         (target / RUNS_DIR / run.name).mkdir(parents=True)
         shutil.copy(run / RECORD_FILE, target / RUNS_DIR / run.name / RECORD_FILE)
         shutil.copytree(run / EVENTS_DIR, target / RUNS_DIR / run.name / EVENTS_DIR)
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _post(port: int, route: str, body: dict[str, Any]) -> Any:
-    request = urllib.request.Request(f"http://127.0.0.1:{port}{route}", data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json", "X-XSRF-Protected": "1"})
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.load(response)
 
 
 @pytest.fixture()
@@ -138,10 +125,10 @@ def test_a_bucket_view_copies_the_sweeps_event_files_and_only_what_changed(gcs: 
     local = tmp_path / "made"
     for run in planned[:2]:
         write_run_summary(local / run.run_id, failed_run_record(run, "stand-in"))
-        store.fs.put(str(local / run.run_id / EVENTS_DIR), store.url(RUNS_DIR, run.run_id, EVENTS_DIR).removeprefix("gs://"), recursive=True)
+        store.files.fs.put(str(local / run.run_id / EVENTS_DIR), store.files.url(RUNS_DIR, run.run_id, EVENTS_DIR).removeprefix("gs://"), recursive=True)
     other = TrainConfig(task="rte", method={"name": "full"}, lr=1e-5, epochs=1)
     write_run_summary(local / other.run_id, failed_run_record(other, "another sweep's run"))
-    store.fs.put(str(local / other.run_id / EVENTS_DIR), store.url(RUNS_DIR, other.run_id, EVENTS_DIR).removeprefix("gs://"), recursive=True)
+    store.files.fs.put(str(local / other.run_id / EVENTS_DIR), store.files.url(RUNS_DIR, other.run_id, EVENTS_DIR).removeprefix("gs://"), recursive=True)
 
     view = SweepView(spec, store, tmp_path / "view")
     assert view.build() == 2
@@ -149,10 +136,11 @@ def test_a_bucket_view_copies_the_sweeps_event_files_and_only_what_changed(gcs: 
     assert copied == sorted([EXPERIMENT_FILE] + [f"{run_label(run)}/{SUMMARY_FILE}" for run in planned[:2]])
 
     downloads: list[str] = []
-    original = store.get_file
-    store.get_file = lambda target, *parts: (downloads.append(parts[-3]), original(target, *parts))[1]  # type: ignore[method-assign]
+    original = store.files.get_file
+    store.files.get_file = lambda target, *parts: (downloads.append(parts[-3]), original(target, *parts))[1]  # type: ignore[method-assign]
     assert view.mirror() == 2 and downloads == []  # nothing changed: nothing copied
     record = failed_run_record(planned[2], "now it has events too")
     write_run_summary(local / planned[2].run_id, record)
-    store.fs.put(str(local / planned[2].run_id / EVENTS_DIR), store.url(RUNS_DIR, planned[2].run_id, EVENTS_DIR).removeprefix("gs://"), recursive=True)
+    store.files.fs.put(str(local / planned[2].run_id / EVENTS_DIR), store.files.url(RUNS_DIR, planned[2].run_id, EVENTS_DIR).removeprefix("gs://"),
+                       recursive=True)
     assert view.mirror() == 3 and downloads == [planned[2].run_id]

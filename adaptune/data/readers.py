@@ -16,9 +16,12 @@ import re
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
+
+from adaptune.core.errors import UserError
 
 
-class MalformedFileError(ValueError):
+class MalformedFileError(UserError, ValueError):
     """A raw data file that cannot be parsed; the message names the file and line."""
 
 
@@ -40,7 +43,7 @@ def decode_text(raw: bytes) -> str:
         return raw.decode("latin-1")
 
 
-def _delimited(path: Path, *, delimiter: str, quoting: int, columns: tuple[str, ...] | None) -> list[RawRow]:
+def _delimited(path: Path, *, delimiter: str, quoting: Literal[0, 1, 2, 3], columns: tuple[str, ...] | None) -> list[RawRow]:
     """Rows of a delimited file; `columns` names a headerless file's columns, else the header does."""
     text = decode_text(path.read_bytes())
     reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, quoting=quoting, strict=True)
@@ -112,7 +115,9 @@ def read_newsgroups_tar(path: Path) -> list[RawRow]:
                 parts = member.name.split("/")
                 if len(parts) != 3 or not parts[0].startswith("20news-bydate-") or not _MESSAGE_ID.match(parts[2]):
                     continue
-                text = archive.extractfile(member).read().decode("latin-1")
+                handle = archive.extractfile(member)
+                assert handle is not None  # a regular file's (isfile above)
+                text = handle.read().decode("latin-1")
                 if "\t" in text and "\n" not in text.rstrip("\n"):
                     text = text.replace("\t", "\n")
                 rows.append(RawRow(ordinal, {"group": parts[1], "text": text, "id": f"{parts[1]}/{parts[2]}"}))

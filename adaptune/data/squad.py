@@ -48,18 +48,7 @@ def prepare_features(
     check_window(max_length, doc_stride)
     if tokenizer.padding_side != "right":
         raise ValueError("SQuAD features assume a right-padding tokenizer (question first, then context)")
-    # Leading spaces in questions waste window room and break some tokenizers' truncation.
-    questions = [question.lstrip() for question in examples["question"]]
-    encoded = tokenizer(
-        questions,
-        list(examples["context"]),
-        truncation="only_second",
-        max_length=max_length,
-        stride=doc_stride,
-        return_overflowing_tokens=True,
-        return_offsets_mapping=True,
-        padding=False,
-    )
+    encoded = _windows(examples, tokenizer, max_length, doc_stride)
     example_of_feature = encoded.pop("overflow_to_sample_mapping")
     offsets_of_feature = encoded.pop("offset_mapping")
     starts: list[int] = []
@@ -82,6 +71,22 @@ def prepare_features(
         features["example_id"] = example_ids
         features["offset_mapping"] = eval_offsets
     return features
+
+
+def _windows(examples: Mapping[str, Sequence[Any]], tokenizer: Any, max_length: int, doc_stride: int) -> Any:
+    """The tokenizer's overlapping windows of (question, context): offsets and the example of each window kept."""
+    # Leading spaces in questions waste window room and break some tokenizers' truncation.
+    questions = [question.lstrip() for question in examples["question"]]
+    return tokenizer(
+        questions,
+        list(examples["context"]),
+        truncation="only_second",
+        max_length=max_length,
+        stride=doc_stride,
+        return_overflowing_tokens=True,
+        return_offsets_mapping=True,
+        padding=False,
+    )
 
 
 def _answer_token_span(

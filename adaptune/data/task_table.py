@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from adaptune.data.loading import local_files_status, resolve_data_dir
+from adaptune.data.sources import local_files_status, resolve_data_dir
 from adaptune.data.tasks import TASKS
 
 

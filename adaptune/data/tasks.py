@@ -18,11 +18,13 @@ from __future__ import annotations
 import dataclasses
 import difflib
 
+from adaptune.core.errors import UserError
+
 GLUE_HUB_ID = "nyu-mll/glue"
 CROWDFLOWER_URL = "https://data.world/crowdflower"  # the "Data for Everyone" library, formerly crowdflower.com
 
 
-class UnknownTaskError(ValueError):
+class UnknownTaskError(UserError, ValueError):
     """A task name that is not in the registry."""
 
 
@@ -31,7 +33,7 @@ class Source:
     """Where a task's rows come from: a local mirror in the publisher's layout, else the hub.
 
     `files` maps a source file's role -> path relative to the data dir: GLUE "train" and "dev"
-    (adaptune.data.loading.GLUE_SPLIT_SOURCES says which canonical split comes from which), SQuAD "train" and
+    (adaptune.data.splits.GLUE_SPLIT_SOURCES says which canonical split comes from which), SQuAD "train" and
     "validation", the extras one file "all", split 80/10/10 after loading.
     """
 

@@ -21,22 +21,23 @@ train, or that peft wraps (LoRA, (IA)3), keep transformers' own forward.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 from torch.nn import functional as F
+from transformers import PretrainedConfig
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.bert.modeling_bert import eager_attention_forward
 
-from adaptune.fused.run_dropout import RUN_DROPOUT_ATTENTION
+from adaptune.fused.run_dropout import RUN_DROPOUT_ATTENTION, RunDropout
 
 PROJECTIONS = ("query", "key", "value")
 
 
 def stack_frozen_projections(model: nn.Module) -> int:
     """Give every self-attention whose query, key and value are frozen nn.Linear layers one stacked
-    matmul, in place (1.06x a group's step on an H100; the separate form went with its setting); returns how many
+    matmul, in place (faster on a GPU, bench/LOG.md; the separate form went with its setting); returns how many
     layers changed. Call after the model's last cast (a later move carries the buffers along)."""
     fused = 0
     for module in model.modules():
@@ -45,14 +46,16 @@ def stack_frozen_projections(model: nn.Module) -> int:
             bias = torch.cat([getattr(module, name).bias.detach() for name in PROJECTIONS])
             module.register_buffer("stacked_projection_weight", weight, persistent=False)
             module.register_buffer("stacked_projection_bias", bias, persistent=False)
-            module.__class__ = _stacked_class(type(module))
+            cls: type = type(module)  # as a plain class: mypy matches type[nn.Module] to Hashable through its instances' __hash__
+            module.__class__ = _stacked_class(cls)
             fused += 1
     return fused
 
 
 def _fusable(module: nn.Module) -> bool:
-    projections = [getattr(module, name, None) for name in PROJECTIONS]
-    if not all(type(projection) is nn.Linear and projection.bias is not None for projection in projections):
+    found = [getattr(module, name, None) for name in PROJECTIONS]
+    projections = [projection for projection in found if type(projection) is nn.Linear and projection.bias is not None]
+    if len(projections) != len(PROJECTIONS):
         return False
     if any(parameter.requires_grad for projection in projections for parameter in projection.parameters()):
         return False
@@ -67,11 +70,25 @@ def _stacked_class(cls: type) -> type:
     return type(f"Stacked{cls.__name__}", (cls,), {"forward": _stacked_forward})
 
 
-def _stacked_forward(self: nn.Module, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
+class _StackedSelfAttention(Protocol):
+    """What _stacked_forward reads of a self-attention (transformers' BertSelfAttention) given its stacked buffers."""
+
+    stacked_projection_weight: torch.Tensor
+    stacked_projection_bias: torch.Tensor
+    attention_head_size: int
+    all_head_size: int
+    scaling: float
+    config: PretrainedConfig
+    dropout: nn.Dropout | RunDropout  # a RunDropout where use_run_dropout replaced it
+    training: bool
+
+
+def _stacked_forward(self: _StackedSelfAttention, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
                      past_key_values: Any = None, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
     """transformers' BertSelfAttention.forward (encoder path) with the three projections as one matmul."""
     if past_key_values is not None:  # a decoder's cache: transformers' own path
-        return super(type(self), self).forward(hidden_states, attention_mask, past_key_values, **kwargs)
+        # the forward of the class _stacked_class derived from (looked up at run time: statically, `self` has no base)
+        return getattr(super(type(self), self), "forward")(hidden_states, attention_mask, past_key_values, **kwargs)
     input_shape = hidden_states.shape[:-1]
     hidden_shape = (*input_shape, -1, self.attention_head_size)
     stacked = F.linear(hidden_states, self.stacked_projection_weight, self.stacked_projection_bias)

@@ -14,6 +14,7 @@ one run after another, as the group did before (the benchmark measures the two s
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -47,21 +48,41 @@ def clip_each(runs: Sequence[OptimizedRun]) -> list[torch.Tensor]:
 def adamw_together(optimizers: Sequence[torch.optim.Optimizer]) -> None:
     """One AdamW step of every optimizer at once. The optimizers must agree on betas and eps (a group's
     runs do: they differ in lr and seed); each tensor gets its own optimizer's lr and weight decay."""
-    params: list[torch.Tensor] = []
-    grads: list[torch.Tensor] = []
-    exp_avgs: list[torch.Tensor] = []
-    exp_avg_sqs: list[torch.Tensor] = []
-    steps: list[torch.Tensor] = []
-    step_sizes: list[float] = []
-    bias_correction2_sqrts: list[float] = []
-    decayed: list[torch.Tensor] = []
-    decay_factors: list[float] = []
+    beta1, beta2, eps = _shared_betas_eps(optimizers)
+    step = _AdamWStep()
+    for optimizer in optimizers:
+        step.gather(optimizer, beta1, beta2)
+    for optimizer in optimizers:
+        optimizer._opt_called = True  # type: ignore[attr-defined]  # what optimizer.step() marks for its scheduler's order check
+    if step.params:
+        step.apply(beta1, beta2, eps)
+
+
+def _shared_betas_eps(optimizers: Sequence[torch.optim.Optimizer]) -> tuple[float, float, float]:
     settings = {(tuple(group["betas"]), group["eps"], group.get("amsgrad", False), group.get("maximize", False))
                 for optimizer in optimizers for group in optimizer.param_groups}
     if len(settings) != 1 or any(amsgrad or maximize for _, _, amsgrad, maximize in settings):
         raise ValueError(f"optimizers stepped together must share betas and eps, without amsgrad or maximize; got {sorted(settings)}")
     ((beta1, beta2), eps, _, _), = settings
-    for optimizer in optimizers:
+    return beta1, beta2, eps
+
+
+@dataclasses.dataclass
+class _AdamWStep:
+    """The tensors of one AdamW step of several optimizers, listed for torch's foreach operators."""
+
+    params: list[torch.Tensor] = dataclasses.field(default_factory=list)
+    grads: list[torch.Tensor] = dataclasses.field(default_factory=list)
+    exp_avgs: list[torch.Tensor] = dataclasses.field(default_factory=list)
+    exp_avg_sqs: list[torch.Tensor] = dataclasses.field(default_factory=list)
+    steps: list[torch.Tensor] = dataclasses.field(default_factory=list)
+    step_sizes: list[float] = dataclasses.field(default_factory=list)
+    bias_correction2_sqrts: list[float] = dataclasses.field(default_factory=list)
+    decayed: list[torch.Tensor] = dataclasses.field(default_factory=list)
+    decay_factors: list[float] = dataclasses.field(default_factory=list)
+
+    def gather(self, optimizer: torch.optim.Optimizer, beta1: float, beta2: float) -> None:
+        """List one optimizer's tensors with a gradient (their state made where it is new)."""
         # A run's tensors are always stepped together (each gets a gradient every step), so they share one
         # step count: one tensor per run that torch's layout lists under each of them, one increment per
         # run instead of one per tensor (each a host operator).
@@ -81,33 +102,32 @@ def adamw_together(optimizers: Sequence[torch.optim.Optimizer]) -> None:
                 if run_step is None:
                     run_step = state["step"]
                     step = float(run_step) + 1
-                    steps.append(run_step)
+                    self.steps.append(run_step)
                 elif state["step"] is not run_step:  # a loaded state holds a copy per tensor
                     state["step"] = run_step
-                params.append(param)
-                grads.append(param.grad)
-                exp_avgs.append(state["exp_avg"])
-                exp_avg_sqs.append(state["exp_avg_sq"])
-                step_sizes.append(-lr / (1 - beta1**step))
-                bias_correction2_sqrts.append((1 - beta2**step) ** 0.5)
+                self.params.append(param)
+                self.grads.append(param.grad)
+                self.exp_avgs.append(state["exp_avg"])
+                self.exp_avg_sqs.append(state["exp_avg_sq"])
+                self.step_sizes.append(-lr / (1 - beta1**step))
+                self.bias_correction2_sqrts.append((1 - beta2**step) ** 0.5)
                 if weight_decay != 0:
-                    decayed.append(param)
-                    decay_factors.append(1 - lr * weight_decay)
-    for optimizer in optimizers:
-        optimizer._opt_called = True  # type: ignore[attr-defined]  # what optimizer.step() marks for its scheduler's order check
-    if not params:
-        return
-    with torch.no_grad():
-        torch._foreach_add_(steps, 1.0)
-        if decayed:
-            torch._foreach_mul_(decayed, decay_factors)
-        torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
-        torch._foreach_mul_(exp_avg_sqs, beta2)
-        torch._foreach_addcmul_(exp_avg_sqs, grads, grads, 1 - beta2)
-        denominators = torch._foreach_sqrt(exp_avg_sqs)
-        torch._foreach_div_(denominators, bias_correction2_sqrts)
-        torch._foreach_add_(denominators, eps)
-        torch._foreach_addcdiv_(params, exp_avgs, denominators, step_sizes)
+                    self.decayed.append(param)
+                    self.decay_factors.append(1 - lr * weight_decay)
+
+    def apply(self, beta1: float, beta2: float, eps: float) -> None:
+        """The update of every listed tensor, one foreach operator per AdamW stage."""
+        with torch.no_grad():
+            torch._foreach_add_(self.steps, 1.0)
+            if self.decayed:
+                torch._foreach_mul_(self.decayed, self.decay_factors)
+            torch._foreach_lerp_(self.exp_avgs, self.grads, 1 - beta1)
+            torch._foreach_mul_(self.exp_avg_sqs, beta2)
+            torch._foreach_addcmul_(self.exp_avg_sqs, self.grads, self.grads, 1 - beta2)
+            denominators = torch._foreach_sqrt(self.exp_avg_sqs)
+            torch._foreach_div_(denominators, self.bias_correction2_sqrts)
+            torch._foreach_add_(denominators, eps)
+            torch._foreach_addcdiv_(self.params, self.exp_avgs, denominators, self.step_sizes)
 
 
 def clip_and_step(runs: Sequence[OptimizedRun], losses: Sequence[torch.Tensor], skip_non_finite: bool,

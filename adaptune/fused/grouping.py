@@ -13,12 +13,17 @@ from adaptune.model.layouts import backbone_layers
 
 
 class RunConfig(Protocol):
-    """What grouping reads of a run's config (adaptune.train.config.TrainConfig, a layer above this one)."""
+    """What grouping reads of a run's config (adaptune.train.config.TrainConfig, a layer above this one): read-only
+    members, which a frozen dataclass's fields match."""
 
-    method: dict[str, Any]
-    backbone: str
-    batch_size: int
-    max_length: int
+    @property
+    def method(self) -> dict[str, Any]: ...
+    @property
+    def backbone(self) -> str: ...
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def max_length(self) -> int: ...
 
     def to_dict(self) -> dict[str, Any]: ...
 
@@ -33,9 +38,8 @@ _FREE_FIELDS = frozenset({"lr", "seed", "experiment", "checkpoint_every_steps"})
 _FREE_METHOD_FIELDS = frozenset({"init_std"})
 # An accelerator's runs_per_group is chosen from memory measured at batch 32 of up to 128 tokens.
 REFERENCE_STEP_TOKENS = 32 * 128
-# A step of this many tokens keeps a GPU busy alone, so its runs train alone: on an H100, BERT-large adapters at
-# SQuAD's 384 tokens ran slower per run in a group of 2 than alone (bench/gpu.json "h100_2026_11_27_levers";
-# bench/LOG.md).
+# A step of this many tokens keeps a GPU busy alone, so its runs train alone: BERT-large adapters at SQuAD's 384
+# tokens ran slower per run in a group of 2 than alone (bench/LOG.md, "Figures moved out of the code's comments").
 LONG_STEP_TOKENS = 3 * REFERENCE_STEP_TOKENS
 # Runs that train the whole model (nothing frozen to share) train one a group: stacking whole models, as HFTA does,
 # did not pay on an H100 (bench/LOG.md, "the options that left"); a group of one is replayed

@@ -32,11 +32,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
-from transformers import AttentionInterface
+from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
 
@@ -130,6 +130,7 @@ def counter_keep_mask(keys: torch.Tensor, draws: torch.Tensor, shape: torch.Size
         shift -= width
         term = (torch.arange(size, device=device, dtype=torch.int32) << shift).view(size, *([1] * (dims - axis - 1)))
         index = term if index is None else index + term
+    assert index is not None  # the block has 1-4 axes (checked above)
     per_run = (-1, *([1] * dims))
     keys, draws = _as_int32(keys), _as_int32(draws)
     first = (keys[:, 0] ^ _mix32(draws)).view(per_run)
@@ -146,7 +147,7 @@ def fused_counter_keep_mask() -> Callable[..., torch.Tensor]:
     draws counter_keep_mask's bits (tests/fused/test_run_dropout.py), but on an H100 it drew others at a training
     step's inputs (bench/LOG.md, "Step graphs' constants"), while the dropout kernel (adaptune.fused.kernels.dropout)
     and the eager operators agreed bit for bit. Kept
-    for bench-gpu's check (adaptune.bench.gpu_fused), which tells the next GPU call whether that changes."""
+    for bench-gpu's check (bench/gpu_fused.py), which tells the next GPU call whether that changes."""
     return torch.compile(_keep_mask_like, dynamic=True)
 
 
@@ -206,6 +207,11 @@ class RunRandomness(nn.Module):
     numbered in the order a BERT forward pass reaches them. Nothing is written during the forward pass, so
     a compiled layer's backward may draw a mask again from the counts (instead of keeping it, one byte
     per element) and find them as they were."""
+
+    # Counter streams' buffers (_hold): each run's two key words, its count, and the counts before this pass.
+    keys: torch.Tensor
+    draws: torch.Tensor
+    base: torch.Tensor
 
     def __init__(self, streams: list[torch.Generator | CounterStream], settings: StepSettings = StepSettings()) -> None:
         super().__init__()
@@ -277,6 +283,8 @@ class RunDropout(nn.Module):
     """nn.Dropout with per-run masks (module docstring). Inputs: (rows, features) after pooling,
     (rows, tokens, features) in the sublayers, (rows, heads, tokens, tokens) for attention."""
 
+    ordinal: torch.Tensor  # a buffer: the site's ordinal
+
     def __init__(self, p: float, randomness: RunRandomness) -> None:
         super().__init__()
         self.p = p
@@ -300,7 +308,8 @@ class RunDropout(nn.Module):
         # A run that fills its block draws its mask in place; one with padding draws at its own shape (the
         # same bits as alone) into a copy that lands in its region, its padding kept whole (one fill for all).
         mask = blocks.new_ones(blocks.shape) if any(own != block for own in owns) else torch.empty_like(blocks)
-        for run, (generator, own) in enumerate(zip(randomness.streams, owns, strict=True)):
+        generators = cast(list[torch.Generator], randomness.streams)  # not "counter": every stream is a generator
+        for run, (generator, own) in enumerate(zip(generators, owns, strict=True)):
             if own == block:
                 mask[run].bernoulli_(1 - self.p, generator=generator)
             else:
@@ -348,10 +357,11 @@ def _set_attention(model: nn.Module) -> None:
     if RUN_DROPOUT_ATTENTION not in AttentionInterface._global_mapping:
         AttentionInterface.register(RUN_DROPOUT_ATTENTION, run_dropout_attention)
         ALL_MASK_ATTENTION_FUNCTIONS.register(RUN_DROPOUT_ATTENTION, additive_mask)
+    assert isinstance(model, PreTrainedModel), f"{type(model).__name__}: only a transformers model takes an attention implementation"
     model.set_attn_implementation(RUN_DROPOUT_ATTENTION)
 
 
-def additive_mask(**kwargs) -> torch.Tensor | None:
+def additive_mask(**kwargs: Any) -> torch.Tensor | None:
     """transformers' eager (additive) mask, which both branches of run_dropout_attention read, built even
     where no row has padding: deciding to skip it reads the padding mask on the host (a device sync per
     forward pass, and no CUDA graph can hold one); a mask of zeros changes no score."""
@@ -360,13 +370,13 @@ def additive_mask(**kwargs) -> torch.Tensor | None:
 
 def run_dropout_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                           attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
-                          stacked_projections: torch.Tensor | None = None, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+                          stacked_projections: torch.Tensor | None = None, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
     """transformers' eager attention with the layer's RunDropout on the probabilities; SDPA without dropout.
     `stacked_projections`: the one tensor query, key and value are views of (frozen_projections), for the kernel."""
-    if dropout == 0.0 or not isinstance(getattr(module, "dropout", None), RunDropout):
+    site = getattr(module, "dropout", None)
+    if dropout == 0.0 or not isinstance(site, RunDropout):
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     scaling = scaling if scaling is not None else query.size(-1) ** -0.5
-    site: RunDropout = module.dropout
     randomness = site.randomness
     if randomness.scheme == "counter" and site.training and randomness.attention_kernel and attention_kernel.kernel_applies(query, key, value, site.p,
                                                                                               len(randomness.streams)):
@@ -379,5 +389,5 @@ def run_dropout_attention(module: nn.Module, query: torch.Tensor, key: torch.Ten
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling
     if attention_mask is not None:
         scores = scores + attention_mask
-    probabilities = module.dropout(nn.functional.softmax(scores, dim=-1))
+    probabilities = site(nn.functional.softmax(scores, dim=-1))
     return torch.matmul(probabilities, value).transpose(1, 2).contiguous(), probabilities

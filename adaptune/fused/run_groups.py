@@ -17,9 +17,9 @@ backward pass accumulates one gradient for all runs. Run i sees its slice as a P
 shares the stack's storage (`run_parameters`): each run keeps the solo trainer's own AdamW, schedule,
 state and checkpoint, and an update of its slice is an update of the stack. When the stack's gradient is
 ready, a hook hands each run its slice (a view) and clears the stack's. Stacking per forward pass
-instead (one leaf per run) cost k autograd nodes per tensor, their selects and copies: on an H100 a
-group of 8 BERT-base adapter runs spent 144 ms a step with the device busy 38% of it
-(bench/gpu.json). The embedding tables that full fine-tuning and top_k over every layer train
+instead (one leaf per run) cost k autograd nodes per tensor, their selects and copies, which left the device
+idle most of a step (figures: bench/LOG.md, "Figures moved out of the code's comments"). The embedding tables
+that full fine-tuning and top_k over every layer train
 (`GroupedEmbedding`) are looked up per run, each run's block of ids in its own table; BERT's positions, looked
 up once and added to every row alike, are then given one row per input row, so that each row reads its own
 run's table. Any other module a method trains is refused with `GroupingError`.
@@ -27,7 +27,8 @@ run's table. Any other module a method trains is refused with `GroupingError`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -48,7 +49,7 @@ def _stack(tensors: list[torch.Tensor]) -> nn.Parameter:
     view of its slice, comes with run_parameters, and the stack's gradient is handed out slice by slice."""
     stack = nn.Parameter(torch.stack([tensor.detach() for tensor in tensors]).clone())
     stack.register_post_accumulate_grad_hook(_hand_out_gradient)
-    stack.run_stack = True  # type: ignore[attr-defined]  # trained, unlike the frozen layers a grouped module wraps
+    setattr(stack, "run_stack", True)  # trained, unlike the frozen layers a grouped module wraps (read with getattr)
     return stack
 
 
@@ -56,6 +57,7 @@ def _hand_out_gradient(stack: torch.Tensor) -> None:
     views = getattr(stack, "run_views", None)
     if views is None:  # no run has asked for its Parameter: the stack keeps its gradient
         return
+    assert stack.grad is not None  # the hook runs once the gradient is accumulated
     for view, gradient in zip(views, stack.grad.unbind(0), strict=True):
         view.grad = gradient if view.grad is None else view.grad + gradient
     stack.grad = None
@@ -88,7 +90,7 @@ class GroupedLinear(nn.Module):
 class GroupedAdapter(nn.Module):
     """An adapter (adaptune.model.adapters.Adapter) with each run's projections."""
 
-    def __init__(self, adapter: Adapter, trained: list[Mapping[str, torch.Tensor]], prefix: str) -> None:
+    def __init__(self, adapter: Adapter, trained: Sequence[Mapping[str, torch.Tensor]], prefix: str) -> None:
         super().__init__()
         self.down, self.up = (GroupedLinear([run[f"{prefix}{name}.weight"] for run in trained], [run[f"{prefix}{name}.bias"] for run in trained])
                               for name in ("down", "up"))
@@ -150,7 +152,9 @@ def _position_ids_per_row(module: nn.Module, args: tuple, kwargs: dict) -> tuple
         ids = kwargs.get("input_ids", args[0] if args else None)
         rows, length = ids.shape if ids is not None else kwargs["inputs_embeds"].shape[:2]
         start = kwargs.get("past_key_values_length", 0)
-        kwargs["position_ids"] = module.position_ids[:, start:start + length].expand(rows, length)
+        position_ids = module.position_ids
+        assert isinstance(position_ids, torch.Tensor)  # group_model hooks only embeddings that hold them
+        kwargs["position_ids"] = position_ids[:, start:start + length].expand(rows, length)
     return args, kwargs
 
 
@@ -162,18 +166,28 @@ def recorded_layer_norm(model: nn.Module) -> str:
     return "kernel" if grouped and grouped[0].kernel and runs_triton(grouped[0].weight) else "torch"
 
 
+_Part = TypeVar("_Part", bound=nn.Module)
+
+
+def _peft_part(layer: nn.Module, name: str, kind: type[_Part]) -> _Part:
+    """A peft layer's submodule `name`, which peft makes a `kind` (a dict of it by adapter name)."""
+    part = layer.get_submodule(name)
+    assert isinstance(part, kind), f"{type(layer).__name__}.{name} is a {type(part).__name__}, not peft's {kind.__name__}"
+    return part
+
+
 class GroupedLoRA(nn.Module):
     """peft's LoRA Linear: base(x) + B(A(dropout(x))) * scaling, with each run's A and B."""
 
-    def __init__(self, layer: nn.Module, trained: list[Mapping[str, torch.Tensor]], prefix: str) -> None:
+    def __init__(self, layer: nn.Module, trained: Sequence[Mapping[str, torch.Tensor]], prefix: str) -> None:
         super().__init__()
-        self.base_layer = layer.base_layer
-        self.lora_dropout = layer.lora_dropout
-        self.scaling = dict(layer.scaling)
+        self.base_layer = layer.get_submodule("base_layer")
+        self.lora_dropout = _peft_part(layer, "lora_dropout", nn.ModuleDict)
+        self.scaling: dict[str, Any] = dict(getattr(layer, "scaling"))  # peft's plain dict: a float by adapter name
         self.lora_A = nn.ModuleDict({name: GroupedLinear([run[f"{prefix}lora_A.{name}.weight"] for run in trained], None)
-                                     for name in layer.lora_A})
+                                     for name in _peft_part(layer, "lora_A", nn.ModuleDict)})
         self.lora_B = nn.ModuleDict({name: GroupedLinear([run[f"{prefix}lora_B.{name}.weight"] for run in trained], None)
-                                     for name in layer.lora_B})
+                                     for name in _peft_part(layer, "lora_B", nn.ModuleDict)})
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         result = self.base_layer(x)
@@ -185,11 +199,12 @@ class GroupedLoRA(nn.Module):
 class GroupedIA3(nn.Module):
     """peft's (IA)3 Linear: the output scaled by each run's vector, or (feed-forward) the input."""
 
-    def __init__(self, layer: nn.Module, trained: list[Mapping[str, torch.Tensor]], prefix: str) -> None:
+    def __init__(self, layer: nn.Module, trained: Sequence[Mapping[str, torch.Tensor]], prefix: str) -> None:
         super().__init__()
-        self.base_layer = layer.base_layer
-        self.is_feedforward = layer.is_feedforward
-        self.ia3_l = nn.ParameterDict({name: _stack([run[f"{prefix}ia3_l.{name}"] for run in trained]) for name in layer.ia3_l})
+        self.base_layer = layer.get_submodule("base_layer")
+        self.is_feedforward: bool = getattr(layer, "is_feedforward")  # peft's plain attribute
+        self.ia3_l = nn.ParameterDict({name: _stack([run[f"{prefix}ia3_l.{name}"] for run in trained])
+                                       for name in _peft_part(layer, "ia3_l", nn.ParameterDict)})
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         scaling = None
@@ -209,7 +224,7 @@ def trained_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
     return {name: parameter.detach() for name, parameter in model.named_parameters() if parameter.requires_grad}
 
 
-def group_model(model: nn.Module, trained: list[Mapping[str, torch.Tensor]], settings: StepSettings = StepSettings()) -> nn.Module:
+def group_model(model: nn.Module, trained: Sequence[Mapping[str, torch.Tensor]], settings: StepSettings = StepSettings()) -> nn.Module:
     """Turn a solo model (any one run's: its frozen weights are every run's) into a k-run group, in place:
     each module holding trained tensors is replaced by its grouped form with every run's values (its LayerNorms
     in the form `settings` asks for)."""
@@ -270,7 +285,8 @@ def run_parameters(model: nn.Module) -> list[dict[str, nn.Parameter]]:
     for name, stack in _stacks(model).items():
         views = getattr(stack, "run_views", None)
         if views is None:
-            views = stack.run_views = [nn.Parameter(stack.data[index]) for index in range(stack.shape[0])]
+            views = [nn.Parameter(stack.data[index]) for index in range(stack.shape[0])]
+            setattr(stack, "run_views", views)  # a Python attribute of the stack, read back with getattr
         if not runs:
             runs = [{} for _ in views]
         for index, (run, view) in enumerate(zip(runs, views, strict=True)):
@@ -286,5 +302,5 @@ def keep_runs(model: nn.Module, indices: list[int]) -> None:
         stack.data = stack.data[indices].clone()
         views = getattr(stack, "run_views", None)
         if views is not None:
-            stack.run_views = [views[index] for index in indices]
+            setattr(stack, "run_views", [views[index] for index in indices])
     run_parameters(model)

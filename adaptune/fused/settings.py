@@ -10,10 +10,10 @@ bench/LOG.md, keeps the figures of those that went).
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from adaptune.core import environment
 from adaptune.core.environment import STEP_VARIABLES, SettingError, parse
 
 COMPILE_ENV, DROPOUT_MASKS_ENV, ATTENTION_ENV, LAYER_NORM_ENV, DROPOUT_ENV = (variable.name for variable in STEP_VARIABLES)
@@ -23,7 +23,7 @@ FIELD_VARIABLES = {"compile": COMPILE_ENV, "dropout_masks": DROPOUT_MASKS_ENV, "
 VALUES = {field: next(variable.values for variable in STEP_VARIABLES if variable.name == name) for field, name in FIELD_VARIABLES.items()}
 STEP_GRAPHS = "step_graphs"
 # The settings of how a Transformer layer computes, by the field a run's record (and a benchmark's row) gives each one's
-# value under: what bench-gpu's fused measurements cross (adaptune.bench.gpu_fused.measure_fused, --fused-<field>).
+# value under: what bench-gpu's fused measurements cross (bench/gpu_fused.py's measure_fused, --fused-<field>).
 LAYER_SETTINGS = {"attention": ATTENTION_ENV, "dropout": DROPOUT_ENV, "layer_norm": LAYER_NORM_ENV}
 # The fields of a run's record that say how its steps were computed (runs.parquet's step_settings_json). Of them,
 # dropout_masks changes what a run computes beyond the order of its sums (projections, residual and branch_sums are
@@ -40,13 +40,15 @@ NEEDS_COUNTER_MASKS = {
 @dataclasses.dataclass(frozen=True)
 class StepSettings:
     """How every step a process trains computes. Defaults are the measured best on a CPU (where no kernel or
-    graph applies); an accelerator preset is an instance (adaptune.sweep.experiments.Accelerator.step_settings)."""
+    graph applies); an accelerator preset is an instance (adaptune.sweep.spec.Accelerator.step_settings)."""
 
-    compile: str = "eager"  # "step_graphs": a group's whole step replayed as CUDA graphs (1.88x, H100)
+    # Each non-default value is what a GPU preset takes because it timed faster there (figures: bench/LOG.md,
+    # "Figures moved out of the code's comments").
+    compile: str = "eager"  # "step_graphs": a group's whole step replayed as CUDA graphs
     dropout_masks: str = "generator"  # "counter": masks keyed by seed, step and site, drawn on the device
-    attention: str = "eager"  # "kernel": 1.34-1.47x a group's step (H100)
-    layer_norm: str = "torch"  # "kernel": 1.12x (H100)
-    dropout: str = "mask"  # "kernel": 1.26x (H100)
+    attention: str = "eager"  # "kernel": attention with its dropout in one Triton kernel
+    layer_norm: str = "torch"  # "kernel": a group's LayerNorms in one Triton kernel
+    dropout: str = "mask"  # "kernel": hidden-state dropout drawn and applied in one Triton kernel
 
     def __post_init__(self) -> None:
         for field, values in VALUES.items():
@@ -60,9 +62,9 @@ class StepSettings:
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] | None = None, preset: Iterable[tuple[str, str]] = ()) -> StepSettings:
-        """The settings in `environ` (this process's when None); a variable it leaves unset takes the preset's
+        """The settings in `environ` (None: this process's, environment.settings(), patches included); a variable it leaves unset takes the preset's
         (variable, value) pair, else its default. One SettingError line for a bad value or a broken dependency."""
-        environ = os.environ if environ is None else environ
+        environ = environment.settings().environ if environ is None else environ
         pinned = dict(preset)
         for name in pinned:
             if name not in FIELD_VARIABLES.values():

@@ -1,8 +1,8 @@
 """A fused group's whole training step replayed as one CUDA graph (`ADAPTUNE_COMPILE=step_graphs`).
 
-On an H100 the fused step of 8 BERT-base adapter runs launched 2,718 kernels from 15,710 host
-operators and kept the device busy 40% of the time (bench/gpu.json "h100_2026_11_26"): the host was the
-bottleneck. Captured once per input shape, a step is one launch: forward, backward, every run's
+On a GPU a fused step launches thousands of kernels from host operators and leaves the device idle much of the
+time (figures: bench/LOG.md, "Figures moved out of the code's comments"): the host is the bottleneck. Captured
+once per input shape, a step is one launch: forward, backward, every run's
 clipping and AdamW update. No compiler is involved (torch.compile's CUDA graphs never finished compiling a
 group in a GPU call), so capture costs about one eager step.
 
@@ -122,12 +122,12 @@ class GraphedFusedStep:
         self.padded_up: dict[tuple, int] = {}  # steps of a shape that replayed a longer graph (PAD_UP_STEPS)
         # The record's step_graphs: what the capture cost, what it saved; counted on from the step this one replaces
         # (a group whose runs left: the old graphs held the old stacks).
-        self.graphs_before = counted_from.graphs_before + counted_from.captured if counted_from else 0
-        self.eager_steps = counted_from.eager_steps if counted_from else 0
-        self.replayed_steps = counted_from.replayed_steps if counted_from else 0
-        self.padded_up_before = counted_from.padded_up_steps if counted_from else 0
-        self.unreplayed_s = counted_from.unreplayed_s if counted_from else 0.0  # host seconds in eager steps and captures on CUDA
-        self.capture_s = counted_from.capture_s if counted_from else 0.0  # of which in captures
+        self.graphs_before: int = counted_from.graphs_before + counted_from.captured if counted_from else 0
+        self.eager_steps: int = counted_from.eager_steps if counted_from else 0
+        self.replayed_steps: int = counted_from.replayed_steps if counted_from else 0
+        self.padded_up_before: int = counted_from.padded_up_steps if counted_from else 0
+        self.unreplayed_s: float = counted_from.unreplayed_s if counted_from else 0.0  # host seconds in eager steps and captures on CUDA
+        self.capture_s: float = counted_from.capture_s if counted_from else 0.0  # of which in captures
         if device.kind == "cuda":
             self.stream = torch.cuda.Stream(device.torch_device)
             self.pool = torch.cuda.graph_pool_handle()  # one pool: the graphs never run at once
@@ -140,7 +140,7 @@ class GraphedFusedStep:
     def padded_up_steps(self) -> int:
         return self.padded_up_before + sum(self.padded_up.values())
 
-    def counts(self) -> dict[str, int]:
+    def counts(self) -> dict[str, int | float]:
         """This attempt's graphs captured (one per input shape), steps run eagerly (a shape's first steps, and
         every step off CUDA), steps replayed (of which padded up to a longer shape's graph), and the seconds spent
         outside replays, in eager steps and captures, and in captures alone (on a GPU the host's: its eager step is
@@ -227,7 +227,7 @@ class GraphedFusedStep:
     def _after(self, results: torch.Tensor, runs: Sequence[Any]) -> list[StepResult]:
         """Each run's schedule steps on the host (filling its learning-rate tensor: no sync)."""
         for run in runs:
-            run.optimizer._opt_called = True  # type: ignore[attr-defined]  # what optimizer.step() marks for its scheduler
+            run.optimizer._opt_called = True  # what optimizer.step() marks for its scheduler
             run.scheduler.step()
         return [(row[0], row[1]) for row in results.unbind(0)]
 

@@ -19,13 +19,15 @@ import torch
 from torch import nn
 from transformers.activations import ACT2FN
 
+from adaptune.core.errors import UserError
+
 SUPPORTED_LAYOUT = (
     "a BERT-family encoder (BERT, RoBERTa, ELECTRA, MiniLM): base_model.encoder.layer[i] with "
     "`attention.output` and `output` each holding `dense`, `dropout` and `LayerNorm`"
 )
 
 
-class UnsupportedModelError(TypeError):
+class UnsupportedModelError(UserError, TypeError):
     """The model does not have the BERT-family layer layout adapters are inserted into."""
 
 
@@ -110,7 +112,9 @@ def insertion_points(layer: nn.Module, placement: str = "houlsby") -> tuple[nn.M
     output block (houlsby), or the feed-forward output block alone (pfeiffer)."""
     if placement not in PLACEMENTS:
         raise ValueError(f"unknown adapter placement {placement!r}; known: {', '.join(PLACEMENTS)}")
-    return (layer.attention.output, layer.output) if placement == "houlsby" else (layer.output,)
+    if placement == "houlsby":
+        return layer.get_submodule("attention.output"), layer.get_submodule("output")
+    return (layer.get_submodule("output"),)
 
 
 def add_adapters(model: nn.Module, size: int, nonlinearity: str = "gelu", init_std: float = 1e-2, placement: str = "houlsby") -> nn.Module:
@@ -120,10 +124,10 @@ def add_adapters(model: nn.Module, size: int, nonlinearity: str = "gelu", init_s
         raise ValueError(f"{type(model).__name__} already has adapters; load a fresh backbone to add new ones")
     for layer in layers:
         for point in insertion_points(layer, placement):
-            hidden_size = point.dense.out_features
-            adapter = Adapter(hidden_size, size, nonlinearity=nonlinearity, init_std=init_std)
-            adapter.to(device=point.dense.weight.device, dtype=point.dense.weight.dtype)
-            point.dropout = DropoutThenAdapter(point.dropout, adapter)
+            weight = point.get_parameter("dense.weight")  # nn.Linear's: (out_features = hidden size, in_features)
+            adapter = Adapter(weight.shape[0], size, nonlinearity=nonlinearity, init_std=init_std)
+            adapter.to(device=weight.device, dtype=weight.dtype)
+            point.dropout = DropoutThenAdapter(point.get_submodule("dropout"), adapter)
     return model
 
 

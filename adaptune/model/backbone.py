@@ -11,7 +11,7 @@ frozen pooler would make the classifier read a random projection. Whether the po
 read from the checkpoint's weights, never its name (`pooler_is_untrained`); an untrained one is
 replaced, for every method, by the pooling the backbone was trained with: the attention-masked mean
 of the last hidden states (`MeanPooler`, no parameters). Measured on real data against training the
-untrained pooler with the head, mean pooling scored as well or better (analysis/pooler_head_rule.py).
+untrained pooler with the head, mean pooling scored as well or better (bench/LOG.md, 2026-11-22).
 """
 
 from __future__ import annotations
@@ -216,7 +216,7 @@ def _looks_like_path(name: str) -> bool:
 
 def _config_problem(shown: str, path: str, error: BaseException) -> str:
     """One line for an AutoConfig failure, from the huggingface_hub error underneath it."""
-    causes = []
+    causes: list[str] = []
     cause: BaseException | None = error
     while cause is not None and len(causes) < 10:
         causes.append(type(cause).__name__)

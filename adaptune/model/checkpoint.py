@@ -18,8 +18,10 @@ from typing import Any
 
 from safetensors.torch import load_file, save_file
 from torch import nn
+from transformers import PreTrainedModel
 
 from adaptune.core.backbones import DEFAULT_BACKBONE
+from adaptune.core.errors import UserError
 from adaptune.core.files import atomic_write
 from adaptune.model.backbone import embedded_backbone_path, load_model, task_kind_of
 from adaptune.model.methods import apply_method, method_from_dict
@@ -29,7 +31,7 @@ INFO_FILE = "task.json"
 FORMAT_VERSION = 1
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError, ValueError):
     """A task checkpoint is missing, incomplete or does not fit the model rebuilt from it."""
 
 
@@ -46,13 +48,17 @@ def save_task_checkpoint(
     trained = {name: parameter.detach().cpu().contiguous() for name, parameter in model.named_parameters() if parameter.requires_grad}
     if not trained:
         raise CheckpointError(f"{type(model).__name__} has no parameter with requires_grad; apply a method before saving")
+    if not isinstance(model, PreTrainedModel):  # peft's methods are injected in place: the model keeps its class
+        raise CheckpointError(f"{type(model).__name__} is not a transformers model: a task checkpoint rebuilds one (load_model)")
+    num_labels = model.config.num_labels
+    assert num_labels is not None  # None only where config.id2label is unset; load_model's models all label their outputs
     info = {
         "format_version": FORMAT_VERSION,
         "method": method_cfg.to_dict(),
         "backbone": _portable_backbone_name(backbone),
         "model_class": type(model).__name__,
         "task_kind": task_kind_of(model),
-        "num_labels": int(model.config.num_labels),
+        "num_labels": int(num_labels),
         "trained_params": sum(tensor.numel() for tensor in trained.values()),
         "metadata": metadata or {},
     }

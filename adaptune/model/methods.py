@@ -40,15 +40,23 @@ from adaptune.model.adapters import add_adapters, all_adapters, encoder_layers
 
 
 @dataclasses.dataclass(frozen=True)
-class FullConfig:
-    name: ClassVar[str] = "full"
+class MethodConfigBase:
+    """What every method's config shares: a frozen dataclass whose `name` tag (a class constant) and fields
+    round-trip through a plain dict (method_from_dict rebuilds it)."""
+
+    name: ClassVar[str]
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, **dataclasses.asdict(self)}
 
 
 @dataclasses.dataclass(frozen=True)
-class AdaptersConfig:
+class FullConfig(MethodConfigBase):
+    name: ClassVar[str] = "full"
+
+
+@dataclasses.dataclass(frozen=True)
+class AdaptersConfig(MethodConfigBase):
     size: int
     init_std: float = 1e-2
     nonlinearity: str = "gelu"
@@ -64,12 +72,9 @@ class AdaptersConfig:
         if self.nonlinearity not in ACT2FN:
             raise ValueError(f"unknown {self.name} nonlinearity {self.nonlinearity!r}; known: {sorted(ACT2FN)}")
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, **dataclasses.asdict(self)}
-
 
 @dataclasses.dataclass(frozen=True)
-class TopKConfig:
+class TopKConfig(MethodConfigBase):
     k: int
     name: ClassVar[str] = "top_k"
 
@@ -77,24 +82,15 @@ class TopKConfig:
         if self.k < 1:
             raise ValueError(f"top_k needs k >= 1 layers, got {self.k}")
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, **dataclasses.asdict(self)}
-
 
 @dataclasses.dataclass(frozen=True)
-class LayerNormConfig:
+class LayerNormConfig(MethodConfigBase):
     name: ClassVar[str] = "layernorm"
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, **dataclasses.asdict(self)}
-
 
 @dataclasses.dataclass(frozen=True)
-class HeadOnlyConfig:
+class HeadOnlyConfig(MethodConfigBase):
     name: ClassVar[str] = "head"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, **dataclasses.asdict(self)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,7 +122,7 @@ def _canonical_modules(cls_name: str, field: str, text: str) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class LoraMethodConfig:
+class LoraMethodConfig(MethodConfigBase):
     """LoRA (Hu et al. 2022) through peft. Defaults: the LoRA paper's GLUE setting for RoBERTa/BERT-base
     (r = 8, alpha = 8, on the attention query and value projections, its Table 9)."""
 
@@ -145,12 +141,9 @@ class LoraMethodConfig:
             raise ValueError(f"lora dropout must be in [0, 1), got {self.dropout}")
         object.__setattr__(self, "target_modules", _canonical_modules("lora", "target_modules", self.target_modules))
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, **dataclasses.asdict(self)}
-
 
 @dataclasses.dataclass(frozen=True)
-class IA3MethodConfig:
+class IA3MethodConfig(MethodConfigBase):
     """(IA)3 (Liu et al. 2022) through peft, with peft's BERT defaults: scaling vectors on key, value
     and output.dense; on output.dense (a feed-forward module) the vector scales the layer's input."""
 
@@ -164,9 +157,6 @@ class IA3MethodConfig:
         outside = sorted(set(module_list(self.feedforward_modules)) - set(module_list(self.target_modules)))
         if outside:
             raise ValueError(f"ia3 feedforward_modules {outside} must also be target_modules ({self.target_modules})")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, **dataclasses.asdict(self)}
 
 
 MethodConfig = FullConfig | AdaptersConfig | TopKConfig | LayerNormConfig | HeadOnlyConfig | PfeifferConfig | LoraMethodConfig | IA3MethodConfig

@@ -23,7 +23,8 @@ from typing import Any
 import pandas as pd
 
 from adaptune.data.batching import subsample
-from adaptune.data.loading import load_task_data, local_files_status, resolve_data_dir
+from adaptune.data.loading import load_task_data
+from adaptune.data.sources import local_files_status, resolve_data_dir
 from adaptune.data.tasks import get_task
 from adaptune.train.metrics import compute_metrics
 

@@ -55,7 +55,6 @@ Failed runs have no score.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 import math
 import operator
@@ -66,23 +65,19 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from adaptune.core.paper_grids import DEVLIN_GLUE_EPOCHS, DEVLIN_GLUE_LRS, EXTRA_LRS, GLUE_EPOCHS, GLUE_LRS
-from adaptune.data.tasks import UnknownTaskError, get_task
 from adaptune.report.baselines import run_baseline
+from adaptune.report.bootstrap import BEST_CONFIGURATION, BEST_RUN, Cell, bootstrap_cells, bootstrap_ci, cells_of
+from adaptune.report.claim_grid import figure7_grid, grid_columns, paper_grid
 from adaptune.report.figures import ablation_metric
 from adaptune.report.reference import glue_tasks
 from adaptune.report.selection import (
     BERT_BASE,
     base_params,
-    best_by_validation,
-    best_configuration,
     publisher_split,
     reported_score,
     runs_for_backbone,
     scored_runs,
     usable_runs,
-    validation_order,
-    with_config_key,
 )
 from adaptune.report.tables import table1_candidates, table2_candidates
 
@@ -98,9 +93,6 @@ INIT_STD_LIMIT = 1e-2
 INIT_STD_SIZE = 64  # Figure 6 (right): BERT-base, adapter size 64
 INIT_STD_TOLERANCE = 1.0  # points between the best and the worst init std <= 1e-2
 LR_RANGE = (2e-5, 1e-3)  # Appendix B: "learning rates in the range [2e-5, 1e-3]"
-N_RESAMPLES = 2000
-CI_LEVEL = 0.95
-BEST_RUN, BEST_CONFIGURATION = "best run", "best configuration"
 COLUMNS = (
     "claim_id", "claim", "section", "verdict", "measured", "unit", "ci_low", "ci_high", "threshold", "rule",
     "n_tasks", "n_runs", "n_seeds", "seeds_to_settle", "backbone", "detail", "grid", "grid_lacks", "grid_smaller_than_paper",
@@ -181,9 +173,6 @@ def seeds_to_settle(estimate: float, low: float | None, high: float | None, thre
     if low is None or high is None or distance == 0:
         return None
     return max(n_seeds + 1, math.ceil(n_seeds * ((high - low) / 2 / distance) ** 2))
-
-
-# ---- method vs full fine-tuning (Tables 1 and 2) and LayerNorm-only (Figure 4) --------------------
 
 
 def _glue_within_full(runs: pd.DataFrame, reference: dict[str, Any]) -> dict:
@@ -274,7 +263,7 @@ def _above_head(pool: pd.DataFrame, tasks: list[str], methods: list[str], rule: 
     (runs with `score` in points and its `split`: the claim's own selection and split); said so where the head alone
     has no run on them."""
     pool = pool[pool["task"].isin(tasks) & pool["method"].isin([*methods, "head"])]
-    cells = _cells(pool, ["task", "method"], rule)
+    cells = cells_of(pool, ["task", "method"], rule)
     tasks = sorted(task for task in dict.fromkeys(tasks) if (task, "head") in cells)
     if not tasks:
         return "the head alone (frozen backbone, trained head) not measured on these tasks"
@@ -296,7 +285,7 @@ def _measured(cell: Cell) -> float:
 
 def _pairs(candidates: pd.DataFrame, a: str, b: str, rule: str) -> list[tuple[Cell, Cell]]:
     """Per task with both methods: (method a's cell, method b's cell)."""
-    cells = _cells(candidates, ["task", "method"], rule)
+    cells = cells_of(candidates, ["task", "method"], rule)
     return [(cells[(task, a)], cells[(task, b)]) for task in sorted({key[0] for key in cells}) if (task, a) in cells and (task, b) in cells]
 
 
@@ -328,98 +317,28 @@ def _judged(row: dict, pairs: list[tuple[Cell, Cell]], statistic: Callable[[np.n
     return _verdict_row(row, estimate, low, high, n_seeds, n_tasks=len(pairs), n_runs=sum(len(cell.runs) for cell in cells))
 
 
-# ---- the seed bootstrap of an estimator ------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class Cell:
-    """The candidate runs behind one value of a claim (configurations x seeds of one task and method,
-    or of one level of a sweep), in validation order, and how that value is read from them."""
-
-    key: tuple
-    unit: tuple  # the resampling unit: (task, method); its seeds are drawn once for all its cells
-    runs: pd.DataFrame  # columns seed, val_score, score (points), config_key; validation_order
-    rule: str  # BEST_RUN (Table 1) or BEST_CONFIGURATION (Table 2, the figures)
-    estimate: float = math.nan  # the value on the runs as they are (set by bootstrap_cells)
-
-    def chosen(self) -> pd.DataFrame:
-        """The runs the value reads as measured, picked by the tables' own selection functions."""
-        if self.rule == BEST_RUN:
-            return best_by_validation(self.runs, ["task"])
-        return self.runs[self.runs["run_id"].isin(best_configuration(self.runs, ["task"])["run_ids"].iloc[0].split(","))]
-
-    def values(self, seeds: np.ndarray, counts: np.ndarray) -> np.ndarray:
-        """The cell's value for each row of `counts` (resamples x seeds: how often each seed was drawn)."""
-        drawn = counts[:, np.searchsorted(seeds, self.runs["seed"].to_numpy())]  # resamples x runs
-        score = self.runs["score"].to_numpy(float)
-        if self.rule == BEST_RUN:  # runs are in validation order: the first drawn one is best_by_validation's pick
-            first = (drawn > 0).argmax(axis=1)
-            return np.where((drawn > 0).any(axis=1), score[first], np.nan)
-        codes, _ = pd.factorize(self.runs["config_key"], sort=True)  # ties go to the smallest config_key, as best_configuration's
-        onehot = np.eye(codes.max() + 1)[codes]
-        total = drawn @ onehot
-        with np.errstate(invalid="ignore", divide="ignore"):
-            val_mean = np.where(total > 0, (drawn * self.runs["val_score"].to_numpy(float)) @ onehot / total, -np.inf)
-            score_mean = (drawn * score) @ onehot / total
-        picked = score_mean[np.arange(len(counts)), val_mean.argmax(axis=1)]
-        return np.where(total.any(axis=1), picked, np.nan)
-
-
-def _cells(candidates: pd.DataFrame, keys: list[str], rule: str) -> dict[tuple, Cell]:
-    """One Cell per group of `keys` (which start with task and method, the resampling unit)."""
-    if candidates.empty:
-        return {}
-    ordered = validation_order(with_config_key(candidates) if rule == BEST_CONFIGURATION else candidates)
-    return {key: Cell(key, key[:2], runs, rule) for key, runs in ordered.groupby(keys, sort=True)}
-
-
-def bootstrap_cells(cells: list[Cell], statistic: Callable[[np.ndarray], np.ndarray], seed: int = 0
-                    ) -> tuple[float, float | None, float | None, int]:
-    """statistic over the cells' values, on the runs as they are and on N_RESAMPLES seed resamples:
-    (estimate, interval low, interval high, fewest seeds in a resampling unit). No interval when
-    every unit has a single seed. Sets each cell's `estimate`."""
-    rng = np.random.default_rng(seed)
-    draws = {}
-    for unit in dict.fromkeys(cell.unit for cell in cells):
-        seeds = np.array(sorted(set().union(*(cell.runs["seed"] for cell in cells if cell.unit == unit))))
-        picked = rng.integers(0, len(seeds), size=(N_RESAMPLES, len(seeds)))
-        counts = np.vstack([np.ones(len(seeds)), (picked[..., None] == np.arange(len(seeds))).sum(axis=1)])  # row 0: as measured
-        draws[unit] = (seeds, counts)
-    values = np.stack([cell.values(*draws[cell.unit]) for cell in cells], axis=-1)
-    for cell, value in zip(cells, values[0]):
-        cell.estimate = float(value)
-    statistics = statistic(values)
-    n_seeds = min(len(seeds) for seeds, _ in draws.values())
-    if all(len(seeds) < 2 for seeds, _ in draws.values()):
-        return float(statistics[0]), None, None, n_seeds
-    low, high = _percentiles(statistics[1:])
-    return float(statistics[0]), low, high, n_seeds
-
-
-def bootstrap_ci(samples: list[np.ndarray], statistic: Callable[[np.ndarray], np.ndarray], seed: int = 0) -> tuple[float | None, float | None]:
-    """Percentile bootstrap interval (CI_LEVEL) of statistic(group means), each group's values
-    resampled with replacement independently; (None, None) when no group has two values.
-
-    `statistic` takes an array (..., n_groups) of group means and reduces the last axis."""
-    if not samples or all(len(s) < 2 for s in samples):
-        return None, None
-    rng = np.random.default_rng(seed)
-    means = np.stack([s[rng.integers(0, len(s), size=(N_RESAMPLES, len(s)))].mean(axis=1) for s in samples], axis=-1)
-    return _percentiles(statistic(means))
-
-
-def _percentiles(values: np.ndarray) -> tuple[float | None, float | None]:
-    values = values[~np.isnan(values)]  # a resample that drew no seed of some cell has no value
-    if not len(values):
-        return None, None
-    tail = 100.0 * (1 - CI_LEVEL) / 2
-    return float(np.percentile(values, tail)), float(np.percentile(values, 100 - tail))
-
-
-# ---- Figure 6: the ablation -----------------------------------------------------------------------
-
-
 def _ablation_claims(ablation: pd.DataFrame, runs: pd.DataFrame, data_dir: Any) -> list[dict]:
+    near, single, lower = _ablation_rows()
+    if ablation.empty:
+        why = "no ablation rows in this results set"
+        return [{**near, "detail": why}, {**single, "detail": why}, {**lower, "detail": why}]
+    known = runs.drop_duplicates("run_id").set_index("run_id")
+    ablation = ablation.assign(backbone=ablation["run_id"].map(known["backbone"]).fillna("(run not in results)"))
+    ablation, backbone = runs_for_backbone(ablation, BERT_BASE)
+    readings = _AblationReadings()
+    for run_id, rows in ablation.groupby("run_id"):
+        readings.read(run_id, rows, known, data_dir)
+    common = {"backbone": backbone, "n_runs": ablation["run_id"].nunique(), "n_tasks": ablation["task"].nunique()}
+    head = _above_head(_on_validation(_of_backbone(scored_runs(runs), backbone)), sorted(set(ablation["task"])), ["adapters"],
+                       BEST_CONFIGURATION)
+    spans = "no single-layer or half-depth spans in the ablation"
+    return [_ablation_verdict(row, values, notes, readings, runs, run_ids, common, head, missing) for row, values, notes, run_ids, missing in (
+        (near, [g for g, _ in readings.gaps], [text for _, text in readings.gaps], readings.run_ids["near"], "no span with every layer's adapters off"),
+        (single, readings.largest, [], readings.run_ids["single"], spans), (lower, readings.halves, [], readings.run_ids["lower"], spans))]
+
+
+def _ablation_rows() -> tuple[dict, dict, dict]:
+    """The three Figure 6 claims, unmeasured: all adapters off, one layer's off, the lower half's against the upper's."""
     paper = "(§3.6, Figure 6; the interval resamples the ablated runs, so `seeds_to_settle` counts ablated runs)"
     near = _row("remove_all_adapters_near_majority", "Removing every layer's adapters drops the trained model to near the majority class",
                 "§3.6, Figure 6", "points", "<=", NEAR_MAJORITY_POINTS,
@@ -437,60 +356,62 @@ def _ablation_claims(ablation: pd.DataFrame, runs: pd.DataFrame, data_dir: Any) 
                  '"adapters on the lower layers have a smaller impact than the higher-layers" '
                  f"{paper}. Measured: mean over ablated runs of (relative drop with the upper half's adapters off - drop with the "
                  f"lower half's off); runs that learned nothing (within {LEARNED_POINTS:g} points of the majority class) are left out")
-    if ablation.empty:
-        why = "no ablation rows in this results set"
-        return [{**near, "detail": why}, {**single, "detail": why}, {**lower, "detail": why}]
-    known = runs.drop_duplicates("run_id").set_index("run_id")
-    ablation = ablation.assign(backbone=ablation["run_id"].map(known["backbone"]).fillna("(run not in results)"))
-    ablation, backbone = runs_for_backbone(ablation, BERT_BASE)
-    gaps, skipped, largest, halves, metrics = [], [], [], [], set()
-    read: dict[str, list[str]] = {"near": [], "single": [], "lower": []}  # run ids each claim reads
-    for run_id, rows in ablation.groupby("run_id"):
+    return near, single, lower
+
+
+@dataclasses.dataclass
+class _AblationReadings:
+    """What the ablated runs give each Figure 6 claim, run by run, and the runs each claim reads."""
+
+    gaps: list[tuple[float, str]] = dataclasses.field(default_factory=list)  # all off - majority, and its note
+    skipped: list[str] = dataclasses.field(default_factory=list)
+    largest: list[float] = dataclasses.field(default_factory=list)  # the largest single-layer drop
+    halves: list[float] = dataclasses.field(default_factory=list)  # upper half's drop - lower half's
+    metrics: set[str] = dataclasses.field(default_factory=set)
+    run_ids: dict[str, list[str]] = dataclasses.field(default_factory=lambda: {"near": [], "single": [], "lower": []})
+
+    def read(self, run_id: str, rows: pd.DataFrame, known: pd.DataFrame, data_dir: Any) -> None:
         metric = ablation_metric(rows)
-        metrics.add(metric)
+        self.metrics.add(metric)
         rows = rows[rows["metric"] == metric].set_index(["first_layer", "last_layer"])
         layers = int(max(rows.index.get_level_values(0).max(), rows.index.get_level_values(1).max())) + 1
         if (0, layers - 1) in rows.index and run_id in known.index:
             majority = run_baseline(rows["task"].iloc[0], known.loc[run_id], metric, "validation", data_dir)
             all_off, trained = rows.loc[(0, layers - 1), "value"], rows.loc[(0, layers - 1), "baseline_value"]
             if majority is None or pd.isna(all_off) or pd.isna(trained):
-                skipped.append(f"{run_id}: no majority baseline (data not in the local mirror)")
+                self.skipped.append(f"{run_id}: no majority baseline (data not in the local mirror)")
             elif 100.0 * trained - majority < LEARNED_POINTS:
                 # A model that learned nothing has nothing for its adapters to carry: no claim about them reads it.
-                skipped.append(f"{run_id}: trained model {100 * trained:.1f} is within {LEARNED_POINTS:g} points of the majority {majority:.1f}")
-                continue
+                self.skipped.append(f"{run_id}: trained model {100 * trained:.1f} is within {LEARNED_POINTS:g} points of the majority {majority:.1f}")
+                return
             else:
-                gaps.append((100.0 * all_off - majority, f"{rows['task'].iloc[0]}: all off "
-                             f"{100 * all_off:.1f}, trained {100 * trained:.1f}, majority {majority:.1f}"))
-                read["near"].append(run_id)
+                self.gaps.append((100.0 * all_off - majority, f"{rows['task'].iloc[0]}: all off "
+                                  f"{100 * all_off:.1f}, trained {100 * trained:.1f}, majority {majority:.1f}"))
+                self.run_ids["near"].append(run_id)
         drop = lambda first, last: -100.0 * rows.loc[(first, last), "relative_change"]  # noqa: E731  (relative %, positive = worse)
         single_drops = [drop(i, i) for i in range(layers) if (i, i) in rows.index and pd.notna(rows.loc[(i, i), "relative_change"])]
         if single_drops:
-            largest.append(max(single_drops))
-            read["single"].append(run_id)
+            self.largest.append(max(single_drops))
+            self.run_ids["single"].append(run_id)
         half = layers // 2
         if half and (0, half - 1) in rows.index and (half, layers - 1) in rows.index:
-            halves.append(drop(half, layers - 1) - drop(0, half - 1))
-            read["lower"].append(run_id)
-    common = {"backbone": backbone, "n_runs": ablation["run_id"].nunique(), "n_tasks": ablation["task"].nunique()}
-    metric_note = f"metric: {', '.join(sorted(metrics))}, on validation"
-    head = _above_head(_on_validation(_of_backbone(scored_runs(runs), backbone)), sorted(set(ablation["task"])), ["adapters"],
-                       BEST_CONFIGURATION)
-    results = []
-    for row, values, notes, run_ids in ((near, [g for g, _ in gaps], [text for _, text in gaps], read["near"]),
-                                        (single, largest, [], read["single"]), (lower, halves, [], read["lower"])):
-        if not values:
-            missing = "no span with every layer's adapters off" if row is near else "no single-layer or half-depth spans in the ablation"
-            results.append({**row, **common, "detail": "; ".join(skipped) or missing})
-            continue
-        values = np.array(values, dtype=float)
-        low, high = bootstrap_ci([values], lambda m: m[..., 0])
-        judged = _verdict_row(row, float(values.mean()), low, high, len(values), unit="ablated run", n_tasks=common["n_tasks"],
-                              n_runs=len(values))
-        per_run = notes if notes else ["per run: " + ", ".join(f"{v:+.2f}" for v in values)]
-        results.append({**judged, **grid_columns(_ablation_pool(runs, run_ids), paper_grid), "backbone": backbone,
-                        "detail": "; ".join([metric_note, *per_run, *skipped]) + judged["detail"] + f"; {head}"})
-    return results
+            self.halves.append(drop(half, layers - 1) - drop(0, half - 1))
+            self.run_ids["lower"].append(run_id)
+
+
+def _ablation_verdict(row: dict, values: list[float], notes: list[str], readings: _AblationReadings, runs: pd.DataFrame,
+                      run_ids: list[str], common: dict, head: str, missing: str) -> dict:
+    """One Figure 6 claim over the ablated runs' values (bootstrapped over runs), or why it has none."""
+    if not values:
+        return {**row, **common, "detail": "; ".join(readings.skipped) or missing}
+    values = np.array(values, dtype=float)
+    low, high = bootstrap_ci([values], lambda m: m[..., 0])
+    judged = _verdict_row(row, float(values.mean()), low, high, len(values), unit="ablated run", n_tasks=common["n_tasks"],
+                          n_runs=len(values))
+    per_run = notes if notes else ["per run: " + ", ".join(f"{v:+.2f}" for v in values)]
+    metric_note = f"metric: {', '.join(sorted(readings.metrics))}, on validation"
+    return {**judged, **grid_columns(_ablation_pool(runs, run_ids), paper_grid), "backbone": common["backbone"],
+            "detail": "; ".join([metric_note, *per_run, *readings.skipped]) + judged["detail"] + f"; {head}"}
 
 
 def _ablation_pool(runs: pd.DataFrame, run_ids: list[str]) -> pd.DataFrame:
@@ -498,9 +419,6 @@ def _ablation_pool(runs: pd.DataFrame, run_ids: list[str]) -> pd.DataFrame:
     usable = usable_runs(runs)
     keys = usable.loc[usable["run_id"].isin(run_ids), ["task", "method_json", "backbone"]].drop_duplicates()
     return usable.merge(keys, on=["task", "method_json", "backbone"])
-
-
-# ---- Figures 6 (right) and 7: robustness -----------------------------------------------------------
 
 
 def _init_std_robust(runs: pd.DataFrame) -> dict:
@@ -566,13 +484,13 @@ def _lr_robust(runs: pd.DataFrame) -> dict:
     heads = _of_backbone(scored_runs(runs), backbone)
     head = _above_head(_on_validation(pd.concat([candidates, heads[heads["method"] == "head"]])), [task for task, *_ in tasks],
                        ["adapters", "full"], BEST_CONFIGURATION)
-    return {**judged, **grid_columns(pd.concat([cell.runs for cell in cells]), _figure7_grid), "backbone": backbone,
+    return {**judged, **grid_columns(pd.concat([cell.runs for cell in cells]), figure7_grid), "backbone": backbone,
             "detail": detail + judged["detail"] + f"; {head}"}
 
 
 def _levels(runs: pd.DataFrame, column: str) -> dict[str, list[Cell]]:
     """Per task with >= 2 values of `column`: one best-configuration cell (validation, points) per value."""
-    cells = _cells(runs.assign(score=100.0 * runs["val_score"]), ["task", "method", column], BEST_CONFIGURATION)
+    cells = cells_of(runs.assign(score=100.0 * runs["val_score"]), ["task", "method", column], BEST_CONFIGURATION)
     by_task: dict[str, list[Cell]] = {}
     for key, cell in cells.items():
         by_task.setdefault(key[0], []).append(cell)
@@ -585,100 +503,11 @@ def _block_spreads(values: np.ndarray, sizes: list[int]) -> np.ndarray:
     return np.stack([values[..., a:b].min(axis=-1) - values[..., a:b].max(axis=-1) for a, b in zip(starts, starts[1:])], axis=-1)
 
 
-# ---- the grid each claim was decided on --------------------------------------------------------------
-
-# (learning rates, epochs) the paper sweeps for a method on a task; rates None: each rate the runs have.
-PaperGrid = Callable[[str, str], tuple[tuple[float, ...] | None, tuple[int, ...]]]
-
-
-def paper_grid(method: str, task: str) -> tuple[tuple[float, ...], tuple[int, ...]]:
-    """An additional task's: §3.3's rates at Table 4's epochs (its fine-tuning column for full and top-k).
-    GLUE's (and any other task's): §3.2's grid; for full fine-tuning, Devlin et al.'s."""
-    try:
-        epochs = get_task(task).paper_epochs
-    except UnknownTaskError:
-        epochs = None
-    if epochs is not None:
-        return EXTRA_LRS, (epochs[0] if method in ("full", "top_k") else epochs[1],)
-    return (DEVLIN_GLUE_LRS, DEVLIN_GLUE_EPOCHS) if method == "full" else (GLUE_LRS, GLUE_EPOCHS)
-
-
-def _figure7_grid(method: str, task: str) -> tuple[None, tuple[int, ...]]:
-    """Figure 7 gives a range of rates, not a grid: §3.2's epochs at each rate measured."""
-    return None, GLUE_EPOCHS
-
-
-def grid_columns(runs: pd.DataFrame, grid: PaperGrid) -> dict:
-    """`grid`, `grid_lacks` and `grid_smaller_than_paper` of the runs a claim was decided on, per method label."""
-    if runs.empty:
-        return {"grid": None, "grid_lacks": None, "grid_smaller_than_paper": None}
-    runs = runs.drop_duplicates("run_id")
-    runs = runs.assign(label=runs["method_label"].fillna(runs["method"]), lr_text=runs["lr"].map(_lr_text))
-    described, lacking = [], []
-    for label, rows in runs.groupby("label", sort=False):
-        described.append(f"{label}: {_grid_text(rows)}")
-        if lacks := _grid_lacks(rows, grid):
-            lacking.append(f"{label} lacks {lacks}")
-    return {"grid": "; ".join(described), "grid_lacks": "; ".join(lacking), "grid_smaller_than_paper": bool(lacking)}
-
-
-def _grid_text(rows: pd.DataFrame) -> str:
-    """e.g. "lr {3e-4, 3e-3} x epochs {3, 20}, 3 seeds"; a grid that is not a full product lists its
-    configurations; a configuration not on every task says where it is."""
-    lrs = sorted(rows["lr_text"].unique(), key=float)
-    epochs = sorted(rows["epochs"].unique())
-    configs = rows.groupby(["lr_text", "epochs"])["task"].unique()
-    configs = configs.reindex(sorted(configs.index, key=lambda config: (float(config[0]), config[1])))
-    if len(configs) == len(lrs) * len(epochs):
-        text = f"lr {{{', '.join(lrs)}}} x epochs {{{', '.join(map(str, epochs))}}}"
-    else:
-        text = "lr x epochs {" + ", ".join(f"{lr} x {n}" for lr, n in configs.index) + "}"
-    seeds = rows.groupby(["task", "lr_text", "epochs"])["seed"].nunique()  # per task and configuration
-    fewest, most = int(seeds.min()), int(seeds.max())
-    text += f", {fewest} seed{'s' if fewest > 1 else ''}" if fewest == most else f", {fewest}-{most} seeds"
-    tasks = set(rows["task"])
-    some = [f"{lr} x {n} on {', '.join(sorted(on))} only" for (lr, n), on in configs.items() if set(on) < tasks]
-    return text + (f" ({'; '.join(some)})" if some else "")
-
-
-def _grid_lacks(rows: pd.DataFrame, grid: PaperGrid) -> str:
-    """What of the paper's grid (per task) these runs of one method lack, e.g. "lr {3e-5}, 3e-3 x 20 epochs on
-    {mrpc}": rates and epoch counts with no run at all, then single configurations (on the tasks that lack
-    them where not all do); "" when they lack nothing."""
-    method = rows["method"].iloc[0]
-    present = set(zip(rows["lr_text"], rows["epochs"], rows["task"]))
-    expected = set()
-    for task in sorted(set(rows["task"])):
-        lrs, epochs = grid(method, task)
-        lr_texts = [_lr_text(lr) for lr in lrs] if lrs is not None else sorted({lr for lr, _, on in present if on == task})
-        expected |= {(lr, n, task) for lr, n in itertools.product(lr_texts, epochs)}
-    missing = expected - present
-    have_lrs, have_epochs = {lr for lr, _, _ in present}, {n for _, n, _ in present}
-    no_lrs = sorted({lr for lr, _, _ in missing} - have_lrs, key=float)
-    no_epochs = sorted({n for _, n, _ in missing} - have_epochs)
-    parts = [f"lr {{{', '.join(no_lrs)}}}"] if no_lrs else []
-    parts += [f"epochs {{{', '.join(map(str, no_epochs))}}}"] if no_epochs else []
-    for lr, n in sorted({(lr, n) for lr, n, _ in missing if lr in have_lrs and n in have_epochs}, key=lambda c: (float(c[0]), c[1])):
-        lacking = sorted(task for lr2, n2, task in missing if (lr2, n2) == (lr, n))
-        asked = {task for lr2, n2, task in expected if (lr2, n2) == (lr, n)}
-        parts.append(f"{lr} x {n} epochs" + ("" if set(lacking) == asked else f" on {{{', '.join(lacking)}}}"))
-    return ", ".join(parts)
-
-
-def _lr_text(lr: float) -> str:
-    """3e-4, 1e-5, 2.5e-5: the paper's notation."""
-    mantissa, exponent = f"{lr:e}".split("e")
-    return f"{float(mantissa):g}e{int(exponent)}"
-
-
 def _grid_cell(row: Any) -> str:
     if _missing(row.grid):
         return "—"
     mark = f" — **smaller than the paper's**: {row.grid_lacks}" if row.grid_lacks else ""
     return f"{row.grid}{mark}".replace("|", "\\|")
-
-
-# ---- helpers ----------------------------------------------------------------------------------------
 
 
 def _row(claim_id: str, claim: str, section: str, unit: str, side: str, threshold: float, rule: str) -> dict:

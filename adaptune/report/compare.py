@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from adaptune.report.claims import bootstrap_ci
+from adaptune.report.bootstrap import bootstrap_ci
 from adaptune.report.results import read_results, run_precision
 from adaptune.report.selection import best_configuration, to_percent, usable_runs
 

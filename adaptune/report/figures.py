@@ -106,6 +106,7 @@ def figure3_tradeoff(runs: pd.DataFrame, reference: dict[str, Any], out_dir: Pat
         suite_runs, backbone = runs_for_backbone(in_suite, BERT_BASE)
         points = _relative_points(suite_runs)
         if not points.empty:
+            assert backbone is not None  # runs_for_backbone names the backbone of any runs
             panels.append((f"{label}, {backbone}", points, backbone))
     if not panels:
         return FigureOutput(name, title, skipped="needs, for some task, a full fine-tuning run and a run of "
@@ -287,7 +288,9 @@ def _method_points(ax: Any, runs: pd.DataFrame) -> None:
 
 def _sem(rows: pd.DataFrame) -> np.ndarray:
     # One seed has no spread: draw no bar rather than none-at-all NaNs.
-    return to_percent(rows["val_sem"].fillna(0.0)).to_numpy()
+    percent = to_percent(rows["val_sem"].fillna(0.0))
+    assert isinstance(percent, pd.Series)  # to_percent keeps a Series a Series
+    return percent.to_numpy()
 
 
 def _ordered_tasks(tasks: Any) -> list[str]:

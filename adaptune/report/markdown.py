@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 from pathlib import Path
@@ -57,12 +58,7 @@ def build_report(
     `data_dir`: the local data mirror the majority-class baselines read (default: found as
     data.resolve_data_dir does; without one, baselines are "—")."""
     results_dir, out_dir = Path(results_dir), Path(out_dir)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", ResultsWarning)
-        frames = read_results(results_dir)
-    for warning in caught:  # shown to the caller as usual, and listed in the report
-        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
-    unreadable = tuple(str(warning.message) for warning in caught if issubclass(warning.category, ResultsWarning))
+    frames, unreadable = _read_frames(results_dir)
     paper = load_reference(reference)
     runs = frames["runs"]
     tables_dir, figures_dir = out_dir / "tables", out_dir / "figures"
@@ -95,49 +91,75 @@ def build_report(
         figures = all_figures(frames, paper, figures_dir)
 
     report = out_dir / "report.md"
-    report.write_text(
-        _render(results_dir, runs, frames, markdown, t1, t2, sizes, methods, figures, problems, out_dir, reference or reference_path(),
-                unreadable, coverage, notes),
-        encoding="utf-8",
-    )
+    parts = ReportParts(results_dir, runs, frames, markdown, t1, t2, sizes, methods, figures, problems, out_dir,
+                        reference or reference_path(), unreadable, coverage, notes)
+    report.write_text(_render(parts), encoding="utf-8")
     return report
 
 
-def _render(
-    results_dir: Path,
-    runs: pd.DataFrame,
-    frames: dict[str, pd.DataFrame],
-    markdown: dict[str, str],
-    t1: pd.DataFrame,
-    t2: pd.DataFrame,
-    sizes: pd.DataFrame,
-    methods: pd.DataFrame,
-    figures: list[FigureOutput],
-    problems: pd.DataFrame,
-    out_dir: Path,
-    reference: Any,
-    unreadable: tuple[str, ...] = (),
-    coverage: Coverage | None = None,
-    notes: dict[str, str] | None = None,
-) -> str:
-    counts = runs["status"].value_counts()
+def _read_frames(results_dir: Path) -> tuple[dict[str, pd.DataFrame], tuple[str, ...]]:
+    """The results set's frames, and one line per file left out as unreadable (each also warned as usual)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResultsWarning)
+        frames = read_results(results_dir)
+    for warning in caught:  # shown to the caller as usual, and listed in the report
+        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    return frames, tuple(str(warning.message) for warning in caught if issubclass(warning.category, ResultsWarning))
+
+
+@dataclasses.dataclass(frozen=True)
+class ReportParts:
+    """What report.md is written from: the results read, the tables and figures made from them, and where they went."""
+
+    results_dir: Path
+    runs: pd.DataFrame
+    frames: dict[str, pd.DataFrame]
+    markdown: dict[str, str]  # table name -> its Markdown
+    t1: pd.DataFrame
+    t2: pd.DataFrame
+    sizes: pd.DataFrame
+    methods: pd.DataFrame
+    figures: list[FigureOutput]
+    problems: pd.DataFrame
+    out_dir: Path
+    reference: Any
+    unreadable: tuple[str, ...] = ()
+    coverage: Coverage | None = None
+    notes: dict[str, str] | None = None
+
+
+def _render(parts: ReportParts) -> str:
+    lines = [*_header(parts), *_methods_section(parts), *_table1_section(parts), *_table2_section(parts),
+             *_adapter_size_section(parts), *_claims_section(parts), *_figures_section(parts), *_excluded_section(parts)]
+    return "\n".join(lines)
+
+
+def _header(parts: ReportParts) -> list[str]:
+    """The title, what the results are, where the paper's values come from, and what the report leaves out."""
+    counts = parts.runs["status"].value_counts()
     status_line = ", ".join(f"{counts.get(status, 0)} {status}" for status in ("ok", "failed", "degenerate"))
-    lines = [
+    return [
         "# adaptune report",
         "",
-        f"{RESULTS_LINE_START}{results_dir}` — {len(runs)} run(s): {status_line}; "
-        f"{len(problems)} excluded from selection (listed under 'Excluded runs'). "
-        f"{frames['curves']['run_id'].nunique()} run(s) with learning curves, {len(frames['ablation'])} ablation row(s).",
+        f"{RESULTS_LINE_START}{parts.results_dir}` — {len(parts.runs)} run(s): {status_line}; "
+        f"{len(parts.problems)} excluded from selection (listed under 'Excluded runs'). "
+        f"{parts.frames['curves']['run_id'].nunique()} run(s) with learning curves, {len(parts.frames['ablation'])} ablation row(s).",
         "",
-        f"Paper values: `{reference}` (Houlsby et al. 2019). Scores are percent. Selection is always on "
+        f"Paper values: `{parts.reference}` (Houlsby et al. 2019). Scores are percent. Selection is always on "
         "validation, never on the reported split: GLUE's validation is a seeded, stratified slice held out of "
         "train.tsv (10%, at most 10,000 rows; runs.parquet `val_rows`) and its reported score is the dev set "
         "(the GLUE test labels are not public, so the paper's GLUE *test-server* numbers are only a reference); "
         "the additional tasks report their test split; SQuAD reports validation (dev-v1.1).",
         "",
-        *[f"**Left out, unreadable:** {' '.join(problem.split())}\n" for problem in unreadable],
-        *_partial_header(coverage),
-        *_precision_header(runs),
+        *[f"**Left out, unreadable:** {' '.join(problem.split())}\n" for problem in parts.unreadable],
+        *_partial_header(parts.coverage),
+        *_precision_header(parts.runs),
+    ]
+
+
+def _methods_section(parts: ReportParts) -> list[str]:
+    """Every method side by side, per classification task."""
+    return [
         "## Methods side by side",
         "",
         "Every classification task measured: per method, the configuration with the best mean validation score "
@@ -146,12 +168,18 @@ def _render(
         "only' (where measured) is the frozen backbone with only its task head trained, the floor the other methods "
         "stand on. Splits are named as their publisher names them: GLUE's reported split is its dev set.",
         "",
-        _backbone_line(methods, "BERT-base / BERT-large"),
+        _backbone_line(parts.methods, "BERT-base / BERT-large"),
         "",
-        markdown["methods"],
+        parts.markdown["methods"],
         "",
         "Files: [methods.parquet](tables/methods.parquet), [methods.md](tables/methods.md)",
         "",
+    ]
+
+
+def _table1_section(parts: ReportParts) -> list[str]:
+    """Table 1 (GLUE), beside the paper's."""
+    return [
         "## Table 1: GLUE",
         "",
         "Per task and row, the single run best on validation (the paper also picks the best seed), and beneath it "
@@ -165,14 +193,20 @@ def _render(
         "'Head only', where measured, is the frozen backbone with only its task head trained (not in the paper): the "
         "floor each row above it stands on.",
         "",
-        _backbone_line(t1, "BERT-large"),
+        _backbone_line(parts.t1, "BERT-large"),
         "",
-        markdown["table1"],
+        parts.markdown["table1"],
         "",
-        _missing_line(_shown_cells(t1, runs), "task", "row_label"),
+        _missing_line(_shown_cells(parts.t1, parts.runs), "task", "row_label"),
         "",
         "Files: [table1.parquet](tables/table1.parquet), [table1.md](tables/table1.md)",
         "",
+    ]
+
+
+def _table2_section(parts: ReportParts) -> list[str]:
+    """Table 2 (the additional tasks), beside the paper's."""
+    return [
         "## Table 2: additional tasks",
         "",
         "Per task and method, the configuration with the best mean validation score across seeds; "
@@ -181,23 +215,35 @@ def _render(
         "98.5); a cell says how many it holds. 'Majority class': the test accuracy of predicting the training "
         "labels' most common class.",
         "",
-        _backbone_line(t2, "BERT-base"),
+        _backbone_line(parts.t2, "BERT-base"),
         "",
-        markdown["table2"],
+        parts.markdown["table2"],
         "",
-        _missing_line(_shown_cells(t2, runs), "task", "method_name", column="measured_mean"),
+        _missing_line(_shown_cells(parts.t2, parts.runs), "task", "method_name", column="measured_mean"),
         "",
         "Files: [table2.parquet](tables/table2.parquet), [table2.md](tables/table2.md)",
         "",
+    ]
+
+
+def _adapter_size_section(parts: ReportParts) -> list[str]:
+    """Section 3.6's mean validation accuracy per adapter size."""
+    return [
         "## Adapter size (Section 3.6): mean validation accuracy over the GLUE classification tasks",
         "",
         "Accuracy, as the paper reports it here, for every task (CoLA's MCC and MRPC's/QQP's F1 select elsewhere); "
         "the best learning rate and epochs per size are chosen by accuracy too.",
         "",
-        _backbone_line(sizes, "BERT-large (Table 1's runs)"),
+        _backbone_line(parts.sizes, "BERT-large (Table 1's runs)"),
         "",
-        markdown["adapter_sizes"],
+        parts.markdown["adapter_sizes"],
         "",
+    ]
+
+
+def _claims_section(parts: ReportParts) -> list[str]:
+    """The verdict on each of the paper's claims."""
+    return [
         "## The paper's claims",
         "",
         "Each claim's verdict from this results set, by one rule: **holds** when the 95% interval lies wholly on the "
@@ -213,33 +259,40 @@ def _render(
         "Each figure in a detail names its split, and each detail says how far each method it reads stands above the "
         "head alone (same selection, same split) where the head alone was measured.",
         "",
-        markdown["claims"],
-        "",
-        "## Figures",
+        parts.markdown["claims"],
         "",
     ]
-    for figure in figures:
+
+
+def _figures_section(parts: ReportParts) -> list[str]:
+    """Each figure, or why it was skipped, with its backbone and the paper's."""
+    lines = ["## Figures", ""]
+    for figure in parts.figures:
         paper_backbone = SQUAD_BACKBONE_NOTE if figure.name == "figure5_squad" else "BERT-base"
         if figure.skipped:
             lines += [f"- **{figure.title}**: skipped — {figure.skipped}."
                       + (f" The paper's backbone for it: {paper_backbone}." if figure.name == "figure5_squad" else ""), ""]
         else:
-            png, pdf = (path.relative_to(out_dir).as_posix() for path in figure.paths)
+            png, pdf = (path.relative_to(parts.out_dir).as_posix() for path in figure.paths)
             lines += [f"### {figure.title}", ""]
-            if (notes or {}).get(figure.name):
-                lines += [f"*{notes[figure.name]}*", ""]
+            if (parts.notes or {}).get(figure.name):
+                lines += [f"*{parts.notes[figure.name]}*", ""]
             lines += [f"Backbone: `{figure.backbone or 'unknown'}` (the paper's: {paper_backbone}).", ""]
             lines += [f"![{figure.name}]({png})", "", f"[PDF]({pdf})", ""]
-    lines += [
+    return lines
+
+
+def _excluded_section(parts: ReportParts) -> list[str]:
+    """The runs no selection reads."""
+    return [
         "## Excluded runs (failed, degenerate, or without a validation score)",
         "",
         "Never selected for Table 1 or the per-method points of the figures; Table 2, the robustness figures and the "
         "claims keep degenerate seeds as results (failed runs have no score).",
         "",
-        markdown["excluded_runs"],
+        parts.markdown["excluded_runs"],
         "",
     ]
-    return "\n".join(lines)
 
 
 def _partial_notes(coverage: Coverage | None, reference: dict[str, Any], runs: pd.DataFrame) -> dict[str, str]:

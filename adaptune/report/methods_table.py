@@ -41,6 +41,7 @@ def methods_table(runs: pd.DataFrame, data_dir: Any = None) -> pd.DataFrame:
     candidates, backbone = runs_for_backbone(candidates, BERT_BASE)
     if candidates.empty:
         return pd.DataFrame(columns=list(COLUMNS))
+    assert backbone is not None  # runs_for_backbone names the backbone of any runs
     chosen = best_configuration(candidates, ["task", "method"])
     base = base_params(runs).get(backbone)
     order = {method: index for index, method in enumerate(METHOD_NAMES)}

@@ -15,7 +15,7 @@ _REPO_REFERENCE = Path(__file__).resolve().parents[2] / "analysis" / "paper_refe
 
 def reference_path() -> Path:
     """$ADAPTUNE_PAPER_REFERENCE, else analysis/paper_reference.json of this checkout."""
-    path = Path(environment.read(REFERENCE_ENV) or _REPO_REFERENCE)
+    path = Path(environment.settings().paper_reference or _REPO_REFERENCE)
     if not path.is_file():
         raise FileNotFoundError(
             f"paper reference file not found at {path}: set ${REFERENCE_ENV} to analysis/paper_reference.json "

@@ -20,6 +20,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from adaptune.core.errors import UserError
 from adaptune.core.files import atomic_write
 from adaptune.fused.settings import RECORDED_SETTINGS
 from adaptune.train.phase_times import PHASES
@@ -109,11 +110,11 @@ ADDED_RUN_COLUMNS = ("data_split", "split_note", "train_rows", "val_rows", "test
 REQUIRED_RECORD_KEYS = ("run_id", "task", "method", "lr", "epochs", "seed", "backbone", "config", "status")
 
 
-class SchemaError(ValueError):
+class SchemaError(UserError, ValueError):
     """A row does not fit the declared schema; the message names the file, column and run."""
 
 
-class ResultsReadError(ValueError):
+class ResultsReadError(UserError, ValueError):
     """runs.parquet cannot be read (truncated, corrupt, not Parquet); the one-line message names the file."""
 
 
@@ -123,6 +124,12 @@ class ResultsWarning(UserWarning):
 
 def run_row(record: dict[str, Any], written_at: dt.datetime | None = None) -> dict[str, Any]:
     """Flatten one run record (train.train_and_evaluate's dict) into a runs.parquet row."""
+    _check_record(record)
+    return {**_what_ran(record), **_how_it_ran(record, written_at)}
+
+
+def _check_record(record: dict[str, Any]) -> None:
+    """The keys every record carries, a known status and a method dict: a SchemaError naming the run otherwise."""
     run_id = record.get("run_id", "<no run_id>")
     missing = [key for key in REQUIRED_RECORD_KEYS if key not in record]
     if missing:
@@ -135,11 +142,15 @@ def run_row(record: dict[str, Any], written_at: dt.datetime | None = None) -> di
     method = record["method"]
     if not isinstance(method, dict) or "name" not in method:
         raise SchemaError(f"runs.parquet column 'method': run {run_id!r} needs a method dict with 'name', got {method!r}")
+
+
+def _what_ran(record: dict[str, Any]) -> dict[str, Any]:
+    """The row's columns from the run's identity to its scores, status and reason."""
+    method = record["method"]
     val_metrics = record.get("val_metrics") or {}
     test_metrics = record.get("test_metrics") or {}
     primary = record.get("primary_metric")
     trained, total = record.get("trained_params"), record.get("total_params")
-    sizes = record.get("split_sizes") or {}
     return {
         "run_id": record["run_id"],
         "experiment": record.get("experiment"),
@@ -164,6 +175,13 @@ def run_row(record: dict[str, Any], written_at: dt.datetime | None = None) -> di
         "test_metrics": json.dumps(test_metrics, sort_keys=True),
         "status": record["status"],
         "reason": record.get("reason"),
+    }
+
+
+def _how_it_ran(record: dict[str, Any], written_at: dt.datetime | None) -> dict[str, Any]:
+    """The row's columns from the run's times and device to its data, provenance, settings and config."""
+    sizes = record.get("split_sizes") or {}
+    return {
         "wall_time_s": record.get("wall_time_s"),
         "group_size": record.get("group_size"),
         **{f"{phase}_s": (record.get("time_s") or {}).get(phase) for phase in PHASES},
@@ -179,7 +197,7 @@ def run_row(record: dict[str, Any], written_at: dt.datetime | None = None) -> di
         "train_rows": sizes.get("train"),
         "val_rows": sizes.get("validation"),
         "test_rows": sizes.get("test"),
-        "method_json": json.dumps(method, sort_keys=True),
+        "method_json": json.dumps(record["method"], sort_keys=True),
         "config_json": json.dumps(record["config"], sort_keys=True, default=str),
         "written_at": written_at or dt.datetime.now(dt.timezone.utc),
     }

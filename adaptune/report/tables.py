@@ -135,41 +135,10 @@ def table2(runs: pd.DataFrame, reference: dict[str, Any], data_dir: Any = None) 
     for method, label in TABLE2_METHODS.items():
         if method in SHOWN_WHERE_MEASURED and not any(m == method for _, m in chosen.index):
             continue  # not in the paper's Table 2; shown only when measured
-        for task in tasks:
-            paper_mean, paper_sem = (paper_tasks.get(task, {}).get(method) or [None, None])
-            record = {"task": task, "method": method, "method_name": label, "paper_mean": paper_mean, "paper_sem": paper_sem}
-            record["majority"] = task_baseline(task, "accuracy", reported_split(task), data_dir)
-            if (task, method) in chosen.index:
-                config = chosen.loc[(task, method)]
-                seeds = candidates[candidates["run_id"].isin(config["run_ids"].split(","))]
-                record.update(
-                    majority=run_baseline(task, seeds.iloc[0], config["primary_metric"], config["reported_split"], data_dir),
-                    n_degenerate=int((seeds["status"] == "degenerate").sum()),
-                    measured_mean=float(to_percent(config["reported_mean"])),
-                    measured_sem=_float_or_none(to_percent(config["reported_sem"])),
-                    n_seeds=int(config["n_seeds"]),
-                    split=config["reported_split"],
-                    selected=_describe(config),
-                    trained_params=config["trained_params"],
-                    run_ids=config["run_ids"],
-                )
-            records.append(record)
+        cells = [_table2_cell(task, method, label, paper_tasks, chosen, candidates, data_dir) for task in tasks]
+        records += cells
         selected = chosen[chosen.index.get_level_values("method") == method]
-        measured_tasks = [r["task"] for r in records if r["method"] == method and "measured_mean" in r]
-        measured = [r["measured_mean"] for r in records if r["method"] == method and "measured_mean" in r]
-        paper_means = {task: (paper_tasks.get(task, {}).get(method) or [None])[0] for task in tasks}
-        records.append(
-            {
-                "task": "average",
-                "method": method,
-                "method_name": label,
-                "measured_mean": float(np.mean(measured)) if measured else None,
-                "paper_mean": _paper_mean_over(paper_means, measured_tasks, tasks, reference["table2"]["average"].get(method)),
-                "n_seeds": None,
-                "selected": f"mean over {len(measured)} measured task(s); paper: mean over the same tasks",
-                "majority": _mean_or_none([r.get("majority") for r in records if r["method"] == method and "measured_mean" in r]),
-            }
-        )
+        records.append(_table2_average(method, label, cells, tasks, paper_tasks, reference))
         trained_percent, multiple = _size_summary(
             selected.reset_index(), base, backbone, shares_backbone=method != "full", n_tasks=len(tasks)
         )
@@ -188,6 +157,47 @@ def table2(runs: pd.DataFrame, reference: dict[str, Any], data_dir: Any = None) 
     frame["difference"] = frame["measured_mean"] - frame["paper_mean"]
     frame["backbone"] = backbone
     return frame
+
+
+def _table2_cell(task: str, method: str, label: str, paper_tasks: dict[str, Any], chosen: pd.DataFrame, candidates: pd.DataFrame,
+                 data_dir: Any) -> dict[str, Any]:
+    """One task's row of one method: the paper's value, the majority class, and the configuration chosen where measured."""
+    paper_mean, paper_sem = (paper_tasks.get(task, {}).get(method) or [None, None])
+    record = {"task": task, "method": method, "method_name": label, "paper_mean": paper_mean, "paper_sem": paper_sem}
+    record["majority"] = task_baseline(task, "accuracy", reported_split(task), data_dir)
+    if (task, method) in chosen.index:
+        config = chosen.loc[(task, method)]
+        seeds = candidates[candidates["run_id"].isin(config["run_ids"].split(","))]
+        record.update(
+            majority=run_baseline(task, seeds.iloc[0], config["primary_metric"], config["reported_split"], data_dir),
+            n_degenerate=int((seeds["status"] == "degenerate").sum()),
+            measured_mean=float(to_percent(config["reported_mean"])),
+            measured_sem=_float_or_none(to_percent(config["reported_sem"])),
+            n_seeds=int(config["n_seeds"]),
+            split=config["reported_split"],
+            selected=_describe(config),
+            trained_params=config["trained_params"],
+            run_ids=config["run_ids"],
+        )
+    return record
+
+
+def _table2_average(method: str, label: str, cells: list[dict[str, Any]], tasks: list[str], paper_tasks: dict[str, Any],
+                    reference: dict[str, Any]) -> dict[str, Any]:
+    """A method's "average" row: over its measured tasks, and the paper's over the same tasks."""
+    measured_tasks = [r["task"] for r in cells if "measured_mean" in r]
+    measured = [r["measured_mean"] for r in cells if "measured_mean" in r]
+    paper_means = {task: (paper_tasks.get(task, {}).get(method) or [None])[0] for task in tasks}
+    return {
+        "task": "average",
+        "method": method,
+        "method_name": label,
+        "measured_mean": float(np.mean(measured)) if measured else None,
+        "paper_mean": _paper_mean_over(paper_means, measured_tasks, tasks, reference["table2"]["average"].get(method)),
+        "n_seeds": None,
+        "selected": f"mean over {len(measured)} measured task(s); paper: mean over the same tasks",
+        "majority": _mean_or_none([r.get("majority") for r in cells if "measured_mean" in r]),
+    }
 
 
 def adapter_size_table(runs: pd.DataFrame, reference: dict[str, Any]) -> pd.DataFrame:

@@ -29,6 +29,7 @@ from typing import Any
 
 import pandas as pd
 
+from adaptune.core.errors import UserError
 from adaptune.core.files import write_json
 from adaptune.data.tasks import get_task
 from adaptune.model.backbone import resolve_backbone
@@ -49,7 +50,7 @@ SIZE_NOTE = ("bundle_bytes: every file the manifest lists (backbone/ and tasks/)
              "backbone_bytes: the backbone's weights (*.safetensors); multiple = bundle_bytes / backbone_bytes")
 
 
-class BundleError(ValueError):
+class BundleError(UserError, ValueError):
     """A bundle that cannot be written, read or extended as asked; the message says what to do."""
 
 
@@ -176,10 +177,10 @@ def _copy_task(run: pd.Series, store: RunStore, bundle: Path, method: str, data_
     target = bundle / TASKS_DIR / task.name
     if target.exists():  # not in the manifest (checked by the caller): left by an interrupted bundle
         shutil.rmtree(target)
-    with store.local_copy(RUNS_DIR, run["run_id"], CHECKPOINT_DIR) as checkpoint:
+    with store.files.local_copy(RUNS_DIR, run["run_id"], CHECKPOINT_DIR) as checkpoint:
         for name in (WEIGHTS_FILE, INFO_FILE):
             if not (checkpoint / name).is_file():
-                raise BundleError(f"run {run['run_id']} has no checkpoint ({store.url(RUNS_DIR, run['run_id'], CHECKPOINT_DIR, name)} "
+                raise BundleError(f"run {run['run_id']} has no checkpoint ({store.files.url(RUNS_DIR, run['run_id'], CHECKPOINT_DIR, name)} "
                                   "not found): it cannot be bundled")
         target.mkdir(parents=True)
         files = {name: _copy(checkpoint / name, target / name) for name in (WEIGHTS_FILE, INFO_FILE)}
@@ -252,7 +253,8 @@ def _label_names(task: Any, data_dir: Any) -> list[str] | None:
         return None
     if task.labels:
         return list(task.labels)
-    from adaptune.data.loading import DataError, DataNotFoundError, load_task_data
+    from adaptune.data.loading import load_task_data
+    from adaptune.data.sources import DataError, DataNotFoundError
 
     try:
         return list(load_task_data(task, data_dir, splits=("validation",))["validation"].features["label"].names)

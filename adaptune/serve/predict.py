@@ -18,7 +18,7 @@ native bf16, else float32; `--precision` overrides it). What equals what, and ho
             scores (tests/test_bf16_precision.py); a run trained in a fused group was scored in the
             group's one pass (each batch repeated once per run), whose bf16 matmuls may round otherwise:
             its bundle's predictions may differ from that pass by bf16 rounding, and a bf16 run predicted
-            in float32 (`--precision float32`) too (tests/bf16_gap.py measures both).
+            in float32 (`--precision float32`) too (bench/bf16_gap.py measures both).
 On a CPU without native bf16 a bf16 run's predictions are emulated: the same numbers, many times slower.
 
 Extractive question answering (SQuAD) is not served: it needs sliding windows over the context and
@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from adaptune.core.errors import UserError
 from adaptune.data.tasks import Task, get_task
 
 BATCH_SIZE = 32  # as evaluation on a CPU (adaptune.train.evaluate.EVAL_BATCH_SIZE)
@@ -42,7 +43,7 @@ PRECISIONS = ("float32", "bf16")
 RUN_PRECISION = "run"  # --precision's default: the precision the bundled run was scored in
 
 
-class PredictInputError(ValueError):
+class PredictInputError(UserError, ValueError):
     """An input file that cannot be served: unreadable, bad JSON or a missing text field (file and line named)."""
 
 

@@ -13,6 +13,7 @@ from collections import Counter
 
 import pandas as pd
 
+from adaptune.core.errors import UserError
 from adaptune.data.tasks import get_task
 from adaptune.report.results import run_row
 from adaptune.report.selection import BERT_LARGE, best_by_validation, runs_for_backbone, usable_runs
@@ -22,7 +23,7 @@ SELECT_RULES = ("best",)  # the single run best on validation per task (Table 1)
 DEFAULT_METHOD = "adapters"  # the paper's 1.3x is about adapters (best size per task, Table 1)
 
 
-class SelectionError(ValueError):
+class SelectionError(UserError, ValueError):
     """No run (or not every named task) can be selected; the message says what the store holds."""
 
 
@@ -35,7 +36,7 @@ def store_runs(store: RunStore) -> pd.DataFrame:
     records = current_records(store.require_existing())
     # None current: say "no records" only where there are none at all (a store of stale ones is reported by select_runs).
     if not records and not any(RECORD_FILE in names for names in store.run_files().values()):
-        raise SelectionError(f"no run records under {store.url(RUNS_DIR)}: pass the run store root (the directory holding "
+        raise SelectionError(f"no run records under {store.files.url(RUNS_DIR)}: pass the run store root (the directory holding "
                              f"{RUNS_DIR}/<run_id>/{RECORD_FILE}), e.g. the --runs-root a sweep ran with")
     return pd.DataFrame.from_records([run_row(record) for record in records])
 

@@ -10,7 +10,7 @@ from adaptune.data.tasks import get_task
 from adaptune.fused.grouping import GROUPABLE_METHODS, group_capacity, group_key, trains_alone_for_its_length, trains_whole_model
 from adaptune.fused.settings import StepSettings
 from adaptune.sweep.device_sharing import runs_per_group
-from adaptune.sweep.experiments import ExperimentSpec
+from adaptune.sweep.spec import ExperimentSpec
 from adaptune.sweep.throughput import REFERENCE_MAX_LENGTH, Measured, ThroughputKey, backbone_key, throughput_key
 from adaptune.train.config import TrainConfig
 
@@ -25,8 +25,8 @@ THROUGHPUT: dict[tuple[str, str], float] = {
     ("bert-base-uncased", "cpu"): 1.5,
     ("bert-large-uncased", "cpu"): 0.5,
     ("all-MiniLM-L6-v2", "NVIDIA_H100_80GB"): 4000.0,
-    ("bert-base-uncased", "NVIDIA_H100_80GB"): 695.0,  # measured: 32 / 0.0460 s
-    ("bert-large-uncased", "NVIDIA_H100_80GB"): 359.0,  # measured: 32 / 0.0892 s
+    ("bert-base-uncased", "NVIDIA_H100_80GB"): 695.0,  # measured (bench/LOG.md)
+    ("bert-large-uncased", "NVIDIA_H100_80GB"): 359.0,  # measured (bench/LOG.md)
     ("all-MiniLM-L6-v2", "NVIDIA_TESLA_A100"): 2500.0,
     ("bert-base-uncased", "NVIDIA_TESLA_A100"): 600.0,
     ("bert-large-uncased", "NVIDIA_TESLA_A100"): 200.0,
@@ -49,7 +49,7 @@ MEASURED_PARAMETER_EFFICIENT_STEP_COST: dict[tuple[str, str], float] = {
 # the span head, negligible beside 24 layers). Methods of the frozen_backbone kind only: a top_k run's backward pass
 # grows with its depth (top_k beyond half the layers does more than an adapter's).
 MEASURED_ONE_RUN_AT_LENGTH: dict[tuple[str, str, int], float] = {
-    ("bert-large-uncased", "NVIDIA_H100_80GB", 384): 385.0,  # 32 / 0.0831 s
+    ("bert-large-uncased", "NVIDIA_H100_80GB", 384): 385.0,  # measured (bench/LOG.md)
 }
 # Fused run groups on a GPU, as the H100 preset trains them (its step_settings): training examples/s of a group of
 # k runs on real length-grouped GLUE batches, bf16, over this table's one-run throughput for the method's step
@@ -74,7 +74,7 @@ FUSED_SPEEDUP: dict[str, dict[str, dict[int, float]]] = {
 }
 # A task whose rows are mostly far shorter than its max_length, trained in length-grouped batches padded to their own
 # longest row (adaptune.data.batching): the mean tokens a row is padded to, by (task, max_length, doc_stride,
-# batch size), through the trainer's own features and batching (adaptune.bench.squad_lengths;
+# batch size), through the trainer's own features and batching (bench/squad_lengths.py;
 # tests/test_calibration.py checks it against the data). The table's 128-token rows scale by it where a step is
 # longer than 128: a step measured at 128 tokens was bound by its host, so at L tokens it takes at most L/128 of it
 # (its GPU time grows with its tokens): an upper bound. bench/gpu_session.sh `squadtopk` measures those steps.

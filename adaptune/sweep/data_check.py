@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from adaptune.data.loading import local_files_status
+from adaptune.data.sources import local_files_status
 from adaptune.data.tasks import get_task
 from adaptune.model.backbone import hub_reachable
 from adaptune.sweep.plan import Plan, PlanError

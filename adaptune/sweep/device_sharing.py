@@ -14,7 +14,7 @@ RUNS_PER_GROUP_ENV = "ADAPTUNE_RUNS_PER_GROUP"
 def runs_per_group(accelerator: Any) -> int:
     """Runs fused into one forward pass (adaptune.train.group_loop): the environment's count where it sets one (a bad
     one is the registry's line), else the accelerator's."""
-    return environment.read(RUNS_PER_GROUP_ENV) or run_count(f"{RUNS_PER_GROUP_ENV} / runs_per_group", getattr(accelerator, "runs_per_group", 1))
+    return environment.settings().runs_per_group or run_count(f"{RUNS_PER_GROUP_ENV} / runs_per_group", getattr(accelerator, "runs_per_group", 1))
 
 
 def run_count(name: str, value: object) -> int:

@@ -1,11 +1,8 @@
 """The named experiments: each paper figure or table as a declared grid over the shared defaults.
 
-An experiment is a frozen `ExperimentSpec`: where it runs (backbone, accelerator, parallelism,
-retries) plus one or more `Sweep`s, each a block tasks x methods x learning rates x epochs x
-seeds. Blocks exist because the paper's grids differ per method (SQuAD sweeps different learning
-rates and epochs for fine-tuning and adapters) and per task (Table 4 epochs). Every named
-experiment is a short commented `dataclasses.replace` of `DEFAULTS`; `plan.plan(spec)` expands
-and validates it. Nothing here runs anything.
+Every named experiment is a short commented `dataclasses.replace` of `DEFAULTS` (the schema:
+adaptune.sweep.spec); `get_experiment` finds one by name, or reads a sweep file
+(adaptune.sweep.spec_file). `plan.plan(spec)` expands and validates it. Nothing here runs anything.
 """
 
 from __future__ import annotations
@@ -14,192 +11,13 @@ import dataclasses
 import difflib
 import os
 from pathlib import Path
-from typing import Any, Literal
 
 from adaptune.core.backbones import BERT_BASE, BERT_LARGE, DEFAULT_BACKBONE
+from adaptune.core.errors import UserError
 from adaptune.core.paper_grids import DEVLIN_GLUE_EPOCHS, DEVLIN_GLUE_LRS, EXTRA_LRS, GLUE_LRS
 from adaptune.data.tasks import EXTRA_TASKS, GLUE_SCORE_TASKS
-from adaptune.fused.settings import StepSettings
-
-# `Sweep.epochs = PAPER_EPOCHS` means: the epochs the paper chose per task and method (Table 4).
-PAPER_EPOCHS: Literal["paper"] = "paper"
-
-
-
-@dataclasses.dataclass(frozen=True)
-class Accelerator:
-    """Where `train_shard` and `ablate_runs` run: the image family and the resources they ask for.
-
-    `type` and `count` are Vertex AI's accelerator settings; `node_selector` and `tolerations`
-    pin the task to a GKE node pool on a plain KFP cluster (kfp-kubernetes).
-    """
-
-    family: Literal["cpu", "gpu", "tpu"] = "cpu"
-    type: str | None = None  # e.g. NVIDIA_H100_80GB, NVIDIA_TESLA_A100, TPU_V5_LITEPOD
-    count: int = 0
-    node_selector: tuple[tuple[str, str], ...] = ()  # GKE node labels (key, value)
-    tolerations: tuple[str, ...] = ()  # taint keys tolerated with operator Exists, effect NoSchedule
-    cpu_limit: str = "4"
-    memory_limit: str = "16G"
-    runs_per_group: int = 1  # runs fused into one forward pass (adaptune.train.group_loop; measured in bench/results.json)
-    # The frozen backbone's precision on a CPU (adaptune.core.devices.CPU_PRECISIONS): "auto" leaves it to the
-    # machine (bf16 where the CPU has it natively; $ADAPTUNE_CPU_BF16); an experiment whose records must stay
-    # comparable pins "float32" (or "bf16").
-    cpu_precision: str = "auto"
-    # How the training step runs on this accelerator's tasks: a StepSettings' (variable, value) pairs that differ from
-    # the defaults (StepSettings.pinned), set in the task's environment; the shard runner reads them under the user's own.
-    step_settings: tuple[tuple[str, str], ...] = ()
-
-    @property
-    def label(self) -> str:
-        """Key of the throughput table in plan.py: the accelerator type, or the family for CPUs."""
-        return self.type or self.family
-
-
-CPU = Accelerator()
-H100 = Accelerator(
-    family="gpu",
-    type="NVIDIA_H100_80GB",
-    count=1,
-    node_selector=(("cloud.google.com/gke-accelerator", "nvidia-h100-80gb"),),
-    tolerations=("nvidia.com/gpu",),
-    cpu_limit="12",
-    memory_limit="96G",
-    # 8 adapter-style runs per forward pass with every step setting the H100 timed faster than without it; 12 and
-    # 16 runs a group were slower than 8 (bench/LOG.md, "The H100 preset's choices": the figures behind each).
-    runs_per_group=8,
-    step_settings=StepSettings(compile="step_graphs", dropout_masks="counter", attention="kernel", dropout="kernel", layer_norm="kernel").pinned(),
-)
-# KFP on GKE: a pod asking for a whole node's CPUs or memory stays Pending (the node keeps some for the
-# kubelet and system pods), so each preset asks for what its smallest node leaves allocatable.
-# a3-highgpu-1g (1 H100): 26 vCPU, 234 GB; a2-highgpu-1g (1 A100): 12 vCPU, 85 GB; ct5lp-hightpu-1t: 24 vCPU, 48 GB.
-A100 = dataclasses.replace(
-    H100,
-    type="NVIDIA_TESLA_A100",
-    node_selector=(("cloud.google.com/gke-accelerator", "nvidia-tesla-a100"),),
-    cpu_limit="10",
-    memory_limit="64G",
-    runs_per_group=1,  # 40 GB: 8 BERT-large runs need 47 GiB, and no A100 has measured a group
-    step_settings=(),  # nor a replayed step or the attention kernel
-)
-# One v5e chip (a 1x1 slice): devices.py trains on a single XLA device (no SPMD, no one process per
-# chip), so a larger slice (the paper's 4 Cloud TPUs would be a 2x2) would leave chips idle and bill them.
-TPU_V5E = Accelerator(
-    family="tpu",
-    type="TPU_V5_LITEPOD",
-    count=1,
-    node_selector=(
-        ("cloud.google.com/gke-tpu-accelerator", "tpu-v5-lite-podslice"),
-        ("cloud.google.com/gke-tpu-topology", "1x1"),
-    ),
-    tolerations=("google.com/tpu",),
-    cpu_limit="20",
-    memory_limit="40G",
-)
-ACCELERATORS = {"cpu": CPU, "h100": H100, "a100": A100, "tpu_v5e": TPU_V5E}
-
-
-def method_grid(
-    *,
-    full: bool = False,
-    adapter_sizes: tuple[int, ...] = (),
-    top_k: tuple[int, ...] = (),
-    layernorm: bool = False,
-    head: bool = False,
-    init_stds: tuple[float, ...] = (1e-2,),
-    pfeiffer_sizes: tuple[int, ...] = (),
-    lora_ranks: tuple[int, ...] = (),
-    ia3: bool = False,
-) -> tuple[dict[str, Any], ...]:
-    """Method dicts (methods.py's `to_dict` shape) for a compact grid, in a fixed order; the methods
-    beside the paper's take their defaults (LoRA alpha = r on query and value, (IA)3 on key, value, FFN)."""
-    methods: list[dict[str, Any]] = [{"name": "full"}] if full else []
-    methods += [{"name": "top_k", "k": k} for k in top_k]
-    methods += [{"name": "adapters", "size": size, "init_std": std} for size in adapter_sizes for std in init_stds]
-    if layernorm:
-        methods.append({"name": "layernorm"})
-    if head:
-        methods.append({"name": "head"})
-    methods += [{"name": "pfeiffer", "size": size} for size in pfeiffer_sizes]
-    methods += [{"name": "lora", "r": r, "alpha": r} for r in lora_ranks]
-    if ia3:
-        methods.append({"name": "ia3"})
-    return tuple(methods)
-
-
-@dataclasses.dataclass(frozen=True)
-class Sweep:
-    """One block of an experiment's grid: every combination of these values is one run."""
-
-    tasks: tuple[str, ...]
-    methods: tuple[dict[str, Any], ...]
-    learning_rates: tuple[float, ...]
-    epochs: tuple[int, ...] | Literal["paper"] = (3,)
-    seeds: tuple[int, ...] = (0,)
-    backbone: str | None = None  # None: the experiment's backbone
-    max_length: int | None = None  # None: TrainConfig's default (128)
-    batch_size: int | None = None  # None: TrainConfig's default (32, the paper's)
-
-
-@dataclasses.dataclass(frozen=True)
-class Ablation:
-    """Figure 6: which trained runs get their adapters switched off span by span.
-
-    Per task, the run with the best validation score among those using `method` (and `backbone`,
-    when set) is ablated.
-    """
-
-    tasks: tuple[str, ...]
-    method: dict[str, Any]
-    backbone: str | None = None  # None: runs of any backbone compete
-
-
-@dataclasses.dataclass(frozen=True)
-class ExperimentSpec:
-    name: str
-    description: str
-    sweeps: tuple[Sweep, ...]
-    backbone: str = DEFAULT_BACKBONE
-    accelerator: Accelerator = CPU
-    # The DAG trains shards of runs (one task, backbone and length each; shard_size runs and about
-    # shard_hours estimated hours at most),
-    # `parallelism` shards at once, each holding one accelerator set. plan() refuses a plan whose
-    # peak exceeds max_accelerators (None: unchecked), so a sweep cannot ask for more than the quota.
-    parallelism: int = 32
-    shard_size: int = 16
-    shard_hours: float = 4.0  # estimated hours per shard (cost.THROUGHPUT); a longer run or fused group is a shard alone
-    max_accelerators: int | None = 64
-    retries: int = 3  # preemption and other transient errors; a deterministic failure is a "failed" record
-    max_train_examples: int | None = None  # subsampling for CPU-sized experiments
-    max_eval_examples: int | None = None
-    ablation: Ablation | None = None
-    # What the experiment leaves out of the paper's grid and why; the report prints it beside the claims.
-    grid_left_out: str = ""
-
-    @property
-    def tasks(self) -> tuple[str, ...]:
-        return _unique(task for sweep in self.sweeps for task in sweep.tasks)
-
-    @property
-    def learning_rates(self) -> tuple[float, ...]:
-        return _unique(lr for sweep in self.sweeps for lr in sweep.learning_rates)
-
-    @property
-    def seeds(self) -> tuple[int, ...]:
-        return _unique(seed for sweep in self.sweeps for seed in sweep.seeds)
-
-    @property
-    def methods(self) -> tuple[dict[str, Any], ...]:
-        seen: dict[str, dict[str, Any]] = {}
-        for sweep in self.sweeps:
-            for method in sweep.methods:
-                seen.setdefault(repr(sorted(method.items())), method)
-        return tuple(seen.values())
-
-
-def _unique(values: Any) -> tuple:
-    return tuple(dict.fromkeys(values))
-
+from adaptune.sweep.spec import CPU, DEFAULTS, PAPER_EPOCHS, Ablation, ExperimentSpec, SpecError, Sweep, method_grid
+from adaptune.sweep.spec_file import SPEC_FILE_SUFFIXES, load_spec_file
 
 # --- the paper's grids --------------------------------------------------------------------------
 
@@ -207,14 +25,6 @@ def _unique(values: Any) -> tuple:
 # (§3.3) are in adaptune.core.paper_grids, where the claims read them too.
 DEVLIN_BATCH_SIZE = 32
 FIGURE_TASKS = ("mnli_m", "cola")  # Figures 4, 6 and 7 show MNLI (matched) and CoLA
-
-DEFAULTS = ExperimentSpec(
-    name="defaults",
-    description="shared defaults; every named experiment replaces some of these",
-    sweeps=(),
-    backbone=BERT_BASE,
-    accelerator=H100,
-)
 
 EXPERIMENTS: dict[str, ExperimentSpec] = {}
 
@@ -578,160 +388,7 @@ peft_local = _register(
 )
 
 
-# --- experiments as data: a spec round-trips through a dict, JSON and YAML -----------------------
-
-SPEC_FILE_SUFFIXES = (".yaml", ".yml", ".json")
-
-
-class SpecError(ValueError):
-    """A sweep file or spec dict is malformed; the message names the field and what is expected."""
-
-
-def spec_to_dict(spec: ExperimentSpec) -> dict[str, Any]:
-    """Plain data (lists, strings, numbers): methods in their short form ("adapters:64,init_std=0.01")."""
-    from adaptune.train.config import method_text
-
-    data = dataclasses.asdict(spec)
-    data["sweeps"] = [
-        {**sweep, "methods": [method_text(m) for m in sweep["methods"]]} for sweep in data["sweeps"]
-    ]
-    if spec.ablation is not None:
-        data["ablation"]["method"] = method_text(spec.ablation.method)
-    for field in ("node_selector", "step_settings"):
-        data["accelerator"][field] = [list(pair) for pair in getattr(spec.accelerator, field)]
-    return _lists(data)
-
-
-def spec_to_json(spec: ExperimentSpec) -> str:
-    """Compact JSON: the pipeline parameter every component re-plans from (a few KB for paper_full)."""
-    import json
-
-    return json.dumps(spec_to_dict(spec), separators=(",", ":"), sort_keys=True)
-
-
-def spec_from_dict(data: dict[str, Any]) -> ExperimentSpec:
-    """The inverse of spec_to_dict; also reads hand-written files: methods as strings or dicts, the
-    accelerator as a preset name ("h100", "cpu", ...) or a dict, omitted fields from DEFAULTS."""
-    if not isinstance(data, dict):
-        raise SpecError(f"an experiment spec is a mapping of fields, got {type(data).__name__}")
-    fields = _fields_of(ExperimentSpec, data, "experiment")
-    if "name" not in fields or "sweeps" not in fields:
-        raise SpecError("an experiment spec needs at least 'name' and 'sweeps'")
-    if "description" not in fields:
-        fields["description"] = f"sweep file {fields['name']}"
-    if not isinstance(fields["sweeps"], list | tuple):
-        raise SpecError("'sweeps' must be a list of sweep blocks")
-    fields["sweeps"] = tuple(_sweep_from_dict(sweep, index) for index, sweep in enumerate(fields["sweeps"]))
-    if "accelerator" in fields:
-        fields["accelerator"] = _accelerator_from(fields["accelerator"])
-    if fields.get("ablation") is not None:
-        ablation = _fields_of(Ablation, fields["ablation"], "ablation")
-        ablation["tasks"] = tuple(ablation.get("tasks", ()))
-        ablation["method"] = _method_dict(ablation.get("method"), "ablation")
-        fields["ablation"] = Ablation(**ablation)
-    return dataclasses.replace(DEFAULTS, **fields)
-
-
-def load_spec_file(path: str | os.PathLike[str]) -> ExperimentSpec:
-    """An experiment from a YAML or JSON sweep file (same fields as ExperimentSpec)."""
-    import json
-
-    import yaml
-
-    path = Path(path)
-    if not path.is_file():
-        raise SpecError(f"sweep file {path} not found; give a named experiment ({', '.join(EXPERIMENTS)}) or a .yaml/.json file")
-    text = path.read_text()
-    try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as error:
-        raise SpecError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {error}") from None
-    try:
-        return spec_from_dict(data)
-    except SpecError as error:
-        raise SpecError(f"{path}: {error}") from None
-
-
-def _sweep_from_dict(data: Any, index: int) -> Sweep:
-    fields = _fields_of(Sweep, data, f"sweep {index}")
-    for required in ("tasks", "methods", "learning_rates"):
-        if required not in fields:
-            raise SpecError(f"sweep {index} needs '{required}'")
-    kinds = {"tasks": str, "learning_rates": float, "seeds": int, "epochs": int}
-    for name, kind in kinds.items():
-        if name in fields and not (name == "epochs" and fields[name] == PAPER_EPOCHS):
-            values = fields[name] if isinstance(fields[name], list | tuple) else [fields[name]]
-            fields[name] = tuple(_typed(value, kind, f"sweep {index}: {name}") for value in values)
-    fields["methods"] = tuple(_method_dict(m, f"sweep {index}") for m in fields["methods"])
-    return Sweep(**fields)
-
-
-def _typed(value: Any, kind: type, where: str) -> Any:
-    """YAML reads 1e-4 as a string (it wants 1.0e-4): accept numbers written either way."""
-    if kind is str:
-        return str(value)
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise SpecError(f"{where}: {value!r} is not a number") from None
-    if kind is int:
-        if not number.is_integer():
-            raise SpecError(f"{where}: {value!r} is not a whole number")
-        return int(number)
-    return number
-
-
-def _method_dict(method: Any, where: str) -> dict[str, Any]:
-    if isinstance(method, dict):
-        return dict(method)
-    if isinstance(method, str):
-        from adaptune.model.methods import parse_method  # imports torch; only when a file names methods as text
-
-        try:
-            return parse_method(method).to_dict()
-        except (TypeError, ValueError) as error:
-            raise SpecError(f"{where}: method {method!r}: {error}") from None
-    raise SpecError(f"{where}: a method is a string like 'adapters:64' or a mapping, got {method!r}")
-
-
-def _accelerator_from(value: Any) -> Accelerator:
-    if isinstance(value, str):
-        if value not in ACCELERATORS:
-            raise SpecError(f"unknown accelerator {value!r}; presets: {', '.join(ACCELERATORS)} (or a mapping of Accelerator fields)")
-        return ACCELERATORS[value]
-    if isinstance(value, dict) and "runs_per_device" in value:  # runs side by side in processes: the option left
-        if value["runs_per_device"] != 1:
-            raise SpecError(f"accelerator runs_per_device={value['runs_per_device']!r}: runs side by side in processes left the "
-                            "code (on an H100 four were no faster than one at a time, bench/LOG.md); remove the field")
-        value = {key: item for key, item in value.items() if key != "runs_per_device"}
-    fields = _fields_of(Accelerator, value, "accelerator")
-    fields["node_selector"] = tuple(tuple(pair) for pair in fields.get("node_selector", ()))
-    fields["tolerations"] = tuple(fields.get("tolerations", ()))
-    settings = fields.get("step_settings", ())  # a hand-written file may give a mapping: {ADAPTUNE_COMPILE: step_graphs}
-    fields["step_settings"] = tuple(tuple(pair) for pair in (settings.items() if isinstance(settings, dict) else settings))
-    return Accelerator(**fields)
-
-
-def _fields_of(cls: type, data: Any, where: str) -> dict[str, Any]:
-    if not isinstance(data, dict):
-        raise SpecError(f"{where} must be a mapping of fields, got {data!r}")
-    known = [field.name for field in dataclasses.fields(cls)]
-    unknown = sorted(set(data) - set(known))
-    if unknown:
-        hints = [f"{key} (did you mean {close[0]}?)" if (close := difflib.get_close_matches(key, known, n=1)) else key for key in unknown]
-        raise SpecError(f"{where}: unknown field(s) {', '.join(hints)}; known: {', '.join(known)}")
-    return dict(data)
-
-
-def _lists(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {key: _lists(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [_lists(item) for item in value]
-    return value
-
-
-class UnknownExperimentError(KeyError):
+class UnknownExperimentError(UserError, KeyError):
     def __str__(self) -> str:  # KeyError would quote the whole message
         return str(self.args[0])
 
@@ -742,6 +399,8 @@ def get_experiment(name: str) -> ExperimentSpec:
     if name in EXPERIMENTS:
         return EXPERIMENTS[name]
     if name.endswith(SPEC_FILE_SUFFIXES) or os.sep in name:
+        if not Path(name).is_file():  # the catalog's names in the line: load_spec_file does not know them
+            raise SpecError(f"sweep file {name} not found; give a named experiment ({', '.join(EXPERIMENTS)}) or a .yaml/.json file")
         return load_spec_file(name)
     close = difflib.get_close_matches(name, EXPERIMENTS, n=3, cutoff=0.4)
     hint = f"did you mean {', '.join(close)}? " if close else ""

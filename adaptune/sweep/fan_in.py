@@ -13,16 +13,17 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from adaptune.core.errors import UserError
 from adaptune.data.tasks import data_scheme, get_task
 from adaptune.sweep.console_metrics import sweep_metrics
-from adaptune.sweep.experiments import Ablation, ExperimentSpec
 from adaptune.sweep.lease import remove_litter
 from adaptune.sweep.plan import Plan, plan
+from adaptune.sweep.spec import Ablation, ExperimentSpec
 from adaptune.sweep.store import ABLATION_DIR, RUNS_DIR, RunStore
 from adaptune.train.record import is_stale
 
 
-class IncompleteSweepError(RuntimeError):
+class IncompleteSweepError(UserError, RuntimeError):
     """Planned runs have no record in the store: some shard has not finished."""
 
 
@@ -103,14 +104,14 @@ def ablate_sweep(spec: ExperimentSpec, store: RunStore, data_dir: str | os.PathL
     use_staged_backbones(store, {record["backbone"] for record in selected})
     for record in selected:
         run_id = record["run_id"]
-        if store.read_json(ABLATION_DIR, f"{run_id}.json") is None:
+        if store.files.read_json(ABLATION_DIR, f"{run_id}.json") is None:
             try:
-                with store.local_copy(RUNS_DIR, run_id, CHECKPOINT_DIR) as checkpoint:
+                with store.files.local_copy(RUNS_DIR, run_id, CHECKPOINT_DIR) as checkpoint:
                     rows = ablate(checkpoint, data_dir=data_dir, cache_dir=store.cache_dir())
             except Exception:  # noqa: BLE001 -- the ablation table lacks this run; the sweep's results stand
                 print(f"ablation of {run_id} failed:\n{traceback.format_exc()}", flush=True)
                 continue
-            store.write_json(rows, ABLATION_DIR, f"{run_id}.json")
+            store.files.write_json(rows, ABLATION_DIR, f"{run_id}.json")
         done += 1
     return done
 
@@ -132,10 +133,10 @@ def aggregate_sweep(spec: ExperimentSpec, store: RunStore, out_dir: str | os.Pat
     ablation: list[dict[str, Any]] = []
     if spec.ablation is not None:
         for record in select_ablation_runs(records, spec.ablation):
-            ablation += store.read_json(ABLATION_DIR, f"{record['run_id']}.json") or []
+            ablation += store.files.read_json(ABLATION_DIR, f"{record['run_id']}.json") or []
     paths = write_results(records, Path(out_dir), ablation=ablation)
-    write_coverage(out_dir, Counter(run.task for run in planned.runs), Counter(record["task"] for record in records))
-    write_grid_left_out(out_dir, spec.name, spec.grid_left_out)  # the report prints it beside the claims
+    write_coverage(Path(out_dir), Counter(run.task for run in planned.runs), Counter(record["task"] for record in records))
+    write_grid_left_out(Path(out_dir), spec.name, spec.grid_left_out)  # the report prints it beside the claims
     statuses = {status: sum(r["status"] == status for r in records) for status in ("ok", "degenerate", "failed")}
     return {"planned": len(planned.runs), "runs": len(records), "ablation_rows": len(ablation), **statuses,
             "files": sorted(p.name for p in paths.values()),

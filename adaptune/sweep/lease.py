@@ -5,7 +5,7 @@ that is still alive, would otherwise train one run twice and both write its stat
 
 A lease is a small file `runs/<run_id>/lease-<n>.json` ({owner, acquired_at, taken_at, expires_at}: what
 the holder claims, shown to people, never trusted); the highest n is the current one. Every step that
-decides ownership is one create-only write (`RunStore.create_exclusive`: O_EXCL on a filesystem,
+decides ownership is one create-only write (`StoreFiles.create_exclusive`: O_EXCL on a filesystem,
 `ifGenerationMatch=0` on a bucket), so of two attempts racing for lease n exactly one wins, with no lock
 service:
 - a run with no lease file: create lease-1;
@@ -41,15 +41,16 @@ from typing import Any
 from adaptune.core import environment
 from adaptune.core.files import json_text
 from adaptune.core.run_files import LEASE_FILE, STATE_FILE
-from adaptune.sweep.store import RUNS_DIR, RunStore, UnreadableFileError
+from adaptune.sweep.store import RUNS_DIR, RunStore
+from adaptune.sweep.store_files import UnreadableFileError
 from adaptune.train.record import is_stale
 
 LEASE_SECONDS_ENV = "ADAPTUNE_LEASE_SECONDS"
-DEFAULT_LEASE_SECONDS = environment.parse(LEASE_SECONDS_ENV, None)  # 900: a stalled holder delays a run by at most this
+DEFAULT_LEASE_SECONDS = environment.DEFAULTS.lease_seconds  # 900: a stalled holder delays a run by at most this
 
 
 def lease_seconds() -> float:
-    return environment.read(LEASE_SECONDS_ENV)
+    return environment.settings().lease_seconds
 
 
 def new_owner() -> str:
@@ -95,15 +96,19 @@ def lease_number(names: Iterable[str]) -> int | None:
 
 def current_lease(store: RunStore, run_id: str) -> tuple[int, dict[str, Any] | None] | None:
     """(n, content) of the highest-numbered lease file, content None where it vanished meanwhile (released);
-    a file that cannot be read gives {"unreadable": reason}: it expires as any lease does, unchanged for a lease length."""
-    number = lease_number(store.names(RUNS_DIR, run_id))
+    a file that cannot be read gives {"unreadable": reason}, the reason naming the file and why: it expires as any
+    lease does, unchanged for a lease length."""
+    number = lease_number(store.files.names(RUNS_DIR, run_id))
     if number is None:
         return None
+    name = f"lease-{number}.json"
     try:
-        content = store.read_json(RUNS_DIR, run_id, f"lease-{number}.json")
+        content = store.files.read_json(RUNS_DIR, run_id, name)
     except UnreadableFileError as error:
         content = {"unreadable": str(error)}
-    return number, content if content is None or isinstance(content, dict) else {"unreadable": f"not an object: {content!r:.80}"}
+    if content is None or isinstance(content, dict):
+        return number, content
+    return number, {"unreadable": f"{store.files.url(RUNS_DIR, run_id, name)} is not a lease (a JSON {type(content).__name__}, not an object)"}
 
 
 def renewed_within(store_written: float | None, now: float, seconds: float) -> bool:
@@ -124,8 +129,13 @@ def judged_length(content: dict[str, Any], seconds: float) -> float:
 
 
 def lease_owner(content: dict[str, Any] | None) -> str:
+    """Who holds a lease, as people read it: its owner, or an unreadable lease with its file and why."""
     owner = (content or {}).get("owner")
-    return owner if isinstance(owner, str) else ("(unreadable lease)" if content and "unreadable" in content else "(being taken)")
+    if isinstance(owner, str):
+        return owner
+    if content and "unreadable" in content:
+        return f"an unreadable lease ({content['unreadable']})"
+    return "(being taken)"
 
 
 class Lease:
@@ -147,7 +157,7 @@ class Lease:
 
     def renew(self) -> None:
         if self.still_held() or self.reclaim():
-            self.store.write_json(self.content(), RUNS_DIR, self.run_id, self.file)
+            self.store.files.write_json(self.content(), RUNS_DIR, self.run_id, self.file)
 
     def reclaim(self) -> bool:
         """Take the run again where its lease files are gone and nobody else holds it (its folder was deleted
@@ -156,7 +166,7 @@ class Lease:
             return self.still_held()
         number = self.number
         self.number = 1
-        if self.store.create_exclusive(json_text(self.content()).encode(), RUNS_DIR, self.run_id, self.file) or self.still_held():
+        if self.store.files.create_exclusive(json_text(self.content()).encode(), RUNS_DIR, self.run_id, self.file) or self.still_held():
             return True
         self.number = number
         return False
@@ -170,10 +180,10 @@ class Lease:
         """Drop our lease file and the expired ones before it, never a successor's."""
         self._stop.set()
         ours = self.still_held()
-        for name in self.store.names(RUNS_DIR, self.run_id):
+        for name in self.store.files.names(RUNS_DIR, self.run_id):
             match = LEASE_FILE.match(name)
             if match and (int(match.group(1)) < self.number or (int(match.group(1)) == self.number and ours)):
-                self.store.remove(RUNS_DIR, self.run_id, name)
+                self.store.files.remove(RUNS_DIR, self.run_id, name)
 
     @contextlib.contextmanager
     def kept_alive(self) -> Iterator[Lease]:
@@ -206,13 +216,13 @@ def try_acquire(store: RunStore, run_id: str, owner: str | None = None, seconds:
         number, content = current
         if content is None:  # released (or replaced) between the listing and the read: look again soon
             return Holder(owner="(being released or taken)", expires_in=1.0)
-        version = f"{store.version(RUNS_DIR, run_id, f'lease-{number}.json')}|{json_text(content)}"
+        version = f"{store.files.version(RUNS_DIR, run_id, f'lease-{number}.json')}|{json_text(content)}"
         unchanged, length = watch.unchanged_for(store, run_id, number, version), judged_length(content, seconds)
         if unchanged < length:
             return Holder(owner=lease_owner(content), expires_in=length - unchanged)
         number += 1
     lease = Lease(store, run_id, number, owner, seconds)
-    if store.create_exclusive(json_text(lease.content()).encode(), RUNS_DIR, run_id, lease.file):
+    if store.files.create_exclusive(json_text(lease.content()).encode(), RUNS_DIR, run_id, lease.file):
         return lease
     taken = current_lease(store, run_id)
     return Holder(owner=lease_owner(taken[1]) if taken and taken[1] else "(another attempt)", expires_in=seconds)
@@ -235,8 +245,8 @@ def remove_litter(store: RunStore, files: dict[str, dict[str, str]], records: It
             doomed += leases + ([(RUNS_DIR, run_id, STATE_FILE)] if STATE_FILE in names else [])
         else:
             retrainable += leases
-    written = store.modified_times(retrainable)
+    written = store.files.modified_times(retrainable)
     doomed += [parts for parts in retrainable if not renewed_within(written.get(parts), now, lease_seconds())]
     for parts in doomed:
-        store.remove(*parts)
+        store.files.remove(*parts)
     return len(doomed)

@@ -11,12 +11,13 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from adaptune.core import environment
+from adaptune.core.errors import UserError
 from adaptune.sweep.store import RunStore
 
 TRAINER_ENV = "ADAPTUNE_TRAINER"  # "module:function" with train_and_evaluate's signature (dry runs of a DAG's shape)
 
 
-class ShardEnvironmentError(RuntimeError):
+class ShardEnvironmentError(UserError, RuntimeError):
     """The machine cannot train this shard (no accelerator, no backbone): the task fails, no run is recorded."""
 
 
@@ -35,7 +36,7 @@ def prepare_machine(store: RunStore, backbones: Iterable[str]) -> None:
     print(f"device: {device.name}", flush=True)
     for name in sorted(set(backbones)):
         staged = use_staged_backbones(store, [name])
-        if environment.read(TRAINER_ENV):
+        if environment.settings().trainer:
             continue  # a stand-in trainer (a dry run of the DAG's shape) loads no weights
         try:
             check_backbone(name)
@@ -53,7 +54,7 @@ def use_staged_backbones(store: RunStore, backbones: Iterable[str]) -> list[str]
         path = store.staged_backbone(name)
         if path is not None:
             use_staged_backbone(name, path)
-            print(f"backbone {name}: the copy staged in {store.url('models', name)}", flush=True)
+            print(f"backbone {name}: the copy staged in {store.files.url('models', name)}", flush=True)
             staged.append(name)
     return staged
 
@@ -74,7 +75,7 @@ def start_deadline(seconds: float, shard_id: str) -> threading.Timer:
 
 def load_trainer() -> Callable[..., dict[str, Any]]:
     """adaptune.train.loop.train_and_evaluate, or the function $ADAPTUNE_TRAINER names."""
-    target = environment.read(TRAINER_ENV)
+    target = environment.settings().trainer
     if not target:
         from adaptune.train.loop import train_and_evaluate
 

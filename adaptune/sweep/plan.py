@@ -15,6 +15,7 @@ import math
 from collections import Counter
 from typing import Any
 
+from adaptune.core.errors import UserError
 from adaptune.core.precision import CPU_PRECISIONS
 from adaptune.data.tasks import Task, UnknownTaskError, get_task
 from adaptune.fused.grouping import fused_groups
@@ -22,12 +23,12 @@ from adaptune.fused.settings import StepSettings
 from adaptune.model.layouts import BackboneError, backbone_layers, backbone_layout, unusable_backbone
 from adaptune.sweep.cost import estimate_hours, measured_at_length, measurement_for, step_tokens, table_fused_speedup
 from adaptune.sweep.device_sharing import runs_per_group
-from adaptune.sweep.experiments import PAPER_EPOCHS, Ablation, ExperimentSpec, Sweep
+from adaptune.sweep.spec import PAPER_EPOCHS, Ablation, ExperimentSpec, Sweep
 from adaptune.sweep.throughput import Measured, ThroughputKey, throughput_key
 from adaptune.train.config import TrainConfig, method_label
 
 
-class PlanError(ValueError):
+class PlanError(UserError, ValueError):
     """An experiment grid that cannot run as declared; the message says what to change."""
 
 

@@ -8,6 +8,7 @@ end, then waited for (its record reused) or taken over once its lease expires.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -17,15 +18,28 @@ from adaptune.core import environment
 from adaptune.fused.grouping import fused_groups, group_key, trains_alone_for_its_length
 from adaptune.fused.settings import StepSettings
 from adaptune.sweep.lease import Holder, Lease, LeaseWatch, current_lease, lease_owner, lease_seconds, new_owner, try_acquire
-from adaptune.sweep.machine import TRAINER_ENV, load_trainer
-from adaptune.sweep.store import CHECKPOINT_DIR, RECORD_FILE, RUNS_DIR, RunDir, RunStore, UnreadableFileError
+from adaptune.sweep.machine import load_trainer
+from adaptune.sweep.retrain import RetrainPolicy
+from adaptune.sweep.store import CHECKPOINT_DIR, RECORD_FILE, RUNS_DIR, RunDir, RunStore
+from adaptune.sweep.store_files import UnreadableFileError
 from adaptune.sweep.transient import backoff_s, is_transient
 from adaptune.train.config import TrainConfig
 from adaptune.train.event_log import write_run_summary
 from adaptune.train.record import failed_run_record, is_stale, one_line_reason, save_traceback, with_provenance
 
 
-def train_runs(configs: Iterable[TrainConfig], shard_id: str, store: RunStore, options: dict[str, Any],
+@dataclasses.dataclass(frozen=True)
+class AttemptOptions:
+    """How one attempt trains the runs it takes, passed down whole from the shard runner to each run."""
+
+    data_dir: str | os.PathLike[str] | None = None  # the data mirror (None: found automatically, or the hub)
+    policy: RetrainPolicy = dataclasses.field(default_factory=RetrainPolicy)  # which stored records to train again
+    max_transient_failures: int = 0  # retries of a transient failure, counted in the store over all attempts
+    progress: bool = False  # a progress bar per epoch
+    settings: StepSettings = dataclasses.field(default_factory=StepSettings)  # how every step computes
+
+
+def train_runs(configs: Iterable[TrainConfig], shard_id: str, store: RunStore, options: AttemptOptions,
                runs_per_group: int = 1) -> dict[str, str]:
     """Each run in turn, as one attempt (one owner), runs that can share a forward pass `runs_per_group`
     at a time (adaptune.train.group_loop); a run another attempt holds is left to the end, then waited
@@ -37,21 +51,21 @@ def form_groups(configs: list[TrainConfig], runs_per_group: int) -> list[list[Tr
     """The shard's groups (adaptune.fused.grouping.fused_groups: runs with equal group keys, at most
     `runs_per_group` a group, fewer for longer steps); every other run alone. A stand-in trainer
     ($ADAPTUNE_TRAINER) trains runs alone."""
-    if environment.read(TRAINER_ENV):
+    if environment.settings().trainer:
         return [[config] for config in configs]
     return fused_groups(configs, runs_per_group)
 
 
-def train_groups(groups: Iterable[list[TrainConfig]], shard_id: str, store: RunStore, options: dict[str, Any]) -> dict[str, str]:
+def train_groups(groups: Iterable[list[TrainConfig]], shard_id: str, store: RunStore, options: AttemptOptions) -> dict[str, str]:
     """train_runs over groups already formed."""
     owner, watch = new_owner(), LeaseWatch()
     by_run: dict[str, str] = {}
     deferred = []
     for group in groups:
-        if len(group) == 1 and not _graphed_alone(group[0], options.get("settings", StepSettings())):
-            outcomes = {group[0].run_id: run_in_store(group[0], store, wait=False, owner=owner, watch=watch, **options)}
+        if len(group) == 1 and not _graphed_alone(group[0], options.settings):
+            outcomes = {group[0].run_id: run_in_store(group[0], store, options, wait=False, owner=owner, watch=watch)}
         else:
-            outcomes = group_in_store(group, store, owner, watch=watch, **options)
+            outcomes = group_in_store(group, store, owner, options, watch=watch)
         for config in group:
             outcome = outcomes[config.run_id]
             if outcome == "leased":  # another attempt trains it now: train the rest first
@@ -61,7 +75,7 @@ def train_groups(groups: Iterable[list[TrainConfig]], shard_id: str, store: RunS
             by_run[config.run_id] = outcome
             print(f"{shard_id}: {config.run_id} {outcome}" + (f" (in a group of {len(group)})" if len(group) > 1 else ""), flush=True)
     for config in deferred:
-        by_run[config.run_id] = run_in_store(config, store, wait=True, owner=owner, watch=watch, **options)
+        by_run[config.run_id] = run_in_store(config, store, options, wait=True, owner=owner, watch=watch)
         print(f"{shard_id}: {config.run_id} {by_run[config.run_id]}", flush=True)
     return by_run
 
@@ -71,7 +85,7 @@ def _graphed_alone(config: TrainConfig, settings: StepSettings) -> bool:
     step replayed as a CUDA graph, which outran the solo trainer's step on an H100 (bench/LOG.md, "Fused run groups");
     so does a run that trains the whole model, which no group shares. Not a run whose step keeps the GPU busy alone
     (grouping.LONG_STEP_TOKENS): the trainer's own step was the faster there."""
-    if environment.read(TRAINER_ENV) or trains_alone_for_its_length(config):
+    if environment.settings().trainer or trains_alone_for_its_length(config):
         return False
     if group_key(config) is None:  # whole-model runs have keys too
         return False
@@ -80,7 +94,7 @@ def _graphed_alone(config: TrainConfig, settings: StepSettings) -> bool:
 
 class _Unreadable(str):
     """A record file that cannot be read (its one-line reason): the run is "unreadable" until retrained
-    with retry_unreadable, which sets the file aside (RunStore.set_aside) and trains the run again."""
+    under a policy retrying unreadable records, which sets the file aside (StoreFiles.set_aside) and trains the run again."""
 
 
 def _stored_record(store: RunStore, run_id: str) -> dict[str, Any] | _Unreadable | None:
@@ -90,16 +104,16 @@ def _stored_record(store: RunStore, run_id: str) -> dict[str, Any] | _Unreadable
         return _Unreadable(str(error))
 
 
-def _reuse(record: dict[str, Any] | _Unreadable | None, retry_failed: bool, retrain_stale: bool, retry_unreadable: bool) -> str | None:
+def _reuse(record: dict[str, Any] | _Unreadable | None, policy: RetrainPolicy) -> str | None:
     """'reused', 'stale' or 'unreadable' where the store's record stands, None where the run must train: what
     the user asked to retrain, and nothing else (failed runs, unreadable records and stale ones each by their own flag)."""
     if record is None:
         return None
     if isinstance(record, _Unreadable):
-        return None if retry_unreadable else "unreadable"
+        return None if policy.unreadable else "unreadable"
     if is_stale(record):
-        return None if retrain_stale else "stale"
-    if record.get("status") == "failed" and retry_failed:
+        return None if policy.stale else "stale"
+    if record.get("status") == "failed" and policy.failed:
         return None
     return "reused"
 
@@ -107,22 +121,16 @@ def _reuse(record: dict[str, Any] | _Unreadable | None, retry_failed: bool, retr
 def run_in_store(
     config: TrainConfig,
     store: RunStore,
-    data_dir: str | os.PathLike[str] | None = None,
-    retry_failed: bool = False,
-    max_transient_failures: int = 0,
-    progress: bool = False,
-    retrain_stale: bool = False,
+    options: AttemptOptions = AttemptOptions(),
     wait: bool = True,
     owner: str | None = None,
     sleep: Callable[[float], None] = time.sleep,
-    settings: StepSettings = StepSettings(),
-    retry_unreadable: bool = False,
     watch: LeaseWatch | None = None,
 ) -> str:
     """One run, at most once: 'reused' / 'stale' where the store's record stands, 'leased' (wait=False)
     where another attempt holds it, 'superseded' where ours expired and was taken over, else its status."""
     found = _stored_record(store, config.run_id)
-    reused = _reuse(found, retry_failed, retrain_stale, retry_unreadable)
+    reused = _reuse(found, options.policy)
     if reused:
         if reused == "unreadable":
             print(f"{config.run_id}: {found}; retrain it with --retry-unreadable (RETRY_UNREADABLE=1), which keeps the file aside", flush=True)
@@ -132,11 +140,11 @@ def run_in_store(
         return lease
     try:
         with lease.kept_alive():
-            reused = _clear_for_training(config, store, retry_failed, retrain_stale, retry_unreadable)
+            reused = _clear_for_training(config, store, options.policy)
             if reused:
                 return reused
-            record = _train_with_retries(config, store, data_dir, max_transient_failures, progress, sleep, settings)
-            return _publish(config, record, lease, store, data_dir)
+            record = _train_with_retries(config, store, options, sleep)
+            return _publish(config, record, lease, store, options.data_dir)
     finally:
         lease.release()
 
@@ -145,14 +153,8 @@ def group_in_store(
     configs: list[TrainConfig],
     store: RunStore,
     owner: str,
-    data_dir: str | os.PathLike[str] | None = None,
-    retry_failed: bool = False,
-    max_transient_failures: int = 0,
-    progress: bool = False,
-    retrain_stale: bool = False,
+    options: AttemptOptions = AttemptOptions(),
     sleep: Callable[[float], None] = time.sleep,
-    settings: StepSettings = StepSettings(),
-    retry_unreadable: bool = False,
     watch: LeaseWatch | None = None,
 ) -> dict[str, str]:
     """run_in_store for a group (wait=False): each run's record reused or its lease taken, as alone;
@@ -162,7 +164,7 @@ def group_in_store(
         training = []
         for config in configs:
             found = _stored_record(store, config.run_id)
-            reused = _reuse(found, retry_failed, retrain_stale, retry_unreadable)
+            reused = _reuse(found, options.policy)
             if reused:
                 outcomes[config.run_id] = reused
                 continue
@@ -172,28 +174,27 @@ def group_in_store(
                 continue
             leases.callback(lease.release)
             leases.enter_context(lease.kept_alive())
-            reused = _clear_for_training(config, store, retry_failed, retrain_stale, retry_unreadable)
+            reused = _clear_for_training(config, store, options.policy)
             if reused:
                 outcomes[config.run_id] = reused
                 continue
             training.append((config, lease))
         if training:
-            records = _train_group_with_retries([config for config, _ in training], store, data_dir, max_transient_failures, progress, sleep,
-                                                settings)
+            records = _train_group_with_retries([config for config, _ in training], store, options, sleep)
             for (config, lease), record in zip(training, records, strict=True):
-                outcomes[config.run_id] = _publish(config, record, lease, store, data_dir)
+                outcomes[config.run_id] = _publish(config, record, lease, store, options.data_dir)
     return outcomes
 
 
-def _clear_for_training(config: TrainConfig, store: RunStore, retry_failed: bool, retrain_stale: bool, retry_unreadable: bool) -> str | None:
+def _clear_for_training(config: TrainConfig, store: RunStore, policy: RetrainPolicy) -> str | None:
     """Under the run's lease: its outcome where a record now stands (another attempt may have finished),
     else clear what would stop it training (an unreadable record set aside, a failed or stale one forgotten)."""
     existing = _stored_record(store, config.run_id)
-    reused = _reuse(existing, retry_failed, retrain_stale, retry_unreadable)
+    reused = _reuse(existing, policy)
     if reused:
         return reused
     if isinstance(existing, _Unreadable):
-        kept = store.set_aside(RUNS_DIR, config.run_id, RECORD_FILE)
+        kept = store.files.set_aside(RUNS_DIR, config.run_id, RECORD_FILE)
         print(f"{config.run_id}: {existing}; set aside as {kept}, training the run again", flush=True)
     elif existing is not None:
         store.forget(config.run_id)
@@ -211,7 +212,7 @@ def _publish(config: TrainConfig, record: dict[str, Any], lease: Lease, store: R
               "its holder silent for a lease length or its folder deleted: that attempt's result stands, this one's is not published",
               flush=True)
         return "superseded"
-    if record.get("checkpoint_dir") and not store.names(RUNS_DIR, config.run_id, CHECKPOINT_DIR):
+    if record.get("checkpoint_dir") and not store.files.names(RUNS_DIR, config.run_id, CHECKPOINT_DIR):
         print(f"{config.run_id}: its folder in the run store was deleted while it trained and its checkpoint went with it: "
               "nothing published; the next submission trains it again", flush=True)
         return "lost"
@@ -224,6 +225,7 @@ def _publish(config: TrainConfig, record: dict[str, Any], lease: Lease, store: R
 
 def _take_lease(run_id: str, store: RunStore, owner: str | None, wait: bool, sleep: Callable[[float], None],
                 watch: LeaseWatch) -> Lease | str:
+    shown = None  # the holder the waiting line named: said again only when another holds the run
     while True:
         taken = try_acquire(store, run_id, owner, watch=watch)
         if isinstance(taken, Lease):
@@ -233,14 +235,16 @@ def _take_lease(run_id: str, store: RunStore, owner: str | None, wait: bool, sle
         if (found := _stored_record(store, run_id)) is not None:
             return "unreadable" if isinstance(found, _Unreadable) else "reused"
         assert isinstance(taken, Holder)
-        print(f"{run_id}: {taken.describe()}; waiting", flush=True)
+        if taken.owner != shown:
+            print(f"{run_id}: {taken.describe()}; waiting", flush=True)
+            shown = taken.owner
         sleep(min(max(taken.expires_in, 1.0), lease_seconds() / 10, 60.0))
         if (found := _stored_record(store, run_id)) is not None:
             return "unreadable" if isinstance(found, _Unreadable) else "reused"
 
 
-def _train_group_with_retries(configs: list[TrainConfig], store: RunStore, data_dir: Any, max_transient_failures: int,
-                              progress: bool, sleep: Callable[[float], None], settings: StepSettings) -> list[dict[str, Any]]:
+def _train_group_with_retries(configs: list[TrainConfig], store: RunStore, options: AttemptOptions,
+                              sleep: Callable[[float], None]) -> list[dict[str, Any]]:
     """Runs that share their steps (adaptune.train.group_loop): a transient failure counts against every one.
     A group that runs out of memory trains as two halves, in turn, down to runs alone (each run resumes
     from what it saved): group sizes are chosen from memory measured on other steps, not this one's."""
@@ -249,9 +253,9 @@ def _train_group_with_retries(configs: list[TrainConfig], store: RunStore, data_
 
     def train(works: list[RunDir], part: list[TrainConfig] = configs) -> list[dict[str, Any]]:
         try:
-            return train_group(part, [work.path for work in works], data_dir=data_dir, cache_dir=store.cache_dir(),
-                               progress=progress, on_state_saved=[work.sync for work in works], write_record=False,
-                               settings=settings)
+            return train_group(part, [work.path for work in works], data_dir=options.data_dir, cache_dir=store.cache_dir(),
+                               progress=options.progress, on_state_saved=[work.sync for work in works], write_record=False,
+                               settings=options.settings)
         except Exception as error:
             if len(part) == 1 or not is_out_of_memory(error):
                 raise
@@ -260,18 +264,17 @@ def _train_group_with_retries(configs: list[TrainConfig], store: RunStore, data_
               f"{len(part) - half}", flush=True)
         return train(works[:half], part[:half]) + train(works[half:], part[half:])
 
-    return _with_retries(configs, store, data_dir, max_transient_failures, sleep, train)
+    return _with_retries(configs, store, options.data_dir, options.max_transient_failures, sleep, train)
 
 
-def _train_with_retries(config: TrainConfig, store: RunStore, data_dir: Any, max_transient_failures: int, progress: bool,
-                        sleep: Callable[[float], None], settings: StepSettings) -> dict[str, Any]:
+def _train_with_retries(config: TrainConfig, store: RunStore, options: AttemptOptions, sleep: Callable[[float], None]) -> dict[str, Any]:
     trainer = load_trainer()
 
     def train(works: list[RunDir]) -> list[dict[str, Any]]:
-        return [trainer(config, data_dir=data_dir, out_dir=works[0].path, cache_dir=store.cache_dir(), progress=progress,
-                        on_state_saved=works[0].sync, write_record=False, settings=settings)]
+        return [trainer(config, data_dir=options.data_dir, out_dir=works[0].path, cache_dir=store.cache_dir(), progress=options.progress,
+                        on_state_saved=works[0].sync, write_record=False, settings=options.settings)]
 
-    return _with_retries([config], store, data_dir, max_transient_failures, sleep, train)[0]
+    return _with_retries([config], store, options.data_dir, options.max_transient_failures, sleep, train)[0]
 
 
 def _with_retries(configs: list[TrainConfig], store: RunStore, data_dir: Any, max_transient_failures: int,
@@ -305,6 +308,6 @@ def _with_retries(configs: list[TrainConfig], store: RunStore, data_dir: Any, ma
                     write_run_summary(work.path, record)  # the sweep's HParams view shows it failed
             for config, work, record in zip(configs, works, records, strict=True):
                 if (work.path / CHECKPOINT_DIR).is_dir():
-                    record["checkpoint_dir"] = store.url(RUNS_DIR, config.run_id, CHECKPOINT_DIR)
+                    record["checkpoint_dir"] = store.files.url(RUNS_DIR, config.run_id, CHECKPOINT_DIR)
                 work.sync()
             return records

@@ -7,10 +7,10 @@ backbone (the copy staged in the store, `make stage-models`; else the hub). A mi
 task with one line saying what to do, instead of recording every run as failed.
 
 For every run of the shard (adaptune.sweep.plan.Plan.shards):
-- a record in the store is reused (a failed one too, unless `retry_failed`; one that cannot be read is left
-  alone, unless `retry_unreadable`, which sets the file aside); a record made under
-  another data scheme (tasks.DATA_SCHEMES) is "stale": neither reused nor retrained, unless
-  `retrain_stale`;
+- a record in the store is reused (a failed one too, unless the retrain policy's `failed`; one that cannot be
+  read is left alone, unless its `unreadable`, which sets the file aside); a record made under
+  another data scheme (tasks.DATA_SCHEMES) is "stale": neither reused nor retrained, unless its
+  `stale` (adaptune.sweep.retrain.RetrainPolicy);
 - otherwise the run's lease is taken (adaptune.sweep.lease): a run another attempt is training is left for
   the end of the shard, then waited for (its record is reused) or taken over once its lease expires;
 - the run trains in its store directory, resuming from a saved state if a previous attempt left one;
@@ -32,10 +32,11 @@ from collections import Counter
 
 from adaptune.fused.settings import StepSettings
 from adaptune.sweep.device_sharing import RUNS_PER_GROUP_ENV, runs_per_group  # noqa: F401
-from adaptune.sweep.experiments import ExperimentSpec
 from adaptune.sweep.machine import TRAINER_ENV, ShardEnvironmentError, prepare_machine, start_deadline  # noqa: F401 (the shard's names)
 from adaptune.sweep.plan import plan
-from adaptune.sweep.run_attempt import run_in_store, train_runs  # noqa: F401 (one run in the store)
+from adaptune.sweep.retrain import RetrainPolicy
+from adaptune.sweep.run_attempt import AttemptOptions, run_in_store, train_runs  # noqa: F401 (one run in the store)
+from adaptune.sweep.spec import ExperimentSpec
 from adaptune.sweep.store import RunStore
 from adaptune.sweep.transient import BACKOFF_ENV, is_transient  # noqa: F401 (the retry rule's names)
 
@@ -45,12 +46,10 @@ def run_shard(
     shard_id: str,
     store: RunStore,
     data_dir: str | os.PathLike[str] | None = None,
-    retry_failed: bool = False,
+    policy: RetrainPolicy = RetrainPolicy(),
     progress: bool = False,
-    retrain_stale: bool = False,
     enforce_deadline: bool = False,
     group_size: int | None = None,
-    retry_unreadable: bool = False,
 ) -> Counter[str]:
     """Train every run of the shard that the store has no record of; returns counts by outcome
     (reused, stale, unreadable, ok, degenerate, failed, superseded, lost). With `enforce_deadline` (pipeline tasks) the
@@ -64,8 +63,7 @@ def run_shard(
     prepare_machine(store, backbones)
     # How every step of the shard computes: the accelerator preset's, under the task's or user's own variables.
     settings = StepSettings.from_environment(preset=spec.accelerator.step_settings)
-    options = dict(data_dir=data_dir, retry_failed=retry_failed, retrain_stale=retrain_stale, retry_unreadable=retry_unreadable,
-                   max_transient_failures=spec.retries, progress=progress, settings=settings)
+    options = AttemptOptions(data_dir=data_dir, policy=policy, max_transient_failures=spec.retries, progress=progress, settings=settings)
     fused = group_size or runs_per_group(spec.accelerator)
     by_run = train_runs(list(shard.runs), shard_id, store, options, fused)
     outcomes = Counter(by_run.values())

@@ -14,9 +14,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from adaptune.core.errors import UserError
 from adaptune.model.backbone import EMBEDDED_BACKBONE_NAMES
-from adaptune.sweep.experiments import ExperimentSpec
 from adaptune.sweep.plan import plan
+from adaptune.sweep.spec import ExperimentSpec
 from adaptune.sweep.store import MODELS_DIR, STAGED_MARKER, RunStore
 
 # What from_pretrained needs of a BERT checkpoint; the rest of a hub repo is other frameworks' copies.
@@ -24,7 +25,7 @@ WEIGHT_PATTERNS = ("config.json", "*.safetensors", "*.safetensors.index.json", "
                    "vocab.txt", "special_tokens_map.json")
 
 
-class StagingError(RuntimeError):
+class StagingError(UserError, RuntimeError):
     """A backbone cannot be staged; the message names it and what to pass instead."""
 
 
@@ -46,13 +47,13 @@ def stage_models(spec: ExperimentSpec, store: RunStore, sources: Mapping[str, st
         raise StagingError(f"{unknown} are not hub backbones of experiment {spec.name!r}: it uses {hub_backbones(spec) or 'none'}")
     staged = []
     for name in hub_backbones(spec):
-        marker = store.read_json(MODELS_DIR, name, STAGED_MARKER)
+        marker = store.files.read_json(MODELS_DIR, name, STAGED_MARKER)
         if marker is not None and not force:
-            staged.append({"name": name, "bytes": marker["bytes"], "action": "already staged", "where": store.url(MODELS_DIR, name)})
+            staged.append({"name": name, "bytes": marker["bytes"], "action": "already staged", "where": store.files.url(MODELS_DIR, name)})
             continue
         source = Path(sources[name]) if name in sources else _download(name)
         marker = store.stage_backbone(name, source)
-        staged.append({"name": name, "bytes": marker["bytes"], "action": f"staged from {source}", "where": store.url(MODELS_DIR, name)})
+        staged.append({"name": name, "bytes": marker["bytes"], "action": f"staged from {source}", "where": store.files.url(MODELS_DIR, name)})
     return staged
 
 

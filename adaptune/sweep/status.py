@@ -15,9 +15,9 @@ from typing import Any
 
 import pandas as pd
 
-from adaptune.sweep.experiments import ExperimentSpec
 from adaptune.sweep.lease import lease_number, lease_owner, lease_seconds, renewed_within
 from adaptune.sweep.plan import Plan, plan
+from adaptune.sweep.spec import ExperimentSpec
 from adaptune.sweep.status_cache import record_summaries
 from adaptune.sweep.store import RECORD_FILE, RUNS_DIR, STATE_FILE, RunStore
 from adaptune.sweep.throughput import accelerator_hours, measure_on
@@ -91,11 +91,11 @@ def sweep_status(spec: ExperimentSpec, store: RunStore, now: float | None = None
     lease_files = {run.run_id: number for run in planned.runs if run.run_id not in records and run.run_id not in unreadable
                    and (number := lease_number(files.get(run.run_id, ()))) is not None}
     bad_leases: dict[tuple[str, ...], str] = {}
-    leases = {parts[1]: lease for parts, lease in store.read_json_many(
+    leases = {parts[1]: lease for parts, lease in store.files.read_json_many(
         ((RUNS_DIR, run_id, f"lease-{number}.json") for run_id, number in lease_files.items()), bad_leases).items()}
     leases.update({parts[1]: {"unreadable": reason} for parts, reason in bad_leases.items()})
     leases = {run_id: lease if isinstance(lease, dict) else {"unreadable": "not an object"} for run_id, lease in leases.items()}
-    written = {parts[1]: stamp for parts, stamp in store.modified_times(
+    written = {parts[1]: stamp for parts, stamp in store.files.modified_times(
         (RUNS_DIR, run_id, f"lease-{number}.json") for run_id, number in lease_files.items() if run_id in leases).items()}
 
     states, running, interrupted = {}, [], 0

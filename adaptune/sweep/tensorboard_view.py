@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from adaptune.core.run_files import EVENTS_DIR
-from adaptune.sweep.experiments import ExperimentSpec
 from adaptune.sweep.plan import plan
+from adaptune.sweep.spec import ExperimentSpec
 from adaptune.sweep.store import RUNS_DIR, RunStore
 from adaptune.train.config import TrainConfig, method_label
 from adaptune.train.event_log import SCORE_TAGS, SESSION_STATUS, SUMMARY_FILE, run_hparams, write_events
@@ -55,7 +55,7 @@ class SweepView:
             shutil.rmtree(self.view_dir)
         self.view_dir.mkdir(parents=True)
         write_experiment(self.view_dir / EXPERIMENT_FILE, self.spec, self.runs)
-        if self.store.is_local:
+        if self.store.files.is_local:
             for run_id, label in self.labels.items():
                 events = Path(self.store.root) / RUNS_DIR / run_id / EVENTS_DIR
                 if self.curves:
@@ -69,10 +69,10 @@ class SweepView:
 
     def mirror(self) -> int:
         """A bucket store: copy the event files that changed since the last call; returns runs with events."""
-        if self.store.is_local:
+        if self.store.files.is_local:
             return self._with_events()
         with_events = set()
-        for path, version in self.store.file_versions(RUNS_DIR).items():
+        for path, version in self.store.files.file_versions(RUNS_DIR).items():
             parts = path.split("/")
             if (len(parts) != 3 or parts[1] != EVENTS_DIR or parts[0] not in self.labels or "tfevents" not in parts[2]
                     or (not self.curves and parts[2] != SUMMARY_FILE)):
@@ -81,7 +81,7 @@ class SweepView:
             if self._mirrored.get(path) != version:
                 target = self.view_dir / self.labels[parts[0]] / parts[2]
                 target.parent.mkdir(parents=True, exist_ok=True)
-                self.store.get_file(target, RUNS_DIR, *parts)
+                self.store.files.get_file(target, RUNS_DIR, *parts)
                 self._mirrored[path] = version
         return len(with_events)
 

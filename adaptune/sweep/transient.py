@@ -8,7 +8,7 @@ import errno
 from adaptune.core import environment
 
 BACKOFF_ENV = "ADAPTUNE_RETRY_BACKOFF_S"
-DEFAULT_BACKOFF_S = environment.parse(BACKOFF_ENV, None)  # 30: the first wait; doubled each time, at most MAX_BACKOFF_S
+DEFAULT_BACKOFF_S = environment.DEFAULTS.retry_backoff_s  # 30: the first wait; doubled each time, at most MAX_BACKOFF_S
 MAX_BACKOFF_S = 600.0
 # Exception class names (anywhere in the MRO or the cause chain) that mean "try again later": the
 # requests/urllib3/http.client family, aiohttp (gcsfs), httpx (huggingface_hub), google-api-core.
@@ -29,7 +29,7 @@ TRANSIENT_HTTP_CODES = frozenset({408, 429, 500, 502, 503, 504})  # gcsfs HttpEr
 def backoff_s(failures: int) -> float:
     """The wait before the next attempt after `failures` transient failures: doubling from
     $ADAPTUNE_RETRY_BACKOFF_S (default DEFAULT_BACKOFF_S), at most MAX_BACKOFF_S."""
-    base = environment.read(BACKOFF_ENV)
+    base = environment.settings().retry_backoff_s
     return min(base * 2 ** (failures - 1), MAX_BACKOFF_S)
 
 

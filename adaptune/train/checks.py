@@ -11,13 +11,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from adaptune.core.errors import UserError
 from adaptune.data.tasks import get_task
 from adaptune.train.config import TrainConfig
 
 MAX_SEED = 2**32 - 1  # numpy's seed range, which transformers.set_seed also seeds
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A run configuration that cannot run; the message (one line) names the field and what to do."""
 
 

@@ -132,7 +132,8 @@ def preflight(config: TrainConfig, data_dir: Any = None, out_dir: Any = None) ->
     finished = record_in_run_dir(out, config.run_id)
     if finished is not None and finished.get("status") != "failed":
         return finished
-    from adaptune.data.loading import load_task_data, quiet_datasets, resolve_data_dir
+    from adaptune.data.loading import load_task_data
+    from adaptune.data.sources import quiet_datasets, resolve_data_dir
 
     root = resolve_data_dir(data_dir)
     with quiet_datasets():

@@ -30,7 +30,7 @@ def format_epoch(run_id: str, epochs: int, primary_metric: str, point: dict[str,
 
 def report_epoch(run_id: str, epochs: int, primary_metric: str, point: dict[str, Any], best_epoch: int | None) -> None:
     """Print `format_epoch(...)` on stderr now (flushed), unless ADAPTUNE_EPOCH_LINES=0."""
-    if not environment.read(ENV):
+    if not environment.settings().epoch_lines:
         return
     from tqdm.auto import tqdm
 

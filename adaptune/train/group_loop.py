@@ -7,7 +7,8 @@ Each run stays the run it would be alone (adaptune.train.loop), by construction:
 - each step takes one batch from each run's own seeded order, exactly the batch it would take alone;
   the loss is the sum of the runs' own mean losses, so each run's gradients are its own;
 - each run has its own AdamW, warmup-and-decay schedule, gradient clipping and finiteness check (the
-  solo trainer's own objects); a diverging run is recorded as failed and leaves the group;
+  solo trainer's own objects), and its own books (adaptune.train.run_book), kept by the epoch loop a run
+  alone trains with (adaptune.train.epochs); a diverging run is recorded as failed and leaves the group;
 - dropout masks come from each run's own generator, at its own shape (adaptune.fused.run_dropout);
 - each epoch's evaluation is one pass for every run (adaptune.train.evaluate.evaluate_runs), scored per
   run; each run writes the solo run's record, curve, state and compact checkpoint in its own directory.
@@ -43,24 +44,22 @@ from adaptune.model.methods import apply_method, method_from_dict
 from adaptune.model.params import count_parameters
 from adaptune.train import phase_times
 from adaptune.train.config import TrainConfig
+from adaptune.train.epochs import EpochDriver, Plan, StepCallback
 from adaptune.train.evaluate import evaluate_runs
+from adaptune.train.finite_guard import FiniteGuard, RunFailed, StepResult
 from adaptune.train.loop import (
-    Evaluator,
-    FiniteGuard,
-    RunFailed,
-    StepCallback,
-    StepResult,
-    _check_config,
-    _Run,
-    _seed_everything,
     adamw,
+    check_config,
     decayed_names,
     frozen_backbone_for_autocast,
     prepare_data,
     recorded_step_settings,
+    seed_everything,
 )
 from adaptune.train.record import record_in_run_dir, run_record, with_provenance
-from adaptune.train.state import load_state, resume_point
+from adaptune.train.run_book import Evaluator, RunBook
+from adaptune.train.run_data import RunData
+from adaptune.train.state import resume_point
 from adaptune.train.state_saves import StateSaves
 
 _PAD_VALUES = {"attention_mask": 0, "token_type_ids": 0}
@@ -84,7 +83,8 @@ def train_group(
 ) -> list[dict[str, Any]]:
     """Train these runs as one group, each in its own out dir; returns their records in order (also
     written to each out dir's record.json unless `write_record` is False). A finished record already in
-    a run's dir is returned as is, as the solo trainer does. Out of memory is raised for the caller."""
+    a run's dir is returned as is, as the solo trainer does. Out of memory is raised for the caller. `progress` is
+    taken as the solo trainer takes it; a group shows no progress bar."""
     settings = settings or StepSettings.from_environment()  # an entry point's: read once, passed down
     keys = {group_key(config) for config in configs}
     alone = len(configs) == 1 and trains_whole_model(configs[0])  # a group of one: nothing to share, a step to replay
@@ -108,25 +108,9 @@ def train_group(
     # Runs resumed at different steps cannot share a step, nor runs that keep different masks' schemes.
     for (_, kept), indices in by_resume_point.items():
         group = _Group([configs[i] for i in indices], [outs[i] for i in indices], [callbacks[i] for i in indices], kept)
-        for index, record in zip(indices, group.train(data_dir, cache_dir, progress, step_callback, write_record), strict=True):
+        for index, record in zip(indices, group.train(data_dir, cache_dir, step_callback, write_record), strict=True):
             records[index] = record
     return [records[index] for index in range(len(configs))]
-
-
-class _Member(_Run):
-    """One run of a group: the solo run's bookkeeping, with its tensors held in the group's model."""
-
-    params: dict[str, torch.nn.Parameter]
-    template: torch.nn.Module  # a solo-shaped model its checkpoint is written from
-
-    def _trained(self, model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
-        return self.params
-
-    def _checkpoint_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        with torch.no_grad():
-            for name, parameter in self.params.items():
-                self.template.get_parameter(name).copy_(parameter.detach().to(self.template.get_parameter(name).device))
-        return self.template
 
 
 def _models_as_alone(backbone: str | None, task_kind: str, num_labels: int, seeds: Sequence[int]) -> Iterator[torch.nn.Module]:
@@ -151,179 +135,152 @@ def _models_as_alone(backbone: str | None, task_kind: str, num_labels: int, seed
 
 
 class _Group:
+    """A fused group's runs, trained as one (an adaptune.train.epochs.Stepper): each step one forward and backward
+    through the shared backbone for all of them, each run's books its own (RunBook), as alone."""
+
+    drops_diverged = True  # a diverged run is recorded as failed and leaves; the others go on
+
     def __init__(self, configs: list[TrainConfig], outs: list[Path], callbacks: list[Callable[[], None] | None],
                  settings: StepSettings) -> None:
         for config in configs:
-            _check_config(config)
+            check_config(config)
         self.device: Device = pick_device()
         self.task = get_task(configs[0].task)
-        self.members = [
-            _Member(config, self.task, method_from_dict(config.method), self.device, out,
-                    run_record(config, self.task.primary_metric, self.device.name), callback)
+        self.runs = [
+            RunBook(config, self.task, method_from_dict(config.method), self.device, out,
+                    run_record(config, self.task.primary_metric, self.device.name), callback, settings)
             for config, out, callback in zip(configs, outs, callbacks, strict=True)
         ]
         self.settings = settings
-        for member in self.members:
-            member.settings = settings
-            member.record.update(group_size=len(self.members), **recorded_step_settings(settings))
+        for run in self.runs:
+            run.record.update(group_size=len(self.runs), **recorded_step_settings(settings))
         self.finished: dict[str, dict[str, Any]] = {}
         self.graphed: GraphedFusedStep | None = None
 
-    def train(self, data_dir: Any, cache_dir: Any, progress: bool, step_callback: StepCallback | None,
-              write_record: bool) -> list[dict[str, Any]]:
-        started = time.perf_counter()
-        order = [member.config.run_id for member in self.members]
-        for member in self.members:
-            with_provenance(member.record, data_dir)
+    def train(self, data_dir: Any, cache_dir: Any, step_callback: StepCallback | None, write_record: bool) -> list[dict[str, Any]]:
+        """Every run's record, in order (a run that diverged: its failed record)."""
+        self.started, self.write_record = time.perf_counter(), write_record
+        order = [run.config.run_id for run in self.runs]
+        for run in self.runs:
+            with_provenance(run.record, data_dir)
         try:
-            self._execute(data_dir, cache_dir, progress, step_callback, started, write_record)
+            setup_started = time.perf_counter()
+            saves = StateSaves()  # one decision for every run, so they stay at one step; a malformed setting fails before loading
+            total_steps = self._set_up(data_dir, cache_dir)
+            phase_times.add(self.sharing, "setup", time.perf_counter() - setup_started)
+            EpochDriver(self, saves, total_steps, show_progress=False, step_callback=step_callback).run()  # a group shows no bar
         except Exception as error:
             if is_out_of_memory(error):
                 release_memory(self.device)
             raise
-        self._record_graph_counts(self.members)
-        for member in self.members:
-            self.finished[member.config.run_id] = member.finish_record(started, write_record)
+        self._record_graph_counts(self.runs)
+        for run in self.runs:
+            self.finished[run.config.run_id] = run.finish_record(self.started, write_record)
         return [self.finished[run_id] for run_id in order]
 
-    def _record_graph_counts(self, members: Sequence[_Member]) -> None:
+    def _record_graph_counts(self, runs: Sequence[RunBook]) -> None:
         """The group's step-graph counts (GraphedFusedStep.counts, over the step objects it had) into these runs' records."""
         if self.graphed is not None:
-            for member in members:
-                member.record["step_graphs"] = self.graphed.counts()
+            for run in runs:
+                run.record["step_graphs"] = self.graphed.counts()
 
-    def _execute(self, data_dir: Any, cache_dir: Any, show_progress: bool, step_callback: StepCallback | None,
-                 started: float, write_record: bool) -> None:
-        first, device, task = self.members[0].config, self.device, self.task
-        setup_started = time.perf_counter()
-        saves = StateSaves()  # one decision for every run, so they stay at one step; a malformed setting fails before loading
-        _seed_everything(first.seed, device)
+    def _set_up(self, data_dir: Any, cache_dir: Any) -> int:
+        """The group's data, model and each run's training objects, resumed where the runs saved states; returns
+        how many steps each run takes in all."""
+        first, device = self.runs[0].config, self.device
+        seed_everything(first.seed, device)
         tokenizer = load_tokenizer(first.backbone)
-        data, companions = prepare_data(first, task, tokenizer, data_dir, cache_dir)
-        trained = []
-        models = _models_as_alone(first.backbone, task.kind, task.num_labels, [member.config.seed for member in self.members])
-        for member, model in zip(self.members, models, strict=True):  # each run's model starts exactly as it would alone
-            member.record.update(data_split=data.data_split, split_note=data.split_note, split_sizes=data.split_sizes)
-            member.companion_splits = companions
-            apply_method(model, member.method_cfg)
-            trained.append(trained_tensors(model))
-        counts, decayed = count_parameters(model), decayed_names(model)
-        template = copy.deepcopy(model)
-        model = group_model(model, trained, self.settings)
-        del trained
-        self.randomness = use_run_dropout(model, [dropout_stream(member.config.seed, device.torch_device, self.settings.dropout_masks)
-                                                  for member in self.members], self.settings)
+        data, companions = prepare_data(first, self.task, tokenizer, data_dir, cache_dir)
+        model, decayed, counts = self._group_model(data, companions)
+        self.randomness = use_run_dropout(model, [dropout_stream(run.config.seed, device.torch_device, self.settings.dropout_masks)
+                                                  for run in self.runs], self.settings)
         model.to(device.torch_device)
         backbone_fields = frozen_backbone_for_autocast(model, device.autocast_dtype)
         layer_norm = recorded_layer_norm(model)
-        steps_per_epoch = math.ceil(len(data.train_rows) / first.batch_size)
-        total_steps = steps_per_epoch * first.epochs
-        for member, params, generator in zip(self.members, run_parameters(model), self.randomness.streams, strict=True):
-            member.record.update(trained_params=counts.trained, total_params=counts.total, layer_norm=layer_norm,
-                                 **backbone_fields)
-            member.params, member.template, member.dropout = params, template, generator
-            member.optimizer = adamw(params, decayed, member.config.lr, member.config.weight_decay)
-            member.scheduler = get_linear_schedule_with_warmup(member.optimizer, int(first.warmup_fraction * total_steps), total_steps)
-            member.guard = FiniteGuard(device)
-            member.segment_started = time.perf_counter()
-        for member in self.members:
-            resumed = load_state(member.out, member.config.run_id, member.params, member.optimizer, member.scheduler, member.dropout)
-            if resumed is not None:
-                member.progress = resumed
-            member.curve_log.start(member.progress.global_step)
+        total_steps = math.ceil(len(data.train_rows) / first.batch_size) * first.epochs
+        for run, params, generator in zip(self.runs, run_parameters(model), self.randomness.streams, strict=True):
+            run.record.update(trained_params=counts.trained, total_params=counts.total, layer_norm=layer_norm, **backbone_fields)
+            run.params, run.dropout = params, generator
+            run.optimizer = adamw(params, decayed, run.config.lr, run.config.weight_decay)
+            run.scheduler = get_linear_schedule_with_warmup(run.optimizer, int(first.warmup_fraction * total_steps), total_steps)
+            run.guard = FiniteGuard(device)
+            run.segment_started = time.perf_counter()
+        for run in self.runs:
+            run.resume()
         self.model, self.collator, self.tokenizer = model, make_collator(tokenizer, pad_to_multiple_of=device.pad_multiple), tokenizer
-        self.forward = model
         self.graphed = self._graphed_step()
-        sharing = [member.progress for member in self.members]  # the group's phases are each run's
-        for member in self.members:
-            member.sharing = sharing
-        phase_times.add(sharing, "setup", time.perf_counter() - setup_started)
-        lengths = [len(row["input_ids"]) for row in data.train_rows]
-        while self.members and self.members[0].progress.epoch < first.epochs:
-            epoch, start = self.members[0].progress.epoch, self.members[0].progress.step_in_epoch
-            plans = [epoch_batches(lengths, first.batch_size, member.config.seed, epoch) for member in self.members]
-            model.train()
-            for step in range(start, len(plans[0])):
-                step_started = time.perf_counter()
-                self._step([plan[step] for plan in plans], data.train_rows)
-                failed = []
-                for index, member in enumerate(self.members):
-                    p = member.progress
-                    p.examples_trained += len(plans[index][step])
-                    p.global_step += 1
-                    p.step_in_epoch += 1
-                    every = member.config.checkpoint_every_steps
-                    member.saving = bool(every and p.global_step % every == 0 and p.step_in_epoch < len(plans[0]))
-                    if member.saving or p.step_in_epoch == len(plans[0]) or member.guard.due():
-                        try:
-                            member._check(member.guard, p)
-                        except RunFailed as failure:
-                            failed.append((index, failure))
-                elapsed = time.perf_counter() - step_started
-                for member in self.members:
-                    member.progress.train_time_s += elapsed
-                if failed:
-                    plans = self._drop(failed, plans, started, write_record)
-                if any(member.saving for member in self.members):
-                    with saves.saving():
-                        for member in self.members:
-                            if member.saving:
-                                member._save(model, member.optimizer, member.scheduler, member.segment_started)
-                if step_callback is not None and self.members:
-                    step_callback(self.members[0].progress.global_step)
-                if not self.members:
-                    return
-            evaluation = _FusedEvaluation(model, len(self.members), device, self.collator, sharing)
-            self.randomness.layout = None
-            for index, member in enumerate(self.members):
-                member._end_epoch(model, data, evaluation.for_run(index))
-            if saves.due_at_epoch_end(last_epoch=self.members[0].progress.epoch == first.epochs):
-                with saves.saving():
-                    for member in self.members:
-                        member._save(model, member.optimizer, member.scheduler, member.segment_started)
-        for member in self.members:
-            member._finish()
+        self.sharing = [run.progress for run in self.runs]  # the group's phases are each run's
+        for run in self.runs:
+            run.sharing = self.sharing
+        self.rows, self.lengths = data.train_rows, [len(row["input_ids"]) for row in data.train_rows]
+        return total_steps
+
+    def _group_model(self, data: RunData, companions: dict[str, Any]) -> tuple[torch.nn.Module, set[str], Any]:
+        """Each run's model started exactly as it would be alone, their trained tensors then stacked in one group
+        model; returns it, the names weight decay applies to and the parameter counts (a solo model's). Keeps a
+        solo-shaped copy (template) that each run's checkpoint is written from."""
+        first, trained = self.runs[0].config, []
+        models = _models_as_alone(first.backbone, self.task.kind, self.task.num_labels, [run.config.seed for run in self.runs])
+        for run, model in zip(self.runs, models, strict=True):
+            run.use_data(data, companions)
+            apply_method(model, run.method_cfg)
+            trained.append(trained_tensors(model))
+        counts, decayed = count_parameters(model), decayed_names(model)
+        self.template = copy.deepcopy(model)
+        return group_model(model, trained, self.settings), decayed, counts
 
     def _graphed_step(self, replacing: GraphedFusedStep | None = None) -> GraphedFusedStep | None:
         if not self.settings.step_graphs:
             return None
-        return GraphedFusedStep(self.forward, self.randomness, self.task.kind, self.device, run_losses, counted_from=replacing)
+        return GraphedFusedStep(self.model, self.randomness, self.task.kind, self.device, run_losses, counted_from=replacing)
 
-    def _step(self, batches: list[list[int]], rows: list[dict[str, Any]]) -> None:
-        inputs, labels, weights, layout = self._fused_batch(batches, rows)
+    def start_epoch(self, epoch: int) -> list[Plan]:
+        plans = [epoch_batches(self.lengths, run.config.batch_size, run.config.seed, epoch) for run in self.runs]
+        self.model.train()
+        return plans
+
+    def prepare(self, batches: list[list[int]]) -> list[list[int]]:
+        return batches  # collated and stacked within the timed step (step), as a group always was
+
+    def step(self, batches: list[list[int]]) -> list[StepResult]:
+        inputs, labels, weights, layout = self._fused_batch(batches)
         if self.graphed is not None:
-            results = self.graphed(inputs, labels, weights, layout, self.members)
-        else:
-            results = fused_step(self.forward, self.randomness, inputs, labels, weights, layout, self.task.kind, self.members, self.device)
-        for member, result in zip(self.members, results, strict=True):
-            member.guard.add(result)
+            return self.graphed(inputs, labels, weights, layout, self.runs)
+        return fused_step(self.model, self.randomness, inputs, labels, weights, layout, self.task.kind, self.runs, self.device)
 
-    def _fused_batch(self, batches: list[list[int]], rows: list[dict[str, Any]]
-                     ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor, RowLayout]:
+    def _fused_batch(self, batches: list[list[int]]) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor, RowLayout]:
         """The runs' batches, each collated as it would be alone, stacked (stack_run_batches)."""
-        per_run = [self.collator([rows[i] for i in batch]) for batch in batches]
+        per_run = [self.collator([self.rows[i] for i in batch]) for batch in batches]
         return stack_run_batches(per_run, self.tokenizer.pad_token_id or 0, self.device.torch_device)
 
-    def _drop(self, failed: list[tuple[int, RunFailed]], plans: list[list[list[int]]], started: float,
-              write_record: bool) -> list[list[list[int]]]:
+    def drop(self, failed: list[tuple[int, RunFailed]]) -> None:
         """Diverged runs are recorded as failed and leave the group; the others go on."""
         gone = {index for index, _ in failed}
-        self._record_graph_counts([self.members[index] for index, _ in failed])
+        self._record_graph_counts([self.runs[index] for index, _ in failed])
         for index, failure in failed:
-            member = self.members[index]
-            member.record.update(status="failed", reason=str(failure))
-            self.finished[member.config.run_id] = member.finish_record(started, write_record)
-            print(f"{member.config.run_id}: {failure}; it leaves its group, the others go on", flush=True)
-        kept = [index for index in range(len(self.members)) if index not in gone]
+            run = self.runs[index]
+            run.record.update(status="failed", reason=str(failure))
+            self.finished[run.config.run_id] = run.finish_record(self.started, self.write_record)
+            print(f"{run.config.run_id}: {failure}; it leaves its group, the others go on", flush=True)
+        kept = [index for index in range(len(self.runs)) if index not in gone]
         keep_runs(self.model, kept)
         self.randomness.keep(kept)
-        self.members = [self.members[index] for index in kept]
-        for member, params in zip(self.members, run_parameters(self.model), strict=True):
-            member.params = params
+        self.runs = [self.runs[index] for index in kept]
+        for run, params in zip(self.runs, run_parameters(self.model), strict=True):
+            run.params = params
         if self.graphed is not None:  # its graphs hold the old stacks
             self.graphed = self._graphed_step(replacing=self.graphed)
-        return [plans[index] for index in kept]
 
+    def evaluators(self) -> list[Evaluator]:
+        evaluation = _FusedEvaluation(self.model, len(self.runs), self.device, self.collator, self.sharing)
+        self.randomness.layout = None
+        return [evaluation.for_run(index) for index in range(len(self.runs))]
+
+    def checkpoint_model(self, run: RunBook) -> torch.nn.Module:
+        with torch.no_grad():
+            for name, parameter in run.params.items():
+                self.template.get_parameter(name).copy_(parameter.detach().to(self.template.get_parameter(name).device))
+        return self.template
 
 def stack_run_batches(per_run: list[dict[str, torch.Tensor]], pad_token_id: int, target: Any
                       ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor, RowLayout]:

@@ -9,6 +9,10 @@ adaptune.train.state_saves allows, never after the last) and every `checkpoint_e
 preempted run restarted with the same out dir resumes and ends with the same result. A diverging run
 comes back as a record with status "failed"; out of memory is raised for the caller
 (adaptune.sweep.shard_runner) to retry, as it is transient on a shared device.
+
+The epochs are adaptune.train.epochs' (the loop a fused group trains with too) and the run's books
+adaptune.train.run_book's; what is a run alone's own is here: its setup and its step (SoloSteps,
+training_step), and the setup helpers a fused group (adaptune.train.group_loop) shares.
 """
 
 from __future__ import annotations
@@ -22,13 +26,10 @@ from typing import Any
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup, set_seed
 from transformers.trainer_pt_utils import get_parameter_names
 
 from adaptune.core.devices import Device, is_out_of_memory, pick_device, release_memory
-from adaptune.core.files import write_json
-from adaptune.core.run_files import CHECKPOINT_DIR, PREDICTIONS_FILE, RECORD_FILE
 from adaptune.data.batching import epoch_batches, iterate_batches, make_collator
 from adaptune.data.tasks import Task, get_task, scored_companions
 from adaptune.fused.frozen_projections import stack_frozen_projections
@@ -36,27 +37,18 @@ from adaptune.fused.run_dropout import dropout_stream, use_run_dropout
 from adaptune.fused.run_groups import recorded_layer_norm
 from adaptune.fused.settings import StepSettings
 from adaptune.model.backbone import load_model, load_tokenizer
-from adaptune.model.checkpoint import save_task_checkpoint
 from adaptune.model.methods import apply_method, method_from_dict
 from adaptune.model.params import count_parameters
 from adaptune.train import phase_times
 from adaptune.train.config import TrainConfig
-from adaptune.train.epoch_log import report_epoch
+from adaptune.train.epochs import EpochDriver, Plan, StepCallback
 from adaptune.train.evaluate import EvalResult, EvalSplit, evaluate_split
-from adaptune.train.event_log import CurveLog, write_run_summary
+from adaptune.train.finite_guard import SYNC_EVERY_STEPS, FiniteGuard, RunFailed, StepResult  # noqa: F401 (SYNC_EVERY_STEPS: read here by tests)
 from adaptune.train.record import record_in_run_dir, run_record, with_provenance
+from adaptune.train.run_book import Evaluator, RunBook
 from adaptune.train.run_data import RunData, prepare_run_data
-from adaptune.train.state import Progress, load_state, remove_state, resume_point, save_state, trained_parameters
+from adaptune.train.state import resume_point, trained_parameters
 from adaptune.train.state_saves import StateSaves
-
-StepCallback = Callable[[int], None]
-Evaluator = Callable[[Task, EvalSplit], EvalResult]  # one run's scores on a split
-# On a GPU or TPU, read the steps' losses back this often: a read waits for every queued kernel.
-SYNC_EVERY_STEPS = 50
-
-
-class RunFailed(Exception):
-    """The run cannot go on (non-finite loss or gradients); becomes a "failed" record, not a crash."""
 
 
 def train_and_evaluate(
@@ -93,12 +85,16 @@ def train_and_evaluate(
 
     task = get_task(config.task)
     method_cfg = method_from_dict(config.method)
-    _check_config(config)
+    check_config(config)
     device = pick_device()
     record = with_provenance(run_record(config, task.primary_metric, device.name), data_dir)  # filled in as the run goes
-    run = _Run(config, task, method_cfg, device, out, record, on_state_saved, settings)
+    run = RunBook(config, task, method_cfg, device, out, record, on_state_saved, settings)
     try:
-        run.execute(data_dir, cache_dir, progress, step_callback)
+        setup_started = time.perf_counter()
+        saves = StateSaves()  # a malformed $ADAPTUNE_STATE_EVERY_S fails here, before anything loads
+        steps, total_steps = SoloSteps.set_up(run, data_dir, cache_dir)
+        phase_times.add(run.phase_owners(), "setup", time.perf_counter() - setup_started)
+        EpochDriver(steps, saves, total_steps, progress, step_callback).run()
     except RunFailed as failure:
         record.update(status="failed", reason=str(failure))
     except Exception as error:
@@ -108,199 +104,76 @@ def train_and_evaluate(
     return run.finish_record(started, write_record)
 
 
-class _Run:
-    """The state of one run while it trains: kept on an object so a failure can still report it."""
+class SoloSteps:
+    """A run alone's steps (an adaptune.train.epochs.Stepper): its own model, optimizer and batches. A diverged
+    run ends here: train_and_evaluate records it as failed."""
 
-    def __init__(self, config: TrainConfig, task: Task, method_cfg: Any, device: Device, out: Path, record: dict[str, Any],
-                 on_state_saved: Callable[[], None] | None = None, settings: StepSettings = StepSettings()) -> None:
-        self.config, self.task, self.method_cfg, self.device, self.out, self.record = config, task, method_cfg, device, out, record
-        self.settings = settings  # as given; a resumed run's masks' scheme is its own (execute)
-        self.on_state_saved = on_state_saved
-        self.progress = Progress()
-        self.curve_log = CurveLog(out)  # TensorBoard's view of the curve, beside the record's
-        self.sharing: list[Progress] | None = None  # a fused group's runs' progress: its phases are theirs too
+    drops_diverged = False
 
-    def _phase_owners(self) -> list[Progress]:
-        return self.sharing if self.sharing is not None else [self.progress]
+    def __init__(self, run: RunBook, model: nn.Module, rows: list[dict[str, Any]], collator: Any) -> None:
+        self.runs = [run]
+        self.model, self.rows, self.collator = model, rows, collator
+        self.lengths = [len(row["input_ids"]) for row in rows]
+        self.trainable = [p for p in model.parameters() if p.requires_grad]
 
-    def finish_record(self, started: float, write_record: bool) -> dict[str, Any]:
-        """Wall time and curve into the record, written unless the store publishes it; a finished run's state removed."""
-        self.record["wall_time_s"] = self.progress.elapsed_s + (time.perf_counter() - started)
-        self.record["time_s"] = phase_times.recorded(self.progress)
-        self.record["curve"] = self.progress.curve
-        self.curve_log.close()
-        write_run_summary(self.out, self.record)
-        if write_record:
-            write_json(self.out / RECORD_FILE, self.record)
-        if self.record["status"] != "failed":
-            remove_state(self.out)
-        return self.record
-
-    def execute(self, data_dir: Any, cache_dir: Any, show_progress: bool, step_callback: StepCallback | None) -> None:
-        config, task, device = self.config, self.task, self.device
-        setup_started = time.perf_counter()
-        saves = StateSaves()  # a malformed $ADAPTUNE_STATE_EVERY_S fails here, before anything loads
-        _seed_everything(config.seed, device)
+    @classmethod
+    def set_up(cls, run: RunBook, data_dir: Any, cache_dir: Any) -> tuple[SoloSteps, int]:
+        """The run's data, model and training objects, seeded as always and resumed where it saved a state;
+        returns its steps and how many steps it takes in all."""
+        config, task, device, record = run.config, run.task, run.device, run.record
+        seed_everything(config.seed, device)
         tokenizer = load_tokenizer(config.backbone)
-        data, self.companion_splits = prepare_data(config, task, tokenizer, data_dir, cache_dir)
-        self.record.update(data_split=data.data_split, split_note=data.split_note, split_sizes=data.split_sizes)
+        data, companions = prepare_data(config, task, tokenizer, data_dir, cache_dir)
+        run.use_data(data, companions)
         model = load_model(config.backbone, task.kind, task.num_labels)
-        apply_method(model, self.method_cfg)
-        self.settings = settings = resume_point(self.out, self.settings)[1]  # a resumed run keeps its own masks' scheme
-        self.record.update(recorded_step_settings(settings, compile="eager"))  # step graphs are a fused group's
-        self.dropout = dropout_stream(config.seed, device.torch_device, settings.dropout_masks)
-        use_run_dropout(model, [self.dropout], settings)
+        apply_method(model, run.method_cfg)
+        run.settings = settings = resume_point(run.out, run.settings)[1]  # a resumed run keeps its own masks' scheme
+        record.update(recorded_step_settings(settings, compile="eager"))  # step graphs are a fused group's
+        run.dropout = dropout_stream(config.seed, device.torch_device, settings.dropout_masks)
+        use_run_dropout(model, [run.dropout], settings)
         model.to(device.torch_device)
-        self.record.update(frozen_backbone_for_autocast(model, device.autocast_dtype))
-        self.record["layer_norm"] = recorded_layer_norm(model)  # "torch": a run alone has torch's LayerNorms
+        record.update(frozen_backbone_for_autocast(model, device.autocast_dtype))
+        record["layer_norm"] = recorded_layer_norm(model)  # "torch": a run alone has torch's LayerNorms
         counts = count_parameters(model)
-        self.record.update(trained_params=counts.trained, total_params=counts.total)
+        record.update(trained_params=counts.trained, total_params=counts.total)
 
-        steps_per_epoch = math.ceil(len(data.train_rows) / config.batch_size)
-        total_steps = steps_per_epoch * config.epochs
-        optimizer = _adamw(model, config.lr, config.weight_decay)
-        scheduler = get_linear_schedule_with_warmup(optimizer, int(config.warmup_fraction * total_steps), total_steps)
-        resumed = load_state(self.out, config.run_id, trained_parameters(model), optimizer, scheduler, self.dropout)
-        if resumed is not None:
-            self.progress = resumed
-        self.scheduler = scheduler
-        self.curve_log.start(self.progress.global_step)
-        collator = make_collator(tokenizer, pad_to_multiple_of=device.pad_multiple)
-        lengths = [len(row["input_ids"]) for row in data.train_rows]
-        segment_started = time.perf_counter()
-        trainable = [p for p in model.parameters() if p.requires_grad]
-        guard = FiniteGuard(device)
-        phase_times.add([self.progress], "setup", time.perf_counter() - setup_started)
+        total_steps = math.ceil(len(data.train_rows) / config.batch_size) * config.epochs
+        run.params = trained_parameters(model)
+        run.optimizer = model_adamw(model, config.lr, config.weight_decay)
+        run.scheduler = get_linear_schedule_with_warmup(run.optimizer, int(config.warmup_fraction * total_steps), total_steps)
+        run.resume()
+        steps = cls(run, model, data.train_rows, make_collator(tokenizer, pad_to_multiple_of=device.pad_multiple))
+        run.segment_started = time.perf_counter()
+        run.guard = FiniteGuard(device)
+        return steps, total_steps
 
-        bar = tqdm(total=total_steps, initial=self.progress.global_step, desc=config.run_id, disable=not show_progress, leave=False)
-        try:
-            while self.progress.epoch < config.epochs:
-                p = self.progress
-                batches = epoch_batches(lengths, config.batch_size, config.seed, p.epoch)
-                model.train()
-                for batch_rows, batch in zip(
-                    batches[p.step_in_epoch :], iterate_batches(data.train_rows, batches[p.step_in_epoch :], collator, device.torch_device)
-                ):
-                    step_started = time.perf_counter()
-                    guard.add(self._step(model, batch, optimizer, scheduler, trainable))
-                    p.examples_trained += len(batch_rows)
-                    p.global_step += 1
-                    p.step_in_epoch += 1
-                    every = config.checkpoint_every_steps
-                    saving = bool(every and p.global_step % every == 0 and p.step_in_epoch < len(batches))
-                    if saving or p.step_in_epoch == len(batches) or guard.due():
-                        self._check(guard, p)  # waits for the device: inside the timed step, so train time stays honest
-                        bar.set_postfix(epoch=p.epoch + 1, loss=f"{guard.last_loss:.4f}", **_last_validation(p.curve, self.task.primary_metric))
-                    p.train_time_s += time.perf_counter() - step_started
-                    bar.update(1)
-                    if saving:
-                        with saves.saving():
-                            self._save(model, optimizer, scheduler, segment_started)
-                    if step_callback is not None:
-                        step_callback(p.global_step)
-                self._end_epoch(model, data, self._evaluator(model, collator))
-                if saves.due_at_epoch_end(last_epoch=p.epoch == config.epochs):
-                    with saves.saving():
-                        self._save(model, optimizer, scheduler, segment_started)
-        finally:
-            bar.close()
-        self._finish()
+    def start_epoch(self, epoch: int) -> list[Plan]:
+        config = self.runs[0].config
+        batches = epoch_batches(self.lengths, config.batch_size, config.seed, epoch)
+        self.model.train()
+        return [batches]
 
-    def _step(self, forward: Callable[..., Any], batch: dict[str, torch.Tensor], optimizer: Any, scheduler: Any,
-              trainable: list[nn.Parameter]) -> StepResult:
-        return training_step(forward, batch, optimizer, scheduler, trainable, self.device, self.config.max_grad_norm)
+    def prepare(self, batches: list[list[int]]) -> dict[str, torch.Tensor]:
+        """The run's one batch, padded, on the device (collated outside the timed step, as it always was)."""
+        return next(iterate_batches(self.rows, batches, self.collator, self.runs[0].device.torch_device))
 
-    def _check(self, guard: FiniteGuard, p: Progress) -> None:
-        """Fold the steps since the last check into the epoch's loss; a non-finite one fails the run."""
-        try:
-            total, steps = guard.collect(first_step=p.global_step - guard.pending + 1)
-        except RunFailed as failure:
-            raise RunFailed(f"{failure} (epoch {p.epoch + 1}, lr {self.config.lr:g}): the learning rate is likely too high") from None
-        p.epoch_loss_sum += total
-        p.epoch_loss_steps += steps
-        if steps:
-            self.curve_log.train_step(p.global_step, total / steps, float(self.scheduler.get_last_lr()[0]))  # a tensor under step graphs
+    def step(self, batch: dict[str, torch.Tensor]) -> list[StepResult]:
+        run = self.runs[0]
+        return [training_step(self.model, batch, run.optimizer, run.scheduler, self.trainable, run.device, run.config.max_grad_norm)]
 
-    def _evaluator(self, model: nn.Module, collator: Any) -> Evaluator:
-        def evaluate(task: Task, split: EvalSplit) -> EvalResult:
-            with phase_times.timed(self._phase_owners(), "evaluation"):
-                return evaluate_split(model, task, split, self.device, collator)
+    def drop(self, failed: list[tuple[int, RunFailed]]) -> None:
+        raise failed[0][1]  # never asked (drops_diverged is False): a run alone cannot go on without itself
 
-        return evaluate
+    def evaluators(self) -> list[Evaluator]:
+        return [self._evaluate]
 
-    def _end_epoch(self, model: nn.Module, data: RunData, evaluate: Evaluator) -> None:
-        """Record the epoch's validation (and at the last epoch: test, companions, checkpoint); `evaluate`
-        scores this run's model on a split, `model` holds this run's trained tensors under solo names."""
-        p, config = self.progress, self.config
-        validation = evaluate(self.task, data.eval_splits["validation"])
-        p.curve.append(
-            {
-                "epoch": p.epoch + 1,
-                "step": p.global_step,
-                "train_loss": p.epoch_loss_sum / max(p.epoch_loss_steps, 1),
-                "val_metrics": _finite_or_none(validation.metrics),
-            }
-        )
-        self.curve_log.epoch(p.global_step, p.epoch + 1, p.curve[-1]["train_loss"], p.curve[-1]["val_metrics"])
-        value = _selection_value(validation, self.task.primary_metric)
-        if p.best_value is None or value > p.best_value:  # kept for the record; the result is the final epoch's
-            p.best_epoch, p.best_value = p.epoch + 1, value
-        if p.epoch + 1 == config.epochs:  # as the official code: train N epochs, evaluate the final model
-            p.final_val_metrics = _finite_or_none(validation.metrics)
-            p.final_predicted_classes = validation.predicted_classes
-            test = data.eval_splits.get("test")
-            p.final_test_metrics = _finite_or_none(evaluate(self.task, test).metrics) if test else {}
-            p.final_companions = {
-                name: {"val_metrics": p.final_val_metrics,
-                       "test_metrics": _finite_or_none(evaluate(get_task(name), split).metrics),
-                       "split_sizes": {**self.record["split_sizes"], "test": len(split.rows)}}
-                for name, split in self.companion_splits.items()
-            }
-            if validation.predictions is not None:  # SQuAD: the official evaluate-v1.1.py's prediction file
-                write_json(self.out / PREDICTIONS_FILE, validation.predictions, sort_keys=False)
-            metadata = {"run_id": config.run_id, "task": self.task.name, "epoch": config.epochs, "best_epoch": p.best_epoch,
-                        "config": config.to_dict(), "data_split": self.record["data_split"]}
-            with phase_times.timed(self._phase_owners(), "saving"):
-                save_task_checkpoint(self._checkpoint_model(model), self.method_cfg, config.backbone, self.out / CHECKPOINT_DIR, metadata=metadata)
-        report_epoch(config.run_id, config.epochs, self.task.primary_metric, p.curve[-1], p.best_epoch)
-        p.epoch += 1
-        p.step_in_epoch = 0
-        p.epoch_loss_sum, p.epoch_loss_steps = 0.0, 0
+    def _evaluate(self, task: Task, split: EvalSplit) -> EvalResult:
+        run = self.runs[0]
+        with phase_times.timed(run.phase_owners(), "evaluation"):
+            return evaluate_split(self.model, task, split, run.device, self.collator)
 
-    def _trained(self, model: nn.Module) -> dict[str, nn.Parameter]:
-        return trained_parameters(model)
-
-    def _checkpoint_model(self, model: nn.Module) -> nn.Module:
-        return model
-
-    def _save(self, model: nn.Module, optimizer: Any, scheduler: Any, segment_started: float) -> None:
-        # Saved wall time = earlier attempts + this one so far; resumed, the record adds the rest.
-        elapsed_before = self.progress.elapsed_s
-        self.progress.elapsed_s = elapsed_before + (time.perf_counter() - segment_started)
-        with phase_times.timed(self._phase_owners(), "saving"):
-            save_state(self.out, self.config.run_id, self._trained(model), optimizer, scheduler, self.progress, self.dropout)
-            self.curve_log.flush()
-        self.progress.elapsed_s = elapsed_before
-        if self.on_state_saved is not None:
-            self.on_state_saved()
-
-    def _finish(self) -> None:
-        p, record = self.progress, self.record
-        record.update(
-            best_epoch=p.best_epoch,
-            val_metrics=p.final_val_metrics,
-            test_metrics=p.final_test_metrics,
-            companions=p.final_companions,
-            train_examples_per_s=p.examples_trained / p.train_time_s if p.train_time_s > 0 else None,
-            checkpoint_dir=str(self.out / CHECKPOINT_DIR),
-        )
-        if p.final_predicted_classes == 1 and self.task.num_labels > 1:
-            final = p.final_val_metrics.get(self.task.primary_metric)
-            record.update(
-                status="degenerate",
-                reason=f"validation predictions at the final epoch ({self.config.epochs}) are all one class "
-                f"({self.task.primary_metric} {final if final is None else f'{final:g}'}); compare other seeds and learning rates",
-            )
+    def checkpoint_model(self, run: RunBook) -> nn.Module:
+        return self.model
 
 
 def prepare_data(config: TrainConfig, task: Task, tokenizer: Any, data_dir: Any, cache_dir: Any) -> tuple[RunData, dict[str, EvalSplit]]:
@@ -318,9 +191,6 @@ def prepare_data(config: TrainConfig, task: Task, tokenizer: Any, data_dir: Any,
         for name in scored_companions(task.name)
     }
     return data, companions
-
-
-StepResult = tuple[torch.Tensor, torch.Tensor]  # (loss, gradient norm), still on the device
 
 
 def training_step(
@@ -347,47 +217,8 @@ def training_step(
     return loss.detach(), grad_norm
 
 
-class FiniteGuard:
-    """Loss and gradient-norm checks without a host sync per step: results stay on the device and are
-    read every `every` steps (every step on the CPU, where reading costs nothing)."""
-
-    def __init__(self, device: Device, every: int | None = None) -> None:
-        self.every = every or (1 if device.kind == "cpu" else SYNC_EVERY_STEPS)
-        self.results: list[StepResult] = []
-        self.last_loss = math.nan
-
-    @property
-    def pending(self) -> int:
-        return len(self.results)
-
-    def add(self, result: StepResult) -> None:
-        self.results.append(result)
-
-    def due(self) -> bool:
-        return len(self.results) >= self.every
-
-    def collect(self, first_step: int) -> tuple[float, int]:
-        """(sum of the losses, number of steps) since the last call; RunFailed names the first bad step."""
-        if not self.results:
-            return 0.0, 0
-        values = torch.stack([torch.stack([loss.float(), norm.float()]) for loss, norm in self.results]).cpu()
-        self.results = []
-        for offset, (loss, norm) in enumerate(values.tolist()):
-            if not math.isfinite(loss):
-                raise RunFailed(f"non-finite training loss ({loss}) at step {first_step + offset}")
-            if not math.isfinite(norm):
-                raise RunFailed(f"non-finite gradient norm ({norm}) at step {first_step + offset}")
-        self.last_loss = float(values[-1, 0])
-        return float(values[:, 0].sum()), len(values)
-
-
-def _last_validation(curve: list[dict[str, Any]], metric: str) -> dict[str, str]:
-    """The progress bar's note of the last finished epoch's validation score (none before the first)."""
-    value = (curve[-1].get("val_metrics") or {}).get(metric) if curve else None
-    return {f"val_{metric}": f"{value:.4f}"} if value is not None else {}
-
-
-def _check_config(config: TrainConfig) -> None:
+def check_config(config: TrainConfig) -> None:
+    """A config's values that no run could train with, all named in one ValueError, before anything loads."""
     problems = []
     if config.epochs < 1:
         problems.append(f"epochs must be >= 1, got {config.epochs}")
@@ -403,7 +234,8 @@ def _check_config(config: TrainConfig) -> None:
         raise ValueError(f"invalid TrainConfig for {config.run_id}: " + "; ".join(problems))
 
 
-def _seed_everything(seed: int, device: Device) -> None:
+def seed_everything(seed: int, device: Device) -> None:
+    """Seed every generator a run draws from; on CUDA, deterministic kernels from the first call on."""
     if device.kind == "cuda":
         # cuBLAS needs this before its first call to be deterministic; then only deterministic kernels.
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -411,7 +243,8 @@ def _seed_everything(seed: int, device: Device) -> None:
     set_seed(seed)
 
 
-def _adamw(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
+def model_adamw(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """A run alone's AdamW: over its model's trained tensors, decayed as BERT decays them (decayed_names)."""
     return adamw(trained_parameters(model), decayed_names(model), lr, weight_decay)
 
 
@@ -452,15 +285,3 @@ def keep_frozen_matmuls_in(model: nn.Module, dtype: torch.dtype) -> None:
     for module in model.modules():
         if isinstance(module, nn.Linear) and not any(p.requires_grad for p in module.parameters(recurse=False)):
             module.to(dtype)
-
-
-def _selection_value(result: EvalResult, metric: str) -> float:
-    if metric not in result.metrics:
-        raise KeyError(f"evaluation gave {sorted(result.metrics)} but the task selects by {metric!r}")
-    value = float(result.metrics[metric])
-    return value if math.isfinite(value) else -math.inf  # e.g. a correlation of constant predictions
-
-
-def _finite_or_none(metrics: dict[str, Any]) -> dict[str, float | None]:
-    """JSON has no NaN: undefined metrics (constant predictions) become null."""
-    return {name: (float(v) if v is not None and math.isfinite(float(v)) else None) for name, v in metrics.items()}

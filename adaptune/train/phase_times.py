@@ -1,6 +1,6 @@
 """Where a run's wall time goes, by phase, for its record's `time_s`: so a slow shard says whether its hours
 went to training steps or to what surrounds them (loading, evaluation, saving state), which a fused group's
-step figures cannot show (bench/gpu.json: a group's step was 7.8x faster than one run's, its shard 2.8x).
+step figures cannot show (a group's step gains far more over one run's than its shard does: bench/LOG.md).
 
 - "setup": from the start of an attempt to its first step: data, tokenizer, model, grouping, resuming;
 - "steps": the training steps, their finiteness checks included (Progress.train_time_s: on a GPU the checks

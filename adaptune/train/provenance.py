@@ -31,7 +31,7 @@ def provenance(task: str, data_dir: str | os.PathLike[str] | None) -> dict[str, 
 
     return {
         "code_version": code_version(),
-        "image": environment.given("ADAPTUNE_IMAGE"),  # None outside a pipeline task, as records have it
+        "image": environment.settings().image or None,  # None outside a pipeline task, as records have it
         "packages": package_versions(),
         "python": platform.python_version(),
         "host": socket.gethostname(),
@@ -44,7 +44,7 @@ def provenance(task: str, data_dir: str | os.PathLike[str] | None) -> dict[str, 
 @functools.cache
 def code_version() -> str:
     """$ADAPTUNE_CODE_VERSION (the images'), else `git describe` of this source tree, else "unknown"."""
-    if version := environment.read(CODE_VERSION_ENV):
+    if version := environment.settings().code_version:
         return version
     try:
         described = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=12"], cwd=_REPO_ROOT,
@@ -95,7 +95,7 @@ def nvidia_driver() -> str | None:
 @functools.cache
 def data_files_sha256(task: str, data_dir: str | None) -> dict[str, Any]:
     """sha256 of each of the task's source files in the local mirror; the hub dataset id without one."""
-    from adaptune.data.loading import resolve_data_dir
+    from adaptune.data.sources import resolve_data_dir
     from adaptune.data.tasks import get_task
 
     spec = get_task(task)

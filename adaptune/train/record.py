@@ -13,6 +13,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from adaptune.core.errors import UserError
 from adaptune.core.files import atomic_write
 from adaptune.core.run_files import RECORD_FILE, TRACEBACK_FILE
 from adaptune.data.tasks import STANDARD_SPLIT, data_scheme, get_task
@@ -55,7 +56,7 @@ def run_record(config: TrainConfig, primary_metric: str, device: str | None = No
         "device": device,
         "checkpoint_dir": None,
         "group_size": 1,  # runs that shared its forward passes (adaptune.train.group_loop); its result is the same
-        # The split scheme the run's data follows (adaptune.data.loading.TaskData): "standard" (the task's own
+        # The split scheme the run's data follows (adaptune.data.splits.TaskData): "standard" (the task's own
         # splits) or a named stand-in such as "squad_dev_standin"; split_note says what a stand-in is
         # and that it is not the paper's split (None for "standard").
         "data_split": STANDARD_SPLIT,
@@ -147,7 +148,7 @@ def _last_exception(text: str) -> str:
         lines = lines[headers[-1] :] if headers else lines
     kept = [line.strip() for line in lines if not _MARKERS.match(line) and not line.startswith("Traceback (most recent call last)")]
     if kept:
-        kept[0] = _QUALIFIED_TYPE.sub(r"\1", kept[0])  # adaptune.data.loading.DataError: ... -> DataError: ...
+        kept[0] = _QUALIFIED_TYPE.sub(r"\1", kept[0])  # adaptune.data.sources.DataError: ... -> DataError: ...
     return " ".join(kept)
 
 
@@ -169,7 +170,7 @@ def save_traceback(run_dir: str | os.PathLike[str], error: BaseException | str |
     return path
 
 
-class RunDirError(ValueError):
+class RunDirError(UserError, ValueError):
     """A run directory that holds an unreadable record or another run's; the message names the file."""
 
 

@@ -10,9 +10,11 @@ from typing import Any
 from datasets import Dataset, DatasetDict
 
 from adaptune.data.batching import column_values, model_rows, subsample
-from adaptune.data.loading import STANDARD_SPLIT, load_task_splits, quiet_datasets, tokenize_task
+from adaptune.data.loading import load_task_splits
+from adaptune.data.sources import quiet_datasets
 from adaptune.data.squad import check_window, prepare_features
-from adaptune.data.tasks import Task
+from adaptune.data.tasks import STANDARD_SPLIT, Task
+from adaptune.data.token_cache import tokenize_task
 from adaptune.train.evaluate import EvalSplit
 
 EVAL_SPLITS = ("validation", "test")
@@ -22,7 +24,7 @@ EVAL_SPLITS = ("validation", "test")
 class RunData:
     train_rows: list[dict[str, Any]]  # empty when prepared for evaluation only
     eval_splits: dict[str, EvalSplit]  # "validation", and "test" where the task has a labelled test split
-    data_split: str = STANDARD_SPLIT  # the split scheme (adaptune.data.loading.TaskData), named in the run record
+    data_split: str = STANDARD_SPLIT  # the split scheme (adaptune.data.splits.TaskData), named in the run record
     split_note: str | None = None  # where it is not the paper's split: what it is instead
     split_sizes: dict[str, int] = dataclasses.field(default_factory=dict)  # rows each split was used with
 
@@ -51,7 +53,7 @@ def prepare_run_data(
     # Evaluation alone loads only the splits it scores: the local SQuAD mirror lacks a train file, and
     # scoring MNLI-mm's dev set needs no parse of MNLI's train file.
     loaded = load_task_splits(task, data_dir, splits=None if with_train else tuple(eval_only), data_split=data_split)
-    raw, labels = loaded.splits, {"data_split": loaded.data_split, "split_note": loaded.split_note}
+    raw = loaded.splits
     if with_train and "validation" not in raw:
         raise ValueError(f"task {task.name!r} has no validation split (splits: {list(raw)}); the run is selected on it")
     wanted = {"validation": max_eval_examples, "test": max_eval_examples}
@@ -60,7 +62,8 @@ def prepare_run_data(
     if task.kind == "span":
         subsets = _subsample_splits(raw, wanted)
         span = _span_data(subsets, tokenizer, max_length, doc_stride)
-        return dataclasses.replace(span, split_sizes={name: len(split) for name, split in subsets.items()}, **labels)
+        return dataclasses.replace(span, split_sizes={name: len(split) for name, split in subsets.items()},
+                                   data_split=loaded.data_split, split_note=loaded.split_note)
     # Tokenize whole splits (cached per task, shared by every run of every shard), then
     # subsample: the subset depends only on the split's length, so it picks the same rows as before.
     tokenized = _subsample_splits(tokenize_task(task, raw, tokenizer, max_length, cache_dir), wanted)
@@ -70,7 +73,7 @@ def prepare_run_data(
             eval_splits[name] = EvalSplit(name, model_rows(tokenized[name]), references=column_values(tokenized[name], "labels"))
     sizes = {name: len(split) for name, split in tokenized.items()}
     return RunData(train_rows=model_rows(tokenized["train"]) if with_train else [], eval_splits=eval_splits,
-                   split_sizes=sizes, **labels)
+                   split_sizes=sizes, data_split=loaded.data_split, split_note=loaded.split_note)
 
 
 def _subsample_splits(splits: DatasetDict, wanted: dict[str, int | None]) -> DatasetDict:

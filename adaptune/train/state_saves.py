@@ -23,13 +23,13 @@ from collections.abc import Callable, Iterator
 from adaptune.core import environment
 
 STATE_EVERY_S_ENV = "ADAPTUNE_STATE_EVERY_S"
-STATE_EVERY_S = environment.parse(STATE_EVERY_S_ENV, None)  # 60
+STATE_EVERY_S = environment.DEFAULTS.state_every_s  # 60
 SAVE_COST_MULTIPLE = 20
 
 
 def state_every_s() -> float:
     """$ADAPTUNE_STATE_EVERY_S (seconds, >= 0), else STATE_EVERY_S; one line saying what is wrong otherwise."""
-    return environment.read(STATE_EVERY_S_ENV)
+    return environment.settings().state_every_s
 
 
 class StateSaves:

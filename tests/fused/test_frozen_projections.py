@@ -126,9 +126,9 @@ def test_the_attention_kernel_takes_stacked_projections_whole(monkeypatch: pytes
     pytest.importorskip("triton", reason="make venv installs triton (requirements-kernel-tests.txt)")
     from transformers import BertConfig, BertForSequenceClassification
 
-    from adaptune.bench.gpu_fused import KernelLaunches
     from adaptune.fused.run_dropout import CounterStream, use_run_dropout
     from adaptune.fused.settings import StepSettings
+    from bench.gpu_fused import KernelLaunches
 
     config = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
 

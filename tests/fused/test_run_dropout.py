@@ -14,6 +14,7 @@ import pytest
 import torch
 from transformers import BertConfig, BertForSequenceClassification
 
+from adaptune.core import environment
 from adaptune.fused.run_dropout import (
     CounterStream,
     RunDropout,
@@ -25,7 +26,8 @@ from adaptune.fused.run_dropout import (
     saved_scheme,
     use_run_dropout,
 )
-from adaptune.fused.settings import DROPOUT_MASKS_ENV, StepSettings
+from adaptune.fused.settings import StepSettings
+from bench.counter_scheme import defined_keep_mask as _defined_keep_mask
 
 P = 0.1
 ATTENTION = (3, 32, 12, 48, 48)  # runs, rows, heads, queries, keys
@@ -64,29 +66,6 @@ def test_a_runs_counter_mask_does_not_depend_on_its_block_nor_on_the_other_runs(
     assert torch.equal(hidden[0, :8, :10], _mask((7,), 3, (1, 8, 10, 384))[0])
 
 
-def _defined_keep_mask(keys: torch.Tensor, draws: torch.Tensor, shape: tuple[int, ...], p: float) -> torch.Tensor:
-    """The counter scheme's definition, written out apart from run_dropout: saved runs resume on these bits,
-    so any faster form of counter_keep_mask must draw exactly them."""
-    m32 = (1 << 32) - 1
-
-    def mix32(x: torch.Tensor) -> torch.Tensor:
-        x = x ^ (x >> 16)
-        x = (x * 0x45D9F3B) & m32
-        x = x ^ (x >> 16)
-        x = (x * 0x45D9F3B) & m32
-        return x ^ (x >> 16)
-
-    widths = {1: (32,), 2: (20, 12), 3: (11, 9, 12), 4: (8, 6, 9, 9)}[len(shape) - 1]
-    index, shift = torch.zeros((), dtype=torch.int64), 32
-    for axis, (size, width) in enumerate(zip(shape[1:], widths, strict=True)):
-        shift -= width
-        index = index + (torch.arange(size, dtype=torch.int64) << shift).view(size, *([1] * (len(widths) - axis - 1)))
-    per_run = (-1, *([1] * len(widths)))
-    first = (keys[:, 0] ^ mix32(draws & m32)).view(per_run)
-    second = (keys[:, 1] ^ mix32((draws & m32) ^ 0x5BD1E995)).view(per_run)
-    return mix32(mix32(index.unsqueeze(0) ^ first) ^ second) >= round(p * (1 << 32))
-
-
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.73, 1e-9])
 def test_the_masks_are_the_schemes_defined_bits(p: float) -> None:
     """counter_keep_mask draws the definition's bits at every block rank, on rows whose index sets the top
@@ -114,9 +93,9 @@ def test_the_one_kernel_form_draws_the_same_bits() -> None:
 
 def test_the_one_kernel_form_draws_the_same_bits_at_a_training_steps_inputs() -> None:
     """The same at what a group's step hands it: int32 draws (`base + site`), counts past 2^31, block shapes one after
-    another (dynamic sizes), as `make bench-gpu`'s dropout check asks a GPU (adaptune.bench.gpu_fused)."""
-    from adaptune.bench.gpu_fused import fused_mask_equals_eager_in_training
+    another (dynamic sizes), as `make bench-gpu`'s dropout check asks a GPU (bench.gpu_fused)."""
     from adaptune.core.devices import Device
+    from bench.gpu_fused import fused_mask_equals_eager_in_training
 
     assert fused_mask_equals_eager_in_training(2, Device("cpu", torch.device("cpu"), "cpu", None), 24) == {
         "small_counts": True, "counts_past_2_31": True}
@@ -220,14 +199,14 @@ def test_a_bert_forward_pass_reaches_its_sites_in_order_and_draws_each_runs_next
     assert [stream.draws for stream in streams] == [16, 16]
 
 
-def test_the_mask_scheme_is_a_setting_checked_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(DROPOUT_MASKS_ENV, raising=False)
-    scheme = StepSettings.from_environment().dropout_masks
+def test_the_mask_scheme_is_a_setting_checked_at_once() -> None:
+    with environment.patch(dropout_masks=None):
+        scheme = StepSettings.from_environment().dropout_masks
     assert scheme == "generator" and isinstance(dropout_stream(0, torch.device("cpu"), scheme), torch.Generator)
-    monkeypatch.setenv(DROPOUT_MASKS_ENV, "counter")
-    assert isinstance(dropout_stream(0, torch.device("cpu"), StepSettings.from_environment().dropout_masks), CounterStream)
-    monkeypatch.setenv(DROPOUT_MASKS_ENV, "philox")
-    with pytest.raises(ValueError, match="ADAPTUNE_DROPOUT_MASKS='philox' is not valid: use one of generator, counter"):
+    with environment.patch(dropout_masks="counter"):
+        assert isinstance(dropout_stream(0, torch.device("cpu"), StepSettings.from_environment().dropout_masks), CounterStream)
+    with environment.patch(dropout_masks="philox"), \
+            pytest.raises(ValueError, match="ADAPTUNE_DROPOUT_MASKS='philox' is not valid: use one of generator, counter"):
         StepSettings.from_environment()
     with pytest.raises(ValueError, match="one scheme"):
         RunRandomness([CounterStream(0), torch.Generator()])

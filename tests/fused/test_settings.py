@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from adaptune.core import environment
 from adaptune.core.environment import VARIABLES, SettingError
 from adaptune.fused.settings import ATTENTION_ENV, COMPILE_ENV, DROPOUT_ENV, DROPOUT_MASKS_ENV, FIELD_VARIABLES, LAYER_NORM_ENV, VALUES, StepSettings
-from adaptune.sweep.experiments import H100, spec_from_dict, spec_to_json
 from adaptune.sweep.plan import PlanError, plan
+from adaptune.sweep.spec import H100
+from adaptune.sweep.spec_file import spec_from_dict, spec_to_json
 
 SWEEP = {"name": "tiny", "sweeps": [{"tasks": ["rte"], "methods": ["adapters:size=8"], "learning_rates": [1e-3], "epochs": [1], "seeds": [0]}]}
 
@@ -65,9 +67,8 @@ def test_a_sweep_file_may_pin_step_settings_as_a_mapping_and_a_wrong_one_fails_a
         plan(unmet)
 
 
-def test_a_bad_step_setting_in_the_environment_fails_at_planning(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(COMPILE_ENV, "foo")
-    with pytest.raises(PlanError, match="step settings: ADAPTUNE_COMPILE='foo' is not valid"):
+def test_a_bad_step_setting_in_the_environment_fails_at_planning() -> None:
+    with environment.patch(compile="foo"), pytest.raises(PlanError, match="step settings: ADAPTUNE_COMPILE='foo' is not valid"):
         plan(spec_from_dict(SWEEP))
 
 
@@ -76,8 +77,9 @@ def test_a_shard_run_by_hand_trains_with_its_accelerators_settings_unless_the_en
     import dataclasses
     import os
 
-    from adaptune.sweep.experiments import Sweep, get_experiment
+    from adaptune.sweep.experiments import get_experiment
     from adaptune.sweep.shard_runner import run_shard
+    from adaptune.sweep.spec import Sweep
     from adaptune.sweep.store import RunStore
 
     for name in FIELD_VARIABLES.values():

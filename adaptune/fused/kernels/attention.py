@@ -1,8 +1,8 @@
 """A fused group's attention with each run's counter dropout drawn inside one Triton kernel
 (`ADAPTUNE_ATTENTION=kernel`; eager attention is the default).
 
-Why: with the step replayed as CUDA graphs, an H100 spent a fused BERT step's time on elementwise passes
-over the attention probabilities (bench/gpu.json "h100_2026_11_26_step_graphs"): scores, the additive
+Why: with the step replayed as CUDA graphs, a GPU spent a fused BERT step's time on elementwise passes
+over the attention probabilities (bench/LOG.md, "Figures moved out of the code's comments"): scores, the additive
 mask, a float32 softmax, the dropout mask and its product are each written out at (runs x rows) x
 heads x length x length, forward and backward. Here a program per (row, head, block of queries) walks
 the keys block by block on chip: the scores, the softmax, the mask and the dropped probabilities never
@@ -222,7 +222,9 @@ def _forward_outputs(query: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _gradients_like(query: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return tuple(torch.empty_strided(query.shape, query.stride(), device=query.device, dtype=query.dtype) for _ in range(3))
+    grad_query, grad_key, grad_value = (torch.empty_strided(query.shape, query.stride(), device=query.device, dtype=query.dtype)
+                                        for _ in range(3))
+    return grad_query, grad_key, grad_value
 
 
 def _common(query: torch.Tensor, additive_mask: torch.Tensor | None, keys: torch.Tensor, draws: torch.Tensor) -> tuple[Any, ...]:
@@ -230,7 +232,8 @@ def _common(query: torch.Tensor, additive_mask: torch.Tensor | None, keys: torch
     length) as strides (0 where it broadcasts: no copy of transformers' (rows, 1, length, length) mask),
     the runs' words, the inputs' and the mask's strides, heads, length and rows per run."""
     rows, heads, length, _ = query.shape
-    mask, mask_strides = None, (0, 0, 0, 0)
+    mask: torch.Tensor | None = None
+    mask_strides: tuple[int, ...] = (0, 0, 0, 0)
     if additive_mask is not None:
         mask = additive_mask.expand(rows, heads, length, length)
         mask_strides = mask.stride()

@@ -1,11 +1,10 @@
 """A fused group's hidden-state dropout with each run's counter mask drawn and applied in one Triton kernel
 (`ADAPTUNE_DROPOUT=kernel`; "mask", the default, draws the mask and applies it with separate kernels).
 
-Why: with the step replayed as CUDA graphs, an H100 spent 9.7 ms of a fused step of 8 BERT-base runs
-(63 ms) in the compiled counter-mask kernel of the hidden-state dropout sites (the embeddings', each layer's
-attention-output and FFN-output dropout, the pooled output's: 26 calls a step), the largest single item,
-before separate kernels multiplied and divided by it (bench/gpu.json "h100_2026_11_27_attention_kernel",
-"profile_k8_step_graphs_kernel"). That kernel computes each position's coordinates from its flat index
+Why: with the step replayed as CUDA graphs, a GPU spent the largest single item of a fused step in the compiled
+counter-mask kernel of the hidden-state dropout sites (the embeddings', each layer's attention-output and
+FFN-output dropout, the pooled output's: 26 calls a step), before separate kernels multiplied and divided by it
+(figures: bench/LOG.md, "Figures moved out of the code's comments"). That kernel computes each position's coordinates from its flat index
 with dynamic-shape 64-bit divisions per element, writes a byte of mask per element, and the mask is kept
 for the backward pass. Here a program per line of a run's block (one (row, token), a row for the pooled
 output) takes its coordinates from its program ids, hashes its features' positions and writes only

@@ -4,9 +4,9 @@ shift) in one Triton kernel each way (`ADAPTUNE_LAYER_NORM=kernel`; "torch", the
 Why: torch has no LayerNorm whose scale and shift change from one block of rows to the next, so a group normalises
 with F.layer_norm and applies each run's scale and shift with a broadcast product and sum. Each of those writes a
 float32 tensor of the group's whole hidden state, and the backward pass writes two more (the gradient times the
-scale, and times the normalized input, before the per-run sums): about 90 MiB a BERT-base-width layer of a group
-of 2 at 40 tokens, 29% of the bytes the layer's step writes (`make bench-attention`). A fused step on an H100 is
-bound by such passes (bench/gpu.json "h100_2026_11_27_attention_kernel": the device busy 96% at 10-17% MFU). Here
+scale, and times the normalized input, before the per-run sums): a large share of the bytes a layer's step writes
+(`make bench-attention`), and a fused step on a GPU is bound by such passes (figures: bench/LOG.md, "Figures moved
+out of the code's comments"). Here
 the forward pass writes only the output (and each row's mean and reciprocal deviation), and the backward pass
 only the input's gradient and, per program, partial sums of the scale's and shift's gradients over its rows, which
 torch adds up per run (a fixed order: the same bits on every replay). The library kernels (torch's, apex's, the

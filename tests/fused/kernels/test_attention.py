@@ -1,7 +1,7 @@
 """The attention kernel (adaptune.fused.kernels.attention) against eager attention, on the CPU under
 Triton's interpreter (TRITON_INTERPRET=1: the kernel's own code, run by numpy, program by program).
 The interpreter has no bf16 matrix product, so these run in float32 and float16; a lent GPU's call
-checks bf16 (`make bench-gpu`'s attention check, adaptune.bench.gpu_fused.attention_kernel_matches).
+checks bf16 (`make bench-gpu`'s attention check, bench.gpu_fused.attention_kernel_matches).
 
 Tolerances: float32 differs from eager attention only in summation order, ~1e-6 on values of order 1
 (observed 4e-7 to 1.5e-6); 1e-5 leaves room and still fails on any wrong mask bit, scale or term.
@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from adaptune.bench.gpu_fused import KernelLaunches, attention_kernel_matches, check_attention_kernel
 from adaptune.core.devices import Device
 from adaptune.fused.kernels import attention as attention_kernel
 from adaptune.fused.kernels.counter_coordinates import keep_threshold
@@ -24,6 +23,7 @@ from adaptune.fused.run_dropout import CounterStream, RunRandomness, counter_kee
 from adaptune.fused.settings import COMPILE_ENV, StepSettings
 from adaptune.fused.step_graphs import STEP_GRAPHS
 from adaptune.train.group_loop import train_group
+from bench.gpu_fused import KernelLaunches, attention_kernel_matches, check_attention_kernel
 from tests.test_bench_gpu_fused import TINY, _batches, tiny_adapter_runs
 from tests.test_fused_groups import SMALL, _assert_same_run, step_losses  # noqa: F401  (a fixture)
 

@@ -1,7 +1,7 @@
 """The dropout kernel (adaptune.fused.kernels.dropout, ADAPTUNE_DROPOUT=kernel) against counter_keep_mask and
 the torch formula it replaces, on the CPU under Triton's interpreter (TRITON_INTERPRET=1: the kernel's own code,
 run by numpy, program by program). A lent GPU's call checks bf16 there (`make bench-gpu`'s dropout check,
-adaptune.bench.gpu_fused.dropout_kernel_matches).
+bench.gpu_fused.dropout_kernel_matches).
 
 Values: a kept value is x * (1 / (1 - p)) in float32, rounded to x's dtype, exactly. Eager's (x * mask) / (1 - p)
 divides instead: on this CPU it is the same value in float16 and bf16 (computed in float32, then rounded), and
@@ -21,7 +21,6 @@ import pytest
 import torch
 
 import adaptune.fused.kernels
-from adaptune.bench.gpu_fused import KernelLaunches, check_dropout_kernel, dropout_kernel_matches, ulps_apart
 from adaptune.core.devices import Device
 from adaptune.fused.kernels import attention as attention_kernel
 from adaptune.fused.kernels import dropout as dropout_kernel
@@ -35,6 +34,7 @@ from adaptune.fused.run_dropout import (
 from adaptune.fused.settings import StepSettings
 from adaptune.train.group_loop import train_group
 from adaptune.train.loop import train_and_evaluate
+from bench.gpu_fused import KernelLaunches, check_dropout_kernel, dropout_kernel_matches, ulps_apart
 from tests.test_bench_gpu_fused import TINY, _batches, tiny_adapter_runs
 from tests.test_fused_groups import SMALL, _assert_same_run, step_losses  # noqa: F401  (a fixture)
 

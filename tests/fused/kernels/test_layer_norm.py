@@ -1,7 +1,7 @@
 """The grouped LayerNorm kernel (adaptune.fused.kernels.layer_norm, ADAPTUNE_LAYER_NORM=kernel) against the torch operators
 it replaces (run_groups.GroupedLayerNorm's "torch" path), on the CPU under Triton's interpreter (TRITON_INTERPRET=1: the
 kernel's own code, run by numpy, program by program). A lent GPU's call checks bf16 there (`make bench-gpu`'s
---layer-norm-check, adaptune.bench.gpu_fused.layer_norm_kernel_matches).
+--layer-norm-check, bench.gpu_fused.layer_norm_kernel_matches).
 
 Tolerances: both compute the statistics in float32 over the same values, in different summation orders, so outputs and
 the input's gradient agree to float32 rounding (observed: 2e-6 on outputs of magnitude 10); the scales' and shifts'
@@ -21,13 +21,13 @@ import torch
 from transformers import BertConfig, BertForSequenceClassification
 
 import adaptune.fused.kernels
-from adaptune.bench.gpu_fused import KernelLaunches, check_layer_norm_kernel, layer_norm_kernel_matches, measure_fused
 from adaptune.core.devices import Device
 from adaptune.fused.kernels import layer_norm as layer_norm_kernel
 from adaptune.fused.run_groups import GroupedLayerNorm, recorded_layer_norm
 from adaptune.fused.settings import LAYER_NORM_ENV, StepSettings
 from adaptune.train.group_loop import train_group
 from adaptune.train.loop import train_and_evaluate
+from bench.gpu_fused import KernelLaunches, check_layer_norm_kernel, layer_norm_kernel_matches, measure_fused
 from tests.test_bench_gpu_fused import TINY, _batches, tiny_adapter_runs
 from tests.test_fused_groups import SMALL, _assert_same_run, step_losses  # noqa: F401  (a fixture)
 

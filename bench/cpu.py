@@ -1,6 +1,6 @@
 """`make bench`: training speed and checkpoint size, measured side by side in one process; JSON out.
 
-    python -m adaptune.bench.cpu --out bench/results.json
+    python -m bench.cpu --out bench/results.json
 
 On the embedded backbone and real SST-2 sentences:
   - the train step time of each method on identical batches; `adapters_vs_full_step_ratio` is
@@ -11,8 +11,8 @@ On the embedded backbone and real SST-2 sentences:
   - the adapter checkpoint's size over the full fine-tuning checkpoint's;
   - fused run groups (k = 1, 4, 16 adapter runs in one forward pass: operators per example and
     examples/s, on the embedded backbone and an overhead-bound proxy) and the frozen backbone in bf16
-    (adaptune.bench.fused), their steps computed as the environment's step settings say (StepSettings, read once here).
-BERT-base/-large on a GPU: `make bench-gpu` (adaptune.bench.gpu). Repetitions are interleaved
+    (bench.fused), their steps computed as the environment's step settings say (StepSettings, read once here).
+BERT-base/-large on a GPU: `make bench-gpu` (bench.gpu). Repetitions are interleaved
 across the variants (so drifting machine load hits all alike) and medians are reported. Not a test:
 no pass/fail here.
 """
@@ -34,17 +34,19 @@ from datasets import DatasetDict
 from torch import nn
 from transformers.trainer_pt_utils import get_length_grouped_indices
 
-from adaptune.bench.fused import measure_cpu_bf16, measure_fused_groups, measure_group_runs
 from adaptune.core.backbones import DEFAULT_BACKBONE
 from adaptune.core.devices import Device, pick_device
 from adaptune.data.batching import make_collator, model_rows, subsample
-from adaptune.data.loading import load_task_data, tokenize_task
+from adaptune.data.loading import load_task_data
 from adaptune.data.tasks import get_task
+from adaptune.data.token_cache import tokenize_task
 from adaptune.fused.settings import StepSettings
 from adaptune.model.backbone import load_model, load_tokenizer
 from adaptune.model.checkpoint import WEIGHTS_FILE, save_task_checkpoint
 from adaptune.model.methods import apply_method, method_from_dict
 from adaptune.train.loop import training_step
+from bench.fused import measure_cpu_bf16, measure_fused_groups, measure_group_runs
+from bench.step_cost import interleaved
 
 BATCH_SIZE = 32
 PAD_LENGTH = 128
@@ -58,7 +60,7 @@ Batch = dict[str, torch.Tensor]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m adaptune.bench.cpu", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.cpu", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="bench/results.json")
     parser.add_argument("--data-dir", default=None, help="local data mirror (default: found automatically)")
     parser.add_argument("--cache-dir", default=None)
@@ -155,7 +157,7 @@ def _method_step_times(device: Device, batches: list[Batch], repeats: int) -> di
     """Median step time of each method on the same dynamically padded, length-grouped batches."""
     trainers = {label: _trainer(_build(method, device), device) for label, method in METHODS.items()}
     examples = sum(len(batch["input_ids"]) for batch in batches)
-    pass_times = _interleaved({label: (lambda t=trainer: _timed_pass(t, batches, device)) for label, trainer in trainers.items()}, repeats)
+    pass_times = interleaved({label: (lambda t=trainer: _timed_pass(t, batches, device)) for label, trainer in trainers.items()}, repeats)
     step_time = {label: statistics.median(times) / len(batches) for label, times in pass_times.items()}
     return {
         "step_time_s": {label: round(t, 5) for label, t in step_time.items()},
@@ -169,7 +171,7 @@ def _padding_speedup(device: Device, grouped_batches: list[Batch], padded_batche
     """Adapter training examples/s on the same rows: dynamic padding + length grouping versus padding to 128."""
     trainer = _trainer(_build(METHODS["adapters64"], device), device)
     examples = sum(len(batch["input_ids"]) for batch in grouped_batches)
-    times = _interleaved(
+    times = interleaved(
         {"dynamic_grouped": lambda: _timed_pass(trainer, grouped_batches, device), "pad128": lambda: _timed_pass(trainer, padded_batches, device)},
         repeats,
     )
@@ -219,17 +221,6 @@ def _timed_pass(step: Callable[[Batch], None], batches: list[Batch], device: Dev
         step({name: tensor.to(device.torch_device) for name, tensor in batch.items()})
     device.synchronize()
     return time.perf_counter() - started
-
-
-def _interleaved(variants: dict[str, Callable[[], float]], repeats: int) -> dict[str, list[float]]:
-    """Each variant once untimed (warm-up), then `repeats` rounds of all variants in turn."""
-    for run in variants.values():
-        run()
-    times: dict[str, list[float]] = {name: [] for name in variants}
-    for _ in range(repeats):
-        for name, run in variants.items():
-            times[name].append(run())
-    return times
 
 
 if __name__ == "__main__":

@@ -160,8 +160,8 @@ def step_census(layers: int, k: int, length: int, configuration: str) -> tuple[i
     """(operators, bytes written) of one warm fused step of k adapter runs at `length` tokens."""
     from transformers import BertConfig, BertForSequenceClassification
 
-    from adaptune.bench.fused import _step_fn
     from adaptune.core.devices import Device
+    from bench.fused import step_fn
 
     with tempfile.TemporaryDirectory() as directory, _dropout_kernel_by_torch(), _kernels_counted_not_run():
         torch.manual_seed(0)
@@ -170,7 +170,7 @@ def step_census(layers: int, k: int, length: int, configuration: str) -> tuple[i
         batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids),
                  "labels": torch.randint(0, 2, (ROWS,))}
         device = Device("cpu", torch.device("cpu"), "cpu:bf16", torch.bfloat16)  # as a GPU's step runs: bf16 autocast
-        step = _step_fn(directory, k, device, batch, bf16=True, settings=CONFIGURATIONS[configuration])
+        step = step_fn(directory, k, device, batch, bf16=True, settings=CONFIGURATIONS[configuration])
         step()  # warm: optimizer state allocated
         census = _Census()
         with census, _one_kernel_masks(census):

@@ -1,6 +1,6 @@
 """How long TensorBoard takes to show paper_full's HParams view: 8,800 stub runs' event files.
 
-    .venv/bin/python -m tests.tensorboard_timing [--runs 8800] [--curve-points 200] [--out bench/tensorboard.json]
+    .venv/bin/python -m bench.tensorboard_timing [--runs 8800] [--curve-points 200] [--out bench/tensorboard.json]
 
 Writes a local run store as a finished paper_full sweep would leave it (train.event_log's files for
 every planned run: a curve of --curve-points training steps plus 3 validation epochs, and the HParams
@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.test_tensorboard import ALL_STATUSES, _free_port, _post
+from bench.stand_ins.loopback import HPARAMS_STATUSES, free_port, post_json
 
 
 def write_store(root: Path, runs: list, curve_points: int) -> None:
@@ -49,18 +49,18 @@ def time_view(view_dir: Path, expected: int) -> dict[str, float]:
     import subprocess
     import urllib.request
 
-    port = _free_port()
+    port = free_port()
     started = time.perf_counter()
     server = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(view_dir), "--port", str(port), "--host", "127.0.0.1"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    request = {"experimentName": "", "allowedStatuses": ALL_STATUSES, "startIndex": 0, "sliceSize": 100,
+    request = {"experimentName": "", "allowedStatuses": HPARAMS_STATUSES, "startIndex": 0, "sliceSize": 100,
                "colParams": [{"hparam": "task"}, {"metric": {"tag": "score/validation"}}]}
     try:
         while True:
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/data/runs", timeout=60):
                     pass
-                found = _post(port, "/data/plugin/hparams/session_groups", request)["totalSize"]
+                found = post_json(port, "/data/plugin/hparams/session_groups", request)["totalSize"]
             except OSError:
                 found = 0
             if found >= expected:
@@ -70,7 +70,7 @@ def time_view(view_dir: Path, expected: int) -> dict[str, float]:
             time.sleep(2)
         shown = time.perf_counter() - started
         again = time.perf_counter()
-        _post(port, "/data/plugin/hparams/session_groups", request)
+        post_json(port, "/data/plugin/hparams/session_groups", request)
         return {"seconds_to_all_sessions": round(shown, 1), "seconds_per_table_request": round(time.perf_counter() - again, 2)}
     finally:
         server.terminate()

@@ -1,13 +1,13 @@
 """`make bench-lengths`: the tokens a training row of each task is padded to, as a run batches it; JSON out.
 
-    python -m adaptune.bench.task_lengths --out bench/task_lengths.json [--experiment paper_full]
+    python -m bench.task_lengths --out bench/task_lengths.json [--experiment paper_full]
 
 Per task of the experiment whose training file is here: a seeded sample of up to 8,192 training rows, tokenized at
 the experiment's max_length, in one epoch's length-grouped batches of 32 padded to a GPU's multiple of 8 (the trainer's
 own code): the mean row length and the mean tokens a row is padded to. A replayed group's step keeps the device busy
 and grows with its tokens, while bench-gpu's fused figures (adaptune.sweep.cost.FUSED_SPEEDUP) were measured on one
 mix of tasks (CoLA, SST-2, MRPC and RTE: 39.8 tokens): this says how far each task is from that mix. SQuAD's figure
-comes from adaptune.bench.squad_lengths. A task without its file here is listed as missing, with the reason.
+comes from bench.squad_lengths. A task without its file here is listed as missing, with the reason.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from adaptune.bench.squad_lengths import padded_batch_lengths, squad_lengths
+from bench.squad_lengths import padded_batch_lengths, squad_lengths
 
 SAMPLE_ROWS = 8192
 BATCH_SIZE = 32
@@ -30,8 +30,9 @@ def task_lengths(experiment: str, data_dir: str | None = None) -> dict[str, Any]
     from datasets import DatasetDict
 
     from adaptune.data.batching import model_rows, subsample
-    from adaptune.data.loading import load_task_data, tokenize_task
+    from adaptune.data.loading import load_task_data
     from adaptune.data.tasks import get_task
+    from adaptune.data.token_cache import tokenize_task
     from adaptune.model.backbone import load_tokenizer
     from adaptune.sweep.experiments import get_experiment
     from adaptune.sweep.plan import plan
@@ -63,7 +64,7 @@ def task_lengths(experiment: str, data_dir: str | None = None) -> dict[str, Any]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m adaptune.bench.task_lengths", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.task_lengths", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="bench/task_lengths.json")
     parser.add_argument("--experiment", default="paper_full")
     parser.add_argument("--data-dir", default=None, help="local data mirror (default: found automatically)")

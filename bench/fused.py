@@ -1,7 +1,7 @@
 """Fused run groups on the CPU (part of `make bench`): operators launched per training example and
 training examples per second for a group of k = 1, 4, 16 adapter runs (and top_k runs, their top layers
 stacked per run), each k side by side in one run. The step settings (adaptune.fused.settings.StepSettings) are the
-caller's, read once where the benchmark starts (adaptune.bench.cpu); a series that varies the dropout masks' scheme
+caller's, read once where the benchmark starts (bench.cpu); a series that varies the dropout masks' scheme
 takes each scheme's form of them (StepSettings.for_masks).
 
 Two backbones: the embedded all-MiniLM-L6-v2 (real cost on this CPU), and an overhead-bound proxy, the
@@ -61,7 +61,9 @@ class _CountOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-class _Run:
+class GroupedRun:
+    """One run of a benchmark's group: its trained tensors, a config (what the group's optimizer step reads), AdamW and lr."""
+
     def __init__(self, params: dict[str, torch.nn.Parameter], decayed: set[str], seed: int) -> None:
         self.params = params
         # What the group's optimizer step reads of a run (lr, max_grad_norm), whatever the method trained.
@@ -71,7 +73,7 @@ class _Run:
 
 
 def _group(backbone: str, k: int, device: Device, bf16: bool = False, settings: StepSettings = StepSettings(),
-           method: dict[str, Any] = ADAPTERS) -> tuple[torch.nn.Module, Any, list[_Run]]:
+           method: dict[str, Any] = ADAPTERS) -> tuple[torch.nn.Module, Any, list[GroupedRun]]:
     trained, model = [], None
     for seed in range(k):
         torch.manual_seed(seed)
@@ -82,7 +84,7 @@ def _group(backbone: str, k: int, device: Device, bf16: bool = False, settings: 
 
 
 def grouped_runs(model: torch.nn.Module, trained: list[dict[str, torch.Tensor]], device: Device,
-                 frozen_dtype: torch.dtype | None, settings: StepSettings = StepSettings()) -> tuple[torch.nn.Module, Any, list[_Run]]:
+                 frozen_dtype: torch.dtype | None, settings: StepSettings = StepSettings()) -> tuple[torch.nn.Module, Any, list[GroupedRun]]:
     """A solo model (its method applied) made a training group of one run per `trained` tensor set, on
     the device, frozen matmuls stored in `frozen_dtype` (None: as they are), each run with its own
     dropout stream (drawn with the scheme `settings` give), AdamW and lr, its layers computing as `settings`
@@ -93,7 +95,7 @@ def grouped_runs(model: torch.nn.Module, trained: list[dict[str, torch.Tensor]],
                                  settings)
     model.to(device.torch_device).train()
     frozen_backbone_for_autocast(model, frozen_dtype)  # as training does
-    return model, randomness, [_Run(params, decayed, seed) for seed, params in enumerate(run_parameters(model))]
+    return model, randomness, [GroupedRun(params, decayed, seed) for seed, params in enumerate(run_parameters(model))]
 
 
 def _stacked(batch: dict[str, torch.Tensor], k: int) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor, RowLayout]:
@@ -103,7 +105,7 @@ def _stacked(batch: dict[str, torch.Tensor], k: int) -> tuple[dict[str, torch.Te
     return inputs, batch["labels"].repeat(k), torch.ones(k, rows), RowLayout(rows, [rows] * k, [length] * k)
 
 
-def _step_fn(backbone: str, k: int, device: Device, batch: dict[str, torch.Tensor], bf16: bool = False,
+def step_fn(backbone: str, k: int, device: Device, batch: dict[str, torch.Tensor], bf16: bool = False,
              together: bool = True, settings: StepSettings = StepSettings(), method: dict[str, Any] = ADAPTERS) -> Any:
     """One eager fused step of k runs of `method` on `batch` (each run's copy of it), the group built under `settings`."""
     model, randomness, runs = _group(backbone, k, device, bf16, settings, method)
@@ -247,8 +249,8 @@ def measure_cpu_bf16(batch: dict[str, torch.Tensor], device: Device, repeats: in
     measures all of this)."""
     rows = batch["input_ids"].shape[0]
     steps = settings.for_masks("generator")  # the whole runs' settings as they are; the steps' masks as before: a generator per run
-    timed = _compare({"float32": _step_fn(DEFAULT_BACKBONE, 1, device, batch, settings=steps),
-                      "bfloat16": _step_fn(DEFAULT_BACKBONE, 1, device, batch, bf16=True, settings=steps)},
+    timed = _compare({"float32": step_fn(DEFAULT_BACKBONE, 1, device, batch, settings=steps),
+                      "bfloat16": step_fn(DEFAULT_BACKBONE, 1, device, batch, bf16=True, settings=steps)},
                      {"float32": rows, "bfloat16": rows}, repeats, 2)
     entry: dict[str, Any] = {name: round(per_s, 1) for name, (per_s, _) in timed.items()}
     entry["speedup"] = round(entry["bfloat16"] / entry["float32"], 2)
@@ -257,7 +259,7 @@ def measure_cpu_bf16(batch: dict[str, torch.Tensor], device: Device, repeats: in
     entry["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
     if entry["native_bf16"]:  # emulated, a 16-run bf16 step takes minutes, and bf16 is never the default there
         # Whether fusing pays once the backbone is bf16 (the CPU default where native): k runs in one step.
-        grouped = _compare({k: _step_fn(DEFAULT_BACKBONE, k, device, batch, bf16=True, settings=steps) for k in GROUP_SIZES},
+        grouped = _compare({k: step_fn(DEFAULT_BACKBONE, k, device, batch, bf16=True, settings=steps) for k in GROUP_SIZES},
                            {k: rows * k for k in GROUP_SIZES}, repeats, 1)
         entry["fused_groups_bfloat16"] = [{"k": k, "examples_per_s": round(per_s, 1), "speedup_vs_k1": round(per_s / grouped[1][0], 2)}
                                           for k, (per_s, _) in grouped.items()]
@@ -275,7 +277,7 @@ def _method_series(backbone: str, name: str, proxy: bool, label: str, method: di
     """One method's groups at these sizes in the trainer's variant, side by side: operators per example, examples/s."""
     rows = batch["input_ids"].shape[0]
     settings = settings.for_masks(VARIANTS[1][1])
-    steps = {k: _step_fn(backbone, k, device, batch, settings=settings, method=method) for k in sizes}
+    steps = {k: step_fn(backbone, k, device, batch, settings=settings, method=method) for k in sizes}
     measured = _compare(steps, {k: rows * k for k in sizes}, repeats, 3 if proxy else 1)
     return [{"k": k, "backbone": name, "proxy": proxy, "method": label, "optimizer_step": VARIANTS[1][0], "masks": VARIANTS[1][1],
              "ops_per_example": round(ops, 2), "examples_per_s": round(per_s, 1), "speedup_vs_k1": round(per_s / measured[1][0], 2)}
@@ -294,7 +296,7 @@ def measure_fused_groups(batch: dict[str, torch.Tensor], device: Device, repeats
         backbones = {DEFAULT_BACKBONE: False, _proxy_backbone(Path(tmp) / "proxy"): True}
         for backbone, proxy in backbones.items():
             variants = [(k, optimizer, masks) for k in GROUP_SIZES for optimizer, masks in VARIANTS]
-            steps = {(k, optimizer, masks): _step_fn(backbone, k, device, batch, together=optimizer == "together",
+            steps = {(k, optimizer, masks): step_fn(backbone, k, device, batch, together=optimizer == "together",
                                                      settings=settings.for_masks(masks))
                      for k, optimizer, masks in variants}
             measured = _compare(steps, {variant: rows * variant[0] for variant in variants}, repeats, 3 if proxy else 1)

@@ -1,8 +1,8 @@
 """How long `python -m pipelines status paper_full` takes against 8,556 stub records in the emulated bucket.
 
-    .venv/bin/python -m tests.status_timing [--out bench/status.json] [--repeats 3]
+    .venv/bin/python -m bench.status_timing [--out bench/status.json] [--repeats 3]
 
-Fills gs://<bucket>/adaptune-runs on fake-gcs-server (tests/gcs_emulator.py, loopback) as a finished
+Fills gs://<bucket>/adaptune-runs on fake-gcs-server (bench/stand_ins/gcs_emulator.py, loopback) as a finished
 paper_full sweep would: every planned run with a stub record (a few failed, a few degenerate, a few
 stale) and a two-file checkpoint beside it; with --under-way, the last 64 runs are in progress (a
 live lease each) and the 600 before them not started. Then times the status command end to end in a fresh process
@@ -78,7 +78,7 @@ def time_command(root: str, repeats: int, env: dict[str, str]) -> tuple[list[flo
 
 def main() -> None:
     from adaptune.sweep.store import RunStore
-    from tests.gcs_emulator import gcs_emulator
+    from bench.stand_ins.gcs_emulator import gcs_emulator
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None, help="also write the JSON here")

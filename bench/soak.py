@@ -12,7 +12,7 @@ lease nor resume state of a finished run is left behind, each run trained as oft
 (once; twice if killed inside it; once more per transient failure), and status, aggregate and
 runs.parquet agree.
 
-    python -m tests.soak --runs 10000 --out bench/soak.json      (make bench-soak)
+    python -m bench.soak --runs 10000 --out bench/soak.json      (make bench-soak)
 tests/test_soak.py runs the same driver at a few hundred runs.
 """
 
@@ -61,7 +61,8 @@ class SoakSettings:
 
 
 def soak_spec(settings: SoakSettings) -> Any:
-    from adaptune.sweep.experiments import Sweep, get_experiment
+    from adaptune.sweep.experiments import get_experiment
+    from adaptune.sweep.spec import Sweep
 
     per_seed = len(TASKS) * len(METHODS) * len(LEARNING_RATES)
     seeds = tuple(range(max(1, round(settings.runs / per_seed))))
@@ -74,9 +75,9 @@ def soak_spec(settings: SoakSettings) -> Any:
 def run_soak(settings: SoakSettings, root: str, control: Path, log: Path) -> dict[str, Any]:
     """Drive the soak against the store at `root` (the emulator's environment already in os.environ)."""
     from adaptune.core.run_files import LEASE_FILE, STATE_FILE
-    from adaptune.sweep.experiments import spec_to_dict
     from adaptune.sweep.fan_in import aggregate_sweep
     from adaptune.sweep.plan import plan
+    from adaptune.sweep.spec_file import spec_to_dict
     from adaptune.sweep.status import sweep_status
     from adaptune.sweep.store import RunStore
 
@@ -110,9 +111,9 @@ def run_soak(settings: SoakSettings, root: str, control: Path, log: Path) -> dic
     store = RunStore(root)
     never = {"owner": "dead-pod-1234", "acquired_at": time.time(), "taken_at": time.time(), "expires_at": time.time() + 10 * 365 * 86400}
     for run_id in dead:
-        store.write_json(never, "runs", run_id, "lease-1.json")
+        store.files.write_json(never, "runs", run_id, "lease-1.json")
     for run_id in stray:
-        store.write_json(never, "runs", run_id, "lease-01.json")
+        store.files.write_json(never, "runs", run_id, "lease-01.json")
     planned_kills = Counter(inside=len(killed_inside))
     for index in range(settings.kills - len(killed_inside)):  # tokens any worker may take at that point
         point = "publish" if index % 2 == 0 else "catch_up"
@@ -121,7 +122,7 @@ def run_soak(settings: SoakSettings, root: str, control: Path, log: Path) -> dic
     spec_path = control / "spec.json"
     spec_path.write_text(json.dumps(spec_to_dict(spec)))
 
-    env = {**os.environ, "STUB_TRAINER_DIR": str(control), "ADAPTUNE_TRAINER": "tests.stub_trainer:train",
+    env = {**os.environ, "STUB_TRAINER_DIR": str(control), "ADAPTUNE_TRAINER": "bench.stand_ins.stub_trainer:train",
            "ADAPTUNE_RETRY_BACKOFF_S": "0", "ADAPTUNE_LEASE_SECONDS": str(settings.lease_s), "STUB_SYNC_EVERY_S": "0.3",
            "STUB_SAVE_STATE": "1",
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]), "OMP_NUM_THREADS": "1"}
@@ -204,7 +205,7 @@ class _Submission:
             self.started += 1
             with open(self.log, "ab") as out:
                 self.running[shard] = subprocess.Popen(
-                    [sys.executable, "-m", "tests.soak", "worker", self.root, str(self.spec_path), shard],
+                    [sys.executable, "-m", "bench.soak", "worker", self.root, str(self.spec_path), shard],
                     cwd=REPO, env={**self.env, "SOAK_CLOCK_SKEW_S": str(skew)}, stdout=out, stderr=subprocess.STDOUT)
 
     def step(self) -> None:
@@ -247,10 +248,10 @@ class _FolderDeleter:
         self.next_look = now + 0.2
         for run_id, seen in list(self.waiting.items()):
             if seen is None:
-                if any(name.startswith("lease-") for name in self.store.names("runs", run_id)):
+                if any(name.startswith("lease-") for name in self.store.files.names("runs", run_id)):
                     self.waiting[run_id] = now
             elif now - seen >= self.after_s:
-                self.store.remove("runs", run_id)
+                self.store.files.remove("runs", run_id)
                 del self.waiting[run_id]
                 self.deleted += 1
 
@@ -258,10 +259,10 @@ class _FolderDeleter:
 def _worker(root: str, spec_path: str, shard_id: str) -> int:
     """One shard, in this process, with kill points on the store's own steps."""
     from adaptune.sweep import run_attempt
-    from adaptune.sweep.experiments import spec_from_dict
     from adaptune.sweep.shard_runner import run_shard
+    from adaptune.sweep.spec_file import spec_from_dict
     from adaptune.sweep.store import RunStore
-    from tests.stub_trainer import consume, control_dir
+    from bench.stand_ins.stub_trainer import consume, control_dir
 
     skew = float(os.environ.get("SOAK_CLOCK_SKEW_S") or 0)
     if skew:  # this worker's clock is off: every time it writes (a lease's claims) is
@@ -308,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
                             long_runs=max(20, args.runs // 100), workers=args.workers, shard_size=args.shard_size,
                             dead_leases=max(4, args.runs // 1000), stray_leases=max(4, args.runs // 1000),
                             deleted_folders=max(3, args.runs // 2000), deadline_s=max(900.0, args.runs * 0.4))
-    from tests.gcs_emulator import gcs_emulator
+    from bench.stand_ins.gcs_emulator import gcs_emulator
 
     with tempfile.TemporaryDirectory(prefix="soak-") as scratch, gcs_emulator(log_dir=scratch) as emulator:
         result = run_soak(settings, emulator.url("soak"), Path(scratch) / "control", Path(scratch) / "workers.log")

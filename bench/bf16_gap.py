@@ -1,7 +1,7 @@
 """How far apart bf16 leaves what float32 keeps equal: a fused group's runs against the same runs alone, and a
 bundle's predictions against its run's recorded score, on a small real task, in each CPU precision.
 
-    .venv/bin/python tests/bf16_gap.py [--task mrpc] [--train-rows 300] [--eval-rows 200] [--methods head,...] [--out gap.json]
+    .venv/bin/python bench/bf16_gap.py [--task mrpc] [--train-rows 300] [--eval-rows 200] [--methods head,...] [--out gap.json]
 
 Needs a CPU with native bf16 (avx512_bf16 or AMX; elsewhere bf16 is emulated, many times slower, and never the
 default). Per method, 2 learning rates x 2 seeds train as one fused group and one by one alone, in bf16 and in

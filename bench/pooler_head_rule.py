@@ -13,25 +13,10 @@ short real runs with the same engine (`adaptune.train.loop.train_and_evaluate`) 
 and prints one JSON line per run (task, method, head, seed, validation metric at each epoch; the run's
 result is the final epoch's).
 
-    .venv/bin/python analysis/pooler_head_rule.py --tasks sms_spam cola mrpc rte --out /tmp/pooler_runs
-    .venv/bin/python analysis/pooler_head_rule.py --tasks sst2 --seeds 0 1 --train-examples 2000 --epochs 2 --out /tmp/pooler_sst2
+    .venv/bin/python -m bench.pooler_head_rule --tasks sms_spam cola mrpc rte --out /tmp/pooler_runs
+    .venv/bin/python -m bench.pooler_head_rule --tasks sst2 --seeds 0 1 --train-examples 2000 --epochs 2 --out /tmp/pooler_sst2
 
-Measured (one CPU thread each, final epoch, validation; adapters m=64 lr 1e-3, LayerNorm-only lr 3e-3,
-max length 64, batch 32, 500 validation examples):
-
-  task (examples x epochs)   method      frozen   trained   mean
-  SST-2 (2000 x 2), seed 0   adapters     79.4     80.0     80.8
-  SST-2 (2000 x 2), seed 1   adapters     81.6     81.4     81.8
-  SST-2 (2000 x 2), seed 0   layernorm    76.6     79.8     81.4
-  SST-2 (2000 x 2), seed 1   layernorm    77.4     76.4     81.8
-  RTE (1000 x 3)             adapters     57.4     55.2     58.5
-  RTE (1000 x 3)             layernorm    49.8     53.1     54.5
-  MRPC F1 (1000 x 3)         adapters     81.6     79.0     82.1   (majority class: 81.2)
-  MRPC F1 (1000 x 3)         layernorm    81.8     78.3     81.2
-  CoLA MCC (1000 x 3)        adapters      0.0 (degenerate)  0.2   0.0
-  CoLA MCC (1000 x 3)        layernorm     0.0 (degenerate)  7.9   0.0
-  SMS spam (1000 x 3)        adapters     98.6     98.6     98.8
-  SMS spam (1000 x 3)        layernorm    98.6     98.2     98.6
+Measured on 2026-11-22: bench/LOG.md, "2026-11-22: the head rule on the embedded backbone".
 """
 
 from __future__ import annotations

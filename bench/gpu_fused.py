@@ -8,7 +8,7 @@ side by side: the optimizer step (every run's at once, or one run's after anothe
 masks' scheme (adaptune.fused.run_dropout: one generator draw per run per site, or counter-based masks for all runs
 at once), the step eager or replayed as CUDA graphs (adaptune.fused.step_graphs), and each layer setting's kernel.
 
-FLOPs are each run's own (adaptune.bench.step_cost.training_flops of the solo model at the fused step's
+FLOPs are each run's own (bench.step_cost.training_flops of the solo model at the fused step's
 padded length) times k, so MFU is comparable with one run's; padding to the longest of the k batches
 is counted as work, as it is for one run's padding.
 """
@@ -27,8 +27,6 @@ from unittest import mock
 
 import torch
 
-from adaptune.bench.fused import _Run, grouped_runs
-from adaptune.bench.step_cost import timed_pass, training_flops
 from adaptune.core.devices import Device, is_out_of_memory
 from adaptune.fused.kernels import attention as attention_kernel
 from adaptune.fused.kernels import dropout as dropout_kernel
@@ -40,6 +38,8 @@ from adaptune.fused.settings import LAYER_SETTINGS, VALUES, StepSettings
 from adaptune.fused.step_graphs import STEP_GRAPHS, GraphedFusedStep, graph_warmup
 from adaptune.model.methods import apply_method, method_from_dict
 from adaptune.train.group_loop import fused_step, run_losses, stack_run_batches
+from bench.fused import GroupedRun, grouped_runs
+from bench.step_cost import timed_pass, training_flops
 
 GROUP_SIZES = (1, 4, 8, 16)
 # top_kN: the top N layers stacked per run (the plan's deepest BERT-base groups are top_k 11).
@@ -111,7 +111,7 @@ def measure_fused(config: dict[str, Any], size: str, method: str, batches: list[
             model = randomness = runs = runner = one_pass = None
             with KernelLaunches() as kernel_calls:
                 try:
-                    model, randomness, runs, run_flops = _group(config, FUSED_METHODS[method], k, device, fused, settings)
+                    model, randomness, runs, run_flops = initialised_group(config, FUSED_METHODS[method], k, device, fused, settings)
                     runner = _step_function(model, randomness, settings, device, optimizer_step == "together")
                     one_pass = functools.partial(_train_pass, runner, runs, fused)
                     for _ in range(_warmup_passes(settings)):  # kernels chosen, AdamW state allocated, graphs captured
@@ -151,7 +151,7 @@ def profile_fused(config: dict[str, Any], size: str, method: str, batches: list[
 
     cuda = device.kind == "cuda"
     fused = _fused_steps(batches, task_count, k, steps, device)
-    model, randomness, runs, _ = _group(config, FUSED_METHODS[method], k, device, fused, settings)
+    model, randomness, runs, _ = initialised_group(config, FUSED_METHODS[method], k, device, fused, settings)
     one_pass = functools.partial(_train_pass, _step_function(model, randomness, settings, device, True), runs, fused)
     for _ in range(_warmup_passes(settings)):  # warm-up (and capture)
         one_pass()
@@ -202,7 +202,7 @@ def _warmup_passes(settings: StepSettings) -> int:
     return graph_warmup() + 1 if settings.step_graphs else 1
 
 
-def _train_pass(step: Callable[..., Any], runs: list[_Run], fused: list[tuple]) -> list[Any]:
+def _train_pass(step: Callable[..., Any], runs: list[GroupedRun], fused: list[tuple]) -> list[Any]:
     """One training pass of the group over the fused steps, as the trainer steps it; each step's results."""
     return [step(inputs, labels, weights, layout, runs) for inputs, labels, weights, layout in fused]
 
@@ -452,7 +452,7 @@ def _trained(config: dict[str, Any], method: str, k: int, device: Device, fused:
     """A group of k runs trained `passes` passes over the fused steps under `settings` (counter masks; `capture`
     False: the step-graph step without its capture): its step losses, trained tensors and graphs captured."""
     settings = settings.for_masks("counter")
-    model, randomness, runs, _ = _group(config, FUSED_METHODS[method], k, device, fused, settings)
+    model, randomness, runs, _ = initialised_group(config, FUSED_METHODS[method], k, device, fused, settings)
     step = _step_function(model, randomness, settings, device, True)
     if isinstance(step, GraphedFusedStep):
         step.capturing_allowed = capture
@@ -530,8 +530,8 @@ def _with_speedups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def _group(config: dict[str, Any], method: dict[str, Any], k: int, device: Device, fused: list[tuple],
-           settings: StepSettings = StepSettings()) -> tuple[Any, Any, list[_Run], float]:
+def initialised_group(config: dict[str, Any], method: dict[str, Any], k: int, device: Device, fused: list[tuple],
+           settings: StepSettings = StepSettings()) -> tuple[Any, Any, list[GroupedRun], float]:
     """k runs of `method` on one randomly initialised BERT (same initial tensors: speed does not depend on
     them), grouped under `settings`, frozen matmuls in bf16 as training stores them; and one run's training FLOPs
     over the `fused` steps' blocks, counted on the solo model before it is grouped."""

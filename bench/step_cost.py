@@ -1,5 +1,5 @@
-"""What a training step costs: its FLOPs on a batch's shape (for MFU) and its time on a device, shared
-by the GPU benchmarks (adaptune.bench.gpu, adaptune.bench.gpu_fused)."""
+"""What a training step costs: its FLOPs on a batch's shape (for MFU) and its time on a device, and variants timed
+in interleaved rounds; shared by the benchmarks (bench.cpu, bench.gpu, bench.gpu_fused)."""
 
 from __future__ import annotations
 
@@ -38,3 +38,14 @@ def timed_pass(step: Callable[[Any], None], batches: list[Any], device: Device) 
         step(batch)
     device.synchronize()
     return time.perf_counter() - started
+
+
+def interleaved(variants: dict[str, Callable[[], float]], repeats: int) -> dict[str, list[float]]:
+    """Each variant once untimed (warm-up), then `repeats` rounds of all variants in turn."""
+    for run in variants.values():
+        run()
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(repeats):
+        for name, run in variants.items():
+            times[name].append(run())
+    return times

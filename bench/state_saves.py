@@ -1,6 +1,6 @@
 """`make bench-states`: what saving a run's resume state costs, and what adaptune.train.state_saves spares a sweep.
 
-    python -m adaptune.bench.state_saves --out bench/state_saves.json [--experiment paper_full]
+    python -m bench.state_saves --out bench/state_saves.json [--experiment paper_full]
 
 1. `saves`: adaptune.train.state.save_state timed here (median of 3, this machine's disk) for BERT-base and
    BERT-large shaped models (random weights: a save's time depends on its bytes, not its values), adapters 64,
@@ -122,7 +122,7 @@ def experiment_saves(name: str, bytes_per_s: float) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m adaptune.bench.state_saves", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.state_saves", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="bench/state_saves.json")
     parser.add_argument("--experiment", default="paper_full")
     args = parser.parse_args(argv)
