@@ -19,19 +19,12 @@ from adaptune.sweep.store import RunStore
 from tests.gcs_emulator import gcs_emulator
 
 REPO = Path(__file__).resolve().parents[1]
-# Every exception class a user can fix, by module: each subclasses UserError beside its builtin base.
+# Every exception class a user can fix (found by name wherever it lives): each subclasses UserError beside its builtin base.
 USER_FIXABLE = {
-    "adaptune.core.environment": ["SettingError"], "adaptune.train.checks": ["ConfigError"],
-    "adaptune.core.backbones": ["BackboneError"], "adaptune.train.record": ["RunDirError"],
-    "adaptune.data.tasks": ["UnknownTaskError"], "adaptune.data.loading": ["DataNotFoundError", "DataError"],
-    "adaptune.data.readers": ["MalformedFileError"], "adaptune.model.adapters": ["UnsupportedModelError"],
-    "adaptune.report.results": ["SchemaError", "ResultsReadError"], "adaptune.sweep.plan": ["PlanError"],
-    "adaptune.sweep.spec": ["SpecError"], "adaptune.sweep.experiments": ["UnknownExperimentError"], "adaptune.model.checkpoint": ["CheckpointError"],
-    "adaptune.sweep.store": ["StoreError", "UnreadableFileError"], "adaptune.serve.bundle": ["BundleError"],
-    "adaptune.serve.selection": ["SelectionError"], "adaptune.serve.predict": ["PredictInputError"],
-    "adaptune.sweep.fan_in": ["IncompleteSweepError"], "adaptune.sweep.staging": ["StagingError"],
-    "adaptune.sweep.machine": ["ShardEnvironmentError"], "adaptune.core.devices": ["CpuBf16Unsupported"],
-    "pipelines.container_runner": ["EngineError"],
+    "SettingError", "ConfigError", "BackboneError", "RunDirError", "UnknownTaskError", "DataNotFoundError", "DataError",
+    "MalformedFileError", "UnsupportedModelError", "SchemaError", "ResultsReadError", "PlanError", "SpecError",
+    "UnknownExperimentError", "CheckpointError", "StoreError", "UnreadableFileError", "BundleError", "SelectionError",
+    "PredictInputError", "IncompleteSweepError", "StagingError", "ShardEnvironmentError", "CpuBf16Unsupported", "EngineError",
 }
 BUILTIN_BASES = {"UnknownExperimentError": KeyError, "DataNotFoundError": FileNotFoundError, "UnsupportedModelError": TypeError}
 
@@ -45,15 +38,20 @@ def _write(store: RunStore, parts: tuple[str, ...], content: bytes) -> None:
 def test_every_user_fixable_error_is_a_user_error_and_keeps_its_builtin_base() -> None:
     import importlib
 
-    for module, names in USER_FIXABLE.items():
-        for name in names:
-            cls = getattr(importlib.import_module(module), name)
-            assert issubclass(cls, UserError), cls
-            builtin = BUILTIN_BASES.get(name)
-            if builtin is not None:
-                assert issubclass(cls, builtin), cls
-            assert any(base.__module__ == "builtins" and base is not Exception and issubclass(cls, base)
-                       for base in vars(builtins).values() if isinstance(base, type) and issubclass(base, Exception)), cls
+    found = {}
+    for path in [*(REPO / "adaptune").rglob("*.py"), *(REPO / "pipelines").rglob("*.py")]:
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef) and node.name in USER_FIXABLE:
+                module = ".".join(path.relative_to(REPO).with_suffix("").parts)
+                found[node.name] = getattr(importlib.import_module(module), node.name)
+    assert set(found) == USER_FIXABLE
+    for name, cls in found.items():
+        assert issubclass(cls, UserError), cls
+        builtin = BUILTIN_BASES.get(name)
+        if builtin is not None:
+            assert issubclass(cls, builtin), cls
+        assert any(base.__module__ == "builtins" and base is not Exception and issubclass(cls, base)
+                   for base in vars(builtins).values() if isinstance(base, type) and issubclass(base, Exception)), cls
 
 
 def test_one_settings_error_and_no_exception_named_as_a_string() -> None:
