@@ -1,5 +1,5 @@
 """Before a submission reaches out: the credentials, the endpoint and the buckets it needs, each checked in a few
-seconds and, where missing or unreachable, named in one line with what to do (a SettingsError, exit status 2).
+seconds and, where missing or unreachable, named in one line with what to do (a SettingError, exit status 2).
 
 Without these checks a missing credential is a 35-line traceback ending in google.auth's DefaultCredentialsError,
 a KFP host on a closed port 107 lines ending in urllib3's MaxRetryError, and an unreachable Vertex AI endpoint
@@ -12,7 +12,7 @@ import socket
 import urllib.parse
 from typing import Any
 
-from adaptune.core.environment import SettingError as SettingsError
+from adaptune.core.environment import SettingError
 from pipelines.submit import ENV_VARS, SubmitSettings
 
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
@@ -30,13 +30,13 @@ def check_credentials() -> None:
         credentials, _ = google.auth.default(scopes=[CLOUD_PLATFORM_SCOPE])
         credentials.refresh(google.auth.transport.requests.Request())
     except google.auth.exceptions.DefaultCredentialsError:
-        raise SettingsError(f"no Google Cloud credentials (Application Default Credentials): {LOGIN}, "
+        raise SettingError(f"no Google Cloud credentials (Application Default Credentials): {LOGIN}, "
                             "or set GOOGLE_APPLICATION_CREDENTIALS to a service account's key file") from None
     except google.auth.exceptions.RefreshError as error:
-        raise SettingsError(f"the Google Cloud credentials could not be refreshed (expired or revoked: {_first_line(error)}): "
+        raise SettingError(f"the Google Cloud credentials could not be refreshed (expired or revoked: {_first_line(error)}): "
                             f"{LOGIN} again") from None
     except google.auth.exceptions.TransportError as error:
-        raise SettingsError(f"Google's sign-in service cannot be reached ({_first_line(error)}): check this machine's network "
+        raise SettingError(f"Google's sign-in service cannot be reached ({_first_line(error)}): check this machine's network "
                             "and proxy settings") from None
 
 
@@ -54,7 +54,7 @@ def check_vertex_endpoint(region: str) -> None:
 def check_kfp_host(url: str) -> None:
     parsed = urllib.parse.urlparse(url if "://" in url else f"http://{url}")
     if not parsed.hostname:
-        raise SettingsError(f"KFP_HOST={url!r} is not a URL: set it to the KFP API's address, e.g. http://localhost:8080")
+        raise SettingError(f"KFP_HOST={url!r} is not a URL: set it to the KFP API's address, e.g. http://localhost:8080")
     port = parsed.port or (443 if parsed.scheme == "https" else 80)
     _check_reachable(parsed.hostname, port, f"the KFP endpoint {url}",
                      "check KFP_HOST (e.g. `kubectl port-forward -n kubeflow svc/ml-pipeline-ui 8080:80`, then "
@@ -72,7 +72,7 @@ def check_buckets(settings: SubmitSettings) -> None:
         bucket = url[len("gs://"):].split("/", 1)[0]
         filesystem, _ = fsspec.core.url_to_fs(url)
         if not filesystem.exists(bucket):
-            raise SettingsError(f"bucket gs://{bucket} ({key} {url}) does not exist: create it "
+            raise SettingError(f"bucket gs://{bucket} ({key} {url}) does not exist: create it "
                                 f"(`gcloud storage buckets create gs://{bucket} --location={settings.region or 'REGION'}`) "
                                 f"or fix ${ENV_VARS[key]} / `{key}` in adaptune.toml")
 
@@ -105,7 +105,7 @@ def _check_reachable(host: str, port: int, what: str, todo: str) -> None:
         with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S):
             pass
     except OSError as error:
-        raise SettingsError(f"{what} cannot be reached ({error.strerror or error}): {todo}") from None
+        raise SettingError(f"{what} cannot be reached ({error.strerror or error}): {todo}") from None
 
 
 def _first_line(error: Any) -> str:

@@ -60,7 +60,7 @@ def test_one_settings_error_and_no_exception_named_as_a_string() -> None:
     from adaptune.cli import USER_ERRORS, is_user_error
     from adaptune.core.environment import SettingError
 
-    assert not hasattr(pipelines.submit, "SettingsError") and pipelines.submit_checks.SettingsError is SettingError
+    assert not hasattr(pipelines.submit, "SettingsError") and pipelines.submit_checks.SettingError is SettingError
     assert all(isinstance(cls, type) for cls in USER_ERRORS)
     assert is_user_error(SettingError("x")) and is_user_error(FileNotFoundError("x")) and not is_user_error(RuntimeError("x"))
     strings = [node.value for node in ast.walk(ast.parse((REPO / "adaptune" / "cli.py").read_text()))

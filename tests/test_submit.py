@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
-from adaptune.core.environment import SettingError as SettingsError  # the one settings error
+from adaptune.core.environment import SettingError
 from pipelines.submit import ENV_VARS, SubmitSettings, load_settings, submit, submit_vertex
 
 
 def test_missing_settings_are_named_in_one_message(tmp_path: Path) -> None:
     settings = load_settings(env={"ADAPTUNE_PROJECT": "p"}, config_path=tmp_path / "absent.toml")
-    with pytest.raises(SettingsError) as error:
+    with pytest.raises(SettingError) as error:
         submit_vertex("smoke", settings)
     message = str(error.value)
     for var in ("ADAPTUNE_REGION", "ADAPTUNE_PIPELINE_ROOT", "ADAPTUNE_SERVICE_ACCOUNT"):
@@ -32,7 +32,7 @@ def test_settings_come_from_env_over_the_config_file(tmp_path: Path) -> None:
     settings = load_settings(env={"ADAPTUNE_PROJECT": "from-env"}, config_path=config)
     assert (settings.project, settings.region, settings.registry) == ("from-env", "europe-west4", "eu.gcr.io/x")
     config.write_text('[submit]\nprojekt = "typo"\n')
-    with pytest.raises(SettingsError, match="unknown key.*projekt"):
+    with pytest.raises(SettingError, match="unknown key.*projekt"):
         load_settings(env={}, config_path=config)
 
 
@@ -173,7 +173,7 @@ def test_kfp_host_submits_a_kfp_target_package(monkeypatch: pytest.MonkeyPatch, 
     monkeypatch.setattr(kfp, "Client", RecordingClient)
     monkeypatch.chdir(tmp_path)  # no adaptune.toml here: settings come from the environment alone
     env = {"KFP_HOST": "http://127.0.0.1:1", "ADAPTUNE_RUNS_ROOT": "gs://b/runs"}
-    with pytest.raises(SettingsError, match="ADAPTUNE_REGISTRY"):  # the placeholder registry is never submitted
+    with pytest.raises(SettingError, match="ADAPTUNE_REGISTRY"):  # the placeholder registry is never submitted
         submit("glue_full", env=env)
     line = submit("glue_full", env={**env, "ADAPTUNE_REGISTRY": "us-docker.pkg.dev/p/r"})
     assert line == "submitted glue_full to http://127.0.0.1:1: run run-1"
@@ -184,9 +184,7 @@ def test_kfp_host_submits_a_kfp_target_package(monkeypatch: pytest.MonkeyPatch, 
 
 
 def test_a_submission_without_a_run_store_says_where_to_set_one() -> None:
-    from adaptune.core.environment import SettingError as SettingsError
-
-    with pytest.raises(SettingsError, match="ADAPTUNE_RUNS_ROOT"):
+    with pytest.raises(SettingError, match="ADAPTUNE_RUNS_ROOT"):
         SubmitSettings().resolved_runs_root()
     assert SubmitSettings(pipeline_root="gs://b/root/").resolved_runs_root() == "gs://b/root/adaptune-runs"
     assert SubmitSettings(pipeline_root="gs://b/root", runs_root="gs://c/store").resolved_runs_root() == "gs://c/store"
@@ -206,7 +204,7 @@ def test_vertex_experiment_names_follow_the_experiment_and_vertex_ais_rule(tmp_p
     config.write_text('[submit]\nvertex_experiment = "from-file"\n')
     assert load_settings(env={}, config_path=config).resolved_vertex_experiment("glue_full") == "from-file"
     assert load_settings(env={"ADAPTUNE_VERTEX_EXPERIMENT": "from-env"}, config_path=config).vertex_experiment == "from-env"
-    with pytest.raises(SettingsError, match="ADAPTUNE_VERTEX_EXPERIMENT.*adaptune-glue-full"):
+    with pytest.raises(SettingError, match="ADAPTUNE_VERTEX_EXPERIMENT.*adaptune-glue-full"):
         SubmitSettings(vertex_experiment="Glue_Full").resolved_vertex_experiment("glue_full")
 
 

@@ -8,6 +8,7 @@ tokenization cache (adaptune.data.token_cache). Which split scheme a load follow
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,7 +38,7 @@ def load_task_data(task: Task | str, data_dir: str | Path | None = None, splits:
 
 
 @quiet_datasets()
-def load_task_splits(task: Task | str, data_dir: str | Path | None = None, splits: Sequence[str] | None = None,
+def load_task_splits(task: Task | str, data_dir: str | os.PathLike[str] | None = None, splits: Sequence[str] | None = None,
                      data_split: str | None = None) -> TaskData:
     """`load_task_data`'s splits, with the split scheme they follow and its note for the run record.
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -59,7 +60,7 @@ def quiet_datasets() -> Iterator[None]:
             datasets.enable_progress_bars()
 
 
-def resolve_data_dir(data_dir: str | Path | None = None) -> Path | None:
+def resolve_data_dir(data_dir: str | os.PathLike[str] | None = None) -> Path | None:
     """The local mirror: the argument, else $ADAPTUNE_DATA_DIR, else the first `shared/data` found
     walking up from the current directory (then from this package's location), else None (the hub).
     The value "hub" (argument or variable) skips the mirror search and forces the hub."""

@@ -209,7 +209,7 @@ def _versus_full(row: dict, runs: pd.DataFrame, candidates: pd.DataFrame, backbo
     if tasks is not None:  # Table 1's task order
         pairs = sorted(pairs, key=lambda pair: tasks.index(pair[0].key[0]))
     result = _judged(row, pairs, _mean_difference)
-    base = base_params(runs).get(backbone)
+    base = base_params(runs).get(backbone) if backbone is not None else None
     trained = pd.concat([cell.chosen() for cell, _ in pairs])["trained_params"]  # as the table's trained % reads them
     percent = 100.0 * float(trained.mean()) / base if base and trained.notna().any() else None
     share = f"adapters train {percent:.2f}% of the backbone" if percent is not None else "adapters' trained share unknown"
@@ -404,9 +404,9 @@ def _ablation_verdict(row: dict, values: list[float], notes: list[str], readings
     """One Figure 6 claim over the ablated runs' values (bootstrapped over runs), or why it has none."""
     if not values:
         return {**row, **common, "detail": "; ".join(readings.skipped) or missing}
-    values = np.array(values, dtype=float)
-    low, high = bootstrap_ci([values], lambda m: m[..., 0])
-    judged = _verdict_row(row, float(values.mean()), low, high, len(values), unit="ablated run", n_tasks=common["n_tasks"],
+    ablated = np.array(values, dtype=float)
+    low, high = bootstrap_ci([ablated], lambda m: m[..., 0])
+    judged = _verdict_row(row, float(ablated.mean()), low, high, len(ablated), unit="ablated run", n_tasks=common["n_tasks"],
                           n_runs=len(values))
     per_run = notes if notes else ["per run: " + ", ".join(f"{v:+.2f}" for v in values)]
     metric_note = f"metric: {', '.join(sorted(readings.metrics))}, on validation"

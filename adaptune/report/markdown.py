@@ -275,8 +275,9 @@ def _figures_section(parts: ReportParts) -> list[str]:
         else:
             png, pdf = (path.relative_to(parts.out_dir).as_posix() for path in figure.paths)
             lines += [f"### {figure.title}", ""]
-            if (parts.notes or {}).get(figure.name):
-                lines += [f"*{parts.notes[figure.name]}*", ""]
+            note = (parts.notes or {}).get(figure.name)
+            if note:
+                lines += [f"*{note}*", ""]
             lines += [f"Backbone: `{figure.backbone or 'unknown'}` (the paper's: {paper_backbone}).", ""]
             lines += [f"![{figure.name}]({png})", "", f"[PDF]({pdf})", ""]
     return lines

@@ -166,7 +166,7 @@ def _what_ran(record: dict[str, Any]) -> dict[str, Any]:
         "backbone": record["backbone"],
         "trained_params": trained,
         "total_params": total,
-        "trained_percent": 100.0 * trained / total if _is_number(trained) and _is_number(total) and total else None,
+        "trained_percent": 100.0 * trained / total if trained is not None and total and _is_number(trained) and _is_number(total) else None,
         "primary_metric": primary,
         "best_epoch": record.get("best_epoch"),
         "val_score": val_metrics.get(primary) if primary else None,
@@ -246,7 +246,7 @@ def write_curves(records: Iterable[dict[str, Any]], out_dir: str | Path) -> Path
 def write_ablation(rows: Iterable[dict[str, Any]], out_dir: str | Path) -> Path:
     """Append ablation rows (ablation.ablate's dicts); a re-ablated run replaces its old rows whole."""
     rows = [dict(row) for row in rows]
-    replaced = {row.get("run_id") for row in rows}
+    replaced = {str(row["run_id"]) for row in rows if row.get("run_id") is not None}
     key = ("run_id", "first_layer", "last_layer", "metric")
     return _append(Path(out_dir) / ABLATION_FILE, ABLATION_SCHEMA, rows, key=key, replace_runs=replaced)
 

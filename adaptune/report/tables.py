@@ -483,8 +483,8 @@ def _paper_mean_over(paper_by_task: dict[str, Any], measured: list[str], all_tas
     over the same tasks (like with like); with `published` given and every task measured, that instead."""
     if published is not None and set(all_tasks) <= set(measured):
         return published
-    values = [paper_by_task.get(task) for task in measured]
-    values = [float(value) for value in values if value is not None]
+    given = [paper_by_task.get(task) for task in measured]
+    values = [float(value) for value in given if value is not None]
     return float(np.mean(values)) if values and len(values) == len(measured) else None
 
 

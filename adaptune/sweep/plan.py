@@ -164,7 +164,9 @@ class Plan:
         """Which throughputs the estimate used: the store's measurements (with their run counts and the
         group size they were fused at) or the table, and where fused runs were priced one at a time."""
         table = "adaptune.sweep.cost.THROUGHPUT (published figures, not a measurement)"
-        keys, unpriced_groups, table_groups = set(), Counter(), Counter()
+        keys: set[tuple[Any, ...]] = set()
+        unpriced_groups: Counter[int] = Counter()
+        table_groups: Counter[int] = Counter()
         at_length = at_mean_length = 0
         for run in self.runs:
             planned = self.group_sizes[run.run_id]

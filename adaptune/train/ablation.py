@@ -38,12 +38,8 @@ def ablate(
     relative_change = (value - baseline_value) / |baseline_value| (None when the baseline is 0).
     """
     model, method_cfg, info = load_task_checkpoint(checkpoint_dir)
-    if method_cfg.name != "adapters":
-        raise ValueError(f"{checkpoint_dir} was trained with method {method_cfg.name!r}; ablation switches adapters off, so it needs an adapters checkpoint")
-    metadata = info.get("metadata") or {}
+    metadata = _ablation_metadata(checkpoint_dir, method_cfg.name, info)
     config = metadata.get("config") or {}
-    if "task" not in metadata:
-        raise ValueError(f"{checkpoint_dir}/task.json has no metadata.task: it was not written by adaptune.train.loop; pass a run's checkpoint dir")
     task = get_task(metadata["task"])
     device = pick_device()
     tokenizer = load_tokenizer(info["backbone"])
@@ -62,6 +58,7 @@ def ablate(
     validation = data.eval_splits["validation"]
     collator = make_collator(tokenizer, pad_to_multiple_of=device.pad_multiple)  # as the run evaluated
     model.to(device.torch_device)
+
     def scores() -> dict[str, float | None]:
         values = evaluate_split(model, task, validation, device, collator).metrics
         return {metric: None if values.get(metric) is None else float(values[metric]) for metric in task.metrics}
@@ -73,21 +70,34 @@ def ablate(
         for last in range(first, layer_count):
             with adapters_disabled(model, first, last):
                 values = scores()
-            for metric in task.metrics:
-                value, base = values[metric], baseline[metric]
-                records.append(
-                    {
-                        "run_id": metadata.get("run_id"),
-                        "task": task.name,
-                        "first_layer": first,
-                        "last_layer": last,
-                        "metric": metric,
-                        "value": value,
-                        "baseline_value": base,
-                        "relative_change": (value - base) / abs(base) if value is not None and base else None,
-                    }
-                )
+            records += [_span_record(metadata.get("run_id"), task.name, first, last, metric, values[metric], baseline[metric])
+                        for metric in task.metrics]
     return records
+
+
+def _ablation_metadata(checkpoint_dir: str | os.PathLike[str], method: str, info: dict[str, Any]) -> dict[str, Any]:
+    """The run's metadata from its checkpoint, refused unless it is an adapters run's checkpoint written by a run."""
+    if method != "adapters":
+        raise ValueError(f"{checkpoint_dir} was trained with method {method!r}; ablation switches adapters off, so it needs an adapters checkpoint")
+    metadata: dict[str, Any] = info.get("metadata") or {}
+    if "task" not in metadata:
+        raise ValueError(f"{checkpoint_dir}/task.json has no metadata.task: it was not written by adaptune.train.loop; pass a run's checkpoint dir")
+    return metadata
+
+
+def _span_record(run_id: str | None, task: str, first: int, last: int, metric: str, value: float | None,
+                 base: float | None) -> dict[str, Any]:
+    """One ablation row: a layer span's score on a metric beside the run's own."""
+    return {
+        "run_id": run_id,
+        "task": task,
+        "first_layer": first,
+        "last_layer": last,
+        "metric": metric,
+        "value": value,
+        "baseline_value": base,
+        "relative_change": (value - base) / abs(base) if value is not None and base else None,
+    }
 
 
 def add_ablate_arguments(parser: argparse.ArgumentParser) -> None:
