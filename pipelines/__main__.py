@@ -299,8 +299,7 @@ RUNS_ROOT_HELP = ("the run store (default: $ADAPTUNE_RUNS_ROOT or adaptune.toml'
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m pipelines", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    run = commands.add_parser("run", help="run an experiment's DAG locally with kfp.local")
-    run.add_argument("name", help="a named experiment or a sweep file (.yaml/.json)")
+    run = _named(commands, "run", "run an experiment's DAG locally with kfp.local")
     run.add_argument("--out", required=True, help="where the Parquet, tables, figures and report land")
     run.add_argument("--data-dir", default=None, help="local data mirror (default: shared/data found next to the tree, else the hub)")
     run.add_argument("--runs-root", default=None, help="the run store (default: OUT/store); finished runs there are reused")
@@ -309,28 +308,30 @@ def build_parser() -> argparse.ArgumentParser:
                      help="subprocess: components in this environment; docker: in the project's images (image_for), "
                           "through kfp.local's DockerRunner (build them first: make -C containers build-cpu)")
     run.set_defaults(handler=_run)
-    plan = commands.add_parser("plan", help="the grid, a line 'N runs' and an accelerator-hour estimate; runs nothing")
-    plan.add_argument("name", help="a named experiment or a sweep file (.yaml/.json)")
+    plan = _named(commands, "plan", "the grid, a line 'N runs' and an accelerator-hour estimate; runs nothing")
     plan.add_argument("--runs-root", default=None,
                       help="a run store whose records' measured throughput replaces the published table where it applies")
     plan.set_defaults(handler=_plan)
-    status = commands.add_parser("status", help="where a sweep stands, from its run store: finished, failed, in progress, cost, ETA")
-    status.add_argument("name", help="a named experiment or a sweep file (.yaml/.json)")
+    status = _named(commands, "status", "where a sweep stands, from its run store: finished, failed, in progress, cost, ETA")
     status.add_argument("--runs-root", default=None, help=RUNS_ROOT_HELP)
     status.set_defaults(handler=_status)
-    report = commands.add_parser("report", help="aggregate what the run store holds now and render the report (partial while the sweep runs)")
-    report.add_argument("name", help="a named experiment or a sweep file (.yaml/.json)")
+    report = _named(commands, "report", "aggregate what the run store holds now and render the report (partial while the sweep runs)")
     report.add_argument("--runs-root", default=None, help=RUNS_ROOT_HELP)
     report.add_argument("--out", default=None, help="where the Parquet, tables, figures and report.md land (default: outputs/<name>)")
     report.add_argument("--data-dir", default=None, help="local data mirror, for the majority-class baselines (default: shared/data found next to the tree)")
     report.set_defaults(handler=_report)
+    _add_store_commands(commands)
+    return parser
+
+
+def _add_store_commands(commands: Any) -> None:
+    """The commands besides a sweep's run, plan, status and report: compare, tensorboard, show, compile, submit, stage-models."""
     compare = commands.add_parser("compare", help="the runs two stores both hold (same run id), run by run: status, scores, speed")
     compare.add_argument("runs_a", help="a run store (a directory or gs://bucket/prefix)")
     compare.add_argument("runs_b", help="another; deltas are b minus a")
     compare.add_argument("--out", default=None, help="also write paired_runs.parquet and paired_summary.parquet here")
     compare.set_defaults(handler=_compare)
-    board = commands.add_parser("tensorboard", help="serve one sweep's runs in TensorBoard: curves, and the HParams table of the whole grid")
-    board.add_argument("name", help="a named experiment or a sweep file (.yaml/.json)")
+    board = _named(commands, "tensorboard", "serve one sweep's runs in TensorBoard: curves, and the HParams table of the whole grid")
     board.add_argument("--runs-root", default=None, help=RUNS_ROOT_HELP)
     board.add_argument("--out", default=None, help="where the view is built, as <out>/tensorboard (default: outputs/<name>)")
     board.add_argument("--port", type=int, default=6006)
@@ -340,24 +341,27 @@ def build_parser() -> argparse.ArgumentParser:
     board.add_argument("--bind-all", action="store_true",
                        help="serve on every network interface (default: localhost only, as a sweep's results are private)")
     board.set_defaults(handler=_tensorboard)
-    show = commands.add_parser("show", help="print an experiment as a sweep file (YAML), to start your own from")
-    show.add_argument("name", help="a named experiment or a sweep file (.yaml/.json)")
+    show = _named(commands, "show", "print an experiment as a sweep file (YAML), to start your own from")
     show.set_defaults(handler=_show)
     compile_ = commands.add_parser("compile", help="write pipeline.yaml and pipelines/compiled/<name>.yaml")
     compile_.add_argument("--root", default=None, help="directory to write under (default: the repository root)")
     compile_.set_defaults(handler=_compile)
-    submit = commands.add_parser("submit", help="submit to Vertex AI Pipelines, or to $KFP_HOST when set")
-    submit.add_argument("name", help="a named experiment or a sweep file (.yaml/.json)")
+    submit = _named(commands, "submit", "submit to Vertex AI Pipelines, or to $KFP_HOST when set")
     _add_retrain_flags(submit)
     submit.set_defaults(handler=_submit)
-    stage = commands.add_parser("stage-models", help="copy the experiment's hub backbones into the run store once (pods load them from there)")
-    stage.add_argument("name", help="a named experiment or a sweep file (.yaml/.json)")
+    stage = _named(commands, "stage-models", "copy the experiment's hub backbones into the run store once (pods load them from there)")
     stage.add_argument("--runs-root", default=None, help="the run store (default: the submission's, $ADAPTUNE_RUNS_ROOT / adaptune.toml)")
     stage.add_argument("--from", dest="sources", action="append", default=[], metavar="BACKBONE=DIR",
                        help="a local save_pretrained directory to stage for BACKBONE instead of downloading it (repeatable)")
     stage.add_argument("--force", action="store_true", help="stage again even where a copy is already staged")
     stage.set_defaults(handler=_stage_models)
-    return parser
+
+
+def _named(commands: Any, verb: str, help: str) -> argparse.ArgumentParser:
+    """A command that takes an experiment's name (or a sweep file) first."""
+    command: argparse.ArgumentParser = commands.add_parser(verb, help=help)
+    command.add_argument("name", help="a named experiment or a sweep file (.yaml/.json)")
+    return command
 
 
 def main(argv: list[str] | None = None) -> int:

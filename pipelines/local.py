@@ -13,11 +13,13 @@ import contextlib
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 from adaptune.sweep.data_check import check_local_data
 from adaptune.sweep.experiments import get_experiment
 from adaptune.sweep.plan import Plan, plan
 from adaptune.sweep.retrain import RetrainPolicy
+from adaptune.sweep.spec import ExperimentSpec
 from adaptune.sweep.store import RunStore
 from adaptune.sweep.store_files import UnreadableFileError
 from components.images import image_for
@@ -56,11 +58,7 @@ def run_local(
     spec = get_experiment(name)
     planned = plan(spec)
     out_dir = Path(out_dir).resolve()
-    # The checks every shard would make, made once: a root that is a file (or unwritable) would fail every task, each
-    # retried by kfp.local; a record that cannot be read would end the run at the aggregate, inside kfp's traceback.
-    store = RunStore(runs_root or out_dir / "store").require_writable()
-    if not policy.unreadable:
-        refuse_unreadable_records(planned, store)
+    store = _checked_store(planned, runs_root or out_dir / "store", policy)
     print(planned.summary(), flush=True)
     root = resolve_data_dir(data_dir)
     if check_data:  # off only for dry runs of a DAG's shape with a stand-in trainer ($ADAPTUNE_TRAINER)
@@ -69,20 +67,8 @@ def run_local(
     print(f"data: {root if root else 'the Hugging Face hub (no local mirror found)'}", flush=True)
     print(f"run store: {store.root}", flush=True)
 
-    # The components run as subprocesses: they must import this working tree's packages.
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    # Several shards share the CPU at once (the experiment's parallelism): one thread each, no oversubscription.
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     pipeline_root = out_dir / "kfp_root"
-    if runner == "docker":
-        from pipelines.container_runner import docker_runner
-
-        task_runner = docker_runner(spec, pipeline_root, store, root)
-        print(f"runner: docker, images {', '.join(sorted({image_for('cpu'), image_for(spec.accelerator.family)}))}", flush=True)
-    else:
-        task_runner = local.SubprocessRunner(use_venv=False)
-    local.init(runner=task_runner, pipeline_root=str(pipeline_root))
+    local.init(runner=_task_runner(runner, spec, pipeline_root, store, root), pipeline_root=str(pipeline_root))
     # kfp.local indents a task's log by swapping builtins.print (logging_utils.indented_print); two
     # ParallelFor tasks at once can leave the swapped one in place: put the real print back afterwards.
     real_print = builtins.print
@@ -93,6 +79,33 @@ def run_local(
     finally:
         builtins.print = real_print
     return collect_outputs(Path(run.outputs["results"].path), Path(run.outputs["report"].path), out_dir)
+
+
+def _task_runner(runner: str, spec: ExperimentSpec, pipeline_root: Path, store: RunStore, data_root: Path | None) -> Any:
+    """kfp.local's runner for the components, this process's environment set for the subprocesses it starts."""
+    from kfp import local
+
+    # The components run as subprocesses: they must import this working tree's packages.
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # Several shards share the CPU at once (the experiment's parallelism): one thread each, no oversubscription.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if runner == "docker":
+        from pipelines.container_runner import docker_runner
+
+        task_runner = docker_runner(spec, pipeline_root, store, data_root)
+        print(f"runner: docker, images {', '.join(sorted({image_for('cpu'), image_for(spec.accelerator.family)}))}", flush=True)
+        return task_runner
+    return local.SubprocessRunner(use_venv=False)
+
+
+def _checked_store(planned: Plan, runs_root: str | Path, policy: RetrainPolicy) -> RunStore:
+    """The checks every shard would make, made once: a root that is a file (or unwritable) would fail every task, each
+    retried by kfp.local; a record that cannot be read would end the run at the aggregate, inside kfp's traceback."""
+    store = RunStore(runs_root).require_writable()
+    if not policy.unreadable:
+        refuse_unreadable_records(planned, store)
+    return store
 
 
 def refuse_unreadable_records(planned: Plan, store: RunStore) -> None:
