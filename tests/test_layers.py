@@ -169,3 +169,14 @@ def test_nothing_outside_tests_imports_tests() -> None:
                 [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
             found += [f"{module}: {name}" for name in names if name.split(".")[0] == "tests"]
     assert found == []
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    """An underscored name is its module's own: another module that needs it needs a public name (tests may reach in)."""
+    found = []
+    for module, path in project_modules().items():
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and node.module.split(".")[0] in PACKAGES:
+                found += [f"{module}: from {node.module} import {alias.name}" for alias in node.names
+                          if alias.name.startswith("_") and node.module != module]
+    assert found == []
