@@ -107,14 +107,14 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     from adaptune.core.backbones import DEFAULT_BACKBONE
 
     debug_help = f"on an error, print the full traceback too (also: {DEBUG_ENV}=1)"
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=debug_help)
     parser = _Parser(prog="adaptune", description=__doc__.splitlines()[0], formatter_class=_HelpFormatter)
     parser.add_argument("--debug", action="store_true", help=debug_help)
     commands = parser.add_subparsers(dest="command", required=True)
 
-    def add_command(name: str, **kwargs: object) -> argparse.ArgumentParser:
-        return commands.add_parser(name, parents=[common], formatter_class=_HelpFormatter, **kwargs)
+    def add_command(name: str, help: str) -> argparse.ArgumentParser:
+        return commands.add_parser(name, parents=[common], formatter_class=_HelpFormatter, help=help)
 
     tasks = add_command("tasks", help="list every task with its source and metrics")
     tasks.add_argument("--data-dir", default=None, help="local mirror in the publishers' layout (default: found automatically)")

@@ -131,7 +131,9 @@ def _models_as_alone(backbone: str | None, task_kind: str, num_labels: int, seed
     yield copied
     for seed in seeds[1:]:
         set_seed(seed)
-        yield fresh_head_copy(loaded)
+        again = fresh_head_copy(loaded)
+        assert again is not None  # the same model's head, copied once above
+        yield again
 
 
 class _Group:

@@ -131,7 +131,7 @@ class SoloSteps:
         record.update(recorded_step_settings(settings, compile="eager"))  # step graphs are a fused group's
         run.dropout = dropout_stream(config.seed, device.torch_device, settings.dropout_masks)
         use_run_dropout(model, [run.dropout], settings)
-        model.to(device.torch_device)
+        model.to(device.torch_device)  # type: ignore[arg-type]  # transformers' to() wraps nn.Module.to with a wrong signature
         record.update(frozen_backbone_for_autocast(model, device.autocast_dtype))
         record["layer_norm"] = recorded_layer_norm(model)  # "torch": a run alone has torch's LayerNorms
         counts = count_parameters(model)
