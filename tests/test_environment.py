@@ -306,3 +306,17 @@ f = os.environ.get("HOME")
 def test_a_setting_that_has_left_says_so_rather_than_guessing() -> None:
     assert environment.unknown({"ADAPTUNE_RESIDUAL": "autocast"}) == [
         "ADAPTUNE_RESIDUAL is a setting that has left (no measurement showed it paying; bench/LOG.md): unset it"]
+
+
+def test_every_setting_the_code_reads_by_attribute_is_declared() -> None:
+    """`settings().<name>` is resolved at run time; read here from the source, a misspelt or undeclared name fails
+    before any run takes the path that reads it."""
+    repo = Path(__file__).resolve().parents[1]
+    read = set()
+    for path in [*repo.glob("adaptune/**/*.py"), *repo.glob("pipelines/**/*.py"), *repo.glob("components/**/*.py")]:
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Attribute)
+                    and node.value.func.attr == "settings" and not node.value.args):
+                read.add((node.attr, path.relative_to(repo).as_posix()))
+    assert len(read) >= 10  # the reads this scan must see (device, data_dir, lease_seconds, ...)
+    assert [(name, where) for name, where in sorted(read) if name not in environment.ATTRIBUTES and name != "environ"] == []
