@@ -10,7 +10,10 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from adaptune.sweep.retrain import RetrainPolicy
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -285,7 +288,7 @@ def _add_retrain_flags(parser: argparse.ArgumentParser) -> None:
                         help="train again the runs whose record cannot be read (each file kept aside)")
 
 
-def _retrain_policy(args: argparse.Namespace) -> Any:
+def _retrain_policy(args: argparse.Namespace) -> RetrainPolicy:
     """The RetrainPolicy a command's options ask for, built once where the command starts."""
     from adaptune.sweep.retrain import RetrainPolicy
 

@@ -77,5 +77,11 @@ def iterate_batches(
 ) -> Iterator[dict[str, torch.Tensor]]:
     """Padded tensor batches on `device`, in the given order."""
     for batch in batches:
-        padded = collator([rows[i] for i in batch])
-        yield {name: tensor.to(device, non_blocking=True) for name, tensor in padded.items()}
+        yield padded_batch(rows, batch, collator, device)
+
+
+def padded_batch(rows: Sequence[dict[str, Any]], batch: Sequence[int], collator: DataCollatorWithPadding,
+                 device: torch.device) -> dict[str, torch.Tensor]:
+    """One batch of rows, collated (padded) and on `device`."""
+    padded = collator([rows[i] for i in batch])
+    return {name: tensor.to(device, non_blocking=True) for name, tensor in padded.items()}

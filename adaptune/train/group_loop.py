@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import torch
 from torch.nn import functional as F
-from transformers import get_linear_schedule_with_warmup, set_seed
+from transformers import set_seed
 
 from adaptune.core.devices import Device, is_out_of_memory, pick_device, release_memory
 from adaptune.data.batching import epoch_batches, make_collator
@@ -202,13 +202,8 @@ class _Group:
         total_steps = math.ceil(len(data.train_rows) / first.batch_size) * first.epochs
         for run, params, generator in zip(self.runs, run_parameters(model), self.randomness.streams, strict=True):
             run.record.update(trained_params=counts.trained, total_params=counts.total, layer_norm=layer_norm, **backbone_fields)
-            run.params, run.dropout = params, generator
-            run.optimizer = adamw(params, decayed, run.config.lr, run.config.weight_decay)
-            run.scheduler = get_linear_schedule_with_warmup(run.optimizer, int(first.warmup_fraction * total_steps), total_steps)
-            run.guard = FiniteGuard(device)
-            run.segment_started = time.perf_counter()
-        for run in self.runs:
-            run.resume()
+            run.dropout = generator
+            run.start_training(params, adamw(params, decayed, run.config.lr, run.config.weight_decay), FiniteGuard(device), total_steps)
         self.model, self.collator, self.tokenizer = model, make_collator(tokenizer, pad_to_multiple_of=device.pad_multiple), tokenizer
         self.graphed = self._graphed_step()
         self.sharing = [run.progress for run in self.runs]  # the group's phases are each run's

@@ -26,11 +26,11 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import get_linear_schedule_with_warmup, set_seed
+from transformers import set_seed
 from transformers.trainer_pt_utils import get_parameter_names
 
 from adaptune.core.devices import Device, is_out_of_memory, pick_device, release_memory
-from adaptune.data.batching import epoch_batches, iterate_batches, make_collator
+from adaptune.data.batching import epoch_batches, make_collator, padded_batch
 from adaptune.data.tasks import Task, get_task, scored_companions
 from adaptune.fused.frozen_projections import stack_frozen_projections
 from adaptune.fused.run_dropout import dropout_stream, use_run_dropout
@@ -138,14 +138,9 @@ class SoloSteps:
         record.update(trained_params=counts.trained, total_params=counts.total)
 
         total_steps = math.ceil(len(data.train_rows) / config.batch_size) * config.epochs
-        run.params = trained_parameters(model)
-        run.optimizer = model_adamw(model, config.lr, config.weight_decay)
-        run.scheduler = get_linear_schedule_with_warmup(run.optimizer, int(config.warmup_fraction * total_steps), total_steps)
-        run.resume()
-        steps = cls(run, model, data.train_rows, make_collator(tokenizer, pad_to_multiple_of=device.pad_multiple))
-        run.segment_started = time.perf_counter()
-        run.guard = FiniteGuard(device)
-        return steps, total_steps
+        params = trained_parameters(model)
+        run.start_training(params, adamw(params, decayed_names(model), config.lr, config.weight_decay), FiniteGuard(device), total_steps)
+        return cls(run, model, data.train_rows, make_collator(tokenizer, pad_to_multiple_of=device.pad_multiple)), total_steps
 
     def start_epoch(self, epoch: int) -> list[Plan]:
         config = self.runs[0].config
@@ -155,7 +150,7 @@ class SoloSteps:
 
     def prepare(self, batches: list[list[int]]) -> dict[str, torch.Tensor]:
         """The run's one batch, padded, on the device (collated outside the timed step, as it always was)."""
-        return next(iterate_batches(self.rows, batches, self.collator, self.runs[0].device.torch_device))
+        return padded_batch(self.rows, batches[0], self.collator, self.runs[0].device.torch_device)
 
     def step(self, batch: dict[str, torch.Tensor]) -> list[StepResult]:
         run = self.runs[0]

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from transformers import get_linear_schedule_with_warmup
 
 from adaptune.core.devices import Device
 from adaptune.core.files import write_json
@@ -63,6 +64,16 @@ class RunBook:
         """The splits this run evaluates on, and their sizes in its record."""
         self.record.update(data_split=data.data_split, split_note=data.split_note, split_sizes=data.split_sizes)
         self.eval_splits, self.companion_splits = data.eval_splits, companion_splits
+
+    def start_training(self, params: dict[str, nn.Parameter], optimizer: torch.optim.Optimizer, guard: FiniteGuard,
+                       total_steps: int) -> None:
+        """Its training objects, as alone or in a group: its trained tensors, AdamW and finiteness check, the
+        warmup-then-decay schedule over `total_steps`; then resumed where it saved a state, this attempt's time
+        counted from here."""
+        self.params, self.optimizer, self.guard = params, optimizer, guard
+        self.scheduler = get_linear_schedule_with_warmup(optimizer, int(self.config.warmup_fraction * total_steps), total_steps)
+        self.resume()
+        self.segment_started = time.perf_counter()
 
     def resume(self) -> None:
         """Continue from a saved state in the run's dir, where there is one (load_state)."""
