@@ -249,8 +249,16 @@ def test_resolve_data_dir_order(tmp_path: Path, monkeypatch, shared_data_dir: Pa
     assert resolve_data_dir(shared_data_dir) == shared_data_dir.resolve()
     assert resolve_data_dir() == tmp_path.resolve()
     patch_settings(data_dir=None)
+    project = tmp_path / "project"
+    (project / "shared" / "data").mkdir(parents=True)
+    (project / "sub").mkdir()
+    monkeypatch.chdir(project / "sub")
+    assert resolve_data_dir() == (project / "shared" / "data").resolve()  # the nearest above the current directory
     monkeypatch.chdir(tmp_path)
-    assert resolve_data_dir() == shared_data_dir.resolve()  # found from the package's location
+    # None above tmp_path on most machines: then found from the package's location. A machine may hold one above
+    # its temporary directory (a /tmp/shared link); the rule says that one comes first.
+    above = next(((d / "shared" / "data").resolve() for d in (tmp_path, *tmp_path.parents) if (d / "shared" / "data").is_dir()), None)
+    assert resolve_data_dir() == (above or shared_data_dir.resolve())
     assert resolve_data_dir("hub") is None
     with pytest.raises(DataNotFoundError, match="does not exist"):
         resolve_data_dir(tmp_path / "nowhere")
