@@ -8,7 +8,7 @@ PIPELINE ?= smoke
 OUT ?= outputs
 export PYTHONHASHSEED := 0
 
-.PHONY: venv test test-heavy demo run plan status tensorboard notebooks report compile submit stage-models bench bench-fused bench-bf16 bench-data bench-attention bench-states bench-lengths bench-gpu gpu-carry bench-status bench-tensorboard bench-soak images lint lock clean
+.PHONY: venv test test-heavy demo run plan status tensorboard notebooks report compile submit stage-models stage-data bench bench-fused bench-bf16 bench-data bench-attention bench-states bench-lengths bench-gpu gpu-carry bench-status bench-tensorboard bench-soak images lint lock clean
 
 $(VENV)/.installed: pyproject.toml requirements.lock requirements-kernel-tests.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -65,6 +65,11 @@ submit: venv
 # Copy the experiment's hub backbones into the run store once (FROM="bert-large-uncased=DIR ..." stages local copies).
 stage-models: venv
 	$(PY) -m pipelines stage-models $(PIPELINE) $(if $(RUNS_ROOT),--runs-root $(RUNS_ROOT)) $(foreach f,$(FROM),--from $(f))
+
+# Copy the data files the experiment's tasks read into the run store's data/ mirror, each checked (md5, read as its
+# task reads it), from FROM=DIR (the publishers' files in the mirror's layout). FORCE=1 copies again what is staged.
+stage-data: venv
+	$(PY) -m pipelines stage-data $(PIPELINE) $(if $(RUNS_ROOT),--runs-root $(RUNS_ROOT)) $(if $(FROM),--from $(FROM)) $(if $(FORCE),--force)
 
 # The analysis notebooks in JupyterLab with the project's kernel (this venv's Python). JupyterLab is installed into
 # the venv on first use, outside requirements.lock (the images and the tests do not need it); the packages it brought

@@ -1,4 +1,4 @@
-"""`python -m pipelines run | plan | show | status | report | compare | tensorboard | compile | submit | stage-models`
+"""`python -m pipelines run | plan | show | status | report | compare | tensorboard | compile | submit | stage-models | stage-data`
 (what the Makefile calls)."""
 
 from __future__ import annotations
@@ -280,6 +280,24 @@ def _stage_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def _stage_data(args: argparse.Namespace) -> int:
+    """Each file as it is staged, then where the mirror is and how a run names it; what could not be staged is the
+    DataStagingError's lines (a UserError: exit 2), after the rest is staged."""
+    from adaptune.sweep.data_staging import mirror_hint, stage_data
+    from adaptune.sweep.experiments import get_experiment
+    from adaptune.sweep.store import RunStore
+    from pipelines.submit import load_settings
+
+    def show(line: dict[str, Any]) -> None:
+        print(f"{line['task']}: {line['file']}: {line['action']} ({line['bytes'] / 1e6:.1f} MB) -> {line['where']}", flush=True)
+
+    store = RunStore(args.runs_root or load_settings().resolved_runs_root()).require_writable()
+    started = time.perf_counter()
+    staged = stage_data(get_experiment(args.name), store, args.from_dir, force=args.force, on_file=show)
+    print(f"{len({line['file'] for line in staged})} files in {time.perf_counter() - started:.1f} s. {mirror_hint(store)}")
+    return 0
+
+
 def _add_retrain_flags(parser: argparse.ArgumentParser) -> None:
     """The retrain policy's options (adaptune.sweep.retrain.RetrainPolicy), as `run` and `submit` take them."""
     parser.add_argument("--retry-failed", action="store_true", help="train again the runs whose record says failed")
@@ -328,7 +346,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_store_commands(commands: Any) -> None:
-    """The commands besides a sweep's run, plan, status and report: compare, tensorboard, show, compile, submit, stage-models."""
+    """The commands besides a sweep's run, plan, status and report: compare, tensorboard, show, compile, submit, stage-models,
+    stage-data."""
     compare = commands.add_parser("compare", help="the runs two stores both hold (same run id), run by run: status, scores, speed")
     compare.add_argument("runs_a", help="a run store (a directory or gs://bucket/prefix)")
     compare.add_argument("runs_b", help="another; deltas are b minus a")
@@ -358,6 +377,13 @@ def _add_store_commands(commands: Any) -> None:
                        help="a local save_pretrained directory to stage for BACKBONE instead of downloading it (repeatable)")
     stage.add_argument("--force", action="store_true", help="stage again even where a copy is already staged")
     stage.set_defaults(handler=_stage_models)
+    data = _named(commands, "stage-data", "copy the data files the experiment's tasks read into the run store's data/ mirror, "
+                  "each checked (md5, read as its task reads it)")
+    data.add_argument("--runs-root", default=None, help="the run store (default: the submission's, $ADAPTUNE_RUNS_ROOT / adaptune.toml)")
+    data.add_argument("--from", dest="from_dir", default=None, metavar="DIR",
+                      help="a local folder of the publishers' files in the mirror's layout (glue/RTE/train.tsv, extra/...)")
+    data.add_argument("--force", action="store_true", help="copy again even where the same file is already staged")
+    data.set_defaults(handler=_stage_data)
 
 
 def _named(commands: Any, verb: str, help: str) -> argparse.ArgumentParser:

@@ -48,3 +48,12 @@ def checksum_problem(path: str | Path, relative: str) -> str | None:
     if actual != expected:
         return f"{path}: md5 {actual}, not the {expected} of the copy the project checked: download the publisher's file again"
     return None
+
+
+def md5_problem(where: str | Path, relative: str, actual: str) -> str | None:
+    """checksum_problem for an md5 already computed (`actual`, of the file at `where`): a file hashed once
+    is compared with KNOWN_MD5 and with a staged copy (adaptune.sweep.data_staging) without reading it again."""
+    expected = KNOWN_MD5.get(relative)
+    if expected is None or actual == expected:
+        return None
+    return f"{where}: md5 {actual}, not the {expected} of the copy the project checked: download the publisher's file again"

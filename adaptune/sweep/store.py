@@ -11,6 +11,7 @@ Layout under the root (a local directory, `gs://bucket/prefix`, or any fsspec UR
     ablation/<run_id>.json           the Figure 6 rows of an ablated run
     models/<backbone>/               staged backbone weights (stage_backbone), STAGED.json written last
     cache/                           the tokenization cache (only where the root is a local directory)
+    data/                            the publishers' data files, as a data mirror (adaptune.sweep.data_staging)
 
 Run ids depend only on what determines a result (TrainConfig.run_id), so experiments share runs.
 A run trains in a local working directory: the root itself where it is a filesystem path (this
@@ -52,6 +53,7 @@ RUNS_DIR = "runs"
 ABLATION_DIR = "ablation"
 CACHE_DIR = "cache"
 MODELS_DIR = "models"
+DATA_MIRROR_DIR = "data"  # the staged data mirror: data/<the path adaptune.data.tasks names>
 STAGED_MARKER = "STAGED.json"  # written last into models/<backbone>/: the copy is whole
 
 
@@ -179,6 +181,11 @@ class RunStore:
         adaptune.data.token_cache.default_cache_dir) on a bucket, mounted or not: the cache is memory-mapped Arrow
         files, read at random, and a task is tokenized once per shard in a minute or less."""
         return Path(self.files.path(CACHE_DIR)) if self.files.is_local and not self.files.is_bucket_mount else None
+
+    def data_mirror(self) -> Path | None:
+        """The staged data mirror (data/) as a local path where the root is one (this machine, or the /gcs
+        mount a pod reads a bucket through), as data_dir takes it; None on a gs:// root."""
+        return Path(self.files.path(DATA_MIRROR_DIR)) if self.files.is_local else None
 
     # --- staged backbones -------------------------------------------------------------------------
 
