@@ -9,16 +9,18 @@ number of runs), a shard id, the run store's root. Components re-plan the spec (
 find their runs, and fan in by reading the run store.
 """
 
-from typing import List
+from typing import Dict, List, NamedTuple
 
 from kfp.dsl import Artifact, Dataset, Input, Markdown, Metrics, Output
 
 
-def plan_shards(spec_json: str, compiled_shape: str) -> List[str]:
-    """Validate the spec and return its shard ids (what the DAG fans out over).
+def plan_shards(spec_json: str, compiled_shape: str, prepared: str) -> List[Dict[str, str]]:
+    """Validate the spec and return its shards (what the DAG fans out over): each shard's id and the prepared data.
 
     `compiled_shape` is the accelerator and parallelism the DAG was compiled with: a spec edited in
-    the console may change its grid, not the DAG's resources.
+    the console may change its grid, not the DAG's resources. `prepared` (prepare_data's output) travels in each
+    item because kfp.local gives a task in a ParallelFor the loop's item for any other task's output it takes
+    (kfp 2.17, local/orchestrator/task_spec_utils.create_parameter_loop_iteration_task_spec).
     """
     import json
 
@@ -33,7 +35,31 @@ def plan_shards(spec_json: str, compiled_shape: str) -> List[str]:
                          "compile and submit the edited spec (make submit PIPELINE=path/to/sweep.yaml)")
     planned = plan(spec)
     print(planned.summary())
-    return [shard.id for shard in planned.shards]
+    return [{"shard": shard.id, "data": prepared} for shard in planned.shards]
+
+
+def prepare_data(spec_json: str, runs_root: str, data_dir: str, data_summary: Output[Metrics],
+                 data_table: Output[Markdown]) -> NamedTuple("Outputs", [("prepared", str)]):  # type: ignore[valid-type]
+    """Every task the plan reads, read once from `data_dir` (a mirror; empty: the one staged in the run store, else the
+    hub), checked, split and tokenized into the run store; returns the prepared folder, the heavy steps' data dir.
+    A task that cannot be prepared stops the pipeline here, before any accelerator is asked for: one line per task.
+    The output has a name of its own, not "Output" as plan_shards'."""
+    import json
+
+    from adaptune.sweep.data_prep import prepare_plan_data, source_data_dir
+    from adaptune.sweep.plan import plan
+    from adaptune.sweep.spec_file import spec_from_dict
+    from adaptune.sweep.store import RunStore
+
+    store = RunStore(runs_root)
+    prepared = prepare_plan_data(plan(spec_from_dict(json.loads(spec_json))), store, source_data_dir(store, data_dir))
+    for entry in prepared.tasks:  # rows per split per task, where the console shows the step's metrics
+        for split, rows in entry.rows.items():
+            data_summary.log_metric(f"{entry.task}.{split}", rows)
+    with open(data_table.path, "w") as handle:
+        handle.write(prepared.markdown())
+    print(f"prepared data: {prepared.url}")
+    return (prepared.url,)
 
 
 def train_shard(spec_json: str, shard_id: str, runs_root: str, data_dir: str, retry_failed: bool, retrain_stale: bool,
@@ -70,7 +96,7 @@ def ablate_runs(spec_json: str, runs_root: str, data_dir: str) -> int:
     from adaptune.sweep.spec_file import spec_from_dict
     from adaptune.sweep.store import RunStore
 
-    return ablate_sweep(spec_from_dict(json.loads(spec_json)), RunStore(runs_root), data_dir=data_dir or None)
+    return ablate_sweep(spec_from_dict(json.loads(spec_json)), RunStore(runs_root), data_dir=data_dir or None)  # localized there
 
 
 def aggregate(spec_json: str, runs_root: str, results: Output[Dataset], sweep_summary: Output[Metrics]) -> None:
@@ -89,13 +115,15 @@ def aggregate(spec_json: str, runs_root: str, results: Output[Dataset], sweep_su
     print(summary)
 
 
-def report(results: Input[Dataset], data_dir: str, report_dir: Output[Artifact], report_md: Output[Markdown]) -> None:
+def report(results: Input[Dataset], runs_root: str, data_dir: str, report_dir: Output[Artifact], report_md: Output[Markdown]) -> None:
     """The paper's tables and figures beside its numbers: report.md, tables/, figures/.
 
-    `data_dir` is for the majority-class baselines (the training labels of each task)."""
+    `data_dir` (the prepared data in the run store) is for the majority-class baselines (the training labels of each task)."""
     import shutil
 
     from adaptune.report import build_report
+    from adaptune.sweep.data_prep import readable_data_dir
+    from adaptune.sweep.store import RunStore
 
-    report_path = build_report(results.path, report_dir.path, data_dir=data_dir or None)
+    report_path = build_report(results.path, report_dir.path, data_dir=readable_data_dir(RunStore(runs_root), data_dir))
     shutil.copyfile(report_path, report_md.path)

@@ -1,7 +1,11 @@
 """The one reproduction DAG, built for an experiment spec.
 
-    plan_shards -> ParallelFor(shard ids, parallelism=spec.parallelism) train_shard
-                -> ablate_runs -> aggregate (Parquet) -> report
+    prepare_data (CPU) -> plan_shards -> ParallelFor(shards, parallelism=spec.parallelism) train_shard
+                       -> ablate_runs -> aggregate (Parquet) -> report
+
+prepare_data reads every task the plan uses once, on a CPU node, checks, splits and tokenizes it into the run
+store; the heavy steps read only that (their `data_dir` is its output): no accelerator node parses a file, asks
+the hub for data, or tokenizes, and a data problem stops the pipeline before any accelerator is asked for.
 
 The spec travels as a small pipeline parameter (`spec_json`, a few KB at any scale): a run cloned
 in the Vertex AI console can change its grid there. Every component re-plans it; the fan-out
@@ -98,23 +102,26 @@ def build_pipeline(spec: ExperimentSpec, target: str = "vertex") -> Callable[...
         retrain_stale: bool = False,
         retry_unreadable: bool = False,
     ) -> outputs:
-        plan_task = steps.plan_shards(spec_json=spec_json, compiled_shape=compiled_shape(spec))
+        data_task = steps.prepare_data(spec_json=spec_json, runs_root=runs_root, data_dir=data_dir)
+        data_task.set_caching_options(False)  # the run store is its cache: prepared data is reused by its content
+        prepared = data_task.outputs["prepared"]
+        plan_task = steps.plan_shards(spec_json=spec_json, compiled_shape=compiled_shape(spec), prepared=prepared)
         plan_task.set_caching_options(False)  # cheap, and must follow the image's adaptune
-        with dsl.ParallelFor(plan_task.output, parallelism=spec.parallelism) as shard_id:
-            train_task = steps.train_shard(spec_json=spec_json, shard_id=shard_id, runs_root=runs_root,
-                                           data_dir=data_dir, retry_failed=retry_failed, retrain_stale=retrain_stale,
+        with dsl.ParallelFor(plan_task.output, parallelism=spec.parallelism) as shard:
+            train_task = steps.train_shard(spec_json=spec_json, shard_id=shard.shard, runs_root=runs_root,
+                                           data_dir=shard.data, retry_failed=retry_failed, retrain_stale=retrain_stale,
                                            retry_unreadable=retry_unreadable)
             train_task.set_caching_options(False)  # the run store decides what to reuse
             configure_accelerator(train_task, spec.accelerator, spec.retries, target, timeout_s)
         last: Any = train_task
         if spec.ablation is not None:
-            ablate_task = steps.ablate_runs(spec_json=spec_json, runs_root=runs_root, data_dir=data_dir).after(train_task)
+            ablate_task = steps.ablate_runs(spec_json=spec_json, runs_root=runs_root, data_dir=prepared).after(train_task)
             ablate_task.set_caching_options(False)
             configure_accelerator(ablate_task, spec.accelerator, spec.retries, target, timeout_s)
             last = ablate_task
         aggregate_task = steps.aggregate(spec_json=spec_json, runs_root=runs_root).after(last)
         aggregate_task.set_caching_options(False)
-        report_task = steps.report(results=aggregate_task.outputs["results"], data_dir=data_dir)
+        report_task = steps.report(results=aggregate_task.outputs["results"], runs_root=runs_root, data_dir=prepared)
         report_task.set_caching_options(False)  # its input is always a new artifact; never a stale report
         return outputs(results=aggregate_task.outputs["results"], report=report_task.outputs["report_dir"])
 

@@ -50,9 +50,17 @@ def test_vertex_spec_carries_gpu_accelerator_retries_and_images(tmp_path: Path) 
     assert train["image"].endswith("/adaptune-gpu:0.2.0")
     assert train["resources"]["accelerator"]["resourceType"] == "NVIDIA_H100_80GB"
     assert train["resources"]["accelerator"]["resourceCount"] == "1"
-    for light in ("exec-plan-shards", "exec-aggregate", "exec-report"):
+    for light in ("exec-prepare-data", "exec-plan-shards", "exec-aggregate", "exec-report"):
         assert executors[light]["container"]["image"].endswith("/adaptune-cpu:0.2.0"), light
-        assert "resources" not in executors[light]["container"], light
+        assert "resources" not in executors[light]["container"], light  # no accelerator: data work runs on a CPU node
+    tasks = pipeline["root"]["dag"]["tasks"]
+    assert "dependentTasks" not in tasks["prepare-data"], "the data is prepared first"
+    loop_name = next(name for name in tasks if name.startswith("for-loop"))
+    assert tasks["plan-shards"]["inputs"]["parameters"]["prepared"]["taskOutputParameter"]["producerTask"] == "prepare-data"
+    # the shards read only what prepare-data wrote: their data_dir is the loop item's "data", never the pipeline's
+    shard_inputs = pipeline["components"][f"comp-{loop_name}"]["dag"]["tasks"]["train-shard"]["inputs"]["parameters"]
+    assert shard_inputs["data_dir"]["parameterExpressionSelector"] == 'parseJson(string_value)["data"]'
+    assert tasks["report"]["inputs"]["parameters"]["data_dir"]["taskOutputParameter"]["producerTask"] == "prepare-data"
     # No run-time pip installs: the images already hold adaptune and kfp.
     assert not any("pip install" in " ".join(e["container"]["command"]) for e in executors.values())
     assert _find(pipeline, "retryPolicy") == [

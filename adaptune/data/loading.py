@@ -18,6 +18,7 @@ import datasets
 
 from adaptune.data import sources
 from adaptune.data.batching import column_values
+from adaptune.data.prepared import PreparedData, is_prepared
 from adaptune.data.sources import DataNotFoundError, files_signature, hub_hint, quiet_datasets, resolve_data_dir
 from adaptune.data.splits import TaskData, load_classification, splits_in_files
 from adaptune.data.squad_data import load_squad, load_squad_standin
@@ -51,6 +52,8 @@ def load_task_splits(task: Task | str, data_dir: str | os.PathLike[str] | None =
     task = get_task(task)
     root = resolve_data_dir(data_dir)
     wanted = tuple(splits) if splits is not None else None
+    if is_prepared(root):
+        return _prepared_splits(task, root, wanted, data_split)
     chosen = _choose_data_split(task, root, wanted) if data_split is None else _checked_data_split(task, data_split)
     key = (task.name, str(root), wanted, files_signature(task, root), chosen)
     if key not in _LOADED:
@@ -62,6 +65,14 @@ def load_task_splits(task: Task | str, data_dir: str | os.PathLike[str] | None =
             loaded = TaskData(load_classification(task, root, wanted), STANDARD_SPLIT, None)
         _LOADED[key] = loaded
     return _LOADED[key]
+
+
+def _prepared_splits(task: Task, root: Path, wanted: tuple[str, ...] | None, data_split: str | None) -> TaskData:
+    loaded = PreparedData.open(root).task_data(task, wanted)
+    if data_split is not None and data_split != loaded.data_split:
+        raise DataNotFoundError(f"{task.name}: the prepared data {root} follows the {loaded.data_split!r} split, not the "
+                                f"{data_split!r} this run was trained on; prepare it from the data that run used")
+    return loaded
 
 
 def choose_data_split(task: Task | str, data_dir: str | Path | None = None, splits: Sequence[str] | None = None) -> str:

@@ -24,6 +24,7 @@ import pandas as pd
 
 from adaptune.data.batching import subsample
 from adaptune.data.loading import load_task_data
+from adaptune.data.prepared import PreparedData, is_prepared
 from adaptune.data.sources import local_files_status, resolve_data_dir
 from adaptune.data.tasks import get_task
 from adaptune.train.metrics import compute_metrics
@@ -50,7 +51,9 @@ def majority_baseline(
 @lru_cache(maxsize=256)
 def _majority_baseline(task_name: str, split: str, max_train: int | None, max_eval: int | None, root: str) -> dict[str, float] | None:
     task = get_task(task_name)
-    if task.kind == "span" or local_files_status(task, Path(root)) != "yes":
+    prepared = PreparedData.open(Path(root)) if is_prepared(Path(root)) else None
+    available = prepared.holds(task) if prepared else local_files_status(task, Path(root)) == "yes"
+    if task.kind == "span" or not available:
         return None
     try:
         data = load_task_data(task, root, splits=("train", split))

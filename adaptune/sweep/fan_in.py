@@ -95,6 +95,7 @@ def ablate_sweep(spec: ExperimentSpec, store: RunStore, data_dir: str | os.PathL
     """Ablate each selected run once (ablation/<run_id>.json in the store); returns how many have rows."""
     if spec.ablation is None:
         return 0
+    from adaptune.sweep.data_prep import readable_data_dir
     from adaptune.sweep.machine import use_staged_backbones
     from adaptune.sweep.store import CHECKPOINT_DIR
     from adaptune.train.ablation import ablate
@@ -102,6 +103,7 @@ def ablate_sweep(spec: ExperimentSpec, store: RunStore, data_dir: str | os.PathL
     done = 0
     selected = select_ablation_runs(sweep_records(spec, store), spec.ablation)
     use_staged_backbones(store, {record["backbone"] for record in selected})
+    data_dir = readable_data_dir(store, data_dir, {record["task"] for record in selected}) if selected else None
     for record in selected:
         run_id = record["run_id"]
         if store.files.read_json(ABLATION_DIR, f"{run_id}.json") is None:

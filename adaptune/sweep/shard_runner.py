@@ -30,7 +30,9 @@ from __future__ import annotations
 import os
 from collections import Counter
 
+from adaptune.data.tasks import scored_companions
 from adaptune.fused.settings import StepSettings
+from adaptune.sweep.data_prep import readable_data_dir
 from adaptune.sweep.device_sharing import RUNS_PER_GROUP_ENV, runs_per_group  # noqa: F401
 from adaptune.sweep.machine import TRAINER_ENV, ShardEnvironmentError, prepare_machine, start_deadline  # noqa: F401 (the shard's names)
 from adaptune.sweep.plan import plan
@@ -61,6 +63,8 @@ def run_shard(
         start_deadline(planned.deadline_hours(shard) * 3600, shard_id)
     backbones = {run.backbone for run in shard.runs}
     prepare_machine(store, backbones)
+    # The data the preparation step wrote for this shard's tasks (MNLI-mm's with MNLI), on this machine's disk.
+    data_dir = readable_data_dir(store, data_dir, {name for run in shard.runs for name in (run.task, *scored_companions(run.task))})
     # How every step of the shard computes: the accelerator preset's, under the task's or user's own variables.
     settings = StepSettings.from_environment(preset=spec.accelerator.step_settings)
     options = AttemptOptions(data_dir=data_dir, policy=policy, max_transient_failures=spec.retries, progress=progress, settings=settings)

@@ -95,11 +95,15 @@ def nvidia_driver() -> str | None:
 @functools.cache
 def data_files_sha256(task: str, data_dir: str | None) -> dict[str, Any]:
     """sha256 of each of the task's source files in the local mirror; the hub dataset id without one."""
+    from adaptune.data.prepared import PreparedData, is_prepared
     from adaptune.data.sources import resolve_data_dir
     from adaptune.data.tasks import get_task
 
     spec = get_task(task)
     root = resolve_data_dir(data_dir)
+    if is_prepared(root):  # the source's, as the preparation step read it, and the folder the run read
+        prepared = PreparedData.open(root)
+        return {**prepared.info(spec)["provenance"], "prepared": prepared.task_dir(spec).name}
     if root is None:
         return {"source": "hub", "dataset": spec.source.hub_id, "config": spec.source.hub_config}
     files = {}

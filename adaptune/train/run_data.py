@@ -11,7 +11,8 @@ from datasets import Dataset, DatasetDict
 
 from adaptune.data.batching import column_values, model_rows, subsample
 from adaptune.data.loading import load_task_splits
-from adaptune.data.sources import quiet_datasets
+from adaptune.data.prepared import PreparedData, is_prepared
+from adaptune.data.sources import quiet_datasets, resolve_data_dir
 from adaptune.data.squad import check_window, prepare_features
 from adaptune.data.tasks import STANDARD_SPLIT, Task
 from adaptune.data.token_cache import tokenize_task
@@ -64,9 +65,12 @@ def prepare_run_data(
         span = _span_data(subsets, tokenizer, max_length, doc_stride)
         return dataclasses.replace(span, split_sizes={name: len(split) for name, split in subsets.items()},
                                    data_split=loaded.data_split, split_note=loaded.split_note)
-    # Tokenize whole splits (cached per task, shared by every run of every shard), then
-    # subsample: the subset depends only on the split's length, so it picks the same rows as before.
-    tokenized = _subsample_splits(tokenize_task(task, raw, tokenizer, max_length, cache_dir), wanted)
+    # Tokenize whole splits (cached per task, shared by every run of every shard; prepared data: tokenized by the
+    # preparation step), then subsample: the subset depends only on the split's length, so it picks the same rows.
+    root = resolve_data_dir(data_dir)
+    whole = (PreparedData.open(root).tokenized(task, tokenizer, max_length, list(raw)) if is_prepared(root)
+             else tokenize_task(task, raw, tokenizer, max_length, cache_dir))
+    tokenized = _subsample_splits(whole, wanted)
     eval_splits = {}
     for name in EVAL_SPLITS:
         if name in tokenized and _has_labels(tokenized[name]):

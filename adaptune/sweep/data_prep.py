@@ -1,0 +1,274 @@
+"""The data-preparation step: every task a plan uses read once, checked, split and tokenized into the run store,
+before any accelerator is asked for; then `localize_prepared` gives a shard (or the report) what it reads.
+
+Layout under the store (adaptune.data.prepared says what each folder holds):
+
+    prepared/<task>-<fingerprint>/   one task's data; the fingerprint hashes its source (the files' sha256, or
+                                     the hub id), its split scheme and the folder format: the same data gives
+                                     the same folder, so a resubmission, or another experiment, reuses it
+    prepared/plan-<fingerprint>/     PREPARED.json: the plan's tasks' folders (a run's data dir)
+
+Whatever must appear whole is written after the files it names, each writer's files under names of its own
+(a uuid), so overlapping submissions never overwrite each other's files and a reader never sees half of one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import tempfile
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from adaptune.core.errors import UserError
+from adaptune.data.batching import column_values
+from adaptune.data.checksums import checksum_problem
+from adaptune.data.loading import load_task_splits
+from adaptune.data.prepared import (
+    FORMAT_VERSION,
+    PLAN_MARKER,
+    RAW_DIR,
+    TASK_MARKER,
+    TOKENIZED_DIR,
+    PreparedData,
+    tokenized_name,
+    write_plan,
+    write_task,
+    write_tokenized,
+)
+from adaptune.data.sources import hub_hint, local_files_status, resolve_data_dir
+from adaptune.data.splits import TaskData
+from adaptune.data.tasks import Task, data_scheme, get_task, scored_companions
+from adaptune.data.token_cache import tokenize_task
+from adaptune.sweep.machine import use_staged_backbones
+from adaptune.sweep.plan import Plan
+from adaptune.sweep.store import RunStore
+from adaptune.train.provenance import data_files_sha256
+
+PREPARED_DIR = "prepared"
+
+
+class DataPreparationError(UserError, ValueError):
+    """Tasks whose data cannot be prepared: one line per task, what is wrong and what to do."""
+
+
+def data_needs(planned: Plan) -> dict[str, set[tuple[str, int]]]:
+    """Each task the plan's runs read (MNLI-mm with MNLI), with the (backbone, max length) pairs it is tokenized
+    for; SQuAD none (its windows depend on the run's doc stride, made as it starts)."""
+    needs: dict[str, set[tuple[str, int]]] = {}
+    for run in planned.runs:
+        task = get_task(run.task)
+        for name in (task.name, *scored_companions(task.name)):
+            pairs = needs.setdefault(name, set())
+            if task.kind != "span":
+                pairs.add((run.backbone, run.max_length))
+    return needs
+
+
+@dataclasses.dataclass
+class PreparedTask:
+    task: str
+    folder: str  # under prepared/
+    action: str  # "prepared" or "reused"
+    rows: dict[str, int]
+    source: str
+    seconds: float
+    tokenized: list[str]  # "backbone@max_length: prepared|reused"
+
+
+@dataclasses.dataclass
+class PreparedPlan:
+    url: str  # the plan's folder: a run's data dir
+    tasks: list[PreparedTask]
+
+    def markdown(self) -> str:
+        """The table the Vertex AI console shows for the step."""
+        lines = ["| task | source | train | validation | test | action | tokenized | seconds |", "|---|---|---:|---:|---:|---|---|---:|"]
+        for entry in self.tasks:
+            rows = [str(entry.rows.get(split, "")) for split in ("train", "validation", "test")]
+            lines.append(f"| {entry.task} | {entry.source} | {' | '.join(rows)} | {entry.action} | {'; '.join(entry.tokenized) or '-'} "
+                         f"| {entry.seconds:.1f} |")
+        return "\n".join([f"Prepared data: `{self.url}`", "", *lines, ""])
+
+
+def prepare_plan_data(planned: Plan, store: RunStore, data_dir: Path | None) -> PreparedPlan:
+    """Prepare every task of the plan from `data_dir` (a mirror; None: the hub) into the store; returns where the plan's
+    prepared folder is. Every task is checked; any problem raises DataPreparationError naming each task's, after the
+    tasks without one are prepared."""
+    store.require_writable()
+    needs = data_needs(planned)
+    use_staged_backbones(store, sorted({backbone for pairs in needs.values() for backbone, _ in pairs}))
+    problems: list[str] = []
+    prepared: list[PreparedTask] = []
+    for name in sorted(needs):
+        task = get_task(name)
+        started = time.perf_counter()
+        try:
+            entry = _prepare_task(task, needs[name], store, data_dir)
+        except UserError as error:  # what the user can fix: one line for the task
+            problems.append(f"{task.name}: {error}")
+            continue
+        entry.seconds = time.perf_counter() - started
+        prepared.append(entry)
+        print(f"data {entry.task}: {entry.action} ({_rows_text(entry.rows)}) in {entry.seconds:.1f} s", flush=True)
+    if problems:
+        raise DataPreparationError("the data of the plan cannot be prepared; nothing was trained:\n" + "\n".join(problems))
+    folders = {entry.task: f"../{entry.folder}" for entry in prepared}
+    plan_folder = f"plan-{_digest(folders)}"
+    if store.files.read_json(PREPARED_DIR, plan_folder, PLAN_MARKER) is None:
+        with tempfile.TemporaryDirectory(prefix="adaptune-prepare-") as scratch:
+            write_plan(Path(scratch), folders, {"needs": {task: sorted(map(list, pairs)) for task, pairs in needs.items()}})
+            store.files.put_file(Path(scratch) / PLAN_MARKER, PREPARED_DIR, plan_folder, PLAN_MARKER)
+    return PreparedPlan(url=store.files.url(PREPARED_DIR, plan_folder), tasks=prepared)
+
+
+def _prepare_task(task: Task, pairs: set[tuple[str, int]], store: RunStore, data_dir: Path | None) -> PreparedTask:
+    _check_files(task, data_dir)
+    provenance = data_files_sha256(task.name, str(data_dir) if data_dir else None)
+    folder = f"{task.name}-{_digest({'task': task.name, 'data': provenance, 'scheme': data_scheme(task), 'format': FORMAT_VERSION})}"
+    info = store.files.read_json(PREPARED_DIR, folder, TASK_MARKER)
+    loaded: TaskData | None = None
+    action = "reused"
+    with tempfile.TemporaryDirectory(prefix="adaptune-prepare-") as scratch:
+        local = Path(scratch)
+        if info is None:
+            loaded = load_task_splits(task, data_dir)
+            info = {"task": task.name, "provenance": provenance, **_checked_facts(task, loaded)}
+            write_task(local, loaded, info, raw_dir=f"{RAW_DIR}-{uuid.uuid4().hex[:12]}")
+            _publish(store, local, folder, last=TASK_MARKER)
+            action = "prepared"
+        tokenized = []
+        for backbone, max_length in sorted(pairs):
+            tokenized.append(f"{backbone}@{max_length}: " + _prepare_tokenized(task, backbone, max_length, store, folder, loaded, local))
+    return PreparedTask(task=task.name, folder=folder, action=action, rows=info["rows"], source=_source_text(provenance),
+                        seconds=0.0, tokenized=tokenized)
+
+
+def _prepare_tokenized(task: Task, backbone: str, max_length: int, store: RunStore, folder: str, loaded: TaskData | None,
+                       local: Path) -> str:
+    from adaptune.model.backbone import load_tokenizer
+
+    tokenizer = load_tokenizer(backbone)
+    name = tokenized_name(tokenizer, max_length)
+    if store.files.read_json(PREPARED_DIR, folder, TOKENIZED_DIR, f"{name}.json") is not None:
+        return "reused"
+    if loaded is None:  # the task's splits were prepared before, for another backbone or length
+        with store.files.local_copy(PREPARED_DIR, folder) as task_folder:
+            raw = PreparedData(task_folder.parent, {task.name: task_folder.name}).task_data(task).splits
+            tokenized = tokenize_task(task, raw, tokenizer, max_length, cache_dir=local / "cache")
+    else:
+        tokenized = tokenize_task(task, loaded.splits, tokenizer, max_length, cache_dir=local / "cache")
+    marker = write_tokenized(local / "tokenized-out", tokenized, tokenizer, max_length, backbone,
+                             folder_name=f"{name}-{uuid.uuid4().hex[:12]}")
+    _publish(store, local / "tokenized-out", folder, last=f"{TOKENIZED_DIR}/{marker}")
+    return "prepared"
+
+
+def _check_files(task: Task, data_dir: Path | None) -> None:
+    """The task's files are in the mirror (SQuAD: its dev file at least), each the copy the project checked."""
+    if data_dir is None:
+        if not task.source.hub_id:
+            raise DataPreparationError(f"no data mirror was given and it has no hub copy: {hub_hint(task)}, into a mirror, "
+                                       "and pass it as the pipeline's data_dir (make stage-data PIPELINE=... FROM=DIR)")
+        return
+    status = local_files_status(task, data_dir)
+    if status != "yes" and not (task.family == "squad" and status == "only validation"):
+        expected = ", ".join(rel for _, rel in task.source.files)
+        raise DataPreparationError(f"the mirror {data_dir} has {status} of its files ({expected}); {hub_hint(task)}")
+    problems = [problem for _, rel in task.source.files if (data_dir / rel).is_file()
+                for problem in [checksum_problem(data_dir / rel, rel)] if problem]
+    if problems:
+        raise DataPreparationError("; ".join(problems))
+
+
+def _checked_facts(task: Task, loaded: TaskData) -> dict[str, Any]:
+    """Rows and label counts per split, checked: every class in the training split, rows as the paper's Table 3."""
+    rows = {split: len(rows) for split, rows in loaded.splits.items()}
+    labels: dict[str, dict[str, int]] = {}
+    if task.kind == "classification":
+        for split, dataset in loaded.splits.items():
+            names = dataset.features["label"].names
+            counts = Counter(column_values(dataset, "label"))
+            labels[split] = {names[i]: counts.get(i, 0) for i in range(len(names))}
+        absent = [name for name, count in labels.get("train", {}).items() if count == 0]
+        if absent:
+            raise DataPreparationError(f"no training row has the label(s) {absent}: the file is not the task's whole data; "
+                                       f"get the complete file: {hub_hint(task)}")
+    if task.paper_sizes is not None and set(rows) == {"train", "validation", "test"}:
+        got = (rows["train"], rows["validation"], rows["test"])
+        if got != task.paper_sizes:
+            raise DataPreparationError(f"splits of {'/'.join(map(str, got))} rows, not the paper's {'/'.join(map(str, task.paper_sizes))} "
+                                       f"(Table 3): the file is not the copy the paper used; {hub_hint(task)}")
+    return {"rows": rows, "labels": labels}
+
+
+def _publish(store: RunStore, local: Path, folder: str, last: str) -> None:
+    """Every file under `local` into prepared/<folder>/, `last` (the marker) after all the others."""
+    files = sorted(path.relative_to(local).as_posix() for path in local.rglob("*") if path.is_file())
+    for relative in [*(name for name in files if name != last and not name.startswith("cache/")), last]:
+        store.files.put_file(local / relative, PREPARED_DIR, folder, *relative.split("/"))
+
+
+def localize_prepared(store: RunStore, url: str, tasks: set[str], scratch: Path | None = None) -> Path:
+    """A local folder a run can read `url` (a plan's prepared folder in `store`) from: the folder itself where the store
+    is a local directory, else the plan's marker and the named tasks' folders downloaded into `scratch` (a pod's disk:
+    datasets memory-maps them, read at random, which a bucket mount serves slowly)."""
+    parts = url.removeprefix(store.files.url() + "/").split("/")
+    if store.files.is_local and not store.files.is_bucket_mount:
+        return Path(store.files.path(*parts))
+    manifest = store.files.read_json(*parts, PLAN_MARKER)
+    if manifest is None:
+        raise DataPreparationError(f"{url} holds no {PLAN_MARKER}: pass the folder the data-preparation step wrote")
+    root = Path(scratch or tempfile.mkdtemp(prefix="adaptune-data-"))
+    local_plan = root / PREPARED_DIR / parts[-1]
+    local_plan.mkdir(parents=True, exist_ok=True)
+    for task in sorted(tasks):
+        folder = manifest["tasks"][get_task(task).name].removeprefix("../")
+        target = root / PREPARED_DIR / folder
+        if not (target / TASK_MARKER).is_file():
+            store.files.download(store.files.path(PREPARED_DIR, folder), target)
+    (local_plan / PLAN_MARKER).write_text(json.dumps(manifest))
+    return local_plan
+
+
+def is_prepared_url(store: RunStore, data_dir: Any) -> bool:
+    return bool(data_dir) and str(data_dir).startswith(store.files.url(PREPARED_DIR) + "/")
+
+
+def readable_data_dir(store: RunStore, data_dir: Any, tasks: set[str] | None = None) -> Any:
+    """What a step reads its data from: the prepared folder of `tasks` (all the plan's where None) made local where
+    `data_dir` is one in the store; else `data_dir` as given (a mirror; None: found, or the hub)."""
+    if not is_prepared_url(store, data_dir):
+        return data_dir or None
+    if tasks is None:
+        parts = str(data_dir).removeprefix(store.files.url() + "/").split("/")
+        tasks = set((store.files.read_json(*parts, PLAN_MARKER) or {"tasks": {}})["tasks"])
+    return localize_prepared(store, str(data_dir), tasks)
+
+
+def source_data_dir(store: RunStore, data_dir: str) -> Path | None:
+    """The preparation step's source: the pipeline's data_dir (a mirror, or "hub"); empty: the mirror staged in the
+    run store (make stage-data) where the step can read it as a folder, else one found as
+    adaptune.data.sources.resolve_data_dir finds it, else the hub."""
+    staged = store.data_mirror()
+    if not data_dir and staged is not None and staged.is_dir():
+        return staged
+    return resolve_data_dir(data_dir or None)
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _source_text(provenance: dict[str, Any]) -> str:
+    if provenance.get("source") == "hub":
+        return f"hub {provenance.get('dataset')}" + (f"/{provenance['config']}" if provenance.get("config") else "")
+    return "mirror " + ", ".join(sorted(provenance.get("files", {})))
+
+
+def _rows_text(rows: dict[str, int]) -> str:
+    return ", ".join(f"{split} {count}" for split, count in rows.items())

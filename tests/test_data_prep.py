@@ -1,0 +1,143 @@
+"""The data-preparation step: a plan's tasks read once, checked, split and tokenized into the run store.
+
+What it must hold to (adaptune.sweep.data_prep, adaptune.data.prepared):
+- the prepared splits are row for row the mirror's, and a second preparation of the same data reuses them;
+- a run given the prepared folder reads no source file, asks no hub and tokenizes nothing, and gets exactly the
+  rows it would have got from the mirror (training and evaluation-only alike);
+- a problem (a file that is not the known copy, rows that are not the paper's Table 3, a task found nowhere) is one
+  line per task, after the tasks without one are prepared;
+- on a bucket (memory://, and gs:// on the GCS emulator) a shard's tasks are downloaded to its own disk and read there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import datasets
+import pytest
+
+from adaptune.data import checksums
+from adaptune.data.loading import load_task_data
+from adaptune.data.prepared import PLAN_MARKER, PreparedData
+from adaptune.data.tasks import get_task
+from adaptune.model.backbone import load_tokenizer
+from adaptune.sweep.data_prep import DataPreparationError, prepare_plan_data, readable_data_dir
+from adaptune.sweep.experiments import get_experiment
+from adaptune.sweep.plan import plan
+from adaptune.sweep.spec import Sweep
+from adaptune.sweep.store import RunStore
+from adaptune.train import run_data
+from adaptune.train.run_data import prepare_run_data
+from tests.gcs_emulator import bucket  # noqa: F401 (a fixture)
+
+SMS = "extra/sms_spam/SMSSpamCollection"
+MRPC = ("glue/MRPC/train.tsv", "glue/MRPC/dev.tsv")
+
+
+def _plan(*tasks: str, max_length: int = 64):
+    """One run per task at the smoke experiment's settings: what the step prepares is the plan's tasks and lengths."""
+    spec = dataclasses.replace(get_experiment("smoke"), name="prep", ablation=None,
+                               sweeps=(Sweep(tasks=tasks, methods=({"name": "full"},), learning_rates=(1e-4,), epochs=(1,),
+                                             max_length=max_length),))
+    return plan(spec)
+
+
+def _mirror(shared: Path, into: Path, *files: str) -> Path:
+    for relative in files:
+        (into / relative).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(shared / relative, into / relative)
+    return into
+
+
+def _columns(dataset: datasets.Dataset) -> dict[str, list]:
+    return {name: dataset[name] for name in ("text_a", "text_b", "label")}
+
+
+def test_prepared_splits_are_the_mirrors_and_are_reused(tmp_path: Path, shared_data_dir: Path) -> None:
+    store = RunStore(tmp_path / "store")
+    first = prepare_plan_data(_plan("mrpc", "sms_spam"), store, shared_data_dir)
+    assert {entry.task: entry.action for entry in first.tasks} == {"mrpc": "prepared", "sms_spam": "prepared"}
+    sms = next(entry for entry in first.tasks if entry.task == "sms_spam")
+    assert (sms.rows["train"], sms.rows["validation"], sms.rows["test"]) == get_task("sms_spam").paper_sizes
+    for task in ("mrpc", "sms_spam"):
+        prepared, mirror = load_task_data(task, first.url), load_task_data(task, shared_data_dir)
+        assert set(prepared) == set(mirror)
+        for split in mirror:
+            assert _columns(prepared[split]) == _columns(mirror[split]), (task, split)
+    again = prepare_plan_data(_plan("mrpc", "sms_spam"), store, shared_data_dir)
+    assert again.url == first.url
+    assert {entry.task: (entry.action, entry.tokenized) for entry in again.tasks} == {
+        task: ("reused", [f"{get_experiment('smoke').backbone}@64: reused"]) for task in ("mrpc", "sms_spam")}
+    # a new max length tokenizes again, from the prepared splits, and keeps the task's folder
+    longer = prepare_plan_data(_plan("sms_spam", max_length=96), store, shared_data_dir)
+    assert longer.tasks[0].action == "reused" and longer.tasks[0].tokenized[0].endswith("@96: prepared")
+    assert longer.tasks[0].folder == sms.folder
+    assert "| sms_spam | mirror extra/sms_spam/SMSSpamCollection | 4459 | 557 | 558 | reused |" in longer.markdown()
+
+
+def test_a_run_reads_the_prepared_data_alone(tmp_path: Path, shared_data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    prepared = prepare_plan_data(_plan("mrpc"), RunStore(tmp_path / "store"), shared_data_dir).url
+    task, tokenizer = get_task("mrpc"), load_tokenizer(get_experiment("smoke").backbone)
+    arguments = (task, tokenizer, 64, 128, 200, 100)
+    from_mirror = prepare_run_data(*arguments, data_dir=shared_data_dir, cache_dir=tmp_path / "cache")
+    mirror_eval = prepare_run_data(*arguments, data_dir=shared_data_dir, cache_dir=tmp_path / "cache", with_train=False)
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a run given prepared data read a source, asked the hub or tokenized")
+
+    monkeypatch.setattr("adaptune.data.splits.source_records", refuse)
+    monkeypatch.setattr(datasets, "load_dataset", refuse)
+    monkeypatch.setattr(run_data, "tokenize_task", refuse)
+    from_prepared = prepare_run_data(*arguments, data_dir=prepared, cache_dir=tmp_path / "cache")
+    prepared_eval = prepare_run_data(*arguments, data_dir=prepared, cache_dir=tmp_path / "cache", with_train=False)
+    assert from_prepared.train_rows == from_mirror.train_rows
+    assert from_prepared.split_sizes == from_mirror.split_sizes
+    for ours, theirs in ((from_prepared, from_mirror), (prepared_eval, mirror_eval)):
+        assert set(ours.eval_splits) == set(theirs.eval_splits)
+        for name, split in theirs.eval_splits.items():
+            assert ours.eval_splits[name].rows == split.rows and ours.eval_splits[name].references == split.references
+    # a length the step did not tokenize for is one line, not a tokenization on the accelerator
+    with pytest.raises(FileNotFoundError, match="not tokenized by this tokenizer at max_length 32"):
+        prepare_run_data(task, tokenizer, 32, 128, 200, 100, data_dir=prepared)
+
+
+def test_each_task_with_a_problem_is_one_line_and_the_others_are_prepared(tmp_path: Path, shared_data_dir: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    mirror = _mirror(shared_data_dir, tmp_path / "mirror", *MRPC, SMS, "glue/RTE/train.tsv", "glue/RTE/dev.tsv")
+    lines = (mirror / SMS).read_text(encoding="utf-8").splitlines(keepends=True)
+    (mirror / SMS).write_text("".join(lines[:-100]), encoding="utf-8")  # a truncated download
+    rte_dev = mirror / "glue/RTE/dev.tsv"
+    rte_dev.write_bytes(rte_dev.read_bytes() + b"\n")  # re-exported: one more byte
+    store = RunStore(tmp_path / "store")
+    with pytest.raises(DataPreparationError) as raised:
+        prepare_plan_data(_plan("mrpc", "sms_spam", "rte", "corporate_messaging"), store, mirror)
+    message = str(raised.value).splitlines()
+    assert message[0] == "the data of the plan cannot be prepared; nothing was trained:"
+    by_task = {line.split(":", 1)[0]: line for line in message[1:]}
+    assert set(by_task) == {"sms_spam", "rte", "corporate_messaging"}
+    assert str(mirror / SMS) in by_task["sms_spam"] and checksums.KNOWN_MD5[SMS] in by_task["sms_spam"]
+    assert str(rte_dev) in by_task["rte"] and "download the publisher's file again" in by_task["rte"]
+    assert "https://data.world/crowdflower/corporate-messaging" in by_task["corporate_messaging"]
+    assert [path.name.split("-")[0] for path in (tmp_path / "store" / "prepared").iterdir()] == ["mrpc"]
+
+    # with no checksum to catch it, the rows the paper's Table 3 gives do
+    monkeypatch.delitem(checksums.KNOWN_MD5, SMS)
+    with pytest.raises(DataPreparationError, match=r"sms_spam: splits of 4379/547/548 rows, not the paper's 4459/557/558"):
+        prepare_plan_data(_plan("sms_spam"), store, mirror)
+
+
+def test_a_shard_on_a_bucket_reads_its_tasks_from_its_own_disk(bucket: str, shared_data_dir: Path,  # noqa: F811 (the fixture)
+                                                               tmp_path: Path) -> None:
+    store = RunStore(bucket)
+    prepared = prepare_plan_data(_plan("mrpc", "sms_spam"), store, shared_data_dir)
+    assert prepared.url.startswith(bucket)
+    local = readable_data_dir(store, prepared.url, {"sms_spam"})
+    assert Path(local).is_relative_to(Path(local).anchor) and (Path(local) / PLAN_MARKER).is_file()
+    assert json.loads((Path(local) / PLAN_MARKER).read_text())["tasks"].keys() == {"mrpc", "sms_spam"}
+    assert not (Path(local).parent / PreparedData.open(Path(local)).tasks["mrpc"].removeprefix("../")).exists()  # not this shard's
+    loaded = load_task_data("sms_spam", local)
+    assert _columns(loaded["test"]) == _columns(load_task_data("sms_spam", shared_data_dir)["test"])
+    assert readable_data_dir(store, shared_data_dir) == shared_data_dir  # a mirror is read as given
