@@ -116,7 +116,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     def add_command(name: str, help: str) -> argparse.ArgumentParser:
         return commands.add_parser(name, parents=[common], formatter_class=_HelpFormatter, help=help)
 
-    tasks = add_command("tasks", help="list every task with its source and metrics")
+    tasks = add_command("tasks", help="list every task with its source, metrics, local data, and whether its definition is unverified")
     tasks.add_argument("--data-dir", default=None, help="local mirror in the publishers' layout (default: found automatically)")
     tasks.set_defaults(handler=_tasks)
 

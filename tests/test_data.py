@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -15,7 +16,7 @@ from adaptune.data.loading import load_task_data, prepare
 from adaptune.data.readers import MalformedFileError
 from adaptune.data.sources import DataError, DataNotFoundError, resolve_data_dir
 from adaptune.data.splits import holdout_indices, split_indices
-from adaptune.data.tasks import EXTRA_TASKS, TASKS
+from adaptune.data.tasks import EXTRA_TASKS, TASKS, get_task
 from adaptune.data.token_cache import tokenize_task
 
 # Row counts from the shared data README (train.tsv, dev.tsv); label counts of train.tsv read off the files.
@@ -173,9 +174,13 @@ def test_missing_file_names_expected_path_and_alternative(tmp_path: Path) -> Non
         load_task_data("emotion", tmp_path)
 
 
-def test_file_lacking_the_label_column_is_reported(shared_data_dir: Path) -> None:
+def test_file_lacking_the_label_column_is_reported(shared_data_dir: Path, tmp_path: Path) -> None:
+    # the bias-only copy of the political file (political_social_media.csv) where the full one is expected
+    relative = get_task("political_audience").source.file_map["all"]
+    (tmp_path / relative).parent.mkdir(parents=True)
+    shutil.copyfile(shared_data_dir / "extra/political_bias/political_social_media.csv", tmp_path / relative)
     with pytest.raises(DataError, match=r"\['audience'\].*not in this file"):
-        load_task_data("political_audience", shared_data_dir)
+        load_task_data("political_audience", tmp_path)
 
 
 def _mirror_with(tmp_path: Path, relative: str, content: str) -> Path:

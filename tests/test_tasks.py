@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import csv
+from collections import Counter
+from pathlib import Path
+
 import pytest
 
+from adaptune.cli import main
+from adaptune.data.loading import load_task_data
 from adaptune.data.readers import READERS
-from adaptune.data.task_table import format_task_table
+from adaptune.data.task_table import UNVERIFIED, format_task_table
 from adaptune.data.tasks import EXTRA_TASKS, GLUE_SCORE_TASKS, GLUE_TASKS, TASKS, UnknownTaskError, get_task
 
 
@@ -71,5 +77,53 @@ def test_task_table_lists_every_task_and_local_data(shared_data_dir) -> None:
     assert set(by_name) == set(TASKS)
     assert " yes " in by_name["cola"] and "nyu-mll/glue" in by_name["cola"]
     assert "only dev" in by_name["qnli"]
-    assert "file lacks audience" in by_name["political_audience"]
+    assert " yes " in by_name["political_audience"] and "Political-media-DFE.csv" in by_name["political_audience"]
     assert " no " in by_name["qqp"]
+
+
+def test_tasks_command_marks_unverified_definitions(shared_data_dir, capsys) -> None:
+    assert main(["tasks", "--data-dir", str(shared_data_dir)]) == 0
+    by_name = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[2:]}
+    assert not TASKS["news_aggregator"].source.verified and UNVERIFIED in by_name["news_aggregator"]
+    for name in ("political_message", "progressive_stance", "cola"):
+        assert TASKS[name].source.verified and UNVERIFIED not in by_name[name], name
+    assert {name for name, line in by_name.items() if UNVERIFIED in line} == {
+        name for name, task in TASKS.items() if not task.source.verified}
+
+
+# The five tasks read from the publishers' full files: split sizes are Table 3's, every declared label occurs.
+READ_FROM_FULL_FILES = ("political_audience", "political_bias", "political_message", "progressive_stance",
+                        "progressive_opinion")
+
+
+@pytest.mark.parametrize("name", READ_FROM_FULL_FILES)
+def test_political_and_progressive_tasks_load_the_papers_splits(shared_data_dir: Path, name: str) -> None:
+    task = TASKS[name]
+    assert task.source.verified
+    splits = load_task_data(name, shared_data_dir)
+    assert tuple(len(splits[split]) for split in ("train", "validation", "test")) == task.paper_sizes
+    names = splits["train"].features["label"].names
+    assert tuple(names) == task.labels and len(names) == task.num_classes
+    counts = Counter(names[i] for split in splits.values() for i in split["label"])
+    assert set(counts) == set(task.labels), counts
+    assert all(text.strip() for text in splits["test"]["text_a"])
+
+
+def _csv_rows(path: Path, encoding: str) -> list[dict[str, str]]:
+    with path.open(encoding=encoding, newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_political_full_file_matches_the_bias_only_copy_row_for_row(shared_data_dir: Path) -> None:
+    """The full file (Mac OS Roman, bare-CR lines) and political_social_media.csv (UTF-8): the same posts, in the
+    same order, with the same bias labels; their texts agree too (which the Mac Roman decoding gives; latin-1 does
+    not), but for one post that Excel turned from "14-Feb" into "Feb-14"."""
+    full = _csv_rows(shared_data_dir / "extra/political_media/Political-media-DFE.csv", "mac_roman")
+    bias_only = _csv_rows(shared_data_dir / "extra/political_bias/political_social_media.csv", "utf-8-sig")
+    assert len(full) == len(bias_only) == 5000
+    read = READERS["csv_mac_roman"](shared_data_dir / "extra/political_media/Political-media-DFE.csv")
+    assert [row.fields for row in read] == full
+    assert [row["bias"] for row in full] == [row["bias"] for row in bias_only]
+    assert [(a["text"], b["text"]) for a, b in zip(bias_only, full) if a["text"] != b["text"]] == [("14-Feb", "Feb-14")]
+    assert Counter(row["audience"] for row in full).keys() == set(TASKS["political_audience"].labels)
+    assert Counter(row["message"] for row in full).keys() == set(TASKS["political_message"].labels)

@@ -43,9 +43,15 @@ def decode_text(raw: bytes) -> str:
         return raw.decode("latin-1")
 
 
-def _delimited(path: Path, *, delimiter: str, quoting: Literal[0, 1, 2, 3], columns: tuple[str, ...] | None) -> list[RawRow]:
-    """Rows of a delimited file; `columns` names a headerless file's columns, else the header does."""
-    text = decode_text(path.read_bytes())
+def _delimited(path: Path, *, delimiter: str, quoting: Literal[0, 1, 2, 3], columns: tuple[str, ...] | None,
+               encoding: str | None = None) -> list[RawRow]:
+    """Rows of a delimited file; `columns` names a headerless file's columns, else the header does.
+
+    `encoding` None: `decode_text`'s guess. Line ends may be \\n, \\r\\n or a bare \\r (the csv module reads
+    the text with newline='' and takes any of them, inside quoted fields too).
+    """
+    raw = path.read_bytes()
+    text = decode_text(raw) if encoding is None else raw.decode(encoding)
     reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, quoting=quoting, strict=True)
     rows: list[RawRow] = []
     try:
@@ -71,6 +77,17 @@ def _delimited(path: Path, *, delimiter: str, quoting: Literal[0, 1, 2, 3], colu
 def read_csv(path: Path) -> list[RawRow]:
     """A comma-separated file with a header line and standard quoting (the CrowdFlower exports)."""
     return _delimited(path, delimiter=",", quoting=csv.QUOTE_MINIMAL, columns=None)
+
+
+def read_csv_mac_roman(path: Path) -> list[RawRow]:
+    """A CrowdFlower export saved by a classic Mac program: Mac OS Roman bytes, lines ending in a bare carriage return.
+
+    CrowdFlower's political social media file (Political-media-DFE.csv) is one. Its bytes decode as latin-1 too
+    (every byte does), but as Mac OS Roman they give the text of the publisher's other copy of the same posts
+    (political_social_media.csv, UTF-8) on 4999 of 5000 rows; as latin-1 on 4026 (e.g. Mac Roman "â€™" where
+    latin-1 reads "\\x89Ûª").
+    """
+    return _delimited(path, delimiter=",", quoting=csv.QUOTE_MINIMAL, columns=None, encoding="mac_roman")
 
 
 def read_tsv(path: Path) -> list[RawRow]:
@@ -153,18 +170,24 @@ def read_squad_json(path: Path) -> list[RawRow]:
     return rows
 
 
+# The readers of files with a header line: reader name -> (delimiter, encoding; None: decode_text's guess).
+_HEADED: dict[str, tuple[str, str | None]] = {"csv": (",", None), "csv_mac_roman": (",", "mac_roman"), "tsv": ("\t", None)}
+
+
 def read_header(path: Path, reader: str) -> list[str] | None:
     """The column names of a headed delimited file (read from its start only), else None."""
-    delimiter = {"csv": ",", "tsv": "\t"}.get(reader)
-    if delimiter is None:
+    if reader not in _HEADED:
         return None
+    delimiter, encoding = _HEADED[reader]
     with path.open("rb") as handle:
-        start = decode_text(handle.read(1 << 16))
+        chunk = handle.read(1 << 16)
+    start = decode_text(chunk) if encoding is None else chunk.decode(encoding)
     return next(csv.reader(io.StringIO(start, newline=""), delimiter=delimiter), None)
 
 
 READERS: dict[str, Callable[[Path], list[RawRow]]] = {
     "csv": read_csv,
+    "csv_mac_roman": read_csv_mac_roman,
     "tsv": read_tsv,
     "glue_cola_tsv": read_glue_cola_tsv,
     "sms_spam_tsv": read_sms_spam_tsv,
