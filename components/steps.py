@@ -46,13 +46,14 @@ def prepare_data(spec_json: str, runs_root: str, data_dir: str, data_summary: Ou
     The output has a name of its own, not "Output" as plan_shards'."""
     import json
 
-    from adaptune.sweep.data_prep import prepare_plan_data, source_data_dir
+    from adaptune.sweep.data_prep import data_needs, prepare_plan_data, source_data_dir
     from adaptune.sweep.plan import plan
     from adaptune.sweep.spec_file import spec_from_dict
     from adaptune.sweep.store import RunStore
 
     store = RunStore(runs_root)
-    prepared = prepare_plan_data(plan(spec_from_dict(json.loads(spec_json))), store, source_data_dir(store, data_dir))
+    planned = plan(spec_from_dict(json.loads(spec_json)))
+    prepared = prepare_plan_data(planned, store, source_data_dir(store, data_dir, set(data_needs(planned))))
     for entry in prepared.tasks:  # rows per split per task, where the console shows the step's metrics
         for split, rows in entry.rows.items():
             data_summary.log_metric(f"{entry.task}.{split}", rows)

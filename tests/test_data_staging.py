@@ -20,8 +20,10 @@ import pytest
 
 from adaptune.data import checksums
 from adaptune.data.loading import load_task_data
+from adaptune.sweep.data_prep import prepare_plan_data, source_data_dir
 from adaptune.sweep.data_staging import DataStagingError, data_tasks, mirror_hint, stage_data
 from adaptune.sweep.experiments import get_experiment
+from adaptune.sweep.plan import plan
 from adaptune.sweep.spec import Sweep
 from adaptune.sweep.store import RunStore
 from pipelines.__main__ import main
@@ -134,8 +136,13 @@ def test_staged_into_a_bucket(bucket: str, shared_data_dir: Path) -> None:  # no
         assert fs.cat_file(f"{base}/data/{relative}") == (shared_data_dir / relative).read_bytes()
     assert _actions(stage_data(spec, store, shared_data_dir)) == dict.fromkeys(SMOKE_FILES, "already staged")
     assert store.data_mirror() is None
-    if bucket.startswith("gs://"):
-        assert f'data_dir = "/gcs/{bucket.removeprefix("gs://")}/data"' in mirror_hint(store)
+    assert mirror_hint(store) == (f"data mirror: {bucket}/data; a submission with this run store reads it when its data_dir "
+                                  "is empty (the data-preparation step, adaptune.sweep.data_prep.source_data_dir)")
+    # that step finds the staged mirror itself and prepares from it
+    mirror = source_data_dir(store, "", {"mrpc", "sms_spam"})
+    assert mirror is not None and filecmp.cmp(mirror / SMS, shared_data_dir / SMS, shallow=False)
+    prepared = prepare_plan_data(plan(spec), store, mirror)
+    assert [entry.action for entry in prepared.tasks] == ["prepared", "prepared"]
 
 
 def test_the_command_line(tmp_path: Path, shared_data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -46,7 +46,7 @@ from adaptune.data.tasks import Task, data_scheme, get_task, scored_companions
 from adaptune.data.token_cache import tokenize_task
 from adaptune.sweep.machine import use_staged_backbones
 from adaptune.sweep.plan import Plan
-from adaptune.sweep.store import RunStore
+from adaptune.sweep.store import DATA_MIRROR_DIR, RunStore
 from adaptune.train.provenance import data_files_sha256
 
 PREPARED_DIR = "prepared"
@@ -250,14 +250,25 @@ def readable_data_dir(store: RunStore, data_dir: Any, tasks: set[str] | None = N
     return localize_prepared(store, str(data_dir), tasks)
 
 
-def source_data_dir(store: RunStore, data_dir: str) -> Path | None:
-    """The preparation step's source: the pipeline's data_dir (a mirror, or "hub"); empty: the mirror staged in the
-    run store (make stage-data) where the step can read it as a folder, else one found as
-    adaptune.data.sources.resolve_data_dir finds it, else the hub."""
+def source_data_dir(store: RunStore, data_dir: str, tasks: set[str], scratch: Path | None = None) -> Path | None:
+    """The preparation step's source: the pipeline's data_dir (a mirror, or "hub"); empty: the mirror staged in the run
+    store (make stage-data), read in place where the store is a folder (this machine, Vertex AI's /gcs mount), else its
+    files of `tasks` downloaded into `scratch`; with none staged, a mirror found as adaptune.data.sources.resolve_data_dir
+    finds one, else the hub."""
+    if data_dir:
+        return resolve_data_dir(data_dir)
     staged = store.data_mirror()
-    if not data_dir and staged is not None and staged.is_dir():
-        return staged
-    return resolve_data_dir(data_dir or None)
+    if staged is not None:
+        return staged if staged.is_dir() else resolve_data_dir(None)
+    files = [rel for task in sorted(tasks) for _, rel in get_task(task).source.files]
+    present = [rel for rel in files if store.files.version(DATA_MIRROR_DIR, *rel.split("/")) is not None]
+    if not present:
+        return resolve_data_dir(None)
+    root = Path(scratch or tempfile.mkdtemp(prefix="adaptune-mirror-"))
+    for rel in present:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        store.files.get_file(root / rel, DATA_MIRROR_DIR, *rel.split("/"))
+    return root
 
 
 def _digest(value: Any) -> str:

@@ -34,7 +34,7 @@ from adaptune.data.tasks import SQUAD_STANDIN, STANDARD_SPLIT, Task, get_task, s
 from adaptune.sweep.plan import plan
 from adaptune.sweep.spec import ExperimentSpec
 from adaptune.sweep.store import DATA_MIRROR_DIR, RunStore
-from adaptune.sweep.store_files import VERTEX_GCS_MOUNT, StoreFiles
+from adaptune.sweep.store_files import StoreFiles
 
 GLUE_URL = "https://gluebenchmark.com/tasks"  # the GLUE tasks' download page (their Source has no url: the hub has them)
 
@@ -86,16 +86,13 @@ def stage_data(spec: ExperimentSpec, store: RunStore, from_dir: str | os.PathLik
 
 
 def mirror_hint(store: RunStore) -> str:
-    """Where the store's data mirror is and how a run or a submission names it, in one line."""
+    """Where the store's data mirror is and how a run or a submission reads it, in one line."""
     where = store.files.url(DATA_MIRROR_DIR)
     local = store.data_mirror()
-    if store.files.is_bucket_mount and local is not None:
-        return f"data mirror: {where}; a submission reads it with data_dir = \"{local}\" ([submit] in adaptune.toml)"
-    if local is not None:
+    if local is not None and not store.files.is_bucket_mount:
         return f"data mirror: {where}; a local run reads it with --data-dir {local}"
-    mount = f"\"{VERTEX_GCS_MOUNT / store.root.removeprefix('gs://') / DATA_MIRROR_DIR}\"" if store.root.startswith("gs://") else \
-        "its Cloud Storage FUSE path"
-    return f"data mirror: {where}; a submission reads it with data_dir = {mount} ([submit] in adaptune.toml)"
+    return (f"data mirror: {where}; a submission with this run store reads it when its data_dir is empty "
+            "(the data-preparation step, adaptune.sweep.data_prep.source_data_dir)")
 
 
 class _Staging:

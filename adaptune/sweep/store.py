@@ -11,6 +11,7 @@ Layout under the root (a local directory, `gs://bucket/prefix`, or any fsspec UR
     ablation/<run_id>.json           the Figure 6 rows of an ablated run
     models/<backbone>/               staged backbone weights (stage_backbone), STAGED.json written last
     cache/                           the tokenization cache (only where the root is a local directory)
+    prepared/                        the data-preparation step's output (adaptune.sweep.data_prep)
     data/                            the publishers' data files, as a data mirror (adaptune.sweep.data_staging)
 
 Run ids depend only on what determines a result (TrainConfig.run_id), so experiments share runs.
