@@ -47,7 +47,8 @@ def result_summary(paths: dict[str, Path], out: Path) -> str:
         lines += [f"  {(name + '/' if paths[name].is_dir() else name).ljust(width)}  {what}" for name, what in shown]
     store = out / "store"
     if store.is_dir():
-        lines.append(f"  {'store/'.ljust(width if shown else 6)}  the run store: the runs and their prepared data; run the same command again and both are reused")
+        what = "the run store: the runs and their prepared data; run the same command again and both are reused"
+        lines.append(f"  {'store/'.ljust(width if shown else 6)}  {what}")
     return "\n".join(lines)
 
 
