@@ -141,3 +141,23 @@ def test_a_shard_on_a_bucket_reads_its_tasks_from_its_own_disk(bucket: str, shar
     loaded = load_task_data("sms_spam", local)
     assert _columns(loaded["test"]) == _columns(load_task_data("sms_spam", shared_data_dir)["test"])
     assert readable_data_dir(store, shared_data_dir) == shared_data_dir  # a mirror is read as given
+
+
+def test_squad_runs_take_their_questions_windows_from_the_prepared_data(tmp_path: Path, shared_data_dir: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    planned = _plan("squad", max_length=384)
+    (run,) = planned.runs
+    prepared = prepare_plan_data(planned, RunStore(tmp_path / "store"), shared_data_dir)
+    assert prepared.tasks[0].tokenized == [f"{run.backbone}@384/{run.doc_stride}: prepared"]
+    task, tokenizer = get_task("squad"), load_tokenizer(run.backbone)
+    arguments = (task, tokenizer, 384, run.doc_stride, 60, 40)
+    from_mirror = prepare_run_data(*arguments, data_dir=shared_data_dir)  # the dev-articles stand-in: no train file here
+    monkeypatch.setattr(run_data, "prepare_features", lambda *args, **kwargs: pytest.fail("a run given prepared data windowed"))
+    from_prepared = prepare_run_data(*arguments, data_dir=prepared.url)
+    assert (from_prepared.data_split, from_prepared.split_sizes) == (from_mirror.data_split, from_mirror.split_sizes)
+    assert from_prepared.train_rows == from_mirror.train_rows and len(from_mirror.train_rows) >= 60
+    ours, theirs = from_prepared.eval_splits["validation"], from_mirror.eval_splits["validation"]
+    assert ours.rows == theirs.rows
+    assert ours.features["example_id"] == theirs.features["example_id"]
+    assert ours.features["offset_mapping"] == theirs.features["offset_mapping"]
+    assert ours.examples["id"] == theirs.examples["id"]

@@ -42,8 +42,9 @@ def is_prepared(root: Path | None) -> TypeGuard[Path]:
     return root is not None and (root / PLAN_MARKER).is_file()
 
 
-def tokenized_name(tokenizer: Any, max_length: int) -> str:
-    return f"{tokenizer_fingerprint(tokenizer)[:16]}-{max_length}"
+def tokenized_name(tokenizer: Any, max_length: int, doc_stride: int | None = None) -> str:
+    """The name of one tokenization of a task: its tokenizer's content, max length (and SQuAD's doc stride)."""
+    return f"{tokenizer_fingerprint(tokenizer)[:16]}-{max_length}" + (f"-s{doc_stride}" if doc_stride is not None else "")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,16 +82,19 @@ class PreparedData:
         return TaskData(datasets.DatasetDict({split: loaded[split] for split in wanted}), info["data_split"], info["split_note"])
 
     @quiet_datasets()
-    def tokenized(self, task: Task | str, tokenizer: Any, max_length: int, splits: Sequence[str]) -> datasets.DatasetDict:
-        """The splits as the preparation step tokenized them; one line where it did not (a run never tokenizes)."""
+    def tokenized(self, task: Task | str, tokenizer: Any, max_length: int, splits: Sequence[str],
+                  doc_stride: int | None = None) -> datasets.DatasetDict:
+        """The splits as the preparation step tokenized them (SQuAD: windowed at `doc_stride`); one line where it
+        did not (a run never tokenizes)."""
         task = get_task(task)
-        name = tokenized_name(tokenizer, max_length)
+        name = tokenized_name(tokenizer, max_length, doc_stride)
         folder = self.task_dir(task) / TOKENIZED_DIR
         marker = folder / f"{name}.json"
         if not marker.is_file():
+            stride = f" and doc_stride {doc_stride}" if doc_stride is not None else ""
             raise DataNotFoundError(f"the prepared data of {task.name} ({folder.parent}) was not tokenized by this tokenizer at "
-                                    f"max_length {max_length}: the data-preparation step tokenizes for each backbone and length its "
-                                    "plan names; run the pipeline again")
+                                    f"max_length {max_length}{stride}: the data-preparation step tokenizes for each backbone and "
+                                    "length its plan names; run the pipeline again")
         loaded = datasets.load_from_disk(str(folder / json.loads(marker.read_text())["dir"]))
         return datasets.DatasetDict({split: loaded[split] for split in splits if split in loaded})
 
@@ -104,13 +108,12 @@ def write_task(folder: Path, loaded: TaskData, info: dict[str, Any], raw_dir: st
 
 
 @quiet_datasets()
-def write_tokenized(folder: Path, tokenized: datasets.DatasetDict, tokenizer: Any, max_length: int, tokenizer_label: str,
-                    folder_name: str | None = None) -> str:
-    """Tokenized splits into `folder`/tokenized/<folder_name>, then their marker naming it; returns the marker's name."""
-    name = tokenized_name(tokenizer, max_length)
+def write_tokenized(folder: Path, tokenized: datasets.DatasetDict, name: str, label: str, folder_name: str | None = None) -> str:
+    """Tokenized splits (`tokenized_name`'s `name`) into `folder`/tokenized/<folder_name>, then their marker naming
+    it; returns the marker's name."""
     folder_name = folder_name or name
     tokenized.save_to_disk(str(folder / TOKENIZED_DIR / folder_name))
-    write_json(folder / TOKENIZED_DIR / f"{name}.json", {"dir": folder_name, "tokenizer": tokenizer_label, "max_length": max_length,
+    write_json(folder / TOKENIZED_DIR / f"{name}.json", {"dir": folder_name, "tokenization": label,
                                                           "rows": {split: len(rows) for split, rows in tokenized.items()}})
     return f"{name}.json"
 

@@ -24,6 +24,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import datasets
+
 from adaptune.core.errors import UserError
 from adaptune.data.batching import column_values
 from adaptune.data.checksums import checksum_problem
@@ -40,8 +42,9 @@ from adaptune.data.prepared import (
     write_task,
     write_tokenized,
 )
-from adaptune.data.sources import hub_hint, local_files_status, resolve_data_dir
+from adaptune.data.sources import hub_hint, local_files_status, quiet_datasets, resolve_data_dir
 from adaptune.data.splits import TaskData
+from adaptune.data.squad import prepare_features
 from adaptune.data.tasks import Task, data_scheme, get_task, scored_companions
 from adaptune.data.token_cache import tokenize_task
 from adaptune.sweep.machine import use_staged_backbones
@@ -56,16 +59,28 @@ class DataPreparationError(UserError, ValueError):
     """Tasks whose data cannot be prepared: one line per task, what is wrong and what to do."""
 
 
-def data_needs(planned: Plan) -> dict[str, set[tuple[str, int]]]:
-    """Each task the plan's runs read (MNLI-mm with MNLI), with the (backbone, max length) pairs it is tokenized
-    for; SQuAD none (its windows depend on the run's doc stride, made as it starts)."""
-    needs: dict[str, set[tuple[str, int]]] = {}
+@dataclasses.dataclass(frozen=True, order=True)
+class Tokenization:
+    """One way a task is tokenized for the plan's runs: a backbone's tokenizer at a max length (SQuAD's windows also
+    at a doc stride)."""
+
+    backbone: str
+    max_length: int
+    doc_stride: int | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.backbone}@{self.max_length}" + (f"/{self.doc_stride}" if self.doc_stride is not None else "")
+
+
+def data_needs(planned: Plan) -> dict[str, set[Tokenization]]:
+    """Each task the plan's runs read (MNLI-mm with MNLI), with the tokenizations they read it in."""
+    needs: dict[str, set[Tokenization]] = {}
     for run in planned.runs:
         task = get_task(run.task)
+        stride = run.doc_stride if task.kind == "span" else None
         for name in (task.name, *scored_companions(task.name)):
-            pairs = needs.setdefault(name, set())
-            if task.kind != "span":
-                pairs.add((run.backbone, run.max_length))
+            needs.setdefault(name, set()).add(Tokenization(run.backbone, run.max_length, stride))
     return needs
 
 
@@ -101,7 +116,7 @@ def prepare_plan_data(planned: Plan, store: RunStore, data_dir: Path | None) -> 
     tasks without one are prepared."""
     store.require_writable()
     needs = data_needs(planned)
-    use_staged_backbones(store, sorted({backbone for pairs in needs.values() for backbone, _ in pairs}))
+    use_staged_backbones(store, sorted({way.backbone for ways in needs.values() for way in ways}))
     problems: list[str] = []
     prepared: list[PreparedTask] = []
     for name in sorted(needs):
@@ -121,12 +136,12 @@ def prepare_plan_data(planned: Plan, store: RunStore, data_dir: Path | None) -> 
     plan_folder = f"plan-{_digest(folders)}"
     if store.files.read_json(PREPARED_DIR, plan_folder, PLAN_MARKER) is None:
         with tempfile.TemporaryDirectory(prefix="adaptune-prepare-") as scratch:
-            write_plan(Path(scratch), folders, {"needs": {task: sorted(map(list, pairs)) for task, pairs in needs.items()}})
+            write_plan(Path(scratch), folders, {"needs": {task: sorted(way.label for way in ways) for task, ways in needs.items()}})
             store.files.put_file(Path(scratch) / PLAN_MARKER, PREPARED_DIR, plan_folder, PLAN_MARKER)
     return PreparedPlan(url=store.files.url(PREPARED_DIR, plan_folder), tasks=prepared)
 
 
-def _prepare_task(task: Task, pairs: set[tuple[str, int]], store: RunStore, data_dir: Path | None) -> PreparedTask:
+def _prepare_task(task: Task, ways: set[Tokenization], store: RunStore, data_dir: Path | None) -> PreparedTask:
     _check_files(task, data_dir)
     provenance = data_files_sha256(task.name, str(data_dir) if data_dir else None)
     folder = f"{task.name}-{_digest({'task': task.name, 'data': provenance, 'scheme': data_scheme(task), 'format': FORMAT_VERSION})}"
@@ -142,30 +157,39 @@ def _prepare_task(task: Task, pairs: set[tuple[str, int]], store: RunStore, data
             _publish(store, local, folder, last=TASK_MARKER)
             action = "prepared"
         tokenized = []
-        for backbone, max_length in sorted(pairs):
-            tokenized.append(f"{backbone}@{max_length}: " + _prepare_tokenized(task, backbone, max_length, store, folder, loaded, local))
+        for way in sorted(ways):
+            tokenized.append(f"{way.label}: " + _prepare_tokenized(task, way, store, folder, loaded, local))
     return PreparedTask(task=task.name, folder=folder, action=action, rows=info["rows"], source=_source_text(provenance),
                         seconds=0.0, tokenized=tokenized)
 
 
-def _prepare_tokenized(task: Task, backbone: str, max_length: int, store: RunStore, folder: str, loaded: TaskData | None,
-                       local: Path) -> str:
+def _prepare_tokenized(task: Task, way: Tokenization, store: RunStore, folder: str, loaded: TaskData | None, local: Path) -> str:
     from adaptune.model.backbone import load_tokenizer
 
-    tokenizer = load_tokenizer(backbone)
-    name = tokenized_name(tokenizer, max_length)
+    tokenizer = load_tokenizer(way.backbone)
+    name = tokenized_name(tokenizer, way.max_length, way.doc_stride)
     if store.files.read_json(PREPARED_DIR, folder, TOKENIZED_DIR, f"{name}.json") is not None:
         return "reused"
     if loaded is None:  # the task's splits were prepared before, for another backbone or length
         with store.files.local_copy(PREPARED_DIR, folder) as task_folder:
             raw = PreparedData(task_folder.parent, {task.name: task_folder.name}).task_data(task).splits
-            tokenized = tokenize_task(task, raw, tokenizer, max_length, cache_dir=local / "cache")
+            tokenized = _tokenize(task, raw, tokenizer, way, local / "cache")
     else:
-        tokenized = tokenize_task(task, loaded.splits, tokenizer, max_length, cache_dir=local / "cache")
-    marker = write_tokenized(local / "tokenized-out", tokenized, tokenizer, max_length, backbone,
-                             folder_name=f"{name}-{uuid.uuid4().hex[:12]}")
+        tokenized = _tokenize(task, loaded.splits, tokenizer, way, local / "cache")
+    marker = write_tokenized(local / "tokenized-out", tokenized, name, way.label, folder_name=f"{name}-{uuid.uuid4().hex[:12]}")
     _publish(store, local / "tokenized-out", folder, last=f"{TOKENIZED_DIR}/{marker}")
     return "prepared"
+
+
+@quiet_datasets()
+def _tokenize(task: Task, raw: datasets.DatasetDict, tokenizer: Any, way: Tokenization, cache: Path) -> datasets.DatasetDict:
+    """Whole splits as a run reads them: token ids (and labels); SQuAD's windows, each with its question's id and
+    offsets (a run takes the windows of the questions it samples: adaptune.train.run_data)."""
+    if way.doc_stride is None:
+        return tokenize_task(task, raw, tokenizer, way.max_length, cache_dir=cache)
+    options = {"tokenizer": tokenizer, "max_length": way.max_length, "doc_stride": way.doc_stride, "for_evaluation": True}
+    return datasets.DatasetDict({split: examples.map(prepare_features, batched=True, remove_columns=examples.column_names,
+                                                     fn_kwargs=options) for split, examples in raw.items()})
 
 
 def _check_files(task: Task, data_dir: Path | None) -> None:

@@ -60,15 +60,17 @@ def prepare_run_data(
     wanted = {"validation": max_eval_examples, "test": max_eval_examples}
     if with_train:
         wanted["train"] = max_train_examples
+    root = resolve_data_dir(data_dir)
+    prepared = PreparedData.open(root) if is_prepared(root) else None
     if task.kind == "span":
         subsets = _subsample_splits(raw, wanted)
-        span = _span_data(subsets, tokenizer, max_length, doc_stride)
+        windows = prepared.tokenized(task, tokenizer, max_length, list(subsets), doc_stride) if prepared else None
+        span = _span_data(subsets, tokenizer, max_length, doc_stride, windows)
         return dataclasses.replace(span, split_sizes={name: len(split) for name, split in subsets.items()},
                                    data_split=loaded.data_split, split_note=loaded.split_note)
     # Tokenize whole splits (cached per task, shared by every run of every shard; prepared data: tokenized by the
     # preparation step), then subsample: the subset depends only on the split's length, so it picks the same rows.
-    root = resolve_data_dir(data_dir)
-    whole = (PreparedData.open(root).tokenized(task, tokenizer, max_length, list(raw)) if is_prepared(root)
+    whole = (prepared.tokenized(task, tokenizer, max_length, list(raw)) if prepared
              else tokenize_task(task, raw, tokenizer, max_length, cache_dir))
     tokenized = _subsample_splits(whole, wanted)
     eval_splits = {}
@@ -91,23 +93,35 @@ def _has_labels(split: Dataset) -> bool:
     return all(label is not None and label != -1 for label in column_values(split, "labels"))
 
 
-def _span_data(splits: DatasetDict, tokenizer: Any, max_length: int, doc_stride: int) -> RunData:
+def _span_data(splits: DatasetDict, tokenizer: Any, max_length: int, doc_stride: int, windows: DatasetDict | None = None) -> RunData:
+    """The windows of each split's questions: made here, or (`windows`, the prepared data's) taken for the questions
+    sampled, in their order: a question's windows do not depend on the others it is tokenized with."""
     check_window(max_length, doc_stride)
     options = {"tokenizer": tokenizer, "max_length": max_length, "doc_stride": doc_stride}
+
+    def features_of(name: str, examples: Dataset, for_evaluation: bool) -> Dataset:
+        if windows is not None:
+            return _windows_of(windows[name], examples["id"])
+        return examples.map(prepare_features, batched=True, remove_columns=examples.column_names,
+                            fn_kwargs={**options, "for_evaluation": for_evaluation})
+
     train_rows: list[dict[str, Any]] = []
     if "train" in splits:
-        train_features = splits["train"].map(
-            prepare_features, batched=True, remove_columns=splits["train"].column_names, fn_kwargs=options
-        )
-        train_rows = model_rows(train_features)
+        train_rows = model_rows(features_of("train", splits["train"], False))
     eval_splits = {}
     for name in EVAL_SPLITS:
         if name not in splits:
             continue
         examples = splits[name]
-        features = examples.map(
-            prepare_features, batched=True, remove_columns=examples.column_names, fn_kwargs={**options, "for_evaluation": True}
-        )
+        features = features_of(name, examples, True)
         rows = [{k: v for k, v in row.items() if k not in ("start_positions", "end_positions")} for row in model_rows(features)]
         eval_splits[name] = EvalSplit(name, rows, examples=examples, features=features.select_columns(["example_id", "offset_mapping"]))
     return RunData(train_rows=train_rows, eval_splits=eval_splits)
+
+
+def _windows_of(windows: Dataset, question_ids: list[str]) -> Dataset:
+    """The windows of these questions, question after question, each question's in their own order."""
+    positions: dict[str, list[int]] = {}
+    for index, question_id in enumerate(column_values(windows, "example_id")):
+        positions.setdefault(question_id, []).append(index)
+    return windows.select([index for question_id in question_ids for index in positions[question_id]])
