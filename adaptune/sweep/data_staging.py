@@ -30,7 +30,8 @@ from typing import Any
 
 from adaptune.core.errors import UserError
 from adaptune.data.checksums import file_md5, md5_problem
-from adaptune.data.tasks import SQUAD_STANDIN, STANDARD_SPLIT, Task, get_task, scored_companions
+from adaptune.data.tasks import SQUAD_STANDIN, STANDARD_SPLIT, Task, get_task
+from adaptune.sweep.data_prep import data_needs
 from adaptune.sweep.plan import plan
 from adaptune.sweep.spec import ExperimentSpec
 from adaptune.sweep.store import DATA_MIRROR_DIR, RunStore
@@ -54,9 +55,7 @@ class DataStagingError(UserError, RuntimeError):
 
 def data_tasks(spec: ExperimentSpec) -> list[str]:
     """The tasks whose files the plan reads: those it trains (and ablates), and those their runs are also scored as."""
-    trained = [*plan(spec).tasks, *(spec.ablation.tasks if spec.ablation else ())]
-    names = [name for task in trained for name in (get_task(task).name, *scored_companions(get_task(task).name))]
-    return list(dict.fromkeys(names))
+    return list(data_needs(plan(spec)))  # the preparation step's tasks: it reads what is staged
 
 
 def stage_data(spec: ExperimentSpec, store: RunStore, from_dir: str | os.PathLike[str] | None = None, force: bool = False,
