@@ -8,7 +8,7 @@ PIPELINE ?= smoke
 OUT ?= outputs
 export PYTHONHASHSEED := 0
 
-.PHONY: venv test test-heavy demo run plan status tensorboard notebooks report compile submit stage-models stage-data bench bench-fused bench-bf16 bench-data bench-attention bench-states bench-lengths bench-gpu gpu-carry bench-status bench-tensorboard bench-soak images lint lock clean
+.PHONY: venv test test-heavy demo run plan status tensorboard notebooks report compile submit stage-models stage-data bench bench-fused bench-bf16 bench-data bench-shard-data bench-attention bench-states bench-lengths bench-gpu gpu-carry bench-status bench-tensorboard bench-soak images lint lock clean
 
 $(VENV)/.installed: pyproject.toml requirements.lock requirements-kernel-tests.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -98,6 +98,11 @@ bench-bf16: venv
 # The host time a run spends preparing its data (rows from the tokenized cache), per task (bench/data_prep.json).
 bench-data: venv
 	$(PY) -m bench.cpu --only-data --out bench/data_prep.json
+
+# The data work of an accelerator task per shard, from the publishers' files against the prepared data (local and on
+# a GCS emulator), and the preparation step's seconds per task (bench/shard_data.json).
+bench-shard-data: venv
+	$(PY) -m bench.shard_data --out bench/shard_data.json
 
 # What the attention kernel takes off a fused step's memory traffic, counted on this CPU (operators and bytes
 # written per layer, eager attention against the kernel under Triton's interpreter; bench/attention_kernel.json).

@@ -263,7 +263,7 @@ def is_prepared_url(store: RunStore, data_dir: Any) -> bool:
     return bool(data_dir) and str(data_dir).startswith(store.files.url(PREPARED_DIR) + "/")
 
 
-def readable_data_dir(store: RunStore, data_dir: Any, tasks: set[str] | None = None) -> Any:
+def readable_data_dir(store: RunStore, data_dir: Any, tasks: set[str] | None = None, scratch: Path | None = None) -> Any:
     """What a step reads its data from: the prepared folder of `tasks` (all the plan's where None) made local where
     `data_dir` is one in the store; else `data_dir` as given (a mirror; None: found, or the hub)."""
     if not is_prepared_url(store, data_dir):
@@ -271,7 +271,7 @@ def readable_data_dir(store: RunStore, data_dir: Any, tasks: set[str] | None = N
     if tasks is None:
         parts = str(data_dir).removeprefix(store.files.url() + "/").split("/")
         tasks = set((store.files.read_json(*parts, PLAN_MARKER) or {"tasks": {}})["tasks"])
-    return localize_prepared(store, str(data_dir), tasks)
+    return localize_prepared(store, str(data_dir), tasks, scratch)
 
 
 def source_data_dir(store: RunStore, data_dir: str, tasks: set[str], scratch: Path | None = None) -> Path | None:
