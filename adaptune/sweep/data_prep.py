@@ -202,7 +202,13 @@ def _check_files(task: Task, data_dir: Path | None) -> None:
     status = local_files_status(task, data_dir)
     if status != "yes" and not (task.family == "squad" and status == "only validation"):
         expected = ", ".join(rel for _, rel in task.source.files)
-        raise DataPreparationError(f"the mirror {data_dir} has {status} of its files ({expected}); {hub_hint(task)}")
+        if status == "no":
+            what = f"holds none of its files ({expected})"
+        elif status.startswith("only "):
+            what = f"holds only its {status.removeprefix('only ')} file of {expected}"
+        else:  # "file lacks <columns>"
+            what = f"holds {expected}, but the {status.replace('file lacks', 'file lacks the column(s)')}"
+        raise DataPreparationError(f"the mirror {data_dir} {what}; {hub_hint(task)}")
     problems = [problem for _, rel in task.source.files if (data_dir / rel).is_file()
                 for problem in [checksum_problem(data_dir / rel, rel)] if problem]
     if problems:
