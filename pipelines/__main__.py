@@ -55,15 +55,16 @@ def result_summary(paths: dict[str, Path], out: Path) -> str:
 def _plan(args: argparse.Namespace) -> int:
     from adaptune.sweep.experiments import get_experiment
     from adaptune.sweep.plan import plan
-    from adaptune.sweep.throughput import measure_on
+    from adaptune.sweep.throughput import measure_on, set_aside_on
 
     spec = get_experiment(args.name)
-    measured = None
+    measured = set_aside = None
     if args.runs_root:  # the store's own records calibrate the estimate (every record there, not only this grid's)
         from adaptune.sweep.status_cache import store_summaries
 
-        measured = measure_on(store_summaries(_store_for(args.name, args.runs_root, Path())).values(), spec.accelerator)
-    print(plan(spec, measured).summary())
+        records = list(store_summaries(_store_for(args.name, args.runs_root, Path())).values())
+        measured, set_aside = measure_on(records, spec.accelerator), set_aside_on(records, spec.accelerator)
+    print(plan(spec, measured, set_aside).summary())
     if not args.runs_root:
         print("(pass --runs-root, or RUNS_ROOT= to make, to estimate from the throughput a run store's records measured)")
     return 0

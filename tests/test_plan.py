@@ -287,3 +287,59 @@ def test_whole_model_runs_train_one_a_group_and_a_bad_group_size_fails_at_planni
     with environment.patch(runs_per_group="x"), \
             pytest.raises((PlanError, ValueError), match="ADAPTUNE_RUNS_PER_GROUP.*(whole number >= 1|'x')"):
         plan(spec)
+
+
+# A CPU sweep of 2 methods x 2 learning rates x 2 seeds, pinned to float32 so its runs record "cpu" on any machine.
+FUSED_SWEEP = {
+    "name": "fused_estimate_check", "backbone": "all-MiniLM-L6-v2", "accelerator": {"cpu_precision": "float32"},
+    "max_train_examples": 1000,
+    "sweeps": [{"tasks": ["sst2"], "methods": ["adapters:16", "layernorm"], "learning_rates": [1e-4, 1e-3], "epochs": [2],
+                "seeds": [0, 1]}],
+}
+
+
+@pytest.mark.parametrize("runs_per_group", ["4", "1"])
+def test_the_plan_prices_a_fused_sweep_by_its_fused_records_and_says_which_records_it_set_aside(
+    runs_per_group: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The store holds the sweep's 8 runs, trained fused 4 at a time in float32 ("cpu"; each record carries its group's
+    400 s: 1,000 rows x 2 epochs over 100 s a run, 20 examples/s), and one more trained in bf16 ("cpu:bf16"). Fused 4 at
+    a time (ADAPTUNE_RUNS_PER_GROUP=4), the plan prices every run by the fused records; trained alone (=1) it cannot,
+    and its estimate line says how many records it set aside and why, not only that it used the published table."""
+    from adaptune.core.files import json_text
+    from adaptune.data.tasks import get_task
+    from adaptune.sweep.spec_file import spec_from_dict
+    from adaptune.sweep.store import RunStore
+    from adaptune.train.record import run_record
+    from pipelines.__main__ import main
+
+    spec = spec_from_dict(FUSED_SWEEP)
+    store = RunStore(tmp_path / "store")
+    runs = plan(spec).runs
+    for config in runs:
+        record = run_record(config, get_task(config.task).primary_metric, device="cpu")
+        record.update(status="ok", wall_time_s=400.0, group_size=4, split_sizes={"train": 1000, "validation": 100, "test": 100})
+        assert store.publish_record(record)
+    bf16 = dataclasses.replace(runs[0], seed=7)
+    bf16_record = run_record(bf16, "accuracy", device="cpu:bf16")
+    bf16_record.update(status="ok", wall_time_s=50.0, split_sizes={"train": 1000, "validation": 100, "test": 100})
+    assert store.publish_record(bf16_record)
+    sweep = tmp_path / "fused.json"
+    sweep.write_text(json_text(FUSED_SWEEP))
+    monkeypatch.setenv("ADAPTUNE_RUNS_PER_GROUP", runs_per_group)
+    assert main(["plan", str(sweep), "--runs-root", str(tmp_path / "store")]) == 0
+    out = capsys.readouterr().out
+    (basis,) = [line for line in out.splitlines() if line.startswith("estimate basis: ")]
+    (estimate,) = [line for line in out.splitlines() if line.startswith("estimate: ")]
+    if runs_per_group == "4":
+        assert basis.startswith("estimate basis: throughput measured by the run store's records (")
+        assert "all-MiniLM-L6-v2 adapters fused 4 at a time on cpu: 20.0 examples/s from 4 run(s)" in basis
+        assert "all-MiniLM-L6-v2 layernorm fused 4 at a time on cpu: 20.0 examples/s from 4 run(s)" in basis
+        assert "not a measurement" not in basis and "priced one run at a time" not in basis
+        assert "; 1 of the run store's record(s) set aside: 1 trained on cpu:bf16, not cpu" in basis
+        assert estimate.startswith(f"estimate: {8 * 2000 / 20.0 / 3600:.2f} accelerator-hours")  # 8 runs x 100 s
+    else:
+        assert basis.startswith("estimate basis: throughput from adaptune.sweep.cost.THROUGHPUT (published figures, not a measurement)")
+        assert ("; 9 of the run store's record(s) set aside: 8 trained fused 4 at a time (all-MiniLM-L6-v2 adapters, "
+                "all-MiniLM-L6-v2 layernorm) where the plan trains them alone, runs_per_group 1: a fused run's cost is its "
+                "share of its group's time, which depends on the group's size; 1 trained on cpu:bf16, not cpu") in basis

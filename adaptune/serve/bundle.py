@@ -202,7 +202,8 @@ def _copy_task(run: pd.Series, store: RunStore, bundle: Path, method: str, data_
         "num_labels": int(info["num_labels"]),
         "labels": _label_names(task, data_dir),
         "max_length": int(config.get("max_length", 128)),
-        # The precision the run was scored in: predict computes in it, to reproduce the run's own evaluation.
+        # The precision the run was scored in: predict computes in it, to reproduce the run's own evaluation (bit
+        # for bit for a run alone in float32; a fused run's, scored in its group's pass, to rounding: docs/operating.md).
         "precision": run_precision(run.get("device")) or "float32",
         "trained_params": int(info["trained_params"]),
         "carries_whole_model": info["method"]["name"] == "full",

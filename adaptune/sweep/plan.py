@@ -74,6 +74,9 @@ class Plan:
     measured: dict[ThroughputKey, Measured] = dataclasses.field(default_factory=dict)
     # run_id -> where the spec's sweeps first declare the run (runs are listed task by task).
     declared_order: dict[str, int] = dataclasses.field(default_factory=dict)
+    # The store's finished records measured is not from, counted by why (throughput.set_aside_on: another
+    # accelerator or precision); those at another group size are in measured and told apart by estimate_source.
+    set_aside: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @functools.cached_property
     def group_sizes(self) -> dict[str, int]:
@@ -154,11 +157,12 @@ class Plan:
             heapq.heapreplace(slots, slots[0] + hours)
         return max(slots)
 
-    def calibrated(self, measured: dict[ThroughputKey, Measured]) -> Plan:
-        """The same plan and shards, its hours estimated from `measured` throughputs where they apply."""
+    def calibrated(self, measured: dict[ThroughputKey, Measured], set_aside: dict[str, int] | None = None) -> Plan:
+        """The same plan and shards, its hours estimated from `measured` throughputs where they apply;
+        `set_aside`: the store's records left out of `measured`, by why (throughput.set_aside_on)."""
         run_hours = {run.run_id: estimate_hours(run, self.spec, measured, self.group_sizes[run.run_id]) for run in self.runs}
         return dataclasses.replace(self, run_hours=run_hours, packing_hours=self.packing_hours or self.run_hours,
-                                   measured=dict(measured))
+                                   measured=dict(measured), set_aside=dict(set_aside or {}))
 
     def estimate_source(self) -> str:
         """Which throughputs the estimate used: the store's measurements (with their run counts and the
@@ -194,6 +198,7 @@ class Plan:
         if at_mean_length:
             fused_note += (f"; {at_mean_length:,} run(s) priced at the tokens their task's batches are padded to on average, not "
                            "their max_length (adaptune.sweep.cost.MEAN_PADDED_LENGTH: an upper bound from a step measured at 128)")
+        fused_note += self._set_aside_note(set(used))
         if not used:
             return f"throughput from {table}{fused_note}"
         measured = "; ".join(f"{backbone} {method}{f' fused {size} at a time' if size > 1 else ''} on {label}: "
@@ -202,6 +207,39 @@ class Plan:
         rest = len(keys) - len(used)
         return (f"throughput measured by the run store's records ({measured})"
                 + (f"; {table} for the other {rest} backbone/method pair(s)" if rest else "") + fused_note)
+
+    def _set_aside_note(self, used: set[ThroughputKey]) -> str:
+        """The store's records the estimate did not use, how many and why: measured at a group size none of
+        their method's runs will train in here (fused records when the plan trains runs alone, records alone
+        when fused ones price the runs, or fused at another size), for a backbone and method the plan has no
+        run of, or on another accelerator or precision (self.set_aside)."""
+        label = self.spec.accelerator.label
+        sizes: dict[tuple[str, str, str], set[int]] = {}
+        for run in self.runs:
+            sizes.setdefault(throughput_key(run.backbone, label, run.method)[:3], set()).add(self.group_sizes[run.run_id])
+        other_method: list[str] = []
+        by_size: dict[tuple[str, str], list[tuple[str, int]]] = {}  # (how trained, how planned) -> [(what, records)]
+        for key, measured in sorted(self.measured.items()):
+            if key in used:
+                continue
+            backbone, _, method, size = key
+            trained = f"fused {size} at a time" if size > 1 else "alone"
+            planned = sizes.get((backbone, label, method))
+            if planned is None:
+                other_method.append(f"{measured.runs:,} of {backbone} {method} trained {trained} (the plan has no such run)")
+                continue
+            alone_here = ", runs_per_group 1" if planned == {1} and runs_per_group(self.spec.accelerator) == 1 else ""
+            where = " or ".join(f"fused {planned_size} at a time" if planned_size > 1 else "alone" for planned_size in sorted(planned))
+            by_size.setdefault((trained, where + alone_here), []).append((f"{backbone} {method}", measured.runs))
+        other_size = [f"{sum(count for _, count in what):,} trained {trained} ({', '.join(name for name, _ in what)}) where the plan "
+                      f"trains them {where}" for (trained, where), what in by_size.items()]
+        if other_size:
+            other_size[-1] += ": a fused run's cost is its share of its group's time, which depends on the group's size"
+        reasons = other_size + other_method + [f"{count:,} {why}" for why, count in self.set_aside.items()]
+        if not reasons:
+            return ""
+        total = sum(m.runs for key, m in self.measured.items() if key not in used) + sum(self.set_aside.values())
+        return f"; {total:,} of the run store's record(s) set aside: " + "; ".join(reasons)
 
     def summary(self) -> str:
         spec = self.spec
@@ -289,10 +327,12 @@ def fit_fanout(planned: Plan, ceiling: int = KFP_MAX_FANOUT) -> Plan:
     return current
 
 
-def plan(spec: ExperimentSpec, measured: dict[ThroughputKey, Measured] | None = None) -> Plan:
+def plan(spec: ExperimentSpec, measured: dict[ThroughputKey, Measured] | None = None,
+         set_aside: dict[str, int] | None = None) -> Plan:
     """Expand and validate `spec`; raises PlanError naming every problem found. `measured`
     (adaptune.sweep.throughput.measure_throughput of a run store's records) replaces the published
-    throughput where it has the run's backbone, accelerator and method; shards stay the same."""
+    throughput where it has the run's backbone, accelerator, method and group size (else alone); shards stay
+    the same. `set_aside` (throughput.set_aside_on): the store's records left out, which the estimate line counts."""
     problems: list[str] = []
     if not spec.sweeps:
         raise PlanError(f"experiment {spec.name!r} has an empty grid: declare at least one Sweep in its sweeps")
@@ -330,7 +370,7 @@ def plan(spec: ExperimentSpec, measured: dict[ThroughputKey, Measured] | None = 
             f"({min(len(planned.shards), spec.parallelism)} shards x {spec.accelerator.count}), over max_accelerators "
             f"{spec.max_accelerators}: lower parallelism, or raise max_accelerators to what your quota allows"
         )
-    return planned.calibrated(measured) if measured else planned
+    return planned.calibrated(measured or {}, set_aside) if measured or set_aside else planned
 
 
 def planned_groups(runs: list[TrainConfig], spec: ExperimentSpec) -> list[list[TrainConfig]]:

@@ -7,13 +7,16 @@ scaled to REFERENCE_MAX_LENGTH tokens. A run trained in a fused group of k (adap
 held the accelerator with k-1 others for its group's wall time: it is charged a k-th of it. Records are
 grouped by (backbone, accelerator, method name, group size): adapters of every size share a row, as
 their step costs differ by far less than the estimate's error; runs fused k at a time do not share a
-row with runs trained alone, as their cost per run is what fusing changes.
+row with runs trained alone, as their cost per run is what fusing changes. What a plan's estimate cannot use
+is set aside and said (set_aside_on here: another accelerator or precision; Plan.estimate_source: another
+group size than the plan's).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
+from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
@@ -111,3 +114,16 @@ def measure_on(records: Iterable[dict[str, Any]], accelerator: Any) -> dict[Thro
     precision its runs will train in."""
     cpu_device = planned_cpu_device(accelerator.cpu_precision) if accelerator.label == "cpu" else "cpu"
     return measure_throughput(records, accelerator.label, cpu_device)
+
+
+def set_aside_on(records: Iterable[dict[str, Any]], accelerator: Any) -> dict[str, int]:
+    """The finished records measure_on leaves out because they trained on another accelerator or in another
+    precision than a spec's runs will, counted by why ("trained on cpu:bf16, not cpu"), for the plan to say."""
+    label = accelerator.label
+    cpu_device = planned_cpu_device(accelerator.cpu_precision) if label == "cpu" else "cpu"
+    planned = cpu_device if label == "cpu" else label
+    reasons: Counter[str] = Counter()
+    for record in records:
+        if record_rate(record) is not None and not runs_on(record.get("device"), label, cpu_device):
+            reasons[f"trained on {record.get('device') or 'an unrecorded device'}, not {planned}"] += 1
+    return dict(sorted(reasons.items()))
