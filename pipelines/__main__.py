@@ -99,7 +99,7 @@ def _report(args: argparse.Namespace) -> int:
 
 def _compare(args: argparse.Namespace) -> int:
     """The runs two stores both hold, run by run (adaptune.report.compare.paired_runs) and summed up."""
-    from adaptune.report.compare import paired_markdown, paired_runs, paired_summary
+    from adaptune.report.compare import paired_markdown, paired_runs, paired_summary, summary_markdown
     from adaptune.serve.selection import SelectionError, store_runs
     from adaptune.sweep.store import RunStore
 
@@ -117,7 +117,7 @@ def _compare(args: argparse.Namespace) -> int:
     summary = paired_summary(pairs)
     print(paired_markdown(pairs))
     print()
-    print(summary.to_markdown(index=False, floatfmt=".2f"))
+    print(summary_markdown(summary))
     print(f"\n{len(pairs)} runs in both (b minus a, percent points; intervals: {len(pairs)} pairs resampled)")
     changed = pairs["settings_changed"].dropna()
     if (changed != "").any():

@@ -18,7 +18,7 @@ from results_fixture import constructed_runs, real_ablation, real_records, real_
 from adaptune.core.paper_grids import DEVLIN_GLUE_LRS, GLUE_LRS
 from adaptune.report import build_report
 from adaptune.report.baselines import majority_baseline
-from adaptune.report.bootstrap import bootstrap_ci
+from adaptune.report.bootstrap import bootstrap_ci, extreme_share, seeds_needed, too_few
 from adaptune.report.claims import COLUMNS, claims_markdown, claims_table, judge, write_grid_left_out
 from adaptune.report.reference import load_reference
 from adaptune.report.results import read_results
@@ -186,6 +186,31 @@ def test_each_verdict_follows_where_the_interval_lies():
     assert _claims(_glue_seeds([0.80], tasks=("disasters",))).loc["adapters_glue_within_0.4pt", "verdict"] == "not measured"
 
 
+def test_two_seeds_give_only_the_extreme_pairings_so_no_verdict():
+    """With 2 seeds a unit has 3 distinct resamples, the extremes 1/4 each: the percentile "95% interval" of a
+    difference is exactly the extreme pairings. Such a claim is inconclusive and says what it lacks; 3 seeds decide it."""
+    a, b = np.array([50.0, 60.0]), np.array([80.0, 85.0])
+    assert bootstrap_ci([a, b], lambda means: means[..., 0] - means[..., 1]) == (a.min() - b.max(), a.max() - b.min())
+    assert extreme_share([2, 2]) == 1 / 16 and too_few([2, 2]) and too_few([2, 5]) and not too_few([3, 3])
+    assert too_few([3]) and not too_few([4])  # one unit alone: 1/27 = 3.7% is above the 2.5% tail, 1/256 is not
+    assert seeds_needed([2, 2]) == 3 and seeds_needed([3]) == 4
+    # LayerNorm-only 30 points below adapters on every seed: the direction is plain, the evidence is not.
+    rows = [{"task": "cola", "method": method, "lr": lr, "seed": seed, "val": val + 0.01 * seed}
+            for method, lr, val in ((ADAPTERS64, 3e-4, 0.80), (LAYERNORM, 3e-3, 0.50)) for seed in range(2)]
+    table = _claims(rows)
+    two = table.loc["layernorm_worse_than_adapters"]
+    assert two["measured"] == pytest.approx(-30.0) and two["ci_high"] < -1.0  # the interval alone would say "holds"
+    assert two["verdict"] == "inconclusive" and two["n_seeds"] == 2 and two["seeds_to_settle"] == 3
+    assert ("2 seeds per task and method: too few to judge (a verdict needs 3; 2 give 3 distinct resamples, each extreme one "
+            "with probability 1/4); the interval lies wholly on the claim's side (direction consistent)") in two["detail"]
+    assert "| 3 (now 2) |" in claims_markdown(table.reset_index())
+    glue = _claims(_glue_seeds([0.75, 0.75])).loc["adapters_glue_within_0.4pt"]  # nor does a 2-seed claim "not hold"
+    assert glue["verdict"] == "inconclusive" and "the interval lies wholly on the other side" in glue["detail"]
+    rows = [{**row, "seed": 2} for row in rows if row["seed"] == 1] + rows
+    three = _claims(rows).loc["layernorm_worse_than_adapters"]
+    assert three["verdict"] == "holds" and three["n_seeds"] == 3 and "too few" not in three["detail"]
+
+
 @pytest.mark.parametrize(("side", "threshold", "expected"), [
     (">=", -0.4, ["holds", "inconclusive", "does not hold"]),
     ("<", -1.0, ["does not hold", "inconclusive", "holds"]),
@@ -246,10 +271,28 @@ def test_layernorm_equal_to_adapters_shows_as_a_claim_that_does_not_hold():
     assert table.loc["layernorm_clearly_worse", "measured"] == pytest.approx(-5.0)
     versus_adapters = table.loc["layernorm_worse_than_adapters"]
     assert versus_adapters["verdict"] == "does not hold" and versus_adapters["measured"] == pytest.approx(0.0)
-    # Each figure on its split (these claims read validation: GLUE's is held out of train), and the floor beneath.
+    # Each figure on its split (these claims read validation: GLUE's is held out of train). The head alone (70.20)
+    # is below CoLA's majority class on that split (70.41): it is no floor, and no method is said to stand above it.
     assert "cola (validation (held out of train)) -5.00 (80.20 vs 85.20)" in table.loc["layernorm_clearly_worse", "detail"]
-    assert ("cola (validation (held out of train); head alone 70.20): LayerNorm-only +10.00, adapters +10.00"
-            in versus_adapters["detail"])
+    assert ("on cola (validation (held out of train)) the head alone (frozen backbone, trained head) scored 70.20, at or below "
+            "the majority class (70.41): it learned nothing and is no floor; above the majority class: LayerNorm-only +9.79, "
+            "adapters +9.79") in versus_adapters["detail"]
+    assert "above the head alone" not in versus_adapters["detail"] and "+10.00" not in versus_adapters["detail"]
+
+
+def test_a_head_alone_above_its_floor_is_one_and_a_regression_head_at_no_correlation_is_not(shared_data_dir):
+    """SST-2's head alone at 60 clears its majority class (~50.9): the methods stand above it. STS-B's at a Spearman
+    of -2 learned nothing: the detail says what it scored and measures the methods from no correlation (0)."""
+    rows = [{"task": task, "method": method, "lr": lr, "seed": seed, "val": val + 0.002 * seed}
+            for task in ("sst2", "stsb")
+            for method, lr, val in ((FULL, 3e-5, 0.85), (LAYERNORM, 3e-3, 0.80), (HEAD, 3e-3, 0.60 if task == "sst2" else -0.02))
+            for seed in range(3)]
+    detail = _claims(rows, shared_data_dir).loc["layernorm_clearly_worse", "detail"]
+    assert "above the head alone (frozen backbone, trained head), by the same selection: sst2 (validation (held out of train); " \
+           "head alone 60.20): LayerNorm-only +20.00, full fine-tuning +25.00" in detail
+    assert ("on stsb (validation (held out of train)) the head alone (frozen backbone, trained head) scored -1.80, at or below no "
+            "correlation (0.00): it learned nothing and is no floor; above no correlation: LayerNorm-only +80.20, full fine-tuning "
+            "+85.20") in detail
 
 
 def test_lr_robustness_reads_bert_base_runs_in_the_papers_range_only():
@@ -259,7 +302,7 @@ def test_lr_robustness_reads_bert_base_runs_in_the_papers_range_only():
     scores = {(FULL["name"], 1e-4): 0.80, (FULL["name"], 3e-4): 0.78, (FULL["name"], 3e-3): 0.50,
               ("adapters", 1e-4): 0.80, ("adapters", 3e-4): 0.79, ("adapters", 3e-3): 0.60}
     rows = [{"task": "cola", "method": FULL if name == "full" else ADAPTERS64, "lr": lr, "seed": seed, "val": val}
-            for (name, lr), val in scores.items() for seed in range(2)]
+            for (name, lr), val in scores.items() for seed in range(3)]
     rows += [{**row, "backbone": "bert-large-uncased", "val": 0.9 if row["method"] == FULL else 0.6} for row in rows]
     robust = _claims(rows).loc["adapters_robust_to_lr"]
     assert robust["measured"] == pytest.approx(1.0) and robust["verdict"] == "holds"
@@ -270,8 +313,8 @@ def test_init_std_robustness_compares_size_64_adapters_at_their_best_learning_ra
     """Size 64 scores 80 at std 1e-3 and 1e-2 (each at its best rate): robust. A size-8 run at 1e-2 scoring 90
     would make 1e-3 look 10 points worse if it were read; std 0.1 is above the paper's limit."""
     rows = [{"task": "cola", "method": {**ADAPTERS64, "init_std": std}, "lr": lr, "seed": seed, "val": val}
-            for std, lr, val in ((1e-3, 3e-4, 0.80), (1e-3, 3e-3, 0.70), (1e-2, 3e-4, 0.80), (1e-1, 3e-4, 0.40)) for seed in range(2)]
-    rows += [{"task": "cola", "method": {**ADAPTERS64, "size": 8}, "lr": 3e-4, "seed": seed, "val": 0.90} for seed in range(2)]
+            for std, lr, val in ((1e-3, 3e-4, 0.80), (1e-3, 3e-3, 0.70), (1e-2, 3e-4, 0.80), (1e-1, 3e-4, 0.40)) for seed in range(4)]
+    rows += [{"task": "cola", "method": {**ADAPTERS64, "size": 8}, "lr": 3e-4, "seed": seed, "val": 0.90} for seed in range(4)]
     robust = _claims(rows).loc["init_std_robust_to_1e-2"]
     assert robust["measured"] == pytest.approx(0.0) and robust["verdict"] == "holds"
     assert "std 0.001 80.00, std 0.01 80.00" in robust["detail"]

@@ -151,3 +151,24 @@ def test_a_fused_groups_runs_are_compared_as_a_group(float32_records: list[dict]
     assert all(column in header for column in ("precision_a", "precision_b", "group_size_a", "group_size_b", "speed_ratio"))
     overall = paired_summary(pairs).set_index("task").loc["all"]
     assert overall["group_sizes_a"] == "1" and overall["group_sizes_b"] == "4" and overall["precisions_b"] == "bf16"
+
+
+def test_printed_deltas_are_those_of_the_values_shown_and_never_negative_zero() -> None:
+    """48.924 vs 48.926 prints as 48.92 vs 48.93: its delta prints as 0.01 (not 0.00, the unrounded 0.002); 48.921 vs
+    48.919 prints as 48.92 vs 48.92: 0.00, not -0.00. The summary's means print no -0.00 either."""
+    from adaptune.report.compare import SHOWN_PAIR_COLUMNS, paired_markdown, summary_markdown
+
+    base = {"precision_a": "float32", "precision_b": "bf16", "group_size_a": 1, "group_size_b": 1, "status_a": "ok",
+            "status_b": "ok", "speed_ratio": 1.0}
+    pairs = pd.DataFrame([
+        {**base, "run_id": "up", "val_a": 48.924, "val_b": 48.926, "test_a": 48.924, "test_b": 48.926, "test_delta": 0.002},
+        {**base, "run_id": "flat", "val_a": 48.921, "val_b": 48.919, "test_a": 48.921, "test_b": 48.919, "test_delta": -0.002},
+    ])[SHOWN_PAIR_COLUMNS]
+    table = paired_markdown(pairs)
+    rows = {line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[1:-1]] for line in table.splitlines()[2:]}
+    delta = SHOWN_PAIR_COLUMNS.index("test_delta")
+    assert rows["up"][SHOWN_PAIR_COLUMNS.index("test_a"):delta + 1] == ["48.92", "48.93", "0.01"]
+    assert rows["flat"][SHOWN_PAIR_COLUMNS.index("test_a"):delta + 1] == ["48.92", "48.92", "0.00"]
+    assert "-0.00" not in table
+    summary = pd.DataFrame({"task": ["all"], "test_delta": [-0.0004], "test_low": [-0.003], "test_high": [0.002]})
+    assert "-0.00" not in summary_markdown(summary) and "0.00" in summary_markdown(summary)

@@ -447,3 +447,15 @@ def test_a_report_copied_beside_its_results_names_that_folder(real_results_dir, 
     other.write_text("# notes\n")
     with pytest.raises(ValueError, match="has no results line"):
         name_results_folder(other, tmp_path)
+
+
+def test_the_report_says_what_its_methods_table_lists_and_states_the_evidence_rule_once(real_report):
+    """The methods table lists regression tasks too (every non-SQuAD task), and the claims section states once how
+    many seeds a verdict needs."""
+    from adaptune.report.bootstrap import rule_text
+
+    text = real_report[0].read_text()
+    methods = text.split("## Methods side by side")[1].split("\n## ")[0]
+    assert "Every classification and regression task measured" in methods and "Every classification task" not in text
+    claims = text.split("## The paper's claims")[1].split("\n## ")[0]
+    assert text.count(rule_text()) == 1 and rule_text() in claims

@@ -4,6 +4,16 @@ A cell's value is read from its runs by the tables' own selection (BEST_RUN: Tab
 validation; BEST_CONFIGURATION: Table 2's and the figures' configuration best on mean validation score);
 `bootstrap_cells` redraws the seeds of each (task, method) N_RESAMPLES times, re-applying that selection
 inside each resample, and gives the CI_LEVEL percentile interval of a statistic over the cells.
+
+How much an interval can say depends on how many seeds each resampling unit has. n seeds drawn n times with
+replacement give C(2n - 1, n) distinct resamples (multisets): 3 at n = 2, 10 at 3, 35 at 4, 126 at 5; a
+best-run cell (Table 1) reads only the n seeds' own scores. The resample that draws one seed n times, the
+most extreme, has probability n^-n: 1/4 at n = 2, 1/27 (3.7%) at 3, 1/256 (0.4%) at 4. A percentile bound sits
+on that extreme whenever its probability, across all the units a statistic reads, exceeds the tail
+(1 - CI_LEVEL) / 2 = 2.5%: with 2 seeds in each of two units (one method minus another on one task) the
+extreme pairing has 1/16 = 6.25%, so the "95% interval" is exactly (a's worst - b's best, a's best - b's
+worst), the range, not an interval. `too_few` is the rule a verdict is held to (MIN_SEEDS per unit, and
+the extreme resample rarer than the tail); `seeds_needed` the seeds per unit that meet it.
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ from adaptune.report.selection import (
 
 N_RESAMPLES = 2000
 CI_LEVEL = 0.95
+MIN_SEEDS = 3  # per resampling unit: 2 give 3 distinct resamples, whose extremes (1/4 each) are the percentile bounds
 BEST_RUN, BEST_CONFIGURATION = "best run", "best configuration"
 
 
@@ -76,8 +87,7 @@ def bootstrap_cells(cells: list[Cell], statistic: Callable[[np.ndarray], np.ndar
     every unit has a single seed. Sets each cell's `estimate`."""
     rng = np.random.default_rng(seed)
     draws = {}
-    for unit in dict.fromkeys(cell.unit for cell in cells):
-        seeds = np.array(sorted(set().union(*(cell.runs["seed"] for cell in cells if cell.unit == unit))))
+    for unit, seeds in _unit_seeds(cells).items():
         picked = rng.integers(0, len(seeds), size=(N_RESAMPLES, len(seeds)))
         counts = np.vstack([np.ones(len(seeds)), (picked[..., None] == np.arange(len(seeds))).sum(axis=1)])  # row 0: as measured
         draws[unit] = (seeds, counts)
@@ -90,6 +100,45 @@ def bootstrap_cells(cells: list[Cell], statistic: Callable[[np.ndarray], np.ndar
         return float(statistics[0]), None, None, n_seeds
     low, high = _percentiles(statistics[1:])
     return float(statistics[0]), low, high, n_seeds
+
+
+def unit_sizes(cells: list[Cell]) -> list[int]:
+    """The seeds of each resampling unit the cells read (one entry per unit), as bootstrap_cells draws them."""
+    return [len(seeds) for seeds in _unit_seeds(cells).values()]
+
+
+def _unit_seeds(cells: list[Cell]) -> dict[tuple, np.ndarray]:
+    return {unit: np.array(sorted(set().union(*(cell.runs["seed"] for cell in cells if cell.unit == unit))))
+            for unit in dict.fromkeys(cell.unit for cell in cells)}
+
+
+def extreme_share(sizes: list[int]) -> float:
+    """The probability of the most extreme resample: every unit (of `sizes` seeds) drawing one seed each time."""
+    return math.prod(float(n) ** -n for n in sizes)
+
+
+def too_few(sizes: list[int]) -> bool:
+    """Whether units of these sizes are too few for a percentile interval to carry a verdict: a unit with
+    fewer than MIN_SEEDS seeds, or an extreme resample (extreme_share) at least as likely as the tail, so that a
+    bound is that extreme (one unit alone at 3 seeds: 1/27 = 3.7% > 2.5%)."""
+    return bool(sizes) and (min(sizes) < MIN_SEEDS or extreme_share(sizes) >= (1 - CI_LEVEL) / 2)
+
+
+def seeds_needed(sizes: list[int]) -> int:
+    """The fewest seeds per unit, with as many units, that too_few accepts (3; 4 for a single unit)."""
+    n = MIN_SEEDS
+    while too_few([n] * max(len(sizes), 1)):
+        n += 1
+    return n
+
+
+def rule_text() -> str:
+    """The rule too_few applies, in a sentence (the report states it once)."""
+    return (f"at least {MIN_SEEDS} seeds per resampled task and method (ablated runs, for the ablation claims), and the "
+            f"most extreme resample (every unit drawing one seed n times: probability n^-n per unit) rarer than the "
+            f"{100 * (1 - CI_LEVEL) / 2:g}% tail, so that a single unit needs {seeds_needed([MIN_SEEDS])}: below that the "
+            "percentile bounds are at or near the extreme resamples (2 seeds give 3 distinct resamples, the extremes 1/4 each: "
+            "one method minus another on one task then has exactly the extreme pairings as its bounds)")
 
 
 def bootstrap_ci(samples: list[np.ndarray], statistic: Callable[[np.ndarray], np.ndarray], seed: int = 0) -> tuple[float | None, float | None]:

@@ -23,12 +23,19 @@ inside each resample; the ablation claims resample their ablated runs instead):
 
 - `holds`: the whole interval lies on the claim's side of the threshold;
 - `does not hold`: the whole interval lies on the other side;
-- `inconclusive`: it straddles the threshold, or there is no interval (one seed);
+- `inconclusive`: it straddles the threshold, or there is no interval (one seed), or the runs are too few for the
+  interval to be one (bootstrap.too_few: fewer than MIN_SEEDS = 3 seeds in some resampled task and method, or
+  ablated runs for the ablation claims, or a single unit with fewer than 4): below that the percentile bounds are
+  only the extreme resamples (bootstrap.py counts them), so the row says how many it has, how many a verdict needs,
+  and on which side its interval lies;
 - `not measured`: no runs to read.
+
+Tasks are not resampled: an interval, and so a verdict, speaks for the tasks a row names (`n_tasks`).
 
 An inconclusive row with an interval gives `seeds_to_settle`, the seeds per task and method that would
 shrink the interval clear of the threshold if its width falls as 1/sqrt(seeds):
     seeds_to_settle = ceil(n * (half_width / |estimate - threshold|)^2), at least n + 1,
+and, where the runs are too few, at least the seeds the rule needs (bootstrap.seeds_needed),
 with n = `n_seeds` (the fewest seeds behind any one task and method) and half_width = (ci_high -
 ci_low) / 2. None where the estimate sits on the threshold (no number of seeds settles it) or there
 is a single seed (no spread to size it from).
@@ -45,7 +52,9 @@ fan-in as grid_left_out.json) is printed under the claims table.
 Every figure in a row's detail names its split (as the data's publisher names it: GLUE's reported split is
 its dev set), and the detail ends with how far each method the claim reads stands above the head alone (the
 frozen backbone with only its task head trained: `head`), per task, by the claim's own selection and split:
-what each method adds to what the backbone gives untuned.
+what each method adds to what the backbone gives untuned. Where the head alone learned nothing (at or below the
+majority class on a classification task, a correlation <= 0 on a regression task) it is no floor: the detail
+says what it scored and how far each method stands above the majority class (or no correlation) instead.
 
 Degenerate runs (one predicted class) are real outcomes and stay in where their table keeps them
 (Table 2, the figures); Table 1 and the GLUE claim select among `usable_runs` as the table does.
@@ -65,8 +74,19 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from adaptune.data.tasks import UnknownTaskError, get_task
 from adaptune.report.baselines import run_baseline
-from adaptune.report.bootstrap import BEST_CONFIGURATION, BEST_RUN, Cell, bootstrap_cells, bootstrap_ci, cells_of
+from adaptune.report.bootstrap import (
+    BEST_CONFIGURATION,
+    BEST_RUN,
+    Cell,
+    bootstrap_cells,
+    bootstrap_ci,
+    cells_of,
+    seeds_needed,
+    too_few,
+    unit_sizes,
+)
 from adaptune.report.claim_grid import figure7_grid, grid_columns, paper_grid
 from adaptune.report.figures import ablation_metric
 from adaptune.report.reference import glue_tasks
@@ -107,13 +127,15 @@ def claims_table(frames: dict[str, pd.DataFrame], reference: dict[str, Any], dat
     runs = frames["runs"]
     ablation = frames.get("ablation", pd.DataFrame())
     rows = [
-        _glue_within_full(runs, reference),
-        _extra_within_full(runs, reference),
-        _layernorm_worse(runs, "full", "layernorm_clearly_worse", "Tuning only the LayerNorm parameters is clearly worse than full fine-tuning"),
-        _layernorm_worse(runs, "adapters", "layernorm_worse_than_adapters", "Tuning only the LayerNorm parameters is clearly worse than adapters"),
+        _glue_within_full(runs, reference, data_dir),
+        _extra_within_full(runs, reference, data_dir),
+        _layernorm_worse(runs, "full", "layernorm_clearly_worse", "Tuning only the LayerNorm parameters is clearly worse than full fine-tuning",
+                         data_dir),
+        _layernorm_worse(runs, "adapters", "layernorm_worse_than_adapters", "Tuning only the LayerNorm parameters is clearly worse than adapters",
+                         data_dir),
         *_ablation_claims(ablation, runs, data_dir),
-        _init_std_robust(runs),
-        _lr_robust(runs),
+        _init_std_robust(runs, data_dir),
+        _lr_robust(runs, data_dir),
     ]
     table = pd.DataFrame.from_records(rows, columns=list(COLUMNS))
     return table.astype({"n_seeds": "Int64", "seeds_to_settle": "Int64", "grid_smaller_than_paper": "boolean"})
@@ -175,7 +197,7 @@ def seeds_to_settle(estimate: float, low: float | None, high: float | None, thre
     return max(n_seeds + 1, math.ceil(n_seeds * ((high - low) / 2 / distance) ** 2))
 
 
-def _glue_within_full(runs: pd.DataFrame, reference: dict[str, Any]) -> dict:
+def _glue_within_full(runs: pd.DataFrame, reference: dict[str, Any], data_dir: Any = None) -> dict:
     row = _row("adapters_glue_within_0.4pt", "Adapters come within 0.4 points of full fine-tuning on GLUE, at a few percent of the parameters",
                "abstract, §3.2, Table 1", "points", ">=", -GLUE_THRESHOLD,
                '"On GLUE, we attain within 0.4% of the performance of full fine-tuning, adding only 3.6% parameters per task" '
@@ -184,10 +206,10 @@ def _glue_within_full(runs: pd.DataFrame, reference: dict[str, Any]) -> dict:
                "different random seeds and select the best model on the validation set\"), scored as Table 1 reports it (test "
                f"where labelled, else validation); the adapters must also train <= {FEW_PERCENT:g}% of the backbone's parameters")
     candidates, backbone = table1_candidates(runs, reference)
-    return _versus_full(row, runs, candidates, backbone, BEST_RUN, glue_tasks(reference))
+    return _versus_full(row, runs, candidates, backbone, BEST_RUN, glue_tasks(reference), data_dir)
 
 
-def _extra_within_full(runs: pd.DataFrame, reference: dict[str, Any]) -> dict:
+def _extra_within_full(runs: pd.DataFrame, reference: dict[str, Any], data_dir: Any = None) -> dict:
     row = _row("adapters_extra_within_0.4pt",
                "Adapters come within 0.4 points of full fine-tuning on the additional tasks, at a few percent of the parameters",
                "§3.3, Table 2", "points", ">=", -EXTRA_THRESHOLD,
@@ -197,10 +219,11 @@ def _extra_within_full(runs: pd.DataFrame, reference: dict[str, Any]) -> dict:
                f"mean test accuracy ... across runs with different random seeds\"); the adapters must also train <= {FEW_PERCENT:g}% "
                "of the backbone's parameters")
     candidates, backbone = table2_candidates(runs, reference)
-    return _versus_full(row, runs, candidates, backbone, BEST_CONFIGURATION, None)
+    return _versus_full(row, runs, candidates, backbone, BEST_CONFIGURATION, None, data_dir)
 
 
-def _versus_full(row: dict, runs: pd.DataFrame, candidates: pd.DataFrame, backbone: str | None, rule: str, tasks: list[str] | None) -> dict:
+def _versus_full(row: dict, runs: pd.DataFrame, candidates: pd.DataFrame, backbone: str | None, rule: str, tasks: list[str] | None,
+                 data_dir: Any = None) -> dict:
     score, split = reported_score(candidates)
     candidates = candidates.assign(score=100.0 * score, split=split)
     pairs = _pairs(candidates, "adapters", "full", rule)
@@ -219,12 +242,12 @@ def _versus_full(row: dict, runs: pd.DataFrame, candidates: pd.DataFrame, backbo
         why = f"; more than {FEW_PERCENT:g}% is not a few percent, whatever the scores"
     elif percent is None and result["verdict"] == HOLDS:
         result["verdict"], why = INCONCLUSIVE, "; without the adapters' trained share there is no verdict"
-    head = _above_head(candidates, [cell.key[0] for cell, _ in pairs], ["adapters", "full"], rule)
+    head = _above_head(candidates, [cell.key[0] for cell, _ in pairs], ["adapters", "full"], rule, data_dir)
     return {**result, **grid_columns(_pair_runs(pairs), paper_grid), "backbone": backbone,
             "detail": f"{_per_task(pairs, 'adapters', 'full')}; {share}{why}; {head}"}
 
 
-def _layernorm_worse(runs: pd.DataFrame, other: str, claim_id: str, claim: str) -> dict:
+def _layernorm_worse(runs: pd.DataFrame, other: str, claim_id: str, claim: str, data_dir: Any = None) -> dict:
     row = _row(claim_id, claim, "§2.1, §3.4, Figure 4", "points", "<", -LAYERNORM_GAP,
                '"training the layer normalization parameters alone is insufficient for good performance" (§2.1); "this strategy '
                'performs poorly: performance decreases by approximately 3.5% on CoLA and 4% on MNLI" (§3.4). Measured: mean over '
@@ -241,7 +264,7 @@ def _layernorm_worse(runs: pd.DataFrame, other: str, claim_id: str, claim: str) 
     degenerate = sum(int((cell.chosen()["status"] == "degenerate").sum()) for cell, _ in pairs)
     kept = f"; {degenerate} LayerNorm-only run(s) degenerate (kept)" if degenerate else ""
     head = _above_head(_on_validation(_of_backbone(classification, backbone)), [cell.key[0] for cell, _ in pairs],
-                       ["layernorm", other], BEST_CONFIGURATION)
+                       ["layernorm", other], BEST_CONFIGURATION, data_dir)
     return {**result, **grid_columns(_pair_runs(pairs), paper_grid), "backbone": backbone,
             "detail": f"{_per_task(pairs, 'LayerNorm-only', _NAMES[other])}{kept}{result['detail']}; {head}"}
 
@@ -258,23 +281,48 @@ def _of_backbone(runs: pd.DataFrame, backbone: str | None) -> pd.DataFrame:
     return runs[runs["backbone"].astype(str) == str(backbone)]
 
 
-def _above_head(pool: pd.DataFrame, tasks: list[str], methods: list[str], rule: str) -> str:
+def _above_head(pool: pd.DataFrame, tasks: list[str], methods: list[str], rule: str, data_dir: Any = None) -> str:
     """How far each method stands above the head alone on each of `tasks`, its cells chosen by `rule` from `pool`
     (runs with `score` in points and its `split`: the claim's own selection and split); said so where the head alone
-    has no run on them."""
+    has no run on them. Where the head alone learned nothing (_head_floor) it is named as no floor, with what it
+    scored and each method's margin above that floor instead."""
     pool = pool[pool["task"].isin(tasks) & pool["method"].isin([*methods, "head"])]
     cells = cells_of(pool, ["task", "method"], rule)
     tasks = sorted(task for task in dict.fromkeys(tasks) if (task, "head") in cells)
     if not tasks:
         return "the head alone (frozen backbone, trained head) not measured on these tasks"
-    per_task = []
+    above, no_floor = [], []
     for task in tasks:
         head = cells[(task, "head")]
-        split = _cell_split(head)
-        margins = [f"{_NAMES.get(method, method)} {_measured(cells[(task, method)]) - _measured(head):+.2f}"
-                   for method in methods if (task, method) in cells]
-        per_task.append(f"{task} ({split}; head alone {_measured(head):.2f}): {', '.join(margins)}")
-    return "above the head alone (frozen backbone, trained head), by the same selection: " + "; ".join(per_task)
+        split, head_score = _cell_split(head), _measured(head)
+        scores = [(_NAMES.get(method, method), _measured(cells[(task, method)])) for method in methods if (task, method) in cells]
+        floor, floor_name = _head_floor(head, data_dir)
+        if floor is not None and head_score <= floor:
+            margins = ", ".join(f"{name} {score - floor:+.2f}" for name, score in scores)
+            no_floor.append(f"on {task} ({split}) the head alone (frozen backbone, trained head) scored {head_score:.2f}, at or below "
+                            f"{floor_name} ({floor:.2f}): it learned nothing and is no floor; above {floor_name}: {margins}")
+        else:
+            margins = ", ".join(f"{name} {score - head_score:+.2f}" for name, score in scores)
+            above.append(f"{task} ({split}; head alone {head_score:.2f}): {margins}")
+    lead = ["above the head alone (frozen backbone, trained head), by the same selection: " + "; ".join(above)] if above else []
+    return "; ".join(lead + no_floor)
+
+
+def _head_floor(head: Cell, data_dir: Any) -> tuple[float | None, str]:
+    """What the head alone must beat to have learned anything, in points: a correlation of 0 on a regression task,
+    the majority class (on the head's runs' split and rows) on a classification task; (None, "") where unknown
+    (no local data for the baseline, or a task not in the registry)."""
+    try:
+        kind = get_task(str(head.key[0])).kind
+    except UnknownTaskError:
+        return None, ""
+    if kind == "regression":
+        return 0.0, "no correlation"
+    if kind != "classification":
+        return None, ""
+    run = head.chosen().iloc[0]
+    majority = run_baseline(str(head.key[0]), run, str(run["primary_metric"]), str(run["split"]), data_dir)
+    return majority, "the majority class"
 
 
 def _measured(cell: Cell) -> float:
@@ -314,7 +362,8 @@ def _cell_split(cell: Cell) -> str:
 def _judged(row: dict, pairs: list[tuple[Cell, Cell]], statistic: Callable[[np.ndarray], np.ndarray]) -> dict:
     cells = [cell for cell, _ in pairs] + [cell for _, cell in pairs]
     estimate, low, high, n_seeds = bootstrap_cells(cells, statistic)
-    return _verdict_row(row, estimate, low, high, n_seeds, n_tasks=len(pairs), n_runs=sum(len(cell.runs) for cell in cells))
+    return _verdict_row(row, estimate, low, high, n_seeds, unit_sizes(cells), n_tasks=len(pairs),
+                        n_runs=sum(len(cell.runs) for cell in cells))
 
 
 def _ablation_claims(ablation: pd.DataFrame, runs: pd.DataFrame, data_dir: Any) -> list[dict]:
@@ -330,7 +379,7 @@ def _ablation_claims(ablation: pd.DataFrame, runs: pd.DataFrame, data_dir: Any) 
         readings.read(run_id, rows, known, data_dir)
     common = {"backbone": backbone, "n_runs": ablation["run_id"].nunique(), "n_tasks": ablation["task"].nunique()}
     head = _above_head(_on_validation(_of_backbone(scored_runs(runs), backbone)), sorted(set(ablation["task"])), ["adapters"],
-                       BEST_CONFIGURATION)
+                       BEST_CONFIGURATION, data_dir)
     spans = "no single-layer or half-depth spans in the ablation"
     return [_ablation_verdict(row, values, notes, readings, runs, run_ids, common, head, missing) for row, values, notes, run_ids, missing in (
         (near, [g for g, _ in readings.gaps], [text for _, text in readings.gaps], readings.run_ids["near"], "no span with every layer's adapters off"),
@@ -406,8 +455,8 @@ def _ablation_verdict(row: dict, values: list[float], notes: list[str], readings
         return {**row, **common, "detail": "; ".join(readings.skipped) or missing}
     ablated = np.array(values, dtype=float)
     low, high = bootstrap_ci([ablated], lambda m: m[..., 0])
-    judged = _verdict_row(row, float(ablated.mean()), low, high, len(ablated), unit="ablated run", n_tasks=common["n_tasks"],
-                          n_runs=len(values))
+    judged = _verdict_row(row, float(ablated.mean()), low, high, len(ablated), [len(ablated)], unit=("ablated run", "ablated runs"),
+                          n_tasks=common["n_tasks"], n_runs=len(values))
     per_run = notes if notes else ["per run: " + ", ".join(f"{v:+.2f}" for v in values)]
     metric_note = f"metric: {', '.join(sorted(readings.metrics))}, on validation"
     return {**judged, **grid_columns(_ablation_pool(runs, run_ids), paper_grid), "backbone": common["backbone"],
@@ -421,7 +470,7 @@ def _ablation_pool(runs: pd.DataFrame, run_ids: list[str]) -> pd.DataFrame:
     return usable.merge(keys, on=["task", "method_json", "backbone"])
 
 
-def _init_std_robust(runs: pd.DataFrame) -> dict:
+def _init_std_robust(runs: pd.DataFrame, data_dir: Any = None) -> dict:
     row = _row("init_std_robust_to_1e-2", "Adapters are robust to the init std up to 1e-2", "§3.6, Figure 6", "points",
                ">=", -INIT_STD_TOLERANCE,
                '"on both datasets, the performance of adapters is robust for standard deviations below 10^-2" (§3.6; Figure 6: '
@@ -440,16 +489,18 @@ def _init_std_robust(runs: pd.DataFrame) -> dict:
     cells = [cell for levels in groups.values() for cell in levels]
     sizes = [len(levels) for levels in groups.values()]
     estimate, low, high, n_seeds = bootstrap_cells(cells, lambda values: _block_spreads(values, sizes).mean(axis=-1))
-    judged = _verdict_row(row, estimate, low, high, n_seeds, n_tasks=len(groups), n_runs=sum(len(cell.runs) for cell in cells))
+    judged = _verdict_row(row, estimate, low, high, n_seeds, unit_sizes(cells), n_tasks=len(groups),
+                          n_runs=sum(len(cell.runs) for cell in cells))
     detail = "on validation, " + "; ".join(f"{task}: " + ", ".join(f"std {cell.key[2]:g} {cell.estimate:.2f}" for cell in levels)
                                              for task, levels in groups.items())
     heads = _of_backbone(scored_runs(runs), backbone)
-    head = _above_head(_on_validation(pd.concat([small, heads[heads["method"] == "head"]])), list(groups), ["adapters"], BEST_CONFIGURATION)
+    head = _above_head(_on_validation(pd.concat([small, heads[heads["method"] == "head"]])), list(groups), ["adapters"], BEST_CONFIGURATION,
+                       data_dir)
     return {**judged, **grid_columns(pd.concat([cell.runs for cell in cells]), paper_grid), "backbone": backbone,
             "detail": detail + judged["detail"] + f"; {head}"}
 
 
-def _lr_robust(runs: pd.DataFrame) -> dict:
+def _lr_robust(runs: pd.DataFrame, data_dir: Any = None) -> dict:
     low_lr, high_lr = LR_RANGE
     row = _row("adapters_robust_to_lr", "Adapters are at least as robust to the learning rate as full fine-tuning", "Appendix B, Figure 7",
                "points", ">=", 0.0,
@@ -479,11 +530,12 @@ def _lr_robust(runs: pd.DataFrame) -> dict:
         return (spreads[..., 0::2] - spreads[..., 1::2]).mean(axis=-1)
 
     estimate, low, high, n_seeds = bootstrap_cells(cells, statistic)
-    judged = _verdict_row(row, estimate, low, high, n_seeds, n_tasks=len(tasks), n_runs=sum(len(cell.runs) for cell in cells))
+    judged = _verdict_row(row, estimate, low, high, n_seeds, unit_sizes(cells), n_tasks=len(tasks),
+                          n_runs=sum(len(cell.runs) for cell in cells))
     detail = "; ".join(f"{task}: lrs {', '.join(f'{lr:g}' for lr in lrs)}" for task, _, _, lrs in tasks)
     heads = _of_backbone(scored_runs(runs), backbone)
     head = _above_head(_on_validation(pd.concat([candidates, heads[heads["method"] == "head"]])), [task for task, *_ in tasks],
-                       ["adapters", "full"], BEST_CONFIGURATION)
+                       ["adapters", "full"], BEST_CONFIGURATION, data_dir)
     return {**judged, **grid_columns(pd.concat([cell.runs for cell in cells]), figure7_grid), "backbone": backbone,
             "detail": detail + judged["detail"] + f"; {head}"}
 
@@ -517,17 +569,29 @@ def _row(claim_id: str, claim: str, section: str, unit: str, side: str, threshol
             "grid_smaller_than_paper": None}
 
 
-def _verdict_row(row: dict, estimate: float, low: float | None, high: float | None, n_seeds: int, unit: str = "seed per task and method",
-                 **counts: int) -> dict:
+UNIT = ("seed per task and method", "seeds per task and method")
+
+
+def _verdict_row(row: dict, estimate: float, low: float | None, high: float | None, n_seeds: int, sizes: list[int],
+                 unit: tuple[str, str] = UNIT, **counts: int) -> dict:
     """The row with its measurement and the shared verdict; `detail` ends with why an inconclusive row is one
-    (`unit`: what the bootstrap resamples, for that sentence)."""
+    (`sizes`: the seeds of each unit the bootstrap resampled, held to bootstrap.too_few; `unit`: what it
+    resamples, one and many, for that sentence)."""
     side, threshold = row["threshold"].split()
     threshold = float(threshold)
     verdict = judge(low, high, side, threshold)
     settle = seeds_to_settle(estimate, low, high, threshold, n_seeds) if verdict == INCONCLUSIVE else None
     why = ""
-    if verdict == INCONCLUSIVE:
-        why = (f"; one {unit}: no interval, so no verdict (2 or more needed)" if low is None
+    if low is not None and too_few(sizes):  # an interval that is only its extreme resamples decides nothing
+        needed = seeds_needed(sizes)
+        where = {HOLDS: "lies wholly on the claim's side (direction consistent)", FAILS: "lies wholly on the other side",
+                 INCONCLUSIVE: f"straddles {threshold:+g}"}[verdict]
+        why = (f"; {n_seeds} {unit[1] if n_seeds != 1 else unit[0]}: too few to judge (a verdict needs {needed}; {n_seeds} give "
+               f"{math.comb(2 * n_seeds - 1, n_seeds)} distinct resamples, each extreme one with probability 1/{n_seeds ** n_seeds}); "
+               f"the interval {where}")
+        verdict, settle = INCONCLUSIVE, max(needed, settle or 0)
+    elif verdict == INCONCLUSIVE:
+        why = (f"; one {unit[0]}: no interval, so no verdict (2 or more needed)" if low is None
                else f"; the interval straddles {threshold:+g}" + (f": about {settle} would settle it (now {n_seeds})" if settle else
                                                                   ": the estimate sits on the threshold"))
     return {**row, **counts, "verdict": verdict, "measured": estimate, "ci_low": low, "ci_high": high, "n_seeds": n_seeds,

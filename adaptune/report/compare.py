@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -95,8 +96,28 @@ def paired_runs(runs_a: pd.DataFrame, runs_b: pd.DataFrame) -> pd.DataFrame:
 
 
 def paired_markdown(pairs: pd.DataFrame) -> str:
-    """The pairs as the compare command prints them: SHOWN_PAIR_COLUMNS."""
-    return pairs[SHOWN_PAIR_COLUMNS].to_markdown(index=False, floatfmt=".2f")
+    """The pairs as the compare command prints them: SHOWN_PAIR_COLUMNS, to 2 decimals, each delta the difference of
+    the two values shown (48.92 vs 48.93: +0.01, never 0.00), and never "-0.00"."""
+    shown = _rounded(pairs[SHOWN_PAIR_COLUMNS])
+    for split in ("val", "test"):
+        if f"{split}_delta" in shown:
+            shown[f"{split}_delta"] = _rounded(shown[f"{split}_b"] - shown[f"{split}_a"])
+    return shown.to_markdown(index=False, floatfmt=".2f")
+
+
+def summary_markdown(summary: pd.DataFrame) -> str:
+    """paired_summary as printed: to 2 decimals, never "-0.00"."""
+    return _rounded(summary).to_markdown(index=False, floatfmt=".2f")
+
+
+def _rounded(frame: pd.DataFrame | pd.Series, digits: int = 2) -> Any:
+    """Float columns rounded to `digits` as printed, a negative zero made 0 (adding 0.0 does: -0.0 + 0.0 == +0.0)."""
+    if isinstance(frame, pd.Series):
+        return frame.round(digits) + 0.0
+    frame = frame.copy()
+    for column in frame.select_dtypes("float").columns:
+        frame[column] = frame[column].round(digits) + 0.0
+    return frame
 
 
 def _settings_changed(settings_a: str | None, settings_b: str | None) -> str | None:

@@ -11,6 +11,7 @@ from typing import Any
 import pandas as pd
 
 from adaptune.report import figures as figure_module
+from adaptune.report.bootstrap import rule_text
 from adaptune.report.claims import claims_markdown, claims_table, read_grid_left_out
 from adaptune.report.figures import SQUAD_BACKBONE_NOTE, FigureOutput, all_figures
 from adaptune.report.methods_table import methods_markdown, methods_table
@@ -158,15 +159,17 @@ def _header(parts: ReportParts) -> list[str]:
 
 
 def _methods_section(parts: ReportParts) -> list[str]:
-    """Every method side by side, per classification task."""
+    """Every method side by side, per classification or regression task measured."""
     return [
         "## Methods side by side",
         "",
-        "Every classification task measured: per method, the configuration with the best mean validation score "
-        "across seeds, and its reported score as mean ± s.e.m. across those seeds (degenerate seeds kept), with the "
-        "learning rate selected and, beside each task, the majority-class baseline on the same split and rows; 'Head "
-        "only' (where measured) is the frozen backbone with only its task head trained, the floor the other methods "
-        "stand on. Splits are named as their publisher names them: GLUE's reported split is its dev set.",
+        "Every classification and regression task measured (SQuAD, a span task, is not here): per method, the "
+        "configuration with the best mean "
+        "validation score across seeds, and its reported score as mean ± s.e.m. across those seeds (degenerate seeds "
+        "kept), with the learning rate selected and, beside each task, the majority-class baseline on the same split and "
+        "rows (for a regression task, a constant prediction: correlation 0); 'Head only' (where measured) is the frozen "
+        "backbone with only its task head trained, the floor the other methods stand on where it scores above that "
+        "baseline. Splits are named as their publisher names them: GLUE's reported split is its dev set.",
         "",
         _backbone_line(parts.methods, "BERT-base / BERT-large"),
         "",
@@ -191,7 +194,7 @@ def _table1_section(parts: ReportParts) -> list[str]:
         "not comparable, kept in table1.parquet as `paper_server_score`. "
         "Trained % is relative to the backbone of these runs; total size is for all nine tasks at that trained %. "
         "'Head only', where measured, is the frozen backbone with only its task head trained (not in the paper): the "
-        "floor each row above it stands on.",
+        "floor each row above it stands on where it scores above the majority-class baseline.",
         "",
         _backbone_line(parts.t1, "BERT-large"),
         "",
@@ -248,7 +251,10 @@ def _claims_section(parts: ReportParts) -> list[str]:
         "",
         "Each claim's verdict from this results set, by one rule: **holds** when the 95% interval lies wholly on the "
         "claim's side of the threshold, **does not hold** when it lies wholly on the other side, **inconclusive** when "
-        "it straddles the threshold or one seed gives no interval, **not measured** without runs. The value is the "
+        "it straddles the threshold, one seed gives no interval, or the runs are too few for the interval to be one, "
+        "**not measured** without runs. Enough runs to judge: " + rule_text() + "; a row with fewer says how many it "
+        "has, how many a verdict needs, and on which side its interval lies. Tasks are not resampled: a verdict "
+        "speaks for the tasks its row names. The value is the "
         "paper's own estimator, as its table reports it (Table 1's single best run on validation; Table 2's and the "
         "figures' best configuration, mean over seeds); the interval is a percentile bootstrap of that same estimator, "
         "seeds resampled per task and method and the selection redone in each resample. 'Seeds to settle': for an "
@@ -257,7 +263,9 @@ def _claims_section(parts: ReportParts) -> list[str]:
         "the learning rates, epochs and seeds of the runs each claim read, marked where smaller than the paper's (§3.2's "
         "for parameter-efficient methods, Devlin et al.'s for full fine-tuning on GLUE, §3.3's on the additional tasks). "
         "Each figure in a detail names its split, and each detail says how far each method it reads stands above the "
-        "head alone (same selection, same split) where the head alone was measured.",
+        "head alone (same selection, same split) where the head alone was measured; where the head alone learned nothing "
+        "(at or below the majority class, or a correlation at or below 0) the detail says what it scored and measures "
+        "each method from the majority class (or 0) instead.",
         "",
         parts.markdown["claims"],
         "",
