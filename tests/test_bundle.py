@@ -18,6 +18,7 @@ from adaptune.data.loading import load_task_data
 from adaptune.model.backbone import load_tokenizer
 from adaptune.model.checkpoint import load_task_checkpoint
 from adaptune.model.params import total_size_multiple
+from adaptune.serve.bundle import size_summary
 from adaptune.serve.predict import predict_logits
 from adaptune.train.config import TrainConfig
 from adaptune.train.loop import train_and_evaluate
@@ -249,3 +250,13 @@ def test_a_float32_fused_runs_bundle_reproduces_its_record_to_the_fused_bound(in
     assert set(scored) == set(record["val_metrics"])
     for metric, value in record["val_metrics"].items():
         assert scored[metric] == pytest.approx(value, abs=FUSED_FLOAT32_BOUND), metric
+
+
+@pytest.mark.parametrize(("method", "paper_multiple"), [("adapters", 1.3), ("full", 9.0), ("layernorm", None), ("head", None)])
+def test_a_bundles_size_is_set_beside_the_papers_row_of_its_own_method_only(method: str, paper_multiple: float | None) -> None:
+    manifest = {"backbone": {"files": {"model.safetensors": {"bytes": 1000}}, "weights_bytes": 1000, "params": 100},
+                "tasks": {task: {"bytes": 10, "trained_params": 2, "method": {"name": method}} for task in ("rte", "mrpc")}}
+    size = size_summary(manifest)
+    assert size.get("paper", {}).get("multiple") == paper_multiple  # Table 1 has no LayerNorm-only or head-alone row
+    mixed = {**manifest, "tasks": {**manifest["tasks"], "cola": {"bytes": 10, "trained_params": 2, "method": {"name": "lora"}}}}
+    assert "paper" not in size_summary(mixed)

@@ -145,7 +145,7 @@ def size_summary(manifest: dict[str, Any]) -> dict[str, Any]:
         "params_multiple": total_size_multiple(trained, backbone["params"], shares_backbone=True) if trained else 1.0,
         "note": SIZE_NOTE,
     }
-    paper = _paper_table1()
+    paper = _paper_table1({entry["method"]["name"] for entry in tasks.values()})
     if paper is not None and trained:
         # Table 1's extrapolation: the mean trained parameters per task, for all of the paper's tasks.
         mean = round(sum(trained) / len(trained))
@@ -288,15 +288,23 @@ def _tensor_elements(paths: Iterable[Path]) -> int:
     return total
 
 
-def _paper_table1() -> dict[str, Any] | None:
-    """The paper's adapters row of Table 1 (analysis/paper_reference.json): 1.3x for its 9 GLUE tasks."""
+# The paper's Table 1 rows a bundle's method is compared with: full fine-tuning and adapters have one; the head
+# alone and LayerNorm-only (and the other methods) have none, so their bundles stand without a paper figure.
+PAPER_SIZE_ROWS = {"full": "full", "adapters": "adapters_best"}
+
+
+def _paper_table1(methods: set[str]) -> dict[str, Any] | None:
+    """The paper's Table 1 row of the bundle's one method (analysis/paper_reference.json: adapters 1.3x, full
+    fine-tuning 9x, for its 9 GLUE tasks); None for a method it has no row of, or a bundle of several methods."""
     from adaptune.report.reference import load_reference
 
+    if len(methods) != 1 or next(iter(methods)) not in PAPER_SIZE_ROWS:
+        return None
     try:
         reference = load_reference()
     except FileNotFoundError:
         return None
-    row = reference["table1"]["rows"]["adapters_best"]
+    row = reference["table1"]["rows"][PAPER_SIZE_ROWS[next(iter(methods))]]
     return {"multiple": row["total_size_multiple"], "trained_params_percent": row["trained_params_percent"],
             "tasks": len(reference["table1"]["tasks"]), "backbone": "bert-large-uncased",
-            "what": "Table 1, adapters (8-256): 9 GLUE tasks (MNLI-m and MNLI-mm counted apart, footnote 3) on BERT-large"}
+            "what": f"Table 1, {row['label']}: 9 GLUE tasks (MNLI-m and MNLI-mm counted apart, footnote 3) on BERT-large"}
