@@ -10,7 +10,8 @@ Settings come from environment variables, else from the [submit] table of a TOML
     ADAPTUNE_SERVICE_ACCOUNT   service_account   the service account the pipeline runs as
     ADAPTUNE_REGISTRY          registry          image registry (components/images.py), optional
     ADAPTUNE_IMAGE_TAG         image_tag         image tag, optional
-    ADAPTUNE_DATA_DIR_REMOTE   data_dir          data mirror the components read (e.g. /gcs/bucket/data); empty = hub
+    ADAPTUNE_DATA_DIR_REMOTE   data_dir          data mirror the data step reads (e.g. /gcs/bucket/data); empty = the run store's staged one
+                                                 (make stage-data), else the hub
     ADAPTUNE_RUNS_ROOT         runs_root         the run store (gs://bucket/prefix); default <pipeline_root>/adaptune-runs
     ADAPTUNE_VERTEX_EXPERIMENT vertex_experiment the Vertex AI Experiment the run joins; default adaptune-<name>
                                                  (glue_full -> adaptune-glue-full; see vertex_experiment_name)

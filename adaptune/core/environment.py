@@ -110,7 +110,7 @@ VARIABLES: dict[str, Variable] = {variable.name: variable for variable in (
     Variable("ADAPTUNE_REGION", "text", "", "the Vertex AI region, e.g. us-central1", "pipelines.submit"),
     Variable("ADAPTUNE_PIPELINE_ROOT", "text", "", "the gs:// path for the pipeline's artifacts", "pipelines.submit"),
     Variable("ADAPTUNE_SERVICE_ACCOUNT", "text", "", "the service account the pipeline runs as", "pipelines.submit"),
-    Variable("ADAPTUNE_DATA_DIR_REMOTE", "text", "", "the data mirror the submitted components read (empty: the hub)",
+    Variable("ADAPTUNE_DATA_DIR_REMOTE", "text", "", "the mirror a submission's data step reads (empty: the run store's staged one, else the hub)",
              "pipelines.submit"),
     Variable("ADAPTUNE_VERTEX_EXPERIMENT", "text", "", "the Vertex AI Experiment a submission joins (empty: adaptune-<name>)",
              "pipelines.submit"),
