@@ -102,7 +102,8 @@ def ablate_runs(spec_json: str, runs_root: str, data_dir: str) -> int:
 
 def aggregate(spec_json: str, runs_root: str, results: Output[Dataset], sweep_summary: Output[Metrics]) -> None:
     """Every planned run's record and the ablation rows, from the store into runs / curves / ablation Parquet;
-    run counts, accelerator-hours and each method's GLUE mean logged as Metrics (the console shows them)."""
+    run counts, accelerator-hours and each method's mean per task family (glue_mean_<method> over all nine GLUE
+    columns) logged as Metrics (the console shows them)."""
     import json
 
     from adaptune.sweep.fan_in import aggregate_sweep
