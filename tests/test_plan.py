@@ -90,6 +90,7 @@ def _spec(**sweep_changes: object) -> object:
         ({"seeds": (-1,)}, "seeds must be whole numbers >= 0, got -1"),
         ({"max_length": 100_000}, "max_length must be 8..512 tokens"),
         ({"backbone": "/nonexistent/model"}, "backbone path /nonexistent/model does not exist"),
+        ({"tasks": ("squad",), "max_length": 192}, "max_length 192 leaves SQuAD's windows no room at doc stride 128: use the paper's 384"),
     ],
 )
 def test_invalid_grids_fail_in_plan_with_a_clear_message(changes: dict, expected: str) -> None:

@@ -21,9 +21,14 @@ MAX_LENGTH = 384
 DOC_STRIDE = 128
 
 
+def window_problem(max_length: int, doc_stride: int) -> bool:
+    """Whether a window of `max_length` tokens cannot hold a question plus a stride of context."""
+    return doc_stride >= max_length // 2
+
+
 def check_window(max_length: int, doc_stride: int) -> None:
     """Fail early (with the fix) when the window cannot hold a question plus a stride of context."""
-    if doc_stride >= max_length // 2:
+    if window_problem(max_length, doc_stride):
         raise ValueError(
             f"SQuAD windows need doc_stride well below max_length, got max_length={max_length}, "
             f"doc_stride={doc_stride}: use the paper's max_length={MAX_LENGTH}, doc_stride={DOC_STRIDE} "

@@ -17,6 +17,7 @@ from typing import Any
 
 from adaptune.core.errors import UserError
 from adaptune.core.precision import CPU_PRECISIONS
+from adaptune.data.squad import window_problem
 from adaptune.data.tasks import Task, UnknownTaskError, get_task
 from adaptune.fused.grouping import fused_groups
 from adaptune.fused.settings import StepSettings
@@ -447,6 +448,11 @@ def _expand(spec: ExperimentSpec, sweep: Sweep, where: str, problems: list[str])
     known = [task for task in (_known_task(name, where, problems) for name in sweep.tasks) if task]
     tasks = list({task.name: task for task in (get_task(t.trained_as) if t.trained_as else t for t in known)}.values())
     methods = [m for m in (_canonical_method(m, backbone, where, problems) for m in sweep.methods) if m]
+    max_length = sweep.max_length or TrainConfig.max_length  # the field's default
+    if any(task.kind == "span" for task in tasks) and window_problem(max_length, TrainConfig.doc_stride):
+        # SQuAD's windows: refused here, not by the data step or a run (a sweep's runs take the default doc stride)
+        problems.append(f"{where}: max_length {max_length} leaves SQuAD's windows no room at doc stride {TrainConfig.doc_stride}: "
+                        f"use the paper's 384 (at least {2 * TrainConfig.doc_stride + 2})")
     if not tasks or not methods:
         return []
     configs = []
