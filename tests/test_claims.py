@@ -19,10 +19,11 @@ from adaptune.core.paper_grids import DEVLIN_GLUE_LRS, GLUE_LRS
 from adaptune.report import build_report
 from adaptune.report.baselines import majority_baseline
 from adaptune.report.bootstrap import bootstrap_ci, extreme_share, seeds_needed, too_few
-from adaptune.report.claims import COLUMNS, claims_markdown, claims_table, judge, write_grid_left_out
+from adaptune.report.claims import COLUMNS, claims_markdown, claims_table, write_grid_left_out
 from adaptune.report.reference import load_reference
 from adaptune.report.results import read_results
 from adaptune.report.tables import table1, table2
+from adaptune.report.verdicts import judge
 
 pytestmark = pytest.mark.xdist_group("results_report")
 

@@ -65,8 +65,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
-import operator
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -83,8 +81,6 @@ from adaptune.report.bootstrap import (
     bootstrap_cells,
     bootstrap_ci,
     cells_of,
-    seeds_needed,
-    too_few,
     unit_sizes,
 )
 from adaptune.report.claim_grid import figure7_grid, grid_columns, paper_grid
@@ -100,8 +96,8 @@ from adaptune.report.selection import (
     usable_runs,
 )
 from adaptune.report.tables import table1_candidates, table2_candidates
+from adaptune.report.verdicts import FAILS, HOLDS, INCONCLUSIVE, NOT_MEASURED, claim_row, verdict_row
 
-HOLDS, FAILS, INCONCLUSIVE, NOT_MEASURED = "holds", "does not hold", "inconclusive", "not measured"
 GLUE_THRESHOLD = 0.4  # "On GLUE, we attain within 0.4% of the performance of full fine-tuning" (abstract)
 EXTRA_THRESHOLD = 0.4  # "The performance of adapter-tuning is close to full fine-tuning (0.4% behind)" (§3.3)
 FEW_PERCENT = 5.0  # "adding only 3.6% parameters per task" (GLUE); 1.14% (Table 2): a few percent at most
@@ -119,7 +115,7 @@ COLUMNS = (
 )
 GRID_LEFT_OUT_FILE = "grid_left_out.json"  # beside runs.parquet: {"experiment": name, "grid_left_out": text}
 # The claim's side of its threshold, per comparison written in the `threshold` column.
-SIDES: dict[str, Callable[[float, float], bool]] = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
+
 
 
 def claims_table(frames: dict[str, pd.DataFrame], reference: dict[str, Any], data_dir: Any = None) -> pd.DataFrame:
@@ -177,28 +173,8 @@ def read_grid_left_out(results_dir: str | Path) -> tuple[str, str] | None:
     return data["experiment"], data["grid_left_out"]
 
 
-def judge(low: float | None, high: float | None, side: str, threshold: float) -> str:
-    """The verdict rule every claim shares: where the interval lies against the threshold."""
-    if low is None or high is None:
-        return INCONCLUSIVE
-    on_side = SIDES[side]
-    if on_side(low, threshold) and on_side(high, threshold):
-        return HOLDS
-    if not on_side(low, threshold) and not on_side(high, threshold):
-        return FAILS
-    return INCONCLUSIVE
-
-
-def seeds_to_settle(estimate: float, low: float | None, high: float | None, threshold: float, n_seeds: int) -> int | None:
-    """ceil(n * (half-width / |estimate - threshold|)^2), at least n + 1 (module docstring); None when unsizeable."""
-    distance = abs(estimate - threshold)
-    if low is None or high is None or distance == 0:
-        return None
-    return max(n_seeds + 1, math.ceil(n_seeds * ((high - low) / 2 / distance) ** 2))
-
-
 def _glue_within_full(runs: pd.DataFrame, reference: dict[str, Any], data_dir: Any = None) -> dict:
-    row = _row("adapters_glue_within_0.4pt", "Adapters come within 0.4 points of full fine-tuning on GLUE, at a few percent of the parameters",
+    row = claim_row("adapters_glue_within_0.4pt", "Adapters come within 0.4 points of full fine-tuning on GLUE, at a few percent of the parameters",
                "abstract, §3.2, Table 1", "points", ">=", -GLUE_THRESHOLD,
                '"On GLUE, we attain within 0.4% of the performance of full fine-tuning, adding only 3.6% parameters per task" '
                "(abstract; §3.2, Table 1: 80.0 vs 80.4). Measured: mean over GLUE tasks of (adapters - full fine-tuning), each "
@@ -210,7 +186,7 @@ def _glue_within_full(runs: pd.DataFrame, reference: dict[str, Any], data_dir: A
 
 
 def _extra_within_full(runs: pd.DataFrame, reference: dict[str, Any], data_dir: Any = None) -> dict:
-    row = _row("adapters_extra_within_0.4pt",
+    row = claim_row("adapters_extra_within_0.4pt",
                "Adapters come within 0.4 points of full fine-tuning on the additional tasks, at a few percent of the parameters",
                "§3.3, Table 2", "points", ">=", -EXTRA_THRESHOLD,
                '"The performance of adapter-tuning is close to full fine-tuning (0.4% behind)" (§3.3). Measured: mean over the '
@@ -248,7 +224,7 @@ def _versus_full(row: dict, runs: pd.DataFrame, candidates: pd.DataFrame, backbo
 
 
 def _layernorm_worse(runs: pd.DataFrame, other: str, claim_id: str, claim: str, data_dir: Any = None) -> dict:
-    row = _row(claim_id, claim, "§2.1, §3.4, Figure 4", "points", "<", -LAYERNORM_GAP,
+    row = claim_row(claim_id, claim, "§2.1, §3.4, Figure 4", "points", "<", -LAYERNORM_GAP,
                '"training the layer normalization parameters alone is insufficient for good performance" (§2.1); "this strategy '
                'performs poorly: performance decreases by approximately 3.5% on CoLA and 4% on MNLI" (§3.4). Measured: mean over '
                f"classification tasks of (LayerNorm-only - {_NAMES[other]}), each the configuration best on mean validation score, "
@@ -362,7 +338,7 @@ def _cell_split(cell: Cell) -> str:
 def _judged(row: dict, pairs: list[tuple[Cell, Cell]], statistic: Callable[[np.ndarray], np.ndarray]) -> dict:
     cells = [cell for cell, _ in pairs] + [cell for _, cell in pairs]
     estimate, low, high, n_seeds = bootstrap_cells(cells, statistic)
-    return _verdict_row(row, estimate, low, high, n_seeds, unit_sizes(cells), n_tasks=len(pairs),
+    return verdict_row(row, estimate, low, high, n_seeds, unit_sizes(cells), n_tasks=len(pairs),
                         n_runs=sum(len(cell.runs) for cell in cells))
 
 
@@ -389,18 +365,18 @@ def _ablation_claims(ablation: pd.DataFrame, runs: pd.DataFrame, data_dir: Any) 
 def _ablation_rows() -> tuple[dict, dict, dict]:
     """The three Figure 6 claims, unmeasured: all adapters off, one layer's off, the lower half's against the upper's."""
     paper = "(§3.6, Figure 6; the interval resamples the ablated runs, so `seeds_to_settle` counts ablated runs)"
-    near = _row("remove_all_adapters_near_majority", "Removing every layer's adapters drops the trained model to near the majority class",
+    near = claim_row("remove_all_adapters_near_majority", "Removing every layer's adapters drops the trained model to near the majority class",
                 "§3.6, Figure 6", "points", "<=", NEAR_MAJORITY_POINTS,
                 '"when all of the adapters are removed from the network, the performance drops substantially: to 37% on MNLI and '
                 f'69% on CoLA - scores attained by predicting the majority class" {paper}. Measured: mean over ablated runs of '
                 f"(validation score with all adapters off - majority-class baseline); runs whose trained model is within "
                 f"{LEARNED_POINTS:g} points of the majority class are left out: they had nothing to lose")
-    single = _row("remove_one_layer_costs_little", "Removing one layer's adapters costs little", "§3.6, Figure 6", "% (relative)",
+    single = claim_row("remove_one_layer_costs_little", "Removing one layer's adapters costs little", "§3.6, Figure 6", "% (relative)",
                   "<=", SINGLE_LAYER_DROP_PERCENT,
                   '"removing any single layer\'s adapters has only a small impact on performance ... largest performance drop is 2%" '
                   f"{paper}. Measured: mean over ablated runs of the largest relative drop from switching off a single layer's "
                   f"adapters; runs that learned nothing (within {LEARNED_POINTS:g} points of the majority class) are left out")
-    lower = _row("lower_layers_matter_less", "Adapters in lower layers matter less than in higher layers", "§3.6, Figure 6",
+    lower = claim_row("lower_layers_matter_less", "Adapters in lower layers matter less than in higher layers", "§3.6, Figure 6",
                  "% (relative)", ">", 0.0,
                  '"adapters on the lower layers have a smaller impact than the higher-layers" '
                  f"{paper}. Measured: mean over ablated runs of (relative drop with the upper half's adapters off - drop with the "
@@ -455,7 +431,7 @@ def _ablation_verdict(row: dict, values: list[float], notes: list[str], readings
         return {**row, **common, "detail": "; ".join(readings.skipped) or missing}
     ablated = np.array(values, dtype=float)
     low, high = bootstrap_ci([ablated], lambda m: m[..., 0])
-    judged = _verdict_row(row, float(ablated.mean()), low, high, len(ablated), [len(ablated)], unit=("ablated run", "ablated runs"),
+    judged = verdict_row(row, float(ablated.mean()), low, high, len(ablated), [len(ablated)], unit=("ablated run", "ablated runs"),
                           n_tasks=common["n_tasks"], n_runs=len(values))
     per_run = notes if notes else ["per run: " + ", ".join(f"{v:+.2f}" for v in values)]
     metric_note = f"metric: {', '.join(sorted(readings.metrics))}, on validation"
@@ -471,7 +447,7 @@ def _ablation_pool(runs: pd.DataFrame, run_ids: list[str]) -> pd.DataFrame:
 
 
 def _init_std_robust(runs: pd.DataFrame, data_dir: Any = None) -> dict:
-    row = _row("init_std_robust_to_1e-2", "Adapters are robust to the init std up to 1e-2", "§3.6, Figure 6", "points",
+    row = claim_row("init_std_robust_to_1e-2", "Adapters are robust to the init std up to 1e-2", "§3.6, Figure 6", "points",
                ">=", -INIT_STD_TOLERANCE,
                '"on both datasets, the performance of adapters is robust for standard deviations below 10^-2" (§3.6; Figure 6: '
                f"BERT-base, adapter size 64). Measured on adapters of size {INIT_STD_SIZE} only: mean over tasks of (worst - best) "
@@ -489,7 +465,7 @@ def _init_std_robust(runs: pd.DataFrame, data_dir: Any = None) -> dict:
     cells = [cell for levels in groups.values() for cell in levels]
     sizes = [len(levels) for levels in groups.values()]
     estimate, low, high, n_seeds = bootstrap_cells(cells, lambda values: _block_spreads(values, sizes).mean(axis=-1))
-    judged = _verdict_row(row, estimate, low, high, n_seeds, unit_sizes(cells), n_tasks=len(groups),
+    judged = verdict_row(row, estimate, low, high, n_seeds, unit_sizes(cells), n_tasks=len(groups),
                           n_runs=sum(len(cell.runs) for cell in cells))
     detail = "on validation, " + "; ".join(f"{task}: " + ", ".join(f"std {cell.key[2]:g} {cell.estimate:.2f}" for cell in levels)
                                              for task, levels in groups.items())
@@ -502,7 +478,7 @@ def _init_std_robust(runs: pd.DataFrame, data_dir: Any = None) -> dict:
 
 def _lr_robust(runs: pd.DataFrame, data_dir: Any = None) -> dict:
     low_lr, high_lr = LR_RANGE
-    row = _row("adapters_robust_to_lr", "Adapters are at least as robust to the learning rate as full fine-tuning", "Appendix B, Figure 7",
+    row = claim_row("adapters_robust_to_lr", "Adapters are at least as robust to the learning rate as full fine-tuning", "Appendix B, Figure 7",
                "points", ">=", 0.0,
                '"We test the robustness of adapters and fine-tuning to the learning rate. We ran experiments with learning rates in '
                'the range [2e-5, 1e-3], and selected the best hyperparameters for each method at each learning rate" (Appendix B). '
@@ -530,7 +506,7 @@ def _lr_robust(runs: pd.DataFrame, data_dir: Any = None) -> dict:
         return (spreads[..., 0::2] - spreads[..., 1::2]).mean(axis=-1)
 
     estimate, low, high, n_seeds = bootstrap_cells(cells, statistic)
-    judged = _verdict_row(row, estimate, low, high, n_seeds, unit_sizes(cells), n_tasks=len(tasks),
+    judged = verdict_row(row, estimate, low, high, n_seeds, unit_sizes(cells), n_tasks=len(tasks),
                           n_runs=sum(len(cell.runs) for cell in cells))
     detail = "; ".join(f"{task}: lrs {', '.join(f'{lr:g}' for lr in lrs)}" for task, _, _, lrs in tasks)
     heads = _of_backbone(scored_runs(runs), backbone)
@@ -560,42 +536,6 @@ def _grid_cell(row: Any) -> str:
         return "—"
     mark = f" — **smaller than the paper's**: {row.grid_lacks}" if row.grid_lacks else ""
     return f"{row.grid}{mark}".replace("|", "\\|")
-
-
-def _row(claim_id: str, claim: str, section: str, unit: str, side: str, threshold: float, rule: str) -> dict:
-    return {"claim_id": claim_id, "claim": claim, "section": section, "verdict": NOT_MEASURED, "measured": None, "unit": unit,
-            "ci_low": None, "ci_high": None, "threshold": f"{side} {threshold:g}", "rule": rule, "n_tasks": 0, "n_runs": 0,
-            "n_seeds": None, "seeds_to_settle": None, "backbone": None, "detail": "", "grid": None, "grid_lacks": None,
-            "grid_smaller_than_paper": None}
-
-
-UNIT = ("seed per task and method", "seeds per task and method")
-
-
-def _verdict_row(row: dict, estimate: float, low: float | None, high: float | None, n_seeds: int, sizes: list[int],
-                 unit: tuple[str, str] = UNIT, **counts: int) -> dict:
-    """The row with its measurement and the shared verdict; `detail` ends with why an inconclusive row is one
-    (`sizes`: the seeds of each unit the bootstrap resampled, held to bootstrap.too_few; `unit`: what it
-    resamples, one and many, for that sentence)."""
-    side, threshold = row["threshold"].split()
-    threshold = float(threshold)
-    verdict = judge(low, high, side, threshold)
-    settle = seeds_to_settle(estimate, low, high, threshold, n_seeds) if verdict == INCONCLUSIVE else None
-    why = ""
-    if low is not None and too_few(sizes):  # an interval that is only its extreme resamples decides nothing
-        needed = seeds_needed(sizes)
-        where = {HOLDS: "lies wholly on the claim's side (direction consistent)", FAILS: "lies wholly on the other side",
-                 INCONCLUSIVE: f"straddles {threshold:+g}"}[verdict]
-        why = (f"; {n_seeds} {unit[1] if n_seeds != 1 else unit[0]}: too few to judge (a verdict needs {needed}; {n_seeds} give "
-               f"{math.comb(2 * n_seeds - 1, n_seeds)} distinct resamples, each extreme one with probability 1/{n_seeds ** n_seeds}); "
-               f"the interval {where}")
-        verdict, settle = INCONCLUSIVE, max(needed, settle or 0)
-    elif verdict == INCONCLUSIVE:
-        why = (f"; one {unit[0]}: no interval, so no verdict (2 or more needed)" if low is None
-               else f"; the interval straddles {threshold:+g}" + (f": about {settle} would settle it (now {n_seeds})" if settle else
-                                                                  ": the estimate sits on the threshold"))
-    return {**row, **counts, "verdict": verdict, "measured": estimate, "ci_low": low, "ci_high": high, "n_seeds": n_seeds,
-            "seeds_to_settle": settle, "detail": why}
 
 
 def _settle_text(row: Any) -> str:
