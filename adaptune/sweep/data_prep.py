@@ -247,7 +247,7 @@ def localize_prepared(store: RunStore, url: str, tasks: set[str], scratch: Path 
     """A local folder a run can read `url` (a plan's prepared folder in `store`) from: the folder itself where the store
     is a local directory, else the plan's marker and the named tasks' folders downloaded into `scratch` (a pod's disk:
     datasets memory-maps them, read at random, which a bucket mount serves slowly)."""
-    parts = url.removeprefix(store.files.url() + "/").split("/")
+    parts = _store_parts(store, url)
     if store.files.is_local and not store.files.is_bucket_mount:
         return Path(store.files.path(*parts))
     manifest = store.files.read_json(*parts, PLAN_MARKER)
@@ -275,8 +275,7 @@ def readable_data_dir(store: RunStore, data_dir: Any, tasks: set[str] | None = N
     if not is_prepared_url(store, data_dir):
         return data_dir or None
     if tasks is None:
-        parts = str(data_dir).removeprefix(store.files.url() + "/").split("/")
-        tasks = set((store.files.read_json(*parts, PLAN_MARKER) or {"tasks": {}})["tasks"])
+        tasks = set((store.files.read_json(*_store_parts(store, str(data_dir)), PLAN_MARKER) or {"tasks": {}})["tasks"])
     return localize_prepared(store, str(data_dir), tasks, scratch)
 
 
@@ -299,6 +298,11 @@ def source_data_dir(store: RunStore, data_dir: str, tasks: set[str], scratch: Pa
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         store.files.get_file(root / rel, DATA_MIRROR_DIR, *rel.split("/"))
     return root
+
+
+def _store_parts(store: RunStore, url: str) -> list[str]:
+    """A URL under the store (StoreFiles.url) as the parts StoreFiles takes."""
+    return url.removeprefix(store.files.url() + "/").split("/")
 
 
 def _digest(value: Any) -> str:
