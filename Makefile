@@ -8,7 +8,7 @@ PIPELINE ?= smoke
 OUT ?= outputs
 export PYTHONHASHSEED := 0
 
-.PHONY: venv test test-heavy demo run plan status tensorboard notebooks report compile submit stage-models stage-data bench bench-fused bench-bf16 bench-data bench-shard-data bench-attention bench-states bench-lengths bench-gpu gpu-carry bench-status bench-tensorboard bench-soak images lint lock clean
+.PHONY: venv venv-xla test test-xla test-heavy demo run plan status tensorboard notebooks report compile submit stage-models stage-data bench bench-fused bench-bf16 bench-data bench-shard-data bench-attention bench-states bench-lengths bench-gpu gpu-carry bench-status bench-tensorboard bench-soak images lint lock clean
 
 $(VENV)/.installed: pyproject.toml requirements.lock requirements-kernel-tests.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,6 +19,30 @@ $(VENV)/.installed: pyproject.toml requirements.lock requirements-kernel-tests.t
 	touch $@
 
 venv: $(VENV)/.installed
+
+# The TPU image's environment on this machine, for running the project on XLA's CPU device (PJRT_DEVICE=CPU:
+# the TPU's lazy tensors, tracing, compilation and mark_step, with the CPU as the device). Its pins are the TPU
+# image's own: torch at containers/tpu/Dockerfile's TORCH_VERSION (PyPI's build: it carries CUDA libraries, several
+# GB, and runs on a CPU), containers/tpu/requirements-tpu.txt, and every other line of requirements.lock.
+VENV_XLA := .venv-xla
+PY_XLA := $(VENV_XLA)/bin/python
+XLA_TORCH_VERSION := $(shell sed -n 's/^ARG TORCH_VERSION=//p' containers/tpu/Dockerfile)
+
+$(VENV_XLA)/.installed: requirements.lock containers/tpu/requirements-tpu.txt containers/tpu/Dockerfile pyproject.toml
+	test -x $(PY_XLA) || $(PYTHON) -m venv $(VENV_XLA)
+	$(PY_XLA) -m pip install --quiet --upgrade pip
+	$(PY_XLA) -m pip install --quiet "torch==$(XLA_TORCH_VERSION)"
+	grep -v '^torch==' requirements.lock > $(VENV_XLA)/requirements-without-torch.txt
+	$(PY_XLA) -m pip install --quiet -r $(VENV_XLA)/requirements-without-torch.txt -r containers/tpu/requirements-tpu.txt
+	$(PY_XLA) -m pip check  # before the project, whose metadata pins the lock's torch (as the TPU image does)
+	$(PY_XLA) -m pip install --quiet --no-deps -e .
+	touch $@
+
+venv-xla: venv $(VENV_XLA)/.installed
+
+# The project on XLA's CPU device (tests marked xla), in the TPU image's environment; make test leaves them out.
+test-xla: venv-xla
+	PJRT_DEVICE=CPU $(PY_XLA) -m pytest -q -p no:cacheprovider -m xla tests/xla
 
 test: venv
 	$(PY) -m pytest -n 2 --dist loadgroup -q --durations=30 -m "not heavy"

@@ -39,6 +39,11 @@ class Device:
         on XLA, which compiles one graph per shape; none on CPU, where every token costs."""
         return {"cuda": 8, "xla": 64}.get(self.kind)
 
+    def no_grad(self) -> contextlib.AbstractContextManager[None]:
+        """Forward passes without autograd: inference mode, but plain no_grad on XLA, whose tensors refuse inference
+        mode's ("Cannot set version_counter for inference tensor", torch_xla 2.9)."""
+        return torch.no_grad() if self.kind == "xla" else torch.inference_mode()
+
     def synchronize(self) -> None:
         """Wait for queued device work, so that wall-clock timings are honest."""
         if self.kind == "cuda":
@@ -48,6 +53,16 @@ class Device:
 
             xm.mark_step()
             xm.wait_device_ops()
+
+    def compiled_graphs(self) -> int | None:
+        """Graphs XLA has compiled in this process so far (torch_xla's CompileTime metric: one per new graph, a cached
+        one not counted); None off XLA. A run that keeps compiling after its first epoch has a shape that varies."""
+        if self.kind != "xla":
+            return None
+        import torch_xla.debug.metrics as met
+
+        compiled = met.metric_data("CompileTime")
+        return int(compiled[0]) if compiled else 0
 
     def mark_step(self) -> None:
         """XLA builds graphs lazily: cut one per optimizer step; nothing to do elsewhere."""

@@ -40,6 +40,7 @@ from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
 
+from adaptune.core.environment import SettingError
 from adaptune.fused.kernels import attention as attention_kernel
 from adaptune.fused.kernels import dropout as dropout_kernel
 from adaptune.fused.kernels.counter_coordinates import COORDINATE_BITS, keep_threshold
@@ -58,6 +59,9 @@ _COUNTER_STATE_TAG = 0x5EED  # a counter stream's saved state: [tag, draws]
 
 
 def dropout_generator(seed: int, device: torch.device) -> torch.Generator:
+    if device.type == "xla":  # torch_xla has no device generator ("XLA device type not an accelerator")
+        raise SettingError(f"{DROPOUT_MASKS_ENV}=generator cannot draw on an XLA device (torch_xla has no device generator): "
+                           f"set {DROPOUT_MASKS_ENV}=counter, as the TPU preset does")
     return torch.Generator(device=device).manual_seed(seed * 1_000_003 + _DROPOUT_STREAM)
 
 

@@ -295,6 +295,18 @@ def run_parameters(model: nn.Module) -> list[dict[str, nn.Parameter]]:
     return runs
 
 
+def move_group_model(model: nn.Module, device: torch.device) -> None:
+    """Move a group model to `device`, its stacks still handing each run its gradient. Where a device's tensors cannot
+    live in a CPU tensor's Parameter (XLA: nn.Module.to makes new Parameter objects), the new stacks lose the hook and
+    marks _stack gave; they get them back here, and run_parameters then makes each run's views on the device."""
+    before = _stacks(model)
+    model.to(device)  # type: ignore[arg-type]  # transformers' to() wraps nn.Module.to with a wrong signature
+    for name, stack in _stacks(model).items():
+        if stack is not before[name]:
+            stack.register_post_accumulate_grad_hook(_hand_out_gradient)
+            setattr(stack, "run_stack", True)
+
+
 def keep_runs(model: nn.Module, indices: list[int]) -> None:
     """Keep only these runs in every stack (a diverged run leaves the group); the kept runs' Parameters
     are the same objects, now slices of the smaller stacks, so their optimizers go on unchanged."""

@@ -143,7 +143,7 @@ def predict_logits(model: Any, tokenizer: Any, texts: list[list[str]], max_lengt
     rows = [{name: encoded[name][i] for name in encoded} for i in range(len(texts))]
     batches = evaluation_batches([len(row["input_ids"]) for row in rows], batch_size)
     out: list[Any] = [None] * len(rows)
-    with torch.inference_mode(), device.autocast():
+    with device.no_grad(), device.autocast():
         for indices, batch in zip(batches, iterate_batches(rows, batches, make_collator(tokenizer), device.torch_device), strict=True):
             values = model(**batch).logits.float().cpu().numpy()
             for position, index in enumerate(indices):

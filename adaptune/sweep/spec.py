@@ -90,6 +90,8 @@ TPU_V5E = Accelerator(
     tolerations=("google.com/tpu",),
     cpu_limit="20",
     memory_limit="40G",
+    # XLA has no device generator: dropout masks are drawn by the counter hash, on the device (run_dropout.py).
+    step_settings=StepSettings(dropout_masks="counter").pinned(),
 )
 ACCELERATORS = {"cpu": CPU, "h100": H100, "a100": A100, "tpu_v5e": TPU_V5E}
 

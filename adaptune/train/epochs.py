@@ -13,6 +13,7 @@ from typing import Any, Protocol
 from torch import nn
 from tqdm.auto import tqdm
 
+from adaptune.core.devices import Device
 from adaptune.train.finite_guard import RunFailed, StepResult
 from adaptune.train.run_book import Evaluator, RunBook
 from adaptune.train.state_saves import StateSaves
@@ -71,12 +72,16 @@ class EpochDriver:
         stepper = self.stepper
         try:
             while stepper.runs and stepper.runs[0].progress.epoch < self.epochs:
+                graphs = GraphCount(stepper.runs[0].device)
                 plans = stepper.start_epoch(stepper.runs[0].progress.epoch)
                 for step in range(stepper.runs[0].progress.step_in_epoch, len(plans[0])):
                     plans = self._step(plans, step)
                     if not stepper.runs:
                         return
+                graphs.phase("steps")
                 self._end_epoch()
+                graphs.phase("evaluation")
+                graphs.into_curves(stepper.runs)
         finally:
             self.bar.close()
         for run in stepper.runs:
@@ -139,6 +144,25 @@ class EpochDriver:
             with self.saves.saving():
                 for run in runs:
                     run.save()
+
+
+class GraphCount:
+    """The graphs XLA compiled in each phase of an epoch (Device.compiled_graphs), into each run's curve point as
+    `xla_graphs` ({"steps": n, "evaluation": m}; a fused group's runs share theirs). Nothing off XLA."""
+
+    def __init__(self, device: Device) -> None:
+        self.device, self.phases = device, dict[str, int]()
+        self.last = device.compiled_graphs()
+
+    def phase(self, name: str) -> None:
+        now = self.device.compiled_graphs()
+        if now is not None and self.last is not None:
+            self.phases[name], self.last = now - self.last, now
+
+    def into_curves(self, runs: list[RunBook]) -> None:
+        if self.phases:
+            for run in runs:
+                run.progress.curve[-1]["xla_graphs"] = dict(self.phases)
 
 
 def last_validation(curve: list[dict[str, Any]], metric: str) -> dict[str, str]:

@@ -6,7 +6,6 @@ import dataclasses
 from typing import Any
 
 import numpy as np
-import torch
 from datasets import Dataset
 from torch import nn
 from transformers import DataCollatorWithPadding
@@ -64,7 +63,6 @@ def evaluate_split(
     return evaluate_runs(model, 1, task, split, device, collator, batch_size)[0]
 
 
-@torch.inference_mode()
 def evaluate_runs(
     model: nn.Module, runs: int, task: Task, split: EvalSplit, device: Device, collator: DataCollatorWithPadding,
     batch_size: int | None = None,
@@ -72,6 +70,13 @@ def evaluate_runs(
     """Each run's metrics on this split, in one pass: a group's model (adaptune.fused.run_groups) reads
     every batch replicated once per run, block i scored for run i. `runs=1`: a solo model. `batch_size`: rows
     a batch, else evaluation_batch_size(device)."""
+    with device.no_grad():
+        return _evaluate_runs(model, runs, task, split, device, collator, batch_size)
+
+
+def _evaluate_runs(
+    model: nn.Module, runs: int, task: Task, split: EvalSplit, device: Device, collator: DataCollatorWithPadding, batch_size: int | None,
+) -> list[EvalResult]:
     model.eval()
     batches = evaluation_batches(split.lengths, batch_size or evaluation_batch_size(device))
     model_inputs = [{k: v for k, v in row.items() if k in ("input_ids", "attention_mask", "token_type_ids")} for row in split.rows]
@@ -84,6 +89,7 @@ def evaluate_runs(
             output = model(**batch)
         heads = (output.start_logits, output.end_logits) if task.kind == "span" else (output.logits,)
         on_device.append(tuple(head.float() for head in heads))
+        device.mark_step()  # XLA: one small graph per batch shape, not the whole pass traced as one
     for indices, heads in zip(batches, on_device, strict=True):
         read = [head.cpu().numpy().reshape(runs, len(indices), -1) for head in heads]
         for run in range(runs):

@@ -39,7 +39,7 @@ from adaptune.data.tasks import get_task
 from adaptune.fused.group_optimizer import clip_and_step
 from adaptune.fused.grouping import GROUPABLE_METHODS, group_key, trains_whole_model
 from adaptune.fused.run_dropout import RowLayout, RunRandomness, dropout_stream, use_run_dropout
-from adaptune.fused.run_groups import group_model, keep_runs, recorded_layer_norm, run_parameters, trained_tensors
+from adaptune.fused.run_groups import group_model, keep_runs, move_group_model, recorded_layer_norm, run_parameters, trained_tensors
 from adaptune.fused.settings import StepSettings
 from adaptune.fused.step_graphs import GraphedFusedStep
 from adaptune.model.backbone import fresh_head_copy, load_model, load_tokenizer
@@ -199,7 +199,7 @@ class _Group:
         model, decayed, counts = self._group_model(data, companions)
         self.randomness = use_run_dropout(model, [dropout_stream(run.config.seed, device.torch_device, self.settings.dropout_masks)
                                                   for run in self.runs], self.settings)
-        model.to(device.torch_device)
+        move_group_model(model, device.torch_device)
         backbone_fields = frozen_backbone_for_autocast(model, device.autocast_dtype)
         layer_norm = recorded_layer_norm(model)
         total_steps = math.ceil(len(data.train_rows) / first.batch_size) * first.epochs
