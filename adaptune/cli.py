@@ -49,6 +49,12 @@ MODULE_COMMANDS = {
         "bundle_from_args",
     ),
     "predict": ("serve a bundled task: JSONL in, predictions out", "adaptune.serve.predict", "add_predict_arguments", "predict_from_args"),
+    "export": (
+        "each selected run as a folder its users load: AdapterHub (adapters), peft (LoRA, (IA)3) or safetensors, with a model card",
+        "adaptune.serve.export_cli",
+        "add_export_arguments",
+        "export_from_args",
+    ),
     "settings": ("every ADAPTUNE_* variable: its value here and where it comes from (default, environment, preset)",
                  "adaptune.settings_cli", "add_settings_arguments", "settings_from_args"),
 }

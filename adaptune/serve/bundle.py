@@ -18,7 +18,6 @@ holds its whole model (`carries_whole_model` in the manifest), so it adds about 
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import json
 import math
 import os
@@ -36,6 +35,7 @@ from adaptune.model.backbone import resolve_backbone
 from adaptune.model.checkpoint import INFO_FILE, WEIGHTS_FILE
 from adaptune.model.params import total_size_multiple
 from adaptune.report.results import run_precision
+from adaptune.serve.file_digests import copy_file, file_entry, sha256_of
 from adaptune.sweep.store import CHECKPOINT_DIR, RUNS_DIR, RunStore
 
 FORMAT_VERSION = 1
@@ -94,7 +94,7 @@ def add_to_bundle(bundle_dir: str | os.PathLike[str], chosen: pd.DataFrame, stor
     _check_servable(chosen)
     source = _backbone_source(backbone["name"], store)
     for name in backbone["weights"]:  # the same name could be another copy: the frozen weights must be these
-        if _file_entry(source / name)["sha256"] != backbone["files"][name]["sha256"]:
+        if file_entry(source / name)["sha256"] != backbone["files"][name]["sha256"]:
             raise BundleError(f"backbone {backbone['name']!r} at {source} differs from the one in {bundle} ({name}): "
                               "its tasks were trained on other weights; make a new bundle with --out")
     return _add_tasks(bundle, manifest, chosen, store, method, data_dir)
@@ -125,7 +125,7 @@ def bundled_task(bundle_dir: str | os.PathLike[str], task: str) -> tuple[Path, d
         raise BundleError(f"task {task!r} is not in the bundle {bundle}; it holds: {', '.join(sorted(manifest['tasks'])) or 'no task'}")
     entry = manifest["tasks"][name]
     weights = bundle / entry["dir"] / WEIGHTS_FILE
-    if not weights.is_file() or _sha256(weights) != entry["files"][WEIGHTS_FILE]["sha256"]:
+    if not weights.is_file() or sha256_of(weights) != entry["files"][WEIGHTS_FILE]["sha256"]:
         raise BundleError(f"{weights} is missing or differs from the sha256 in {bundle / MANIFEST_FILE}: the bundle is damaged")
     return bundle / entry["dir"], entry, manifest
 
@@ -183,7 +183,7 @@ def _copy_task(run: pd.Series, store: RunStore, bundle: Path, method: str, data_
                 raise BundleError(f"run {run['run_id']} has no checkpoint ({store.files.url(RUNS_DIR, run['run_id'], CHECKPOINT_DIR, name)} "
                                   "not found): it cannot be bundled")
         target.mkdir(parents=True)
-        files = {name: _copy(checkpoint / name, target / name) for name in (WEIGHTS_FILE, INFO_FILE)}
+        files = {name: copy_file(checkpoint / name, target / name) for name in (WEIGHTS_FILE, INFO_FILE)}
     info = json.loads((target / INFO_FILE).read_text(encoding="utf-8"))
     config = json.loads(run["config_json"])
     return {
@@ -200,7 +200,7 @@ def _copy_task(run: pd.Series, store: RunStore, bundle: Path, method: str, data_
         "test_score": None if pd.isna(run["test_score"]) else float(run["test_score"]),
         "task_kind": info["task_kind"],
         "num_labels": int(info["num_labels"]),
-        "labels": _label_names(task, data_dir),
+        "labels": task_label_names(task, data_dir),
         "max_length": int(config.get("max_length", 128)),
         # The precision the run was scored in: predict computes in it, to reproduce the run's own evaluation (bit
         # for bit for a run alone in float32; a fused run's, scored in its group's pass, to rounding: docs/operating.md).
@@ -223,7 +223,7 @@ def _copy_backbone(name: str, store: RunStore, target: Path) -> dict[str, Any]:
                           "with save_pretrained(safe_serialization=True) (make stage-models)")
     names = ["config.json", *weights, *(side for side in BACKBONE_SIDE_FILES if (source / side).is_file())]
     target.mkdir(parents=True, exist_ok=True)
-    files = {file_name: _copy(source / file_name, target / file_name) for file_name in names}
+    files = {file_name: copy_file(source / file_name, target / file_name) for file_name in names}
     return {"name": name, "dir": BACKBONE_DIR, "weights": weights, "files": files,
             "weights_bytes": sum(files[file_name]["bytes"] for file_name in weights),
             "params": _tensor_elements(target / file_name for file_name in weights)}
@@ -247,7 +247,7 @@ def _backbone_source(name: str, store: RunStore) -> Path:
                           f"cache or reachable hub ({type(error).__name__}): stage it (make stage-models)") from None
 
 
-def _label_names(task: Any, data_dir: Any) -> list[str] | None:
+def task_label_names(task: Any, data_dir: Any) -> list[str] | None:
     """The task's class names in label order: declared in tasks.py, else read from its data as the
     runs did (None where the data is not at hand: predict then gives label ids only)."""
     if task.kind != "classification":
@@ -261,20 +261,6 @@ def _label_names(task: Any, data_dir: Any) -> list[str] | None:
         return list(load_task_data(task, data_dir, splits=("validation",))["validation"].features["label"].names)
     except (DataError, DataNotFoundError, OSError):
         return None
-
-
-def _copy(source: Path, target: Path) -> dict[str, Any]:
-    shutil.copyfile(source, target)
-    return _file_entry(target)
-
-
-def _file_entry(path: Path) -> dict[str, Any]:
-    return {"bytes": path.stat().st_size, "sha256": _sha256(path)}
-
-
-def _sha256(path: Path) -> str:
-    with open(path, "rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def _tensor_elements(paths: Iterable[Path]) -> int:
