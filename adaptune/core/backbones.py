@@ -9,6 +9,11 @@ DEFAULT_BACKBONE = "all-MiniLM-L6-v2"  # embedded via the PyPI package gt-all-mi
 BERT_BASE = "bert-base-uncased"
 BERT_LARGE = "bert-large-uncased"
 # Depth of the hub backbones that cannot be read offline; any other backbone's config is read.
+# Backbones trained as sentence encoders: the attention-masked mean of the last hidden states, compared by cosine
+# (all-MiniLM-L6-v2: sentence-transformers' Transformer -> mean Pooling -> Normalize, its package's modules.json and
+# 1_Pooling/config.json). On a task comparing two sentences such a backbone scores with no training at all
+# (report/zero_shot.py: the zero-shot similarity floor). BERT was not trained so: none of its names is here.
+SENTENCE_ENCODERS = frozenset({DEFAULT_BACKBONE, "sentence-transformers/all-MiniLM-L6-v2"})
 KNOWN_BACKBONE_LAYERS = {
     BERT_BASE: 12, "bert-base-cased": 12, BERT_LARGE: 24, "bert-large-cased": 24,
     "google-bert/bert-base-uncased": 12, "google-bert/bert-large-uncased": 24,

@@ -54,7 +54,10 @@ its dev set), and the detail ends with how far each method the claim reads stand
 frozen backbone with only its task head trained: `head`), per task, by the claim's own selection and split:
 what each method adds to what the backbone gives untuned. Where the head alone learned nothing (at or below the
 majority class on a classification task, a correlation <= 0 on a regression task) it is no floor: the detail
-says what it scored and how far each method stands above the majority class (or no correlation) instead.
+says what it scored and how far each method stands above the majority class (or no correlation) instead. Where the
+backbone is a sentence encoder and the task a similarity task (zero_shot.py), its zero-shot similarity (mean-pooled
+cosine, no training) is a floor too: where it is the highest, the detail names it, what it selected on which split,
+and each method's margin from it. A method below the floor it is measured from is said to be below it.
 
 Degenerate runs (one predicted class) are real outcomes and stay in where their table keeps them
 (Table 2, the figures); Table 1 and the GLUE claim select among `usable_runs` as the table does.
@@ -97,6 +100,7 @@ from adaptune.report.selection import (
 )
 from adaptune.report.tables import table1_candidates, table2_candidates
 from adaptune.report.verdicts import FAILS, HOLDS, INCONCLUSIVE, NOT_MEASURED, claim_row, verdict_row
+from adaptune.report.zero_shot import run_floor
 
 GLUE_THRESHOLD = 0.4  # "On GLUE, we attain within 0.4% of the performance of full fine-tuning" (abstract)
 EXTRA_THRESHOLD = 0.4  # "The performance of adapter-tuning is close to full fine-tuning (0.4% behind)" (§3.3)
@@ -258,30 +262,65 @@ def _of_backbone(runs: pd.DataFrame, backbone: str | None) -> pd.DataFrame:
 
 
 def _above_head(pool: pd.DataFrame, tasks: list[str], methods: list[str], rule: str, data_dir: Any = None) -> str:
-    """How far each method stands above the head alone on each of `tasks`, its cells chosen by `rule` from `pool`
-    (runs with `score` in points and its `split`: the claim's own selection and split); said so where the head alone
-    has no run on them. Where the head alone learned nothing (_head_floor) it is named as no floor, with what it
-    scored and each method's margin above that floor instead."""
+    """How far each method stands above the highest floor on each of `tasks`, its cells chosen by `rule` from `pool`
+    (runs with `score` in points and its `split`: the claim's own selection and split). The floors: the head alone
+    (where measured), the majority class (a correlation of 0 on a regression task) and, for a sentence encoder on a
+    similarity task, the backbone's zero-shot similarity (zero_shot.py). Where the head alone is the highest, each
+    method's margin above it; where it learned nothing (_head_floor) it is named as no floor, with what it scored and
+    each method's margin above the majority class instead; where the zero-shot similarity is the highest, it is named,
+    with each method's margin from it. A method below the floor it is measured from is said to be below it."""
     pool = pool[pool["task"].isin(tasks) & pool["method"].isin([*methods, "head"])]
     cells = cells_of(pool, ["task", "method"], rule)
-    tasks = sorted(task for task in dict.fromkeys(tasks) if (task, "head") in cells)
-    if not tasks:
-        return "the head alone (frozen backbone, trained head) not measured on these tasks"
-    above, no_floor = [], []
-    for task in tasks:
-        head = cells[(task, "head")]
-        split, head_score = _cell_split(head), _measured(head)
+    above, no_floor, zero_shot = [], [], []
+    for task in sorted(dict.fromkeys(tasks)):
+        present = [method for method in ("head", *methods) if (task, method) in cells]
+        if not present:
+            continue
+        any_cell = cells[(task, present[0])]
+        split = _cell_split(any_cell)
         scores = [(_NAMES.get(method, method), _measured(cells[(task, method)])) for method in methods if (task, method) in cells]
-        floor, floor_name = _head_floor(head, data_dir)
-        if floor is not None and head_score <= floor:
-            margins = ", ".join(f"{name} {score - floor:+.2f}" for name, score in scores)
+        floor, floor_name = _head_floor(any_cell, data_dir)
+        head = cells.get((task, "head"))
+        head_score = _measured(head) if head is not None else None
+        similarity = _zero_shot(any_cell, data_dir)
+        if similarity is not None and similarity[0] >= max(value for value in (head_score, floor, -np.inf) if value is not None):
+            value, selected = similarity
+            beneath = [f"{name} {score:.2f}" for name, score in (("the head alone (frozen backbone, trained head)", head_score),
+                                                               (floor_name, floor)) if score is not None]
+            zero_shot.append(f"on {task} ({split}) the highest floor is {ZERO_SHOT_NAME} ({value:.2f}; {selected})"
+                             + (f", higher than {' and '.join(beneath)}" if beneath else "")
+                             + f"; from it: {_margins(scores, value, ZERO_SHOT_NAME)}")
+        elif head is None or head_score is None:
+            continue
+        elif floor is not None and head_score <= floor:
             no_floor.append(f"on {task} ({split}) the head alone (frozen backbone, trained head) scored {head_score:.2f}, at or below "
-                            f"{floor_name} ({floor:.2f}): it learned nothing and is no floor; above {floor_name}: {margins}")
+                            f"{floor_name} ({floor:.2f}): it learned nothing and is no floor; above {floor_name}: "
+                            f"{_margins(scores, floor, floor_name)}")
         else:
-            margins = ", ".join(f"{name} {score - head_score:+.2f}" for name, score in scores)
-            above.append(f"{task} ({split}; head alone {head_score:.2f}): {margins}")
+            above.append(f"{task} ({split}; head alone {head_score:.2f}): {_margins(scores, head_score, 'the head alone')}")
+    if not (above or no_floor or zero_shot):
+        return "the head alone (frozen backbone, trained head) not measured on these tasks"
     lead = ["above the head alone (frozen backbone, trained head), by the same selection: " + "; ".join(above)] if above else []
-    return "; ".join(lead + no_floor)
+    return "; ".join(lead + no_floor + zero_shot)
+
+
+ZERO_SHOT_NAME = "the zero-shot similarity floor (frozen backbone, mean-pooled cosine)"
+
+
+def _margins(scores: list[tuple[str, float]], floor: float, floor_name: str) -> str:
+    """'name +m, ...' from `floor`; the methods below it named as such after them."""
+    margins = ", ".join(f"{name} {score - floor:+.2f}" for name, score in scores)
+    below = [name for name, score in scores if score < floor]
+    return margins + (f" ({', '.join(below)} below {floor_name})" if below else "")
+
+
+def _zero_shot(cell: Cell, data_dir: Any) -> tuple[float, str] | None:
+    """The backbone's zero-shot similarity floor on the cell's task, split and subsets, in points, and what it selected
+    on which split; None where it does not apply or cannot be computed (zero_shot.py)."""
+    run = cell.chosen().iloc[0]
+    floor = run_floor(str(cell.key[0]), run, str(run["split"]), data_dir)
+    value = None if floor is None else floor.metrics.get(str(run["primary_metric"]))
+    return None if floor is None or value is None else (100.0 * float(value), floor.selected())
 
 
 def _head_floor(head: Cell, data_dir: Any) -> tuple[float | None, str]:

@@ -169,7 +169,12 @@ def _methods_section(parts: ReportParts) -> list[str]:
         "kept), with the learning rate selected and, beside each task, the majority-class baseline on the same split and "
         "rows (for a regression task, a constant prediction: correlation 0); 'Head only' (where measured) is the frozen "
         "backbone with only its task head trained, the floor the other methods stand on where it scores above that "
-        "baseline. Splits are named as their publisher names them: GLUE's reported split is its dev set.",
+        "baseline. Where the backbone is a sentence encoder (the embedded all-MiniLM-L6-v2; BERT is not) and the task "
+        "compares two sentences for similarity (MRPC, QQP, STS-B; not the inference tasks), 'zero-shot similarity' is a "
+        "third floor on the same split and rows: the frozen backbone used as the sentence encoder it was trained to be "
+        "(each sentence's mean-pooled embedding, the cosine between the two) with no training; a classification task's "
+        "threshold on the cosine is chosen on the training split, as the note under the table says. "
+        "Splits are named as their publisher names them: GLUE's reported split is its dev set.",
         "",
         _backbone_line(parts.methods, "BERT-base / BERT-large"),
         "",
@@ -265,7 +270,9 @@ def _claims_section(parts: ReportParts) -> list[str]:
         "Each figure in a detail names its split, and each detail says how far each method it reads stands above the "
         "head alone (same selection, same split) where the head alone was measured; where the head alone learned nothing "
         "(at or below the majority class, or a correlation at or below 0) the detail says what it scored and measures "
-        "each method from the majority class (or 0) instead.",
+        "each method from the majority class (or 0) instead; where the backbone's zero-shot similarity (see the methods "
+        "table) is the highest floor, the detail names it and measures each method from it. A method below the floor "
+        "it is measured from is said to be below it.",
         "",
         parts.markdown["claims"],
         "",
