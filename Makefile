@@ -8,7 +8,7 @@ PIPELINE ?= smoke
 OUT ?= outputs
 export PYTHONHASHSEED := 0
 
-.PHONY: venv venv-xla test test-xla test-heavy demo run plan status tensorboard notebooks report compile submit stage-models stage-data bench bench-fused bench-bf16 bench-data bench-shard-data bench-attention bench-states bench-lengths bench-gpu gpu-carry bench-status bench-tensorboard bench-soak images lint lock clean
+.PHONY: venv venv-xla test test-xla test-adapterhub test-heavy demo run plan status tensorboard notebooks report compile submit stage-models stage-data bench bench-fused bench-bf16 bench-data bench-shard-data bench-xla bench-attention bench-states bench-lengths bench-gpu gpu-carry bench-status bench-tensorboard bench-soak images lint lock clean
 
 $(VENV)/.installed: pyproject.toml requirements.lock requirements-kernel-tests.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,18 +34,24 @@ $(VENV_XLA)/.installed: requirements.lock containers/tpu/requirements-tpu.txt co
 	$(PY_XLA) -m pip install --quiet "torch==$(XLA_TORCH_VERSION)"
 	grep -v '^torch==' requirements.lock > $(VENV_XLA)/requirements-without-torch.txt
 	$(PY_XLA) -m pip install --quiet -r $(VENV_XLA)/requirements-without-torch.txt -r containers/tpu/requirements-tpu.txt
-	$(PY_XLA) -m pip check  # before the project, whose metadata pins the lock's torch (as the TPU image does)
+	$(PY_XLA) -m pip uninstall --quiet --yes adaptune 2>/dev/null  # on a re-run: pip check reads the dependencies alone,
+	$(PY_XLA) -m pip check  # as the TPU image does, before the project, whose metadata pins the lock's torch
 	$(PY_XLA) -m pip install --quiet --no-deps -e .
 	touch $@
 
 venv-xla: venv $(VENV_XLA)/.installed
+
+# AdapterHub's own adapters 1.3 loads the AdapterHub export folders and must give adaptune's logits (tests/adapterhub).
+# It needs transformers 4.57, so it runs in its own environment, .venv-adapters, made on first use (tests/adapterhub/make_env.sh).
+test-adapterhub: venv
+	$(PY) -m pytest -n 0 -q -m adapterhub tests/adapterhub
 
 # The project on XLA's CPU device (tests marked xla), in the TPU image's environment; make test leaves them out.
 test-xla: venv-xla
 	PJRT_DEVICE=CPU $(PY_XLA) -m pytest -q -p no:cacheprovider -m xla tests/xla
 
 test: venv
-	$(PY) -m pytest -n 2 --dist loadgroup -q --durations=30 -m "not heavy"
+	$(PY) -m pytest -n 2 --dist loadgroup -q --durations=30 -m "not heavy and not xla and not adapterhub"
 
 # The heavy rehearsals make test leaves out (minutes each): the CPU image built and run in a container
 # engine, the paper_full-shaped DAG. Run them before changing what they cover.
@@ -127,6 +133,11 @@ bench-data: venv
 # a GCS emulator), and the preparation step's seconds per task (bench/shard_data.json).
 bench-shard-data: venv
 	$(PY) -m bench.shard_data --out bench/shard_data.json
+
+# The project on XLA's CPU device, in the TPU image's environment: graphs compiled per run, epoch and phase, scores beside
+# the CPU's, a fused group against its runs alone, a step's time (bench/xla.json).
+bench-xla: venv-xla
+	PJRT_DEVICE=CPU $(PY_XLA) -m bench.xla --out bench/xla.json
 
 # What the attention kernel takes off a fused step's memory traffic, counted on this CPU (operators and bytes
 # written per layer, eager attention against the kernel under Triton's interpreter; bench/attention_kernel.json).

@@ -751,15 +751,15 @@ def cpu_image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield image_for("cpu")
 
 
-def in_image(image: str, *command: str, **run_args: Any) -> tuple[int, str]:
-    """Run a command in the image as its own user; exit status and output (stdout and stderr)."""
+def in_image(image: str, *command: str, wait_s: int = 300, **run_args: Any) -> tuple[int, str]:
+    """Run a command in the image as its own user, for at most `wait_s` seconds; exit status and output (stdout and stderr)."""
     import docker
 
     client = docker.from_env()
     try:
         container = client.containers.run(image, list(command), detach=True, **run_args)
         try:
-            status = container.wait(timeout=300)["StatusCode"]
+            status = container.wait(timeout=wait_s)["StatusCode"]
             return status, container.logs(stdout=True, stderr=True).decode()
         finally:
             container.remove(force=True)

@@ -49,9 +49,10 @@ class Device:
         if self.kind == "cuda":
             torch.cuda.synchronize(self.torch_device)
         elif self.kind == "xla":
-            import torch_xla.core.xla_model as xm  # only importable on TPU hosts
+            import torch_xla  # only importable in the TPU image's environment
+            import torch_xla.core.xla_model as xm
 
-            xm.mark_step()
+            torch_xla.sync()
             xm.wait_device_ops()
 
     def compiled_graphs(self) -> int | None:
@@ -67,9 +68,9 @@ class Device:
     def mark_step(self) -> None:
         """XLA builds graphs lazily: cut one per optimizer step; nothing to do elsewhere."""
         if self.kind == "xla":
-            import torch_xla.core.xla_model as xm
+            import torch_xla
 
-            xm.mark_step()
+            torch_xla.sync()  # xm.mark_step before torch_xla 2.7 (deprecated since)
 
 
 def pick_device(prefer: str | None = None, cpu_precision: str | None = None) -> Device:
@@ -89,10 +90,10 @@ def pick_device(prefer: str | None = None, cpu_precision: str | None = None) -> 
         index = torch.cuda.current_device()
         return Device("cuda", torch.device("cuda", index), f"cuda:{torch.cuda.get_device_name(index)}", torch.bfloat16)
     if choice in (None, "xla") and importlib.util.find_spec("torch_xla") is not None:
-        import torch_xla.core.xla_model as xm
+        import torch_xla
+        import torch_xla.runtime
 
-        xla_device = xm.xla_device()
-        return Device("xla", xla_device, f"xla:{xm.xla_device_hw(xla_device)}", torch.bfloat16)
+        return Device("xla", torch_xla.device(), f"xla:{torch_xla.runtime.device_type()}", torch.bfloat16)
     if choice in ("cuda", "xla"):
         raise RuntimeError(f"device {choice!r} was requested but is not available here; unset ADAPTUNE_DEVICE to use what is")
     if resolved_cpu_precision(cpu_precision) == "bf16":

@@ -300,7 +300,7 @@ def move_group_model(model: nn.Module, device: torch.device) -> None:
     live in a CPU tensor's Parameter (XLA: nn.Module.to makes new Parameter objects), the new stacks lose the hook and
     marks _stack gave; they get them back here, and run_parameters then makes each run's views on the device."""
     before = _stacks(model)
-    model.to(device)  # type: ignore[arg-type]  # transformers' to() wraps nn.Module.to with a wrong signature
+    model.to(device)
     for name, stack in _stacks(model).items():
         if stack is not before[name]:
             stack.register_post_accumulate_grad_hook(_hand_out_gradient)

@@ -92,6 +92,8 @@ TPU_V5E = Accelerator(
     memory_limit="40G",
     # XLA has no device generator: dropout masks are drawn by the counter hash, on the device (run_dropout.py).
     step_settings=StepSettings(dropout_masks="counter").pinned(),
+    # runs_per_group stays 1: a fused group trains on XLA as its runs alone (tests/xla, on XLA's CPU device), but no
+    # TPU has timed one, so nothing says it pays there.
 )
 ACCELERATORS = {"cpu": CPU, "h100": H100, "a100": A100, "tpu_v5e": TPU_V5E}
 

@@ -80,7 +80,7 @@ class EpochDriver:
                         return
                 graphs.phase("steps")
                 self._end_epoch()
-                graphs.phase("evaluation")
+                graphs.phase("epoch_end")
                 graphs.into_curves(stepper.runs)
         finally:
             self.bar.close()
@@ -148,7 +148,8 @@ class EpochDriver:
 
 class GraphCount:
     """The graphs XLA compiled in each phase of an epoch (Device.compiled_graphs), into each run's curve point as
-    `xla_graphs` ({"steps": n, "evaluation": m}; a fused group's runs share theirs). Nothing off XLA."""
+    `xla_graphs` ({"steps": n, "epoch_end": m}: the steps, then the epoch's end, its evaluation, state save and at the
+    last epoch its checkpoint; a fused group's runs share theirs). Nothing off XLA."""
 
     def __init__(self, device: Device) -> None:
         self.device, self.phases = device, dict[str, int]()
