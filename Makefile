@@ -34,8 +34,10 @@ $(VENV_XLA)/.installed: requirements.lock containers/tpu/requirements-tpu.txt co
 	$(PY_XLA) -m pip install --quiet "torch==$(XLA_TORCH_VERSION)"
 	grep -v '^torch==' requirements.lock > $(VENV_XLA)/requirements-without-torch.txt
 	$(PY_XLA) -m pip install --quiet -r $(VENV_XLA)/requirements-without-torch.txt -r containers/tpu/requirements-tpu.txt
-	$(PY_XLA) -m pip uninstall --quiet --yes adaptune 2>/dev/null  # on a re-run: pip check reads the dependencies alone,
-	$(PY_XLA) -m pip check  # as the TPU image does, before the project, whose metadata pins the lock's torch
+	@# pip check reads the dependencies alone, as the TPU image checks them, before the project (whose metadata pins
+	@# the torch of the lock); on a re-run the project is installed already, so it leaves first.
+	$(PY_XLA) -m pip uninstall --quiet --yes adaptune 2>/dev/null
+	$(PY_XLA) -m pip check
 	$(PY_XLA) -m pip install --quiet --no-deps -e .
 	touch $@
 

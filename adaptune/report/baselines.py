@@ -39,13 +39,19 @@ def majority_baseline(
 ) -> dict[str, float] | None:
     """{metric: value (a fraction, as metrics.py gives)} of predicting the training majority class on
     `split`; None where the local mirror lacks the task's train or `split` data (or the task is SQuAD)."""
+    root = found_data_dir(data_dir)
+    if root is None:
+        return None
+    return _majority_baseline(task_name, split, max_train_examples, max_eval_examples, root)
+
+
+def found_data_dir(data_dir: str | Path | None) -> str | None:
+    """The data dir resolve_data_dir finds from `data_dir`, as a string; None where it finds none."""
     try:
         root = resolve_data_dir(data_dir)
     except FileNotFoundError:
         return None
-    if root is None:
-        return None
-    return _majority_baseline(task_name, split, max_train_examples, max_eval_examples, str(root))
+    return None if root is None else str(root)
 
 
 @lru_cache(maxsize=256)

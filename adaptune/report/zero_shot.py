@@ -128,15 +128,13 @@ def run_floor(task_name: str, run: Any, split: str, data_dir: str | Path | None 
 def _data_root(task_name: str, data_dir: str | Path | None) -> str | None:
     """The data dir as a string where it holds the task (the majority baseline's test), else None."""
     from adaptune.data.prepared import PreparedData, is_prepared
-    from adaptune.data.sources import local_files_status, resolve_data_dir
+    from adaptune.data.sources import local_files_status
+    from adaptune.report.baselines import found_data_dir
 
-    try:
-        root = resolve_data_dir(data_dir)
-    except FileNotFoundError:
+    found = found_data_dir(data_dir)
+    if found is None:
         return None
-    if root is None:
-        return None
-    task = get_task(task_name)
+    root, task = Path(found), get_task(task_name)
     available = PreparedData.open(root).holds(task) if is_prepared(root) else local_files_status(task, root) == "yes"
     return str(root) if available else None
 

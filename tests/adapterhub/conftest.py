@@ -1,16 +1,11 @@
-"""The AdapterHub check: its marker, and its tests left out of every run that does not ask for them with
-`-m adapterhub` (make test runs `-m "not heavy"`: without this they would build .venv-adapters there)."""
+"""The AdapterHub check's tests (marker `adapterhub`, declared in pyproject.toml) left out of every run that does not
+name them in `-m` (a plain `pytest`, or `-m "not heavy"`, would otherwise build .venv-adapters)."""
 
 from __future__ import annotations
 
 import pytest
 
 MARKER = "adapterhub"
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", f"{MARKER}: loads exports with AdapterHub's adapters 1.3 in its own venv, .venv-adapters "
-                                       "(made on first use by tests/adapterhub/make_env.sh); run only with -m adapterhub")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
