@@ -8,10 +8,10 @@ says how alike its two texts are, the same in either order: MRPC (paraphrase), Q
 directional (does the first text entail the second, does the sentence answer the question), which a cosine between
 the two cannot express, so they get no such floor.
 
-How: each text of a pair is embedded alone, as sentence-transformers embeds it for this model (its package's
-modules.json: Transformer -> mean Pooling -> Normalize; 1_Pooling/config.json: `pooling_mode_mean_tokens`):
-the attention-mask-weighted mean of the last hidden state, truncated at the encoder's own `max_seq_length`
-(sentence_bert_config.json: 256); the pair's score is the cosine of its two embeddings.
+How: each text of a pair is embedded alone by sentence-transformers from the model's own files (modules.json:
+Transformer -> mean Pooling -> Normalize): the attention-mask-weighted mean of the last hidden state, truncated at
+the encoder's own `max_seq_length` (sentence_bert_config.json: 256); the pair's score is the cosine of its two
+embeddings.
 
 - A regression task (STS-B): the task's metrics (Spearman, Pearson: adaptune.train.metrics) of the cosine against
   the gold scores, on the reported split. Nothing is selected.
@@ -204,33 +204,18 @@ def pair_cosines(backbone: str, task_name: str, split: str, max_rows: int | None
 
 
 def embed(backbone: str, texts: list[str]) -> np.ndarray:
-    """Unit-length sentence embeddings (float64): the attention-mask-weighted mean of the last hidden state."""
-    import torch
-
-    tokenizer, model, max_length = _encoder(backbone)
-    order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))  # similar lengths per batch: little padding
-    out = np.zeros((len(texts), model.config.hidden_size))
-    with torch.inference_mode():
-        for start in range(0, len(order), _BATCH):
-            batch = order[start:start + _BATCH]
-            inputs = tokenizer([texts[i] for i in batch], padding=True, truncation=True, max_length=max_length, return_tensors="pt")
-            hidden = model(**inputs).last_hidden_state
-            mask = inputs["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-            pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
-            out[batch] = torch.nn.functional.normalize(pooled, dim=-1).double().numpy()
-    return out
+    """Unit-length sentence embeddings (float64), as sentence-transformers computes them from the encoder's own
+    modules.json (for MiniLM: the attention-mask-weighted mean of the last hidden state, normalised)."""
+    return np.asarray(_encoder(backbone).encode(texts, batch_size=_BATCH, normalize_embeddings=True, convert_to_numpy=True),
+                      dtype=np.float64)
 
 
 @lru_cache(maxsize=2)
-def _encoder(backbone: str) -> tuple[Any, Any, int]:
-    """The tokenizer, the bare encoder (eval mode, float32, CPU) and its own max sequence length."""
-    from transformers import AutoModel
+def _encoder(backbone: str) -> Any:
+    """The backbone as sentence-transformers loads it (CPU), truncating at its own max_seq_length."""
+    from sentence_transformers import SentenceTransformer
 
-    from adaptune.model.backbone import load_tokenizer, quiet_transformers, resolve_backbone
+    from adaptune.model.backbone import quiet_transformers, resolve_backbone
 
-    path = resolve_backbone(backbone)
     with quiet_transformers():
-        model = AutoModel.from_pretrained(path).eval()
-    settings = Path(path) / "sentence_bert_config.json"
-    max_length = json.loads(settings.read_text()).get("max_seq_length") if settings.is_file() else None
-    return load_tokenizer(backbone), model, int(max_length or min(int(model.config.max_position_embeddings), 512))
+        return SentenceTransformer(resolve_backbone(backbone), device="cpu")
