@@ -44,7 +44,7 @@ from adaptune.fused.settings import StepSettings
 from adaptune.model.backbone import load_model, load_tokenizer
 from adaptune.model.checkpoint import WEIGHTS_FILE, save_task_checkpoint
 from adaptune.model.methods import apply_method, method_from_dict
-from adaptune.train.loop import training_step
+from adaptune.train.optimizer_step import training_step
 from bench.fused import measure_cpu_bf16, measure_fused_groups, measure_group_runs
 from bench.step_cost import interleaved
 
@@ -202,7 +202,7 @@ def _build(method: dict[str, Any], device: Device) -> nn.Module:
 
 
 def _trainer(model: nn.Module, device: Device) -> Callable[[Batch], None]:
-    """One training step exactly as a run takes it (adaptune.train.loop.training_step)."""
+    """One training step exactly as a run takes it (adaptune.train.optimizer_step.training_step)."""
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=1e-5, weight_decay=0.01)

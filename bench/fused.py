@@ -41,7 +41,8 @@ from adaptune.model.backbone import load_model
 from adaptune.model.methods import apply_method, method_from_dict
 from adaptune.train.config import TrainConfig
 from adaptune.train.group_loop import fused_step
-from adaptune.train.loop import adamw, decayed_names, frozen_backbone_for_autocast
+from adaptune.train.loop import frozen_backbone_for_autocast
+from adaptune.train.optimizer_step import adamw, decayed_names
 
 GROUP_SIZES = (1, 4, 16)
 # (optimizer step, dropout masks' scheme): the trainer's default, the per-run optimizer step before it, counter masks.

@@ -426,7 +426,8 @@ def build_step(config: dict[str, int], method: str, variant: str, device: Device
 
     from adaptune.fused.run_dropout import dropout_stream, use_run_dropout
     from adaptune.model.methods import apply_method, method_from_dict
-    from adaptune.train.loop import frozen_backbone_for_autocast, model_adamw, training_step
+    from adaptune.train.loop import frozen_backbone_for_autocast
+    from adaptune.train.optimizer_step import model_adamw, training_step
 
     torch.manual_seed(0)
     with device.torch_device:  # initialised on the GPU: seconds, not a minute of CPU per BERT-large
@@ -464,7 +465,7 @@ def memory_gib(step: Callable[[Batch], None], model: nn.Module, optimizer: Any, 
 
 
 def _step_before(model: nn.Module, batch: Batch, optimizer: Any, scheduler: Any, trainable: list[nn.Parameter], device: Device) -> None:
-    """adaptune.train.loop.training_step as it was before the GPU work: two host syncs per step."""
+    """adaptune.train.optimizer_step.training_step as it was before the GPU work: two host syncs per step."""
     with device.autocast():
         loss = model(**batch).loss
     if not math.isfinite(float(loss.detach())):

@@ -78,7 +78,7 @@ def step_seconds(device_kind: str, steps: int = 10, warmup: int = 3) -> dict[str
     from adaptune.core.devices import pick_device
     from adaptune.model.backbone import load_model
     from adaptune.model.methods import AdaptersConfig, apply_method
-    from adaptune.train.loop import model_adamw, training_step
+    from adaptune.train.optimizer_step import model_adamw, training_step
     from adaptune.train.state import trained_parameters
 
     torch.manual_seed(0)

@@ -106,7 +106,6 @@ METHODS = {
     "adapters": {"name": "adapters", "size": 8},
     "pfeiffer": {"name": "pfeiffer", "size": 8},
     "layernorm": {"name": "layernorm"},
-    "head": {"name": "head"},  # the classifier alone: one GroupedLinear under the whole frozen backbone
     "lora": {"name": "lora", "r": 4},
     "ia3": {"name": "ia3"},
     "top_k": {"name": "top_k", "k": 2},  # the top 2 of the embedded backbone's 6 layers, stacked per run
@@ -514,30 +513,6 @@ def test_a_trained_position_table_without_position_ids_to_look_up_by_row_is_refu
     one = Embeddings()  # a group of one needs no position rows: it looks up as alone
     alone = one.position_embeddings(torch.arange(5))
     assert torch.equal(group_model(one, [trained_tensors(one)]).position_embeddings(torch.arange(5)), alone)
-
-
-# A regression task: no STS-B copy is available offline (shared/data/README.md), so the real stsb task (its reader,
-# its one-output head, its mean squared error, its Spearman and Pearson) reads STS-B files this test writes: MRPC's
-# real sentence pairs, each scored 0-5 by its words' overlap (a stand-in score, not an STS-B annotation: the check
-# is that a fused run is its run alone, whatever the scores are).
-STSB_HEADER = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n"
-
-
-@pytest.fixture(scope="module")
-def stsb_mirror(tmp_path_factory: pytest.TempPathFactory, shared_data_dir: Path) -> Path:
-    """A data dir holding glue/STS-B/{train,dev}.tsv: MRPC's first 120 training pairs, and 40 of its dev pairs."""
-    root = tmp_path_factory.mktemp("stsb_mirror")
-    (root / "glue" / "STS-B").mkdir(parents=True)
-    for source, target, rows in (("train.tsv", "train.tsv", 120), ("dev.tsv", "dev.tsv", 40)):
-        lines = (shared_data_dir / "glue" / "MRPC" / source).read_text(encoding="utf-8-sig").splitlines()[1:rows + 1]
-        out = [STSB_HEADER]
-        for index, line in enumerate(lines):
-            _, _, _, first, second = line.split("\t")
-            words = [set(text.lower().split()) for text in (first, second)]
-            score = 5 * len(words[0] & words[1]) / len(words[0] | words[1])
-            out.append(f"{index}\tmain-news\tMRPC\t2004\t{index:04d}\tnone\tnone\t{first}\t{second}\t{score:.3f}\n")
-        (root / "glue" / "STS-B" / target).write_text("".join(out), encoding="utf-8")
-    return root
 
 
 def _regression_group_and_alone(tmp_path: Path, data_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

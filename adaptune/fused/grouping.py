@@ -31,8 +31,12 @@ class RunConfig(Protocol):
 Config = TypeVar("Config", bound=RunConfig)
 
 # Methods whose trained tensors adaptune.fused.run_groups splits by run: small tensors beside a frozen
-# backbone (the head alone the smallest), or (top_k) whole top layers, stacked per run as HFTA does, under a frozen bottom.
-GROUPABLE_METHODS = frozenset({"adapters", "pfeiffer", "layernorm", "head", "lora", "ia3", "top_k"})
+# backbone, or (top_k) whole top layers, stacked per run as HFTA does, under a frozen bottom. Not the head alone:
+# it trains as a probe on features computed once (adaptune.train.probe), leaving a group nothing to share.
+GROUPABLE_METHODS = frozenset({"adapters", "pfeiffer", "layernorm", "lora", "ia3", "top_k"})
+# The method that trains as a probe on features computed once, on every task but a span task, whose head reads every
+# token (adaptune.train.probe).
+PROBE_METHOD = "head"
 # What may differ between the runs of a group: nothing else changes a step's shapes or count.
 _FREE_FIELDS = frozenset({"lr", "seed", "experiment", "checkpoint_every_steps"})
 _FREE_METHOD_FIELDS = frozenset({"init_std"})
@@ -45,6 +49,12 @@ LONG_STEP_TOKENS = 3 * REFERENCE_STEP_TOKENS
 # did not pay on an H100 (bench/LOG.md, "the options that left"); a group of one is replayed
 # as step graphs where the step-graph step runs.
 WHOLE_MODEL_RUNS_PER_GROUP = 1
+
+
+def trains_as_probe(method: dict[str, Any], task_kind: str) -> bool:
+    """Whether a run of this method on a task of this kind trains as a probe (adaptune.train.probe): its head alone, on
+    the frozen backbone's features computed once (a classification or regression head on the pooled output)."""
+    return method.get("name") == PROBE_METHOD and task_kind != "span"
 
 
 def group_key(config: RunConfig) -> tuple | None:

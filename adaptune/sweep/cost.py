@@ -6,8 +6,17 @@ accelerator-hours. A run store's own measurements (adaptune.sweep.throughput) re
 
 from __future__ import annotations
 
+import dataclasses
+
 from adaptune.data.tasks import get_task
-from adaptune.fused.grouping import GROUPABLE_METHODS, group_capacity, group_key, trains_alone_for_its_length, trains_whole_model
+from adaptune.fused.grouping import (
+    GROUPABLE_METHODS,
+    group_capacity,
+    group_key,
+    trains_alone_for_its_length,
+    trains_as_probe,
+    trains_whole_model,
+)
 from adaptune.fused.settings import StepSettings
 from adaptune.sweep.device_sharing import runs_per_group
 from adaptune.sweep.spec import ExperimentSpec
@@ -81,6 +90,10 @@ FUSED_SPEEDUP: dict[str, dict[str, dict[int, float]]] = {
 MEAN_PADDED_LENGTH: dict[tuple[str, int, int, int], float] = {("squad", 384, 128, 32): 185.1}
 TOP_K_DEPTHS_MEASURED = sorted(int(kind.removeprefix("top_k")) for kind in FUSED_SPEEDUP if kind.startswith("top_k"))
 EVALUATION_OVERHEAD = 1.1  # per-epoch validation adds roughly a tenth
+# A probe (adaptune.train.probe) costs one forward pass over its rows, whatever its epochs: a forward pass is about a
+# third of a full step's FLOPs. An upper bound: MiniLM's pass over the demo's 640 MRPC rows took 2.5 s on this CPU
+# where the table's row prices 15 s, and a shard's other probes of the task reuse the pass.
+PROBE_PASS_COST = 1 / 3
 # Public GLUE / SQuAD training-set sizes, for tasks whose registry entry has no paper_sizes.
 KNOWN_TRAIN_SIZES = {
     "cola": 8551, "sst2": 67349, "mrpc": 3668, "stsb": 5749, "qqp": 363846, "mnli_m": 392702,
@@ -161,11 +174,15 @@ def estimate_hours(run: TrainConfig, spec: ExperimentSpec, measured: dict[Throug
     """Estimated accelerator-hours of one run in a group of `group_size` (else planned_group_size):
     examples x epochs / throughput, the throughput measured by the store's records where `measured` has it
     (wall time, evaluation included, shared among a fused group's runs), else THROUGHPUT (one run at a
-    time, times the measured FUSED_SPEEDUP of its group on a GPU)."""
+    time, times the measured FUSED_SPEEDUP of its group on a GPU). A probe is priced at one forward pass over its
+    training rows (PROBE_PASS_COST)."""
     task = get_task(run.task)
     train_size = task.paper_sizes[0] if task.paper_sizes else KNOWN_TRAIN_SIZES.get(task.name, 10_000)
     if run.max_train_examples:
         train_size = min(train_size, run.max_train_examples)
+    if trains_as_probe(run.method, task.kind):
+        full_step_throughput = table_one_run_throughput(dataclasses.replace(run, method={"name": "full"}), spec)
+        return train_size * PROBE_PASS_COST / full_step_throughput * EVALUATION_OVERHEAD / 3600
     found = measurement_for(run, spec, measured or {}, group_size)
     if found is not None:
         return train_size * run.epochs / (found[1].examples_per_s * REFERENCE_MAX_LENGTH / run.max_length) / 3600

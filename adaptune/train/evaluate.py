@@ -95,10 +95,12 @@ def _evaluate_runs(
         for run in range(runs):
             for position, index in enumerate(indices):
                 outputs[run][index] = tuple(head[run, position] for head in read) if task.kind == "span" else read[0][run, position]
-    return [_scored(task, split, run_outputs) for run_outputs in outputs]
+    return [scored_outputs(task, split, run_outputs) for run_outputs in outputs]
 
 
-def _scored(task: Task, split: EvalSplit, outputs: list[Any]) -> EvalResult:
+def scored_outputs(task: Task, split: EvalSplit, outputs: list[Any]) -> EvalResult:
+    """The task's metrics from a model's outputs on every row of the split, in its order: (start, end) logits a span
+    window, else a row's logits."""
     if task.kind == "span":
         assert split.examples is not None and split.features is not None
         predictions = postprocess_predictions(

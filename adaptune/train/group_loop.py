@@ -50,15 +50,8 @@ from adaptune.train.config import TrainConfig
 from adaptune.train.epochs import EpochDriver, Plan, StepCallback
 from adaptune.train.evaluate import evaluate_runs
 from adaptune.train.finite_guard import FiniteGuard, RunFailed, StepResult
-from adaptune.train.loop import (
-    adamw,
-    check_config,
-    decayed_names,
-    frozen_backbone_for_autocast,
-    prepare_data,
-    recorded_step_settings,
-    seed_everything,
-)
+from adaptune.train.loop import check_config, frozen_backbone_for_autocast, prepare_data, recorded_step_settings, seed_everything
+from adaptune.train.optimizer_step import adamw, decayed_names
 from adaptune.train.record import record_in_run_dir, run_record, with_provenance
 from adaptune.train.run_book import Evaluator, RunBook
 from adaptune.train.run_data import RunData

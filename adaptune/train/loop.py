@@ -20,20 +20,19 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 from transformers import set_seed
-from transformers.trainer_pt_utils import get_parameter_names
 
 from adaptune.core.devices import Device, is_out_of_memory, pick_device, release_memory
 from adaptune.data.batching import epoch_batches, make_collator, padded_batch
 from adaptune.data.tasks import Task, get_task, scored_companions
 from adaptune.fused.frozen_projections import stack_frozen_projections
-from adaptune.fused.run_dropout import dropout_stream, use_run_dropout
+from adaptune.fused.run_dropout import RunRandomness, dropout_stream, use_run_dropout
 from adaptune.fused.run_groups import recorded_layer_norm
 from adaptune.fused.settings import StepSettings
 from adaptune.model.backbone import load_model, load_tokenizer
@@ -41,9 +40,11 @@ from adaptune.model.methods import apply_method, method_from_dict
 from adaptune.model.params import count_parameters
 from adaptune.train import phase_times
 from adaptune.train.config import TrainConfig
-from adaptune.train.epochs import EpochDriver, Plan, StepCallback
+from adaptune.train.epochs import EpochDriver, Plan, StepCallback, Stepper
 from adaptune.train.evaluate import EvalResult, EvalSplit, evaluate_split
 from adaptune.train.finite_guard import SYNC_EVERY_STEPS, FiniteGuard, RunFailed, StepResult  # noqa: F401 (SYNC_EVERY_STEPS: read here by tests)
+from adaptune.train.optimizer_step import adamw, decayed_names, training_step
+from adaptune.train.probe import ProbeSteps, probe_head
 from adaptune.train.record import record_in_run_dir, run_record, with_provenance
 from adaptune.train.run_book import Evaluator, RunBook
 from adaptune.train.run_data import RunData, prepare_run_data
@@ -92,7 +93,7 @@ def train_and_evaluate(
     try:
         setup_started = time.perf_counter()
         saves = StateSaves()  # a malformed $ADAPTUNE_STATE_EVERY_S fails here, before anything loads
-        steps, total_steps = SoloSteps.set_up(run, data_dir, cache_dir)
+        steps, total_steps = set_up_steps(run, data_dir, cache_dir)
         phase_times.add(run.phase_owners(), "setup", time.perf_counter() - setup_started)
         EpochDriver(steps, saves, total_steps, progress, step_callback).run()
     except RunFailed as failure:
@@ -117,30 +118,14 @@ class SoloSteps:
         self.trainable = [p for p in model.parameters() if p.requires_grad]
 
     @classmethod
-    def set_up(cls, run: RunBook, data_dir: Any, cache_dir: Any) -> tuple[SoloSteps, int]:
-        """The run's data, model and training objects, seeded as always and resumed where it saved a state;
-        returns its steps and how many steps it takes in all."""
-        config, task, device, record = run.config, run.task, run.device, run.record
-        seed_everything(config.seed, device)
-        tokenizer = load_tokenizer(config.backbone)
-        data, companions = prepare_data(config, task, tokenizer, data_dir, cache_dir)
-        run.use_data(data, companions)
-        model = load_model(config.backbone, task.kind, task.num_labels)
-        apply_method(model, run.method_cfg)
-        run.settings = settings = resume_point(run.out, run.settings)[1]  # a resumed run keeps its own masks' scheme
-        record.update(recorded_step_settings(settings, compile="eager"))  # step graphs are a fused group's
-        run.dropout = dropout_stream(config.seed, device.torch_device, settings.dropout_masks)
-        use_run_dropout(model, [run.dropout], settings)
-        model.to(device.torch_device)  # type: ignore[arg-type]  # transformers' to() wraps nn.Module.to with a wrong signature
-        record.update(frozen_backbone_for_autocast(model, device.autocast_dtype))
-        record["layer_norm"] = recorded_layer_norm(model)  # "torch": a run alone has torch's LayerNorms
-        counts = count_parameters(model)
-        record.update(trained_params=counts.trained, total_params=counts.total)
-
-        total_steps = math.ceil(len(data.train_rows) / config.batch_size) * config.epochs
+    def start(cls, run: RunBook, model: nn.Module, data: RunData, collator: Any) -> tuple[SoloSteps, int]:
+        """The run's training objects over its set-up model and data, resumed where it saved a state; returns its steps
+        and how many steps it takes in all."""
+        total_steps = math.ceil(len(data.train_rows) / run.config.batch_size) * run.config.epochs
         params = trained_parameters(model)
-        run.start_training(params, adamw(params, decayed_names(model), config.lr, config.weight_decay), FiniteGuard(device), total_steps)
-        return cls(run, model, data.train_rows, make_collator(tokenizer, pad_to_multiple_of=device.pad_multiple)), total_steps
+        run.start_training(params, adamw(params, decayed_names(model), run.config.lr, run.config.weight_decay), FiniteGuard(run.device),
+                           total_steps)
+        return cls(run, model, data.train_rows, collator), total_steps
 
     def start_epoch(self, epoch: int) -> list[Plan]:
         config = self.runs[0].config
@@ -171,6 +156,41 @@ class SoloSteps:
         return self.model
 
 
+def set_up_steps(run: RunBook, data_dir: Any, cache_dir: Any) -> tuple[Stepper, int]:
+    """The run's steps, seeded as always and resumed where it saved a state, and how many it takes in all: a probe's on
+    the frozen backbone's features where the run trains the head alone on a pooled head (adaptune.train.probe), else
+    its whole model's."""
+    model, tokenizer, data, randomness = set_up_run(run, data_dir, cache_dir)
+    collator = make_collator(tokenizer, pad_to_multiple_of=run.device.pad_multiple)
+    head = probe_head(model, run.method_cfg, run.task, randomness)
+    if head is not None:
+        return ProbeSteps.start(run, model, head, data, collator)
+    return SoloSteps.start(run, model, data, collator)
+
+
+def set_up_run(run: RunBook, data_dir: Any, cache_dir: Any) -> tuple[nn.Module, Any, RunData, RunRandomness]:
+    """What every run alone sets up before its training objects: seeded as always, its data read, its model loaded
+    with the method applied, its dropout drawn from its own stream, on the device, and what its record says of them.
+    Returns the model, the tokenizer, the data and the model's dropout randomness."""
+    config, task, device, record = run.config, run.task, run.device, run.record
+    seed_everything(config.seed, device)
+    tokenizer = load_tokenizer(config.backbone)
+    data, companions = prepare_data(config, task, tokenizer, data_dir, cache_dir)
+    run.use_data(data, companions)
+    model = load_model(config.backbone, task.kind, task.num_labels)
+    apply_method(model, run.method_cfg)
+    run.settings = settings = resume_point(run.out, run.settings)[1]  # a resumed run keeps its own masks' scheme
+    record.update(recorded_step_settings(settings, compile="eager"))  # step graphs are a fused group's
+    run.dropout = dropout_stream(config.seed, device.torch_device, settings.dropout_masks)
+    randomness = use_run_dropout(model, [run.dropout], settings)
+    model.to(device.torch_device)  # type: ignore[arg-type]  # transformers' to() wraps nn.Module.to with a wrong signature
+    record.update(frozen_backbone_for_autocast(model, device.autocast_dtype))
+    record["layer_norm"] = recorded_layer_norm(model)  # "torch": a run alone has torch's LayerNorms
+    counts = count_parameters(model)
+    record.update(trained_params=counts.trained, total_params=counts.total)
+    return model, tokenizer, data, randomness
+
+
 def prepare_data(config: TrainConfig, task: Task, tokenizer: Any, data_dir: Any, cache_dir: Any) -> tuple[RunData, dict[str, EvalSplit]]:
     """A run's data, and the test splits of the tasks it also scores (MNLI-mm for an MNLI run: the
     mismatched dev set; their validation slice is this run's, the same train file held out alike).
@@ -186,30 +206,6 @@ def prepare_data(config: TrainConfig, task: Task, tokenizer: Any, data_dir: Any,
         for name in scored_companions(task.name)
     }
     return data, companions
-
-
-def training_step(
-    model: Callable[..., Any], batch: dict[str, torch.Tensor], optimizer: Any, scheduler: Any, trainable: list[nn.Parameter],
-    device: Device, max_grad_norm: float,
-) -> StepResult:
-    """One optimizer step (forward, backward, clip, AdamW, schedule) of `model`; returns (loss, gradient norm) as
-    device tensors, so that a GPU step never waits for the host. `FiniteGuard` checks them: on the CPU
-    at once, before the weights change; on a GPU or TPU within SYNC_EVERY_STEPS steps, and always
-    before a state is saved or the model evaluated, so a diverged run is recorded as failed either way.
-    The benchmark times this same function.
-    """
-    with device.autocast():
-        loss = model(**batch).loss
-    loss.backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(trainable, max_grad_norm)
-    if device.kind == "cpu" and not (math.isfinite(float(loss.detach())) and math.isfinite(float(grad_norm))):
-        optimizer.zero_grad(set_to_none=True)  # the CPU has no queue to keep full: stop before the update
-        return loss.detach(), grad_norm
-    optimizer.step()
-    scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
-    device.mark_step()
-    return loss.detach(), grad_norm
 
 
 def check_config(config: TrainConfig) -> None:
@@ -236,25 +232,6 @@ def seed_everything(seed: int, device: Device) -> None:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True, warn_only=True)
     set_seed(seed)
-
-
-def model_adamw(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
-    """A run alone's AdamW: over its model's trained tensors, decayed as BERT decays them (decayed_names)."""
-    return adamw(trained_parameters(model), decayed_names(model), lr, weight_decay)
-
-
-def decayed_names(model: nn.Module) -> set[str]:
-    """The parameters weight decay applies to: BERT's exclusions, no biases and no LayerNorm weights."""
-    return {name for name in get_parameter_names(model, [nn.LayerNorm]) if not name.endswith("bias")}
-
-
-def adamw(trained: Mapping[str, nn.Parameter], decayed: set[str], lr: float, weight_decay: float) -> torch.optim.AdamW:
-    """AdamW over one run's trained tensors (by solo name, in the model's order), decay where `decayed` says."""
-    groups: list[dict[str, Any]] = [{"params": [], "weight_decay": weight_decay}, {"params": [], "weight_decay": 0.0}]
-    for name, parameter in trained.items():
-        groups[0 if name in decayed else 1]["params"].append(parameter)
-    fused = all(p.is_cuda for g in groups for p in g["params"])  # one kernel for every parameter's update
-    return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, weight_decay=weight_decay, fused=fused or None)
 
 
 def frozen_backbone_for_autocast(model: nn.Module, dtype: torch.dtype | None) -> dict[str, str]:

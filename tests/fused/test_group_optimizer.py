@@ -20,7 +20,7 @@ import torch
 from transformers import get_linear_schedule_with_warmup
 
 from adaptune.fused.group_optimizer import adamw_together, clip_and_step, clip_each
-from adaptune.train.loop import adamw
+from adaptune.train.optimizer_step import adamw
 from adaptune.train.state import saved_optimizer_state
 
 SHAPES = {"down.weight": (8, 16), "up.weight": (16, 8), "down.bias": (8,), "norm.weight": (16,)}
