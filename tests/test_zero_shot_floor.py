@@ -20,6 +20,7 @@ from adaptune.report.claims import claims_table
 from adaptune.report.methods_table import methods_markdown, methods_table
 from adaptune.report.reference import load_reference
 from adaptune.report.results import read_results, write_results
+from adaptune.report.tables import table1, table1_markdown
 from adaptune.report.zero_shot import (
     THRESHOLD_SPLIT,
     best_threshold,
@@ -117,6 +118,15 @@ def test_a_report_never_puts_a_method_above_a_floor_that_is_above_it(shared_data
     assert "zero-shot similarity" in markdown.splitlines()[0]
     assert "below it: Head only (frozen backbone), Full fine-tuning, LayerNorm only" in markdown
 
+    # Table 1 (MRPC is a GLUE column): each row's floor on its run's own reported split and subsets.
+    first = table1(runs, load_reference(), data_dir=shared_data_dir)
+    mrpc = first[(first["task"] == "mrpc") & first["measured"].notna()]
+    assert set(mrpc["row"]) == {"head", "full"}
+    for _, row in mrpc.iterrows():
+        assert row["zero_shot"] == pytest.approx(100 * {"validation": val, "test": test}[row["split"]].metrics["f1"])
+    assert [line.split("|")[2].strip() for line in table1_markdown(first, runs).splitlines() if "zero-shot" in line] == [
+        "zero-shot similarity"] * 2
+
     detail = claims_table({"runs": runs}, load_reference(), data_dir=shared_data_dir).set_index("claim_id").loc[
         "layernorm_clearly_worse", "detail"]
     assert f"the highest floor is the zero-shot similarity floor (frozen backbone, mean-pooled cosine) ({100 * val.metrics['f1']:.2f}" in detail
@@ -135,6 +145,8 @@ def test_a_bert_backbone_gets_no_zero_shot_row_and_the_reason_once(shared_data_d
     runs = read_results(tmp_path / "results")["runs"]
     table = methods_table(runs, data_dir=shared_data_dir)
     assert table["zero_shot"].isna().all()
+    first = table1(runs, load_reference(), data_dir=shared_data_dir)
+    assert first["zero_shot"].isna().all() and "zero-shot" not in table1_markdown(first, runs)
     markdown = methods_markdown(table)
     assert "zero-shot similarity" not in markdown.splitlines()[0]
     assert markdown.count("not a sentence encoder") == 1

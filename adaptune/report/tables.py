@@ -6,8 +6,10 @@ renders it for the report, leading with what was measured: only the tasks and me
 the others named on one line beneath (`not_run_line`). Scores are in percent.
 Beside every task stand two floors: its majority-class baseline (`majority`, see baselines.py), so a score
 that only predicts the most common class cannot pass as learning, and where measured the head alone (the
-frozen backbone with only its task head trained: a row of Table 1, a method of Table 2, none in the paper),
-so a score reads as what its method adds to what the backbone gives untuned.
+frozen backbone with only its task head trained, as a probe: a row of Table 1, a method of Table 2, none in the
+paper), so a score reads as what its method adds to what the backbone gives untuned. In Table 1 a third where the
+backbone is a sentence encoder and the task a similarity task: its zero-shot similarity (`zero_shot`, zero_shot.py)
+on the same split and subsets as the row's run (Table 2's tasks are none of them).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from adaptune.report.selection import (
     usable_runs,
     val_metric,
 )
+from adaptune.report.zero_shot import run_zero_shot
 
 # Table 1's rows: which runs compete for each (paper row name -> filter on runs).
 TABLE1_ROWS: dict[str, tuple[str, Any]] = {
@@ -44,6 +47,7 @@ TABLE1_ROWS: dict[str, tuple[str, Any]] = {
 }
 TABLE2_METHODS = {"head": "Head only", "full": "Fine-tune", "top_k": "Variable FT (top-k)", "adapters": "Adapters",
                   "layernorm": "LayerNorm only"}
+FLOOR_LABELS = {"majority": "majority class", "zero_shot": "zero-shot similarity"}
 # Methods a table shows beside the paper's only where measured: not in the paper's table.
 SHOWN_WHERE_MEASURED = ("head", "layernorm")
 # glue_mean: the plain mean of the paper's nine columns, beside the same mean of the paper's own
@@ -82,6 +86,7 @@ def table1(runs: pd.DataFrame, reference: dict[str, Any], data_dir: Any = None) 
                 run_baseline(task, run, metric, record["split"], data_dir) if run is not None
                 else task_baseline(task, metric, "validation", data_dir) if metric else None
             )
+            record["zero_shot"] = run_zero_shot(task, run, metric, record["split"], data_dir) if run is not None else None
             records.append(record)
         measured_tasks = [task for task in score_tasks if task in chosen.index]
         row_records = [r for r in records if r["row"] == row and r["task"] in measured_tasks]
@@ -236,7 +241,8 @@ def adapter_size_table(runs: pd.DataFrame, reference: dict[str, Any]) -> pd.Data
 
 
 def table1_markdown(table: pd.DataFrame, runs: pd.DataFrame | None = None, pending: Collection[str] = ()) -> str:
-    """Wide Markdown: per Table 1 row, a measured, a majority-class, a paper and a difference line.
+    """Wide Markdown: per Table 1 row, a measured, a majority-class, (where any task has one) a zero-shot similarity,
+    a paper and a difference line.
 
     Only the task columns and method rows with a run are shown (see `table1_shown`); the rest are
     named on one line beneath (`not_run_line`; `pending`: tasks planned whose runs have not finished).
@@ -263,9 +269,10 @@ def table1_markdown(table: pd.DataFrame, runs: pd.DataFrame | None = None, pendi
             continue
         by_task = group.set_index("task")
         label = group["row_label"].iloc[0]
-        kinds = ("measured", "majority", "paper", "difference") if group["paper"].notna().any() else ("measured", "majority")
+        floors = ("majority", "zero_shot") if "zero_shot" in group and group["zero_shot"].notna().any() else ("majority",)
+        kinds = ("measured", *floors, "paper", "difference") if group["paper"].notna().any() else ("measured", *floors)
         for kind in kinds:
-            cells = [label if kind == "measured" else "", "majority class" if kind == "majority" else kind]
+            cells = [label if kind == "measured" else "", FLOOR_LABELS.get(kind, kind)]
             for column in columns:
                 value = by_task.loc[column, kind] if column in by_task.index and kind in by_task.columns else None
                 cell = _fmt(value, signed=kind == "difference", multiple=column == "total_size_multiple")
