@@ -38,7 +38,8 @@ def test_grid_sizes_follow_the_paper() -> None:
     assert len(plan(get_experiment("tradeoff")).runs) == 8 * 23 * 3 * 2 * 3
     # §3.5 on BERT-large: 24 top-k x 3 lr x 3 epochs + 10 adapter sizes x 4 lr x 3 epochs, 3 seeds.
     assert len(plan(get_experiment("squad")).runs) == (24 * 3 * 3 + 10 * 4 * 3) * 3
-    assert len(plan(get_experiment("smoke")).runs) == 2 * 4  # 2 tasks x (full, adapters, LayerNorm-only, the head alone)
+    # 2 tasks x (full, adapters, LayerNorm-only, and the head alone as a probe at 4 rates)
+    assert len(plan(get_experiment("smoke")).runs) == 2 * (3 + 4)
 
 
 def test_extra_full_uses_table_4_epochs_per_method() -> None:
@@ -125,7 +126,7 @@ def test_summary_prints_the_grid_run_count_and_estimate(capsys: pytest.CaptureFi
 
     assert main(["plan", "smoke"]) == 0
     out = capsys.readouterr().out
-    assert "\n8 runs\n" in out and "accelerator-hours" in out and "sms_spam" in out
+    assert "\n14 runs\n" in out and "accelerator-hours" in out and "sms_spam" in out
     assert main(["plan", "nope"]) == 2
 
 
@@ -344,3 +345,18 @@ def test_the_plan_prices_a_fused_sweep_by_its_fused_records_and_says_which_recor
         assert ("; 9 of the run store's record(s) set aside: 8 trained fused 4 at a time (all-MiniLM-L6-v2 adapters, "
                 "all-MiniLM-L6-v2 layernorm) where the plan trains them alone, runs_per_group 1: a fused run's cost is its "
                 "share of its group's time, which depends on the group's size; 1 trained on cpu:bf16, not cpu") in basis
+
+
+def test_a_probe_is_priced_as_one_forward_pass_over_its_rows_whatever_its_epochs() -> None:
+    """The head alone on a classification or regression task trains as a probe on features computed once
+    (adaptune.train.probe): a third of one full epoch's steps, at any number of epochs; on a span task it trains
+    through the whole model and is priced by its epochs."""
+    from adaptune.sweep.cost import PROBE_PASS_COST, estimate_hours
+
+    spec = get_experiment("cpu_small")
+    probe = TrainConfig(task="sst2", method={"name": "head"}, epochs=10, max_train_examples=1000)
+    one_full_epoch = estimate_hours(dataclasses.replace(probe, method={"name": "full"}, epochs=1), spec)
+    assert estimate_hours(probe, spec) == estimate_hours(dataclasses.replace(probe, epochs=100), spec)
+    assert estimate_hours(probe, spec) == pytest.approx(one_full_epoch * PROBE_PASS_COST)
+    span = TrainConfig(task="squad", method={"name": "head"}, epochs=1, max_length=384, max_train_examples=1000)
+    assert estimate_hours(dataclasses.replace(span, epochs=2), spec) == pytest.approx(2 * estimate_hours(span, spec))

@@ -121,7 +121,7 @@ def pooled_features(model: nn.Module, rows: Sequence[dict[str, Any]], device: De
     """What the model's classifier reads for every row (in the rows' order): its evaluation forward, in evaluation
     batches (those the probe scores in), the classifier's input caught by a hook."""
     caught: list[torch.Tensor] = []
-    hook = model.classifier.register_forward_pre_hook(lambda module, args: caught.append(args[0]))  # type: ignore[union-attr, operator]
+    hook = model.classifier.register_forward_pre_hook(lambda module, args: caught.append(args[0]))  # type: ignore[union-attr]
     batches = evaluation_batches([len(row["input_ids"]) for row in rows], evaluation_batch_size(device))
     inputs = [{name: row[name] for name in MODEL_INPUTS if name in row} for row in rows]
     try:
