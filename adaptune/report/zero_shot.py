@@ -206,7 +206,8 @@ def pair_cosines(backbone: str, task_name: str, split: str, max_rows: int | None
 def embed(backbone: str, texts: list[str]) -> np.ndarray:
     """Unit-length sentence embeddings (float64), as sentence-transformers computes them from the encoder's own
     modules.json (for MiniLM: the attention-mask-weighted mean of the last hidden state, normalised)."""
-    return np.asarray(_encoder(backbone).encode(texts, batch_size=_BATCH, normalize_embeddings=True, convert_to_numpy=True),
+    return np.asarray(_encoder(backbone).encode(texts, batch_size=_BATCH, normalize_embeddings=True, convert_to_numpy=True,
+                                                  show_progress_bar=False),
                       dtype=np.float64)
 
 
