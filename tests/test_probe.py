@@ -16,6 +16,8 @@ from adaptune.data.batching import make_collator
 from adaptune.data.tasks import get_task
 from adaptune.model.backbone import load_tokenizer
 from adaptune.model.checkpoint import load_task_checkpoint
+from adaptune.report.methods_table import methods_markdown, methods_table
+from adaptune.report.results import read_results, write_results
 from adaptune.train import loop, probe
 from adaptune.train.config import TrainConfig
 from adaptune.train.evaluate import evaluate_split
@@ -111,6 +113,17 @@ def test_the_head_alone_runs_of_a_task_share_one_feature_pass(tmp_path: Path, sh
     assert [record["probe"]["features_reused"] for record in records] == [False, True, True, True]
     assert len({tuple(tensor.flatten()[:4].tolist()) for record in records for tensor in _classifier(record).values()
                 if tensor.dim() == 2}) == 4
+
+    # The report says what the head alone used: runs.parquet's probe column, and a note beneath the methods table.
+    write_results(records, tmp_path / "results")
+    runs = read_results(tmp_path / "results")["runs"]
+    assert runs["probe"].tolist() == [True] * 4
+    table = methods_table(runs, data_dir=shared_data_dir)
+    assert table.set_index("method").loc["head", "probe"]
+    assert "the task head trained as a probe on the frozen backbone's pooled features, computed once with no dropout in the " \
+           "backbone; 3 epochs" in methods_markdown(table)
+    without = methods_table(runs.assign(probe=False), data_dir=shared_data_dir)  # records from before the probe
+    assert "as a probe" not in methods_markdown(without)
 
 
 def test_a_regression_probe_learns_and_its_checkpoint_reproduces_the_record(tmp_path: Path, stsb_mirror: Path,

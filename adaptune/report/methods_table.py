@@ -36,7 +36,7 @@ from adaptune.report.zero_shot import SIMILARITY_TASKS, run_floor, zero_shot_rea
 METHOD_NAMES = {"head": "Head only (frozen backbone)", "full": "Full fine-tuning", "top_k": "Top-k layers", "adapters": "Adapters",
                 "layernorm": "LayerNorm only", "pfeiffer": "Adapters (Pfeiffer)", "lora": "LoRA", "ia3": "(IA)3"}
 COLUMNS = ("task", "metric", "split", "rows", "majority", "zero_shot", "zero_shot_selected", "method", "method_name", "mean", "sem", "n_seeds", "n_degenerate",
-           "lr", "epochs", "selected", "trained_percent", "backbone", "run_ids")
+           "lr", "epochs", "selected", "trained_percent", "backbone", "run_ids", "probe")
 
 
 def methods_table(runs: pd.DataFrame, data_dir: Any = None) -> pd.DataFrame:
@@ -71,6 +71,7 @@ def methods_table(runs: pd.DataFrame, data_dir: Any = None) -> pd.DataFrame:
             "selected": f"{config.method_label} lr={config.lr:g} epochs={int(config.epochs)}",
             "trained_percent": 100.0 * config.trained_params / base if base else None,
             "backbone": backbone, "run_ids": config.run_ids,
+            "probe": bool("probe" in seeds and seeds["probe"].fillna(False).astype(bool).all()),
         })
     table = pd.DataFrame.from_records(records, columns=list(COLUMNS))
     return table.sort_values(["task", "method"], key=lambda column: column.map(order) if column.name == "method" else column,
@@ -101,7 +102,17 @@ def methods_markdown(table: pd.DataFrame) -> str:
     percent = table.groupby("method")["trained_percent"].mean()
     lines.append("| trained % of the backbone | | |" + (" |" if zero_shot else "") + " "
                  + " | ".join(_percent(percent.get(m)) for m in methods) + " |")
-    return "\n".join(lines + _zero_shot_notes(table))
+    return "\n".join(lines + _probe_note(table) + _zero_shot_notes(table))
+
+
+def _probe_note(table: pd.DataFrame) -> list[str]:
+    """Beneath the table: what the head alone used where it trained as a probe (adaptune.train.probe)."""
+    probes = table[table["method"].eq("head") & table["probe"].fillna(False).astype(bool)] if "probe" in table else table.iloc[:0]
+    if probes.empty:
+        return []
+    epochs = ", ".join(str(value) for value in sorted(set(probes["epochs"])))
+    return ["", f"{METHOD_NAMES['head']}: the task head trained as a probe on the frozen backbone's pooled features, computed "
+                f"once with no dropout in the backbone; {epochs} epochs, its rate selected on validation as every method's is."]
 
 
 def _zero_shot_notes(table: pd.DataFrame) -> list[str]:

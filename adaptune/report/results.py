@@ -58,6 +58,7 @@ RUNS_SCHEMA = pa.schema(
         pa.field("reason", pa.string()),
         pa.field("wall_time_s", pa.float64()),
         pa.field("group_size", pa.int64()),  # runs that shared its steps (a fused group); its result is the same
+        pa.field("probe", pa.bool_()),  # trained as a probe on features computed once (the head alone: adaptune.train.probe)
         # where the wall time went (the record's time_s: adaptune.train.phase_times); a fused group's, as wall_time_s
         *(pa.field(f"{phase}_s", pa.float64()) for phase in PHASES),
         pa.field("train_examples_per_s", pa.float64()),
@@ -184,6 +185,7 @@ def _how_it_ran(record: dict[str, Any], written_at: dt.datetime | None) -> dict[
     return {
         "wall_time_s": record.get("wall_time_s"),
         "group_size": record.get("group_size"),
+        "probe": "probe" in record,
         **{f"{phase}_s": (record.get("time_s") or {}).get(phase) for phase in PHASES},
         "train_examples_per_s": record.get("train_examples_per_s"),
         "device": record.get("device"),
