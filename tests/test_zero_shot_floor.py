@@ -151,3 +151,25 @@ def test_a_bert_backbone_gets_no_zero_shot_row_and_the_reason_once(shared_data_d
     assert "zero-shot similarity" not in markdown.splitlines()[0]
     assert markdown.count("not a sentence encoder") == 1
     assert f"No zero-shot similarity floor on mrpc: `{BERT_BASE}` is not a sentence encoder" in markdown
+
+
+def test_a_regression_floor_is_the_cosines_correlation_with_the_scores_nothing_selected(stsb_mirror: Path) -> None:
+    """STS-B's path (no STS-B copy offline: the conftest's mirror scores MRPC's real pairs 0-5 by word overlap): the
+    floor is Spearman and Pearson of the pairs' cosines against the gold scores on the reported split, no threshold.
+    Checked against sentence-transformers and scipy called here on the same 40 dev pairs."""
+    from scipy.stats import pearsonr, spearmanr
+    from sentence_transformers import SentenceTransformer
+
+    from adaptune.model.backbone import resolve_backbone
+
+    floor = zero_shot_floor("stsb", DEFAULT_BACKBONE, "test", data_dir=stsb_mirror)
+    assert floor is not None and floor.rows == 40 and floor.threshold is None
+    assert floor.selected() == "nothing selected (the cosine is the prediction)"
+    lines = (stsb_mirror / "glue" / "STS-B" / "dev.tsv").read_text(encoding="utf-8").splitlines()[1:]
+    first, second, gold = zip(*((line.split("\t")[7], line.split("\t")[8], float(line.split("\t")[9])) for line in lines), strict=True)
+    encoder = SentenceTransformer(resolve_backbone(DEFAULT_BACKBONE), device="cpu")
+    a, b = (encoder.encode(list(texts), normalize_embeddings=True, show_progress_bar=False) for texts in (first, second))
+    cosines = (np.asarray(a, dtype=np.float64) * np.asarray(b, dtype=np.float64)).sum(axis=1)
+    assert floor.metrics["spearman"] == pytest.approx(spearmanr(cosines, gold).statistic, abs=1e-6)
+    assert floor.metrics["pearson"] == pytest.approx(pearsonr(cosines, gold).statistic, abs=1e-6)
+    assert floor.metrics["spearman"] > 0.5  # word overlap and meaning agree on most of these pairs
