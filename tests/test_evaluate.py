@@ -29,13 +29,13 @@ def test_the_rows_an_evaluation_batch_holds_move_no_prediction(tmp_path: Path, s
     """96 MRPC validation rows scored in batches of 32 and of 128 (one batch, padded to its longest row): the same
     logits for every row, so the same scores."""
     logits: list[np.ndarray] = []
-    real_scored = evaluate._scored
+    real_scored = evaluate.scored_outputs
 
     def scored(task: Any, split: Any, outputs: list[Any]) -> Any:
         logits.append(np.stack(outputs))
         return real_scored(task, split, outputs)
 
-    monkeypatch.setattr(evaluate, "_scored", scored)
+    monkeypatch.setattr(evaluate, "scored_outputs", scored)
     task, device = get_task("mrpc"), pick_device("cpu")
     torch.manual_seed(0)
     model = load_model(None, "classification")

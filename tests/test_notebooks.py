@@ -83,4 +83,4 @@ def test_compare_notebook_names_the_variable_it_could_not_read(tmp_path, monkeyp
 def test_results_notebook_reads_a_run_store_too(tmp_path, monkeypatch):
     store = Path(__file__).resolve().parents[1] / "analysis" / "measured" / "glue_local"
     text = _outputs(_execute("results.ipynb", {"ADAPTUNE_RESULTS": str(store), "ADAPTUNE_FIGURES": str(tmp_path)}, monkeypatch))
-    assert f"{store}: 57 runs" in text
+    assert f"{store}: 93 runs" in text

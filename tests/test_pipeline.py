@@ -115,10 +115,12 @@ def test_smoke_runs_end_to_end_on_real_data(smoke_run: dict[str, Path]) -> None:
     assert sorted(runs["run_id"]) == sorted(run.run_id for run in planned.runs)  # one row per planned run
     assert set(runs["status"]) <= {"ok", "degenerate", "failed"}
     ok = runs[runs["status"] == "ok"]
-    # Full fine-tuning and adapters learn SMS spam within 48 steps; the head alone stands above the majority class (0.87).
-    sms = ok[ok["task"] == "sms_spam"].set_index("method_label")["val_score"]
+    # Full fine-tuning and adapters learn SMS spam within 48 steps; the head alone, a probe at 4 rates, stands above the
+    # majority class (0.87) at its best.
+    sms = ok[ok["task"] == "sms_spam"].groupby("method_label")["val_score"].max()
     assert set(sms.index) >= {"full", "adapters16", "head"}
     assert (sms[["full", "adapters16"]] > 0.95).all() and sms["head"] > 0.87
+    assert runs[runs["method"] == "head"]["probe"].all() and not runs[runs["method"] != "head"]["probe"].any()
     curves = pd.read_parquet(paths["curves.parquet"])
     assert set(curves["run_id"]) == set(runs["run_id"])
     # Figure 6 on the 6-layer MiniLM: every span (first <= last) of the selected adapter run.

@@ -84,7 +84,7 @@ def test_the_hparams_view_names_every_planned_run_of_the_smoke_sweep(smoke_run: 
     experiment = _post(port, "/data/plugin/hparams/experiment", {"experimentName": ""})
     domains = {info["name"]: info.get("domainDiscrete") for info in experiment["hparamInfos"]}
     # Task, method and status, then what the grid varies, are marked, so the dashboard's default columns show them.
-    assert {info["name"] for info in experiment["hparamInfos"] if info["differs"]} == {"task", "method", "status", "lr"}
+    assert {info["name"] for info in experiment["hparamInfos"] if info["differs"]} == {"task", "method", "status", "lr", "epochs"}
     assert domains["task"] == sorted({run.task for run in planned})
     assert domains["lr"] == sorted({run.lr for run in planned})
     assert {metric["name"]["tag"] for metric in experiment["metricInfos"]} == {"score/validation", "score/test"}
