@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -116,3 +117,22 @@ def stsb_mirror(tmp_path_factory: pytest.TempPathFactory, shared_data_dir: Path)
             out.append(f"{index}\tmain-news\tMRPC\t2004\t{index:04d}\tnone\tnone\t{first}\t{second}\t{score:.3f}\n")
         (root / "glue" / "STS-B" / target).write_text("".join(out), encoding="utf-8")
     return root
+
+
+@pytest.fixture
+def without_dropout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every model a run alone or a fused group loads has its dropout off (p = 0)."""
+    import adaptune.train.group_loop as group_loop
+    import adaptune.train.loop as loop
+
+    real = loop.load_model
+
+    def load_model(*args: Any, **kwargs: Any) -> torch.nn.Module:
+        model = real(*args, **kwargs)
+        for module in model.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0
+        return model
+
+    monkeypatch.setattr(loop, "load_model", load_model)
+    monkeypatch.setattr(group_loop, "load_model", load_model)

@@ -58,21 +58,6 @@ def step_losses(monkeypatch: pytest.MonkeyPatch) -> list[list[float]]:
     return histories
 
 
-@pytest.fixture
-def without_dropout(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = loop.load_model
-
-    def load_model(*args: Any, **kwargs: Any) -> torch.nn.Module:
-        model = real(*args, **kwargs)
-        for module in model.modules():
-            if isinstance(module, torch.nn.Dropout):
-                module.p = 0.0
-        return model
-
-    monkeypatch.setattr(loop, "load_model", load_model)
-    monkeypatch.setattr(group_loop, "load_model", load_model)
-
-
 def _assert_same_run(fused: dict[str, Any], alone: dict[str, Any], fused_losses: list[float], alone_losses: list[float]) -> None:
     assert fused["run_id"] == alone["run_id"] and fused["status"] == alone["status"]
     assert set(fused) == set(alone)  # the same record fields

@@ -60,19 +60,9 @@ def _classifier(record: dict[str, Any]) -> dict[str, torch.Tensor]:
 
 
 def test_a_probe_trains_the_head_as_the_whole_model_does_without_the_backbones_dropout(
-        tmp_path: Path, shared_data_dir: Path, monkeypatch: pytest.MonkeyPatch, fresh_cache: list[int]) -> None:
+        tmp_path: Path, shared_data_dir: Path, monkeypatch: pytest.MonkeyPatch, fresh_cache: list[int], without_dropout: None) -> None:
     """With every dropout off, the probe on cached features and the head trained inside the whole model (the probe
     refused) take the same steps: the same epoch losses, scores and final classifier, to float32's rounding."""
-    real_load = loop.load_model
-
-    def without_dropout(*args: Any, **kwargs: Any) -> torch.nn.Module:
-        model = real_load(*args, **kwargs)
-        for module in model.modules():
-            if isinstance(module, torch.nn.Dropout):
-                module.p = 0.0
-        return model
-
-    monkeypatch.setattr(loop, "load_model", without_dropout)
     config = TrainConfig(task="mrpc", **HEAD)
     probed = _train(config, tmp_path / "probe", shared_data_dir)
     monkeypatch.setattr(loop, "probe_head", lambda *args: None)
