@@ -32,7 +32,8 @@ RUN_MAKE = {"plan", "status", "report"}
 RUN_PIPELINES = {"plan", "show", "status", "report", "compare"}
 RUN_ADAPTUNE = {"tasks", "settings", "health", "plan", "render", "bundle", "predict"}
 WRITES = ("--out", "--into", "--output")
-NOT_IN_A_CLONE = {".git", "outputs", "runs", ".pytest_cache", "__pycache__"}
+# What a fresh clone lacks: git's folder, outputs, and the environments made on first use (a made one leaves `make -n` nothing to show).
+NOT_IN_A_CLONE = {".git", "outputs", "runs", ".pytest_cache", "__pycache__", ".venv-xla", ".venv-adapters"}
 
 
 @dataclass
