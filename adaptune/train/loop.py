@@ -43,12 +43,12 @@ from adaptune.train.config import TrainConfig
 from adaptune.train.epochs import EpochDriver, Plan, StepCallback, Stepper
 from adaptune.train.evaluate import EvalResult, EvalSplit, evaluate_split
 from adaptune.train.finite_guard import SYNC_EVERY_STEPS, FiniteGuard, RunFailed, StepResult  # noqa: F401 (SYNC_EVERY_STEPS: read here by tests)
-from adaptune.train.optimizer_step import adamw, decayed_names, training_step
+from adaptune.train.optimizer_step import start_alone, training_step
 from adaptune.train.probe import ProbeSteps, probe_head
 from adaptune.train.record import record_in_run_dir, run_record, with_provenance
 from adaptune.train.run_book import Evaluator, RunBook
 from adaptune.train.run_data import RunData, prepare_run_data
-from adaptune.train.state import resume_point, trained_parameters
+from adaptune.train.state import resume_point
 from adaptune.train.state_saves import StateSaves
 
 
@@ -121,10 +121,7 @@ class SoloSteps:
     def start(cls, run: RunBook, model: nn.Module, data: RunData, collator: Any) -> tuple[SoloSteps, int]:
         """The run's training objects over its set-up model and data, resumed where it saved a state; returns its steps
         and how many steps it takes in all."""
-        total_steps = math.ceil(len(data.train_rows) / run.config.batch_size) * run.config.epochs
-        params = trained_parameters(model)
-        run.start_training(params, adamw(params, decayed_names(model), run.config.lr, run.config.weight_decay), FiniteGuard(run.device),
-                           total_steps)
+        total_steps = start_alone(run, model, len(data.train_rows))
         return cls(run, model, data.train_rows, collator), total_steps
 
     def start_epoch(self, epoch: int) -> list[Plan]:

@@ -12,7 +12,8 @@ from torch import nn
 from transformers.trainer_pt_utils import get_parameter_names
 
 from adaptune.core.devices import Device
-from adaptune.train.finite_guard import StepResult
+from adaptune.train.finite_guard import FiniteGuard, StepResult
+from adaptune.train.run_book import RunBook
 from adaptune.train.state import trained_parameters
 
 
@@ -38,6 +39,17 @@ def training_step(
     optimizer.zero_grad(set_to_none=True)
     device.mark_step()
     return loss.detach(), grad_norm
+
+
+def start_alone(run: RunBook, model: nn.Module, train_rows: int) -> int:
+    """A run alone's training objects over its model's trained tensors (AdamW, decayed as BERT decays them; the
+    finiteness guard; the schedule over every step), resumed where it saved a state; returns how many steps it takes
+    in all. A run alone (adaptune.train.loop) and a probe (adaptune.train.probe) start so."""
+    config = run.config
+    total_steps = math.ceil(train_rows / config.batch_size) * config.epochs
+    params = trained_parameters(model)
+    run.start_training(params, adamw(params, decayed_names(model), config.lr, config.weight_decay), FiniteGuard(run.device), total_steps)
+    return total_steps
 
 
 def model_adamw(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:

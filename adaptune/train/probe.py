@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import math
 import time
 from array import array
 from collections import OrderedDict
@@ -35,11 +34,10 @@ from adaptune.fused.run_dropout import RunRandomness
 from adaptune.train import phase_times
 from adaptune.train.epochs import Plan
 from adaptune.train.evaluate import EvalResult, EvalSplit, evaluation_batch_size, scored_outputs
-from adaptune.train.finite_guard import FiniteGuard, RunFailed, StepResult
-from adaptune.train.optimizer_step import adamw, decayed_names, training_step
+from adaptune.train.finite_guard import RunFailed, StepResult
+from adaptune.train.optimizer_step import start_alone, training_step
 from adaptune.train.run_book import Evaluator, RunBook
 from adaptune.train.run_data import RunData
-from adaptune.train.state import trained_parameters
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 # Splits kept at once: a task's train, validation and test (and a companion's test), for the two tasks a shard may
@@ -159,12 +157,14 @@ class ProbeSteps:
         saved a state; returns its steps and how many it takes in all. The record's `probe` says what it read."""
         config, device = run.config, run.device
         started, reused = time.perf_counter(), []
+        known: dict[int, torch.Tensor] = {}  # this run's splits by identity: each one's rows digested once, not every epoch
 
         def split_features(rows: Sequence[dict[str, Any]]) -> torch.Tensor:
-            key = (config.backbone, device.name, str(device.autocast_dtype), rows_fingerprint(rows))
-            features, kept = SHARED_FEATURES.get(key, lambda: pooled_features(model, rows, device, collator))
-            reused.append(kept)
-            return features
+            if id(rows) not in known:
+                key = (config.backbone, device.name, str(device.autocast_dtype), rows_fingerprint(rows))
+                known[id(rows)], kept = SHARED_FEATURES.get(key, lambda: pooled_features(model, rows, device, collator))
+                reused.append(kept)
+            return known[id(rows)]
 
         features = split_features(data.train_rows)
         for split in data.eval_splits.values():
@@ -174,9 +174,7 @@ class ProbeSteps:
                                "feature_s": round(time.perf_counter() - started, 3), "features_reused": all(reused)}
         labels = torch.tensor([row["labels"] for row in data.train_rows], device=features.device,
                               dtype=torch.float32 if head.regression else torch.long)
-        total_steps = math.ceil(len(data.train_rows) / config.batch_size) * config.epochs
-        params = trained_parameters(model)
-        run.start_training(params, adamw(params, decayed_names(model), config.lr, config.weight_decay), FiniteGuard(device), total_steps)
+        total_steps = start_alone(run, model, len(data.train_rows))
         lengths = [len(row["input_ids"]) for row in data.train_rows]
         return cls(run, model, head, features, labels, lengths, lambda split: split_features(split.rows)), total_steps
 
