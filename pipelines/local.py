@@ -23,6 +23,7 @@ from adaptune.sweep.spec import ExperimentSpec
 from adaptune.sweep.store import RunStore
 from adaptune.sweep.store_files import UnreadableFileError
 from components.images import image_for
+from pipelines.local_threads import CoreShare
 from pipelines.log_filter import without_executor_inputs, without_local_runner_warnings
 from pipelines.reproduction import build_pipeline
 
@@ -59,6 +60,7 @@ def run_local(
     planned = plan(spec)
     out_dir = Path(out_dir).resolve()
     store = _checked_store(planned, runs_root or out_dir / "store", policy)
+    threads = CoreShare.for_plan(planned)  # a thread count the machine cannot hold is refused here
     print(planned.summary(), flush=True)
     root = resolve_data_dir(data_dir)
     if check_data:  # off only for dry runs of a DAG's shape with a stand-in trainer ($ADAPTUNE_TRAINER)
@@ -66,6 +68,7 @@ def run_local(
     out_dir.mkdir(parents=True, exist_ok=True)
     print(f"data: {root if root else 'the Hugging Face hub (no local mirror found)'}", flush=True)
     print(f"run store: {store.root}", flush=True)
+    print(threads.line(), flush=True)
 
     pipeline_root = out_dir / "kfp_root"
     local.init(runner=_task_runner(runner, spec, pipeline_root, store, root), pipeline_root=str(pipeline_root))
@@ -75,7 +78,7 @@ def run_local(
     try:
         quiet = without_local_runner_warnings() if runner == "subprocess" else contextlib.nullcontext()
         with without_executor_inputs(), quiet:  # kfp prints each task's whole input JSON; the rest of its log stays
-            run = build_pipeline(spec)(runs_root=store.root, data_dir=str(root) if root else "", **policy.as_flags())
+            run = build_pipeline(spec, threads=threads)(runs_root=store.root, data_dir=str(root) if root else "", **policy.as_flags())
     finally:
         builtins.print = real_print
     return collect_outputs(Path(run.outputs["results"].path), Path(run.outputs["report"].path), out_dir)
@@ -87,9 +90,7 @@ def _task_runner(runner: str, spec: ExperimentSpec, pipeline_root: Path, store: 
 
     # The components run as subprocesses: they must import this working tree's packages.
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    # Several shards share the CPU at once (the experiment's parallelism): one thread each, no oversubscription.
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # each component's threads: pipelines.local_threads
     if runner == "docker":
         from pipelines.container_runner import docker_runner
 

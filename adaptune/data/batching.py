@@ -9,12 +9,12 @@ a pure function of (seed, epoch), so a resumed run replays exactly the batches i
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from datasets import Dataset
-from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase
-from transformers.trainer_pt_utils import get_length_grouped_indices
+if TYPE_CHECKING:  # imported where used: a plan, the fan-in and the report read this module without a model
+    import torch
+    from datasets import Dataset
+    from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase
 
 # The subset a CPU-sized run trains / evaluates on is the same for every method, lr and seed of a
 # sweep, so their results compare like for like; the run seed varies init, order and dropout only.
@@ -43,13 +43,16 @@ def column_values(dataset: Dataset | Mapping[str, Sequence[Any]], name: str) -> 
     """A column as a list, read from Arrow at once. `dataset[name]` is a lazy Column (datasets 5.2, the lock's) that
     reads Arrow again for every row it is indexed or iterated at: model_rows over RTE's 2,241 training
     rows took 4.5 s that way against 0.04 s from lists, on every run (SST-2's 60,615 labels: 3.0 s)."""
-    if isinstance(dataset, Dataset):
+    if hasattr(dataset, "select_columns"):  # a datasets.Dataset
         return dataset.select_columns([name]).to_dict()[name]
     return list(dataset[name])
 
 
 def epoch_batches(lengths: Sequence[int], batch_size: int, seed: int, epoch: int) -> list[list[int]]:
     """This epoch's training batches (row indices), length-grouped; the same for the same seed and epoch."""
+    import torch
+    from transformers.trainer_pt_utils import get_length_grouped_indices
+
     generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
     order = get_length_grouped_indices(list(lengths), batch_size, generator=generator)
     return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
@@ -65,6 +68,8 @@ def make_collator(
     tokenizer: PreTrainedTokenizerBase, pad_to_length: int | None = None, pad_to_multiple_of: int | None = None
 ) -> DataCollatorWithPadding:
     """Dynamic padding by default; `pad_to_length` pads every batch to a fixed length (the slow baseline)."""
+    from transformers import DataCollatorWithPadding
+
     # Rows are already token ids, so padding them is the right call; silence the fast-tokenizer hint.
     tokenizer.deprecation_warnings["Asking-to-pad-a-fast-tokenizer"] = True
     if pad_to_length is not None:

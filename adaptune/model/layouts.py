@@ -8,9 +8,10 @@ a backbone must actually be read, so planning a hub-BERT sweep stays light.
 from __future__ import annotations
 
 import functools
+import importlib.util
 from typing import Any
 
-from adaptune.core.backbones import DEFAULT_BACKBONE, KNOWN_BACKBONE_LAYERS, BackboneError
+from adaptune.core.backbones import DEFAULT_BACKBONE, EMBEDDED_BACKBONE_LAYERS, EMBEDDED_PACKAGE, KNOWN_BACKBONE_LAYERS, BackboneError
 
 
 def backbone_layout(backbone: str) -> Any:
@@ -28,8 +29,14 @@ def backbone_layout(backbone: str) -> Any:
 
 def unusable_backbone(backbone: str) -> str | None:
     """Why the backbone cannot be used (missing path, unsupported model, hub unreachable), or None.
-    The paper's hub backbones are taken on trust where the hub cannot be reached to read them."""
+    The paper's hub backbones are taken on trust where the hub cannot be reached to read them; the embedded default
+    is usable where its package is installed."""
     if backbone in KNOWN_BACKBONE_LAYERS:
+        return None
+    if backbone == DEFAULT_BACKBONE:
+        if importlib.util.find_spec(EMBEDDED_PACKAGE) is None:
+            return (f"the embedded backbone {DEFAULT_BACKBONE!r} needs the package {EMBEDDED_PACKAGE.replace('_', '-')}: "
+                    "install the project's requirements (make venv), or name another backbone")
         return None
     from adaptune.model.backbone import check_backbone
 
@@ -45,6 +52,8 @@ def backbone_layers(backbone: str) -> int:
     """Number of Transformer layers of a backbone: known hub names, else its config (local path or embedded)."""
     if backbone in KNOWN_BACKBONE_LAYERS:
         return KNOWN_BACKBONE_LAYERS[backbone]
+    if backbone == DEFAULT_BACKBONE:
+        return EMBEDDED_BACKBONE_LAYERS
     from transformers import AutoConfig
 
     from adaptune.model.backbone import resolve_backbone

@@ -32,11 +32,10 @@ from __future__ import annotations
 import dataclasses
 import typing
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from torch import nn
-
-from adaptune.model.adapters import add_adapters, all_adapters, encoder_layers
+if TYPE_CHECKING:  # torch is imported where a method is applied: a plan reads the configs without it
+    from torch import nn
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +66,8 @@ class AdaptersConfig(MethodConfigBase):
             raise ValueError(f"{self.name} size must be >= 1, got {self.size}")
         if self.init_std < 0:
             raise ValueError(f"{self.name} init_std must be >= 0, got {self.init_std}")
+        if self.nonlinearity == "gelu":  # the default is one of transformers' ACT2FN: no import (seconds) to say so
+            return
         from transformers.activations import ACT2FN
 
         if self.nonlinearity not in ACT2FN:
@@ -160,7 +161,7 @@ class IA3MethodConfig(MethodConfigBase):
 
 
 MethodConfig = FullConfig | AdaptersConfig | TopKConfig | LayerNormConfig | HeadOnlyConfig | PfeifferConfig | LoraMethodConfig | IA3MethodConfig
-ApplyFn = Callable[[nn.Module, Any], None]
+ApplyFn = Callable[["nn.Module", Any], None]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,6 +195,11 @@ def register_method(name: str, config_cls: type, apply_fn: ApplyFn, backbone_che
     if getattr(config_cls, "name", None) != name:
         raise ValueError(f"{config_cls.__name__}.name must be {name!r} to register it under that name")
     METHODS[name] = RegisteredMethod(config_cls, apply_fn, backbone_check)
+
+
+def checks_backbone(cfg: Any) -> bool:
+    """Whether this method checks a backbone's layout at plan time (building the layout imports transformers)."""
+    return _registered(getattr(cfg, "name", None)).backbone_check is not None
 
 
 def backbone_problem(cfg: Any, layout: BackboneLayout) -> str | None:
@@ -294,6 +300,8 @@ def pooler_module(model: nn.Module) -> nn.Module | None:
 
 
 def layer_norms(model: nn.Module) -> list[nn.Module]:
+    from torch import nn
+
     return [module for module in model.modules() if isinstance(module, nn.LayerNorm)]
 
 
@@ -310,11 +318,15 @@ def _apply_full(model: nn.Module, cfg: FullConfig) -> None:
 
 
 def _apply_adapters(model: nn.Module, cfg: AdaptersConfig) -> None:
+    from adaptune.model.adapters import add_adapters, all_adapters
+
     add_adapters(model, cfg.size, nonlinearity=cfg.nonlinearity, init_std=cfg.init_std)
     train_only(model, [*all_adapters(model), *layer_norms(model), *head_modules(model)])
 
 
 def _apply_top_k(model: nn.Module, cfg: TopKConfig) -> None:
+    from adaptune.model.adapters import encoder_layers
+
     layers = encoder_layers(model)
     if cfg.k > len(layers):
         raise ValueError(f"top_k k={cfg.k} exceeds the model's {len(layers)} Transformer layers; choose 1..{len(layers)}")
@@ -336,6 +348,8 @@ def _apply_head_only(model: nn.Module, cfg: HeadOnlyConfig) -> None:
 
 
 def _apply_pfeiffer(model: nn.Module, cfg: PfeifferConfig) -> None:
+    from adaptune.model.adapters import add_adapters, all_adapters
+
     add_adapters(model, cfg.size, nonlinearity=cfg.nonlinearity, init_std=cfg.init_std, placement="pfeiffer")
     train_only(model, [*all_adapters(model), *layer_norms(model), *head_modules(model)])
 
@@ -351,6 +365,7 @@ def peft_trained_modules(model: nn.Module) -> list[nn.Module]:
     """The containers of peft's trained tensors (LoRA's lora_A/lora_B, (IA)3's ia3_l), found by peft's
     own declaration of each tuner layer's adapter parts (`adapter_layer_names`)."""
     from peft.tuners.tuners_utils import BaseTunerLayer
+    from torch import nn
 
     return [getattr(layer, part) for layer in model.modules() if isinstance(layer, BaseTunerLayer)
             for part in layer.adapter_layer_names if isinstance(getattr(layer, part, None), nn.Module)]

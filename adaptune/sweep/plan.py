@@ -482,7 +482,7 @@ def _known_task(name: str, where: str, problems: list[str]) -> Task | None:
 
 def _canonical_method(method: dict[str, Any], backbone: str, where: str, problems: list[str]) -> dict[str, Any] | None:
     """The method dict as methods.py writes it (defaults filled in), so equal methods get equal run ids."""
-    from adaptune.model.methods import backbone_problem, method_from_dict  # imports torch; only needed once a grid is expanded
+    from adaptune.model.methods import backbone_problem, checks_backbone, method_from_dict
 
     try:
         canonical = method_from_dict(dict(method)).to_dict()
@@ -497,7 +497,8 @@ def _canonical_method(method: dict[str, Any], backbone: str, where: str, problem
         if canonical["k"] > layers:
             problems.append(f"{where}: top_k k={canonical['k']} exceeds the {layers} layers of {backbone}")
             return None
-    problem = backbone_problem(method_from_dict(canonical), backbone_layout(backbone))
+    method_cfg = method_from_dict(canonical)
+    problem = backbone_problem(method_cfg, backbone_layout(backbone)) if checks_backbone(method_cfg) else None
     if problem:
         problems.append(f"{where}: {problem}")
         return None

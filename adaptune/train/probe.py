@@ -176,7 +176,13 @@ class ProbeSteps:
                               dtype=torch.float32 if head.regression else torch.long)
         total_steps = start_alone(run, model, len(data.train_rows))
         lengths = [len(row["input_ids"]) for row in data.train_rows]
-        return cls(run, model, head, features, labels, lengths, lambda split: split_features(split.rows)), total_steps
+
+        def features_of(split: EvalSplit) -> torch.Tensor:  # a subset's rows are read from its whole split's features
+            if split.parent is not None and split.positions is not None:
+                return split_features(split.parent.rows)[torch.tensor(split.positions, device=features.device)]
+            return split_features(split.rows)
+
+        return cls(run, model, head, features, labels, lengths, features_of), total_steps
 
     def start_epoch(self, epoch: int) -> list[Plan]:
         config = self.runs[0].config

@@ -54,6 +54,7 @@ class RunBook:
         self.sharing: list[Progress] | None = None  # a fused group's runs' progress: its phases are theirs too
         self.saving = False  # whether the step just taken saves the state (checkpoint_every_steps)
         self.eval_splits: dict[str, EvalSplit] = {}
+        self.curve_split: EvalSplit | None = None  # what an epoch before the last scores (RunData.curve)
         self.companion_splits: dict[str, EvalSplit] = {}
 
     def phase_owners(self) -> list[Progress]:
@@ -62,8 +63,9 @@ class RunBook:
 
     def use_data(self, data: RunData, companion_splits: dict[str, EvalSplit]) -> None:
         """The splits this run evaluates on, and their sizes in its record."""
-        self.record.update(data_split=data.data_split, split_note=data.split_note, split_sizes=data.split_sizes)
-        self.eval_splits, self.companion_splits = data.eval_splits, companion_splits
+        self.eval_splits, self.companion_splits, self.curve_split = data.eval_splits, companion_splits, data.curve
+        curve_rows = len(data.curve.rows) if data.curve is not None else None
+        self.record.update(data_split=data.data_split, split_note=data.split_note, split_sizes=data.split_sizes, curve_rows=curve_rows)
 
     def start_training(self, params: dict[str, nn.Parameter], optimizer: torch.optim.Optimizer, guard: FiniteGuard,
                        total_steps: int) -> None:
@@ -107,23 +109,28 @@ class RunBook:
             self.on_state_saved()
 
     def end_epoch(self, evaluate: Evaluator, checkpoint_model: Callable[[], nn.Module]) -> None:
-        """Record the epoch's validation (and at the last epoch: test, companions, checkpoint); `evaluate` scores
-        this run's model on a split, `checkpoint_model()` gives a model holding its trained tensors under solo names."""
+        """Record the epoch's curve point (and at the last epoch: the whole validation split, test, companions,
+        checkpoint); `evaluate` scores this run's model on a split, `checkpoint_model()` gives a model holding its
+        trained tensors under solo names. Every curve point scores the same rows (curve_split): an epoch before the
+        last scores only those, the last scores the whole split once and its curve point reads those rows of it."""
         p, config = self.progress, self.config
-        validation = evaluate(self.task, self.eval_splits["validation"])
+        final = p.epoch + 1 == config.epochs
+        whole, curve_rows = self.eval_splits["validation"], self.curve_split or self.eval_splits["validation"]
+        validation = evaluate(self.task, whole) if final else None
+        point = validation.on_subset(self.task, curve_rows) if validation is not None else evaluate(self.task, curve_rows)
         p.curve.append(
             {
                 "epoch": p.epoch + 1,
                 "step": p.global_step,
                 "train_loss": p.epoch_loss_sum / max(p.epoch_loss_steps, 1),
-                "val_metrics": _finite_or_none(validation.metrics),
+                "val_metrics": _finite_or_none(point.metrics),
             }
         )
         self.curve_log.epoch(p.global_step, p.epoch + 1, p.curve[-1]["train_loss"], p.curve[-1]["val_metrics"])
-        value = _selection_value(validation, self.task.primary_metric)
+        value = _selection_value(point, self.task.primary_metric)
         if p.best_value is None or value > p.best_value:  # kept for the record; the result is the final epoch's
             p.best_epoch, p.best_value = p.epoch + 1, value
-        if p.epoch + 1 == config.epochs:  # as the official code: train N epochs, evaluate the final model
+        if validation is not None:  # as the official code: train N epochs, evaluate the final model
             self._final_epoch(validation, evaluate, checkpoint_model)
         report_epoch(config.run_id, config.epochs, self.task.primary_metric, p.curve[-1], p.best_epoch)
         p.epoch += 1

@@ -16,7 +16,7 @@ from adaptune.data.sources import quiet_datasets, resolve_data_dir
 from adaptune.data.squad import check_window, prepare_features
 from adaptune.data.tasks import STANDARD_SPLIT, Task
 from adaptune.data.token_cache import tokenize_task
-from adaptune.train.evaluate import EvalSplit
+from adaptune.train.evaluate import EvalSplit, curve_split
 
 EVAL_SPLITS = ("validation", "test")
 
@@ -28,6 +28,12 @@ class RunData:
     data_split: str = STANDARD_SPLIT  # the split scheme (adaptune.data.splits.TaskData), named in the run record
     split_note: str | None = None  # where it is not the paper's split: what it is instead
     split_sizes: dict[str, int] = dataclasses.field(default_factory=dict)  # rows each split was used with
+    # What an epoch's curve point scores before the last (evaluate.curve_split): made once, shared by a group's runs.
+    curve: EvalSplit | None = None
+
+    def __post_init__(self) -> None:
+        if self.curve is None and "validation" in self.eval_splits:
+            self.curve = curve_split(self.eval_splits["validation"])
 
 
 @quiet_datasets()  # no progress bars from map/save/load: a run prints its own per-epoch lines
