@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from torch import nn
+if TYPE_CHECKING:  # counting reads a model; the report's size arithmetic here needs no torch
+    from torch import nn
 
 
 @dataclasses.dataclass(frozen=True)

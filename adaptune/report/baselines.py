@@ -22,7 +22,7 @@ from typing import Any
 
 import pandas as pd
 
-from adaptune.data.batching import subsample
+from adaptune.data.batching import column_values, subsample
 from adaptune.data.loading import load_task_data
 from adaptune.data.prepared import PreparedData, is_prepared
 from adaptune.data.sources import local_files_status, resolve_data_dir
@@ -65,10 +65,10 @@ def _majority_baseline(task_name: str, split: str, max_train: int | None, max_ev
         data = load_task_data(task, root, splits=("train", split))
     except (OSError, ValueError):  # the mirror holds the files but not this split (or a malformed file)
         return None
-    gold = list(subsample(data[split], max_eval)["label"])
+    gold = column_values(subsample(data[split], max_eval), "label")  # one Arrow read, not one per row
     if task.kind == "regression":
         return {metric: 0.0 for metric in task.metrics}
-    counts = Counter(subsample(data["train"], max_train)["label"])
+    counts = Counter(column_values(subsample(data["train"], max_train), "label"))
     majority = min(counts, key=lambda label: (-counts[label], label))  # ties: the smaller label
     return compute_metrics(task, [majority] * len(gold), gold)
 

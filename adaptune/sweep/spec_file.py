@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from adaptune.sweep.spec import ACCELERATORS, DEFAULTS, PAPER_EPOCHS, Ablation, Accelerator, ExperimentSpec, SpecError, Sweep
+from adaptune.sweep.spec import ACCELERATORS, CPU, DEFAULTS, PAPER_EPOCHS, Ablation, Accelerator, ExperimentSpec, SpecError, Sweep
 
 SPEC_FILE_SUFFIXES = (".yaml", ".yml", ".json")
 
@@ -135,7 +135,8 @@ def _accelerator_from(value: Any) -> Accelerator:
     fields["tolerations"] = tuple(fields.get("tolerations", ()))
     settings = fields.get("step_settings", ())  # a hand-written file may give a mapping: {ADAPTUNE_COMPILE: step_graphs}
     fields["step_settings"] = tuple(tuple(pair) for pair in (settings.items() if isinstance(settings, dict) else settings))
-    return Accelerator(**fields)
+    # A CPU's omitted fields are the CPU preset's (its measured group size); other families' have several presets.
+    return dataclasses.replace(CPU if fields.get("family", "cpu") == "cpu" else Accelerator(), **fields)
 
 
 def _fields_of(cls: type, data: Any, where: str) -> dict[str, Any]:

@@ -17,7 +17,10 @@ from adaptune.data.squad import postprocess_predictions
 from adaptune.data.tasks import Task
 from adaptune.train.metrics import compute_metrics, squad_scores
 
-EVAL_BATCH_SIZE = 32  # rows a batch on a CPU: batches are sorted by length; larger ones mostly add padding there
+# Rows a batch on a CPU (batches are sorted by length, so larger ones add little padding): MiniLM on SST-2's
+# validation rows in bf16, 64 a batch took 1.25 ms a row on 1 thread against 1.41 at 32 and 1.33 at 128, and 0.80 on 2
+# threads against 1.02 at 32 and 0.79 at 128 (bench/LOG.md, 2026-12-07).
+EVAL_BATCH_SIZE = 64
 # On a GPU an evaluation batch is bound by the host launching its kernels (a fused group's forward pass launches
 # what its training step's does), so fewer, larger batches: sorted by length, they add little padding.
 GPU_EVAL_BATCH_SIZE = 128

