@@ -127,8 +127,12 @@ def test_a_report_never_puts_a_method_above_a_floor_that_is_above_it(shared_data
     assert set(mrpc["row"]) == {"head", "full"}
     for _, row in mrpc.iterrows():
         assert row["zero_shot"] == pytest.approx(100 * {"validation": val, "test": test}[row["split"]].metrics["f1"])
-    assert [line.split("|")[2].strip() for line in table1_markdown(first, runs).splitlines() if "zero-shot" in line] == [
+    markdown1 = table1_markdown(first, runs)
+    assert [line.split("|")[2].strip() for line in markdown1.splitlines() if line.startswith("|") and "zero-shot" in line] == [
         "zero-shot similarity"] * 2
+    # Under Table 1 in words: the floor above every trained row, and each row below it (the head alone's 10 under).
+    assert f"mrpc: the zero-shot similarity ({zero}) beats every trained method" in markdown1
+    assert re.search(rf"mrpc: below the zero-shot similarity \({zero}\): Full fine-tuning [\d.]+, the head alone", markdown1)
 
     detail = claims_table({"runs": runs}, load_reference(), data_dir=shared_data_dir).set_index("claim_id").loc[
         "layernorm_clearly_worse", "detail"]
