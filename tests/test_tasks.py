@@ -151,3 +151,13 @@ def test_a_never_read_definition_whose_file_splits_to_table_3_reads_here(tmp_pat
     assert READ_HERE in by_name["corporate_messaging"] and UNVERIFIED in by_name["news_aggregator"]
     write(1000)
     assert definition_status(task, tmp_path).startswith(f"{UNVERIFIED}; read here, splits 800/100/100, not Table 3's 2494/312/312")
+
+
+def test_the_readmes_predict_fields_are_the_registrys() -> None:
+    """The README's table of predict's input fields is fields_table's text: per task what read_inputs accepts."""
+    from adaptune.serve.predict import FIELDS_MARKERS, accepted_fields, fields_table
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    block = readme.split(FIELDS_MARKERS[0], 1)[1].split(FIELDS_MARKERS[1], 1)[0].strip()
+    assert block == fields_table(), "regenerate README's block from adaptune.serve.predict.fields_table()"
+    assert "| corporate_messaging | `text` or `text_a` |" in block and accepted_fields(TASKS["emotion"]) == [("content", "text_a")]

@@ -118,7 +118,7 @@ def selection_text(run: dict[str, Any], method: str) -> str:
     """How this run was selected: by the rule of the report's table its task is in (serve.selection)."""
     if run.get("table") == "Table 2":
         sem = run.get("config_sem")
-        spread = f" ± {100 * sem:.1f} (s.e.m.)" if _text(sem) else ""
+        spread = f" ± {100 * float(sem):.1f} (s.e.m.)" if sem is not None and _text(sem) else ""
         return (f"Selected as the report's Table 2 selects: of the store's usable `{method}` runs of this task, the configuration "
                 f"(learning rate, epochs, size) with the best mean validation score over seeds; Table 2 reports its mean test "
                 f"score over its {int(run['config_seeds'])} seed(s), {100 * run['config_mean']:.1f}{spread}, not this one run's. "
