@@ -10,7 +10,7 @@ import pandas as pd
 from adaptune.data.tasks import UnknownTaskError, get_task
 
 KINDS = ("classification", "regression", "span")
-_FAMILIES = {"glue": "GLUE tasks", "extra": "additional tasks (Table 2)", None: "tasks"}
+_FAMILIES = {"glue": "GLUE tasks", "extra": "additional tasks of Table 2", None: "tasks"}
 
 
 @dataclasses.dataclass(frozen=True)
