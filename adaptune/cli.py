@@ -50,7 +50,8 @@ MODULE_COMMANDS = {
     ),
     "predict": ("serve a bundled task: JSONL in, predictions out", "adaptune.serve.predict", "add_predict_arguments", "predict_from_args"),
     "export": (
-        "each selected run as a folder its users load: AdapterHub (adapters), peft (LoRA, (IA)3) or safetensors, with a model card",
+        "each selected run as a folder its users load: AdapterHub format (adapters, pfeiffer), peft format (LoRA, (IA)3) or "
+        "safetensors (full, top_k, layernorm, head), with a model card",
         "adaptune.serve.export_cli",
         "add_export_arguments",
         "export_from_args",

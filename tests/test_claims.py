@@ -19,7 +19,7 @@ from adaptune.core.paper_grids import DEVLIN_GLUE_LRS, GLUE_LRS
 from adaptune.report import build_report
 from adaptune.report.baselines import majority_baseline
 from adaptune.report.bootstrap import bootstrap_ci, extreme_share, seeds_needed, too_few
-from adaptune.report.claims import COLUMNS, claims_markdown, claims_table, write_grid_left_out
+from adaptune.report.claims import COLUMNS, SCOPES, claims_markdown, claims_table, write_grid_left_out
 from adaptune.report.reference import load_reference
 from adaptune.report.results import read_results
 from adaptune.report.tables import table1, table2
@@ -276,24 +276,29 @@ def test_layernorm_equal_to_adapters_shows_as_a_claim_that_does_not_hold():
     # is below CoLA's majority class on that split (70.41): it is no floor, and no method is said to stand above it.
     assert "cola (validation (held out of train)) -5.00 (80.20 vs 85.20)" in table.loc["layernorm_clearly_worse", "detail"]
     assert ("on cola (validation (held out of train)) the head alone (frozen backbone, trained head) scored 70.20, at or below "
-            "the majority class (70.41): it learned nothing and is no floor; above the majority class: LayerNorm-only +9.79, "
+            "the majority class (70.41): it learned nothing and is no floor; from the majority class: LayerNorm-only +9.79, "
             "adapters +9.79") in versus_adapters["detail"]
-    assert "above the head alone" not in versus_adapters["detail"] and "+10.00" not in versus_adapters["detail"]
+    assert "margin over the head alone" not in versus_adapters["detail"] and "+10.00" not in versus_adapters["detail"]
 
 
 def test_a_head_alone_above_its_floor_is_one_and_a_regression_head_at_no_correlation_is_not(shared_data_dir):
-    """SST-2's head alone at 60 clears its majority class (~50.9): the methods stand above it. STS-B's at a Spearman
-    of -2 learned nothing: the detail says what it scored and measures the methods from no correlation (0)."""
-    rows = [{"task": task, "method": method, "lr": lr, "seed": seed, "val": val + 0.002 * seed}
+    """SST-2's head alone at 60 clears its majority class (~50.9): the methods are measured from it, one below it named.
+    STS-B's at a Spearman of -2 learned nothing: the GLUE claim (which reads regression tasks, as the paper's GLUE score
+    does) says what it scored and measures the methods from no correlation (0)."""
+    rows = [{"task": task, "method": method, "lr": lr, "seed": seed, "val": val + 0.002 * seed, "test": val + 0.002 * seed}
             for task in ("sst2", "stsb")
-            for method, lr, val in ((FULL, 3e-5, 0.85), (LAYERNORM, 3e-3, 0.80), (HEAD, 3e-3, 0.60 if task == "sst2" else -0.02))
+            for method, lr, val in ((FULL, 3e-5, 0.85), (LAYERNORM, 3e-3, 0.55), (ADAPTERS64, 3e-4, 0.80),
+                                    (HEAD, 3e-3, 0.60 if task == "sst2" else -0.02))
             for seed in range(3)]
-    detail = _claims(rows, shared_data_dir).loc["layernorm_clearly_worse", "detail"]
-    assert "above the head alone (frozen backbone, trained head), by the same selection: sst2 (validation (held out of train); " \
-           "head alone 60.20): LayerNorm-only +20.00, full fine-tuning +25.00" in detail
-    assert ("on stsb (validation (held out of train)) the head alone (frozen backbone, trained head) scored -1.80, at or below no "
-            "correlation (0.00): it learned nothing and is no floor; above no correlation: LayerNorm-only +80.20, full fine-tuning "
-            "+85.20") in detail
+    table = _claims(rows, shared_data_dir)
+    detail = table.loc["layernorm_clearly_worse", "detail"]
+    assert "each method's margin over the head alone (frozen backbone, trained head), by the same selection: sst2 (validation " \
+           "(held out of train); head alone 60.20): LayerNorm-only -5.00, full fine-tuning +25.00 (LayerNorm-only below the head " \
+           "alone)" in detail
+    assert "stsb" not in detail  # a claim over classification tasks reads no correlation
+    glue = table.loc["adapters_glue_within_0.4pt", "detail"]
+    assert ("on stsb (dev) the head alone (frozen backbone, trained head) scored -1.60, at or below no correlation (0.00): it "
+            "learned nothing and is no floor; from no correlation: adapters +80.40, full fine-tuning +85.40") in glue
 
 
 def test_lr_robustness_reads_bert_base_runs_in_the_papers_range_only():
@@ -367,3 +372,35 @@ def test_claims_parquet_columns_are_documented():
     text = (REPO_ROOT / "analysis" / "SCHEMA.md").read_text()
     section = text.split("## claims.parquet")[1].split("\n## ")[0]
     assert set(COLUMNS) == set(re.findall(r"^\| `(\w+)` \|", section, flags=re.MULTILINE))
+
+
+@pytest.mark.parametrize("claim_id", CLAIMS)
+def test_each_claim_reads_the_kinds_its_rule_names_and_no_other(claim_id, shared_data_dir):
+    """A regression task with a huge gap beside two classification tasks: a claim whose declared kinds leave regression
+    out measures exactly what it measures without that task; its rule and `reads` name its kinds from the same object."""
+    rng = np.random.default_rng(11)
+    methods = {"full": FULL, "a64": ADAPTERS64, "ln": LAYERNORM, "head": HEAD}
+    classification = [row for task in ("sst2", "rte") for row in _grid(task, methods, rng)]
+    regression = [{**row, "val": row["val"] - (0.5 if row["method"] is LAYERNORM else 0.0)} for row in _grid("stsb", methods, rng)]
+    scope = SCOPES[claim_id]
+    with_stsb = _claims(classification + regression, shared_data_dir).loc[claim_id]
+    without = _claims(classification, shared_data_dir).loc[claim_id]
+    assert with_stsb["reads"] == scope.words and scope.words in with_stsb["rule"]
+    assert scope.reads("stsb") == ("regression" in scope.kinds and scope.family in (None, "glue"))
+    if with_stsb["verdict"] == "not measured":
+        return
+    if scope.reads("stsb"):
+        assert with_stsb["n_tasks"] == without["n_tasks"] + 1
+    else:
+        assert "stsb" not in with_stsb["detail"] and with_stsb["n_tasks"] == without["n_tasks"]
+        assert with_stsb["measured"] == pytest.approx(without["measured"])
+
+
+def test_layernorm_claims_over_classification_tasks_leave_a_regression_gap_out():
+    """The issue's case: a regression task's Spearman gap (-34) must not enter a mean over classification tasks."""
+    rows = [{"task": task, "method": method, "lr": lr, "seed": seed, "val": val + 0.002 * seed - (0.34 if task == "stsb" and method is LAYERNORM else 0)}
+            for task in ("sst2", "rte", "stsb") for method, lr, val in ((ADAPTERS64, 3e-4, 0.80), (LAYERNORM, 3e-3, 0.75))
+            for seed in range(3)]
+    row = _claims(rows).loc["layernorm_worse_than_adapters"]
+    assert row["measured"] == pytest.approx(-5.0) and row["n_tasks"] == 2 and row["reads"] == "classification tasks"
+    assert "mean over classification tasks of (LayerNorm-only - adapters)" in row["rule"]

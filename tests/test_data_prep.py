@@ -75,7 +75,8 @@ def test_prepared_splits_are_the_mirrors_and_are_reused(tmp_path: Path, shared_d
     longer = prepare_plan_data(_plan("sms_spam", max_length=96), store, shared_data_dir)
     assert longer.tasks[0].action == "reused" and longer.tasks[0].tokenized[0].endswith("@96: prepared")
     assert longer.tasks[0].folder == sms.folder
-    assert "| sms_spam | mirror extra/sms_spam/SMSSpamCollection | 4459 | 557 | 558 | reused |" in longer.markdown()
+    assert ("| sms_spam | mirror extra/sms_spam/SMSSpamCollection | checked on a real file before | md5 known, matches | 4459 | 557 | 558 "
+            "| reused |") in longer.markdown()
 
 
 def test_a_run_reads_the_prepared_data_alone(tmp_path: Path, shared_data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -161,3 +162,24 @@ def test_squad_runs_take_their_questions_windows_from_the_prepared_data(tmp_path
     assert ours.features["example_id"] == theirs.features["example_id"]
     assert ours.features["offset_mapping"] == theirs.features["offset_mapping"]
     assert ours.examples["id"] == theirs.examples["id"]
+
+
+def test_a_never_read_definition_from_a_file_of_unknown_checksum_says_so(tmp_path: Path) -> None:
+    """Corporate messaging's definition was declared from the publisher's docs; a file of its declared name, columns and
+    Table 3's rows prepares, and the step's table says the definition was never read before and the checksum is unknown."""
+    task = get_task("corporate_messaging")
+    assert not task.source.verified
+    mirror = _corporate_messaging_file(tmp_path / "mirror", sum(task.paper_sizes))
+    entry = prepare_plan_data(_plan("corporate_messaging"), RunStore(tmp_path / "store"), mirror).tasks[0]
+    assert entry.definition.startswith("never read before") and entry.checksum == "not known: sha256 recorded in TASK.json only"
+    assert (entry.rows["train"], entry.rows["validation"], entry.rows["test"]) == task.paper_sizes
+
+
+def _corporate_messaging_file(root: Path, rows: int) -> Path:
+    """A file in corporate messaging's declared layout (text, category; four categories), `rows` rows."""
+    path = root / get_task("corporate_messaging").source.files[0][1]
+    path.parent.mkdir(parents=True)
+    categories = ("Action", "Dialogue", "Exclude", "Information")
+    lines = ["text,category"] + [f"message number {i} about topic {i % 17},{categories[i % 4]}" for i in range(rows)]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return root

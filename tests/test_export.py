@@ -138,6 +138,10 @@ def test_every_folder_carries_a_model_card_of_the_runs_record_and_checksums_of_i
         assert {m["type"]: m["value"] for m in results[split]["metrics"]} == metrics
         assert all(m["args"]["precision"] == "float32" for m in results[split]["metrics"])
     assert record["run_id"] in body and f"code version `{record['provenance']['code_version']}`" in body
+    assert "nan" not in card.lower().replace("nano", "") and f"- status: {record['status']}\n" in body  # no "ok (nan)"
+    assert meta["license"] == "apache-2.0" and "license apache-2.0" in body
+    assert "see the publisher, https://huggingface.co/datasets/nyu-mll/glue" in body
+    assert "Selected as the report's Table 1 selects" in body and "classification head (2 classes)" in body
 
     listed = dict(reversed(line.split("  ", 1)) for line in (folder / "CHECKSUMS").read_text().splitlines())
     assert set(listed) == {path.name for path in folder.iterdir()} - {"CHECKSUMS"}
@@ -187,3 +191,37 @@ def test_bad_input_is_one_line_and_writes_nothing(store, shared_data_dir, tmp_pa
         assert len(error.splitlines()) == 1 and error.startswith("adaptune export: error:"), (argv, error)
         assert all(fact in error for fact in says), (argv, error)
     assert not out.exists() and [p.name for p in (tmp_path / "taken" / "sst2").iterdir()] == ["notes.txt"]
+
+
+def test_export_help_names_the_formats_it_writes(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["export", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert all(name in text for name in ("AdapterHub format", "peft format", "safetensors"))
+
+
+def test_a_table_2_task_exports_a_seed_of_table_2s_configuration_and_its_card_says_so() -> None:
+    """Disasters (Table 2): configuration A's seeds average best on validation, configuration B holds the single best
+    seed. Table 2 reports A's mean, so the export is A's best seed and the card gives A's mean over seeds."""
+    from adaptune.serve.model_card import selection_text
+    from tests.results_fixture import constructed_runs
+
+    adapters = {"name": "adapters", "size": 64, "init_std": 1e-2}
+    rows = ([{"task": "disasters", "method": adapters, "lr": 3e-4, "seed": s, "val": v, "test": t}
+             for s, v, t in ((0, 0.80, 0.78), (1, 0.79, 0.80), (2, 0.78, 0.79))]
+            + [{"task": "disasters", "method": adapters, "lr": 3e-3, "seed": s, "val": v, "test": 0.5}
+               for s, v in ((0, 0.90), (1, 0.50), (2, 0.50))])
+    runs = constructed_runs(rows)
+    chosen = select_runs(runs, "adapters").iloc[0]
+    best_seed_of_a = runs[(runs["lr"] == 3e-4) & (runs["seed"] == 0)]["run_id"].iloc[0]
+    assert chosen["run_id"] == best_seed_of_a and chosen["table"] == "Table 2" and chosen["config_seeds"] == 3
+    text = selection_text(chosen.to_dict(), "adapters")
+    assert "Table 2 reports its mean test score over its 3 seed(s), 79.0 ± 0.6 (s.e.m.)" in text and "Table 1" not in text
+
+
+def test_a_regression_head_is_called_one() -> None:
+    from adaptune.data.tasks import get_task
+    from adaptune.serve.model_card import head_text
+
+    assert head_text(get_task("stsb")) == "the task head is a regression head (one output, trained with mean squared error)"
+    assert "classification" not in head_text(get_task("stsb")) and head_text(get_task("mnli_m")).endswith("(3 classes)")

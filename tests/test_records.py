@@ -87,3 +87,37 @@ def test_save_traceback_keeps_the_full_story_group_readable(failing, tmp_path: P
     except KeyError:
         assert "KeyError" in save_traceback(tmp_path / "now").read_text()  # the exception being handled
     assert save_traceback(tmp_path / "text", "Traceback ...\nValueError: x").read_text().endswith("ValueError: x\n")
+
+
+def _finished(task: str, predicted: dict, val: float = 0.69, test: float = 0.69) -> dict:
+    from adaptune.train.config import TrainConfig
+    from adaptune.train.record import run_record
+
+    record = run_record(TrainConfig(task=task, method={"name": "adapters", "size": 8, "init_std": 1e-2}, lr=1e-3, seed=0, epochs=3), "accuracy")
+    record.update(val_metrics={"accuracy": val}, test_metrics={"accuracy": test}, predicted_classes=predicted)
+    return record
+
+
+@pytest.mark.parametrize(("predicted", "splits"), [
+    ({"validation": 3, "test": 1}, "test"),  # the LoRA 8: mixed on validation, one class on test
+    ({"validation": 1, "test": 2}, "validation"),
+    ({"validation": 1, "test": 1}, "validation and test"),
+])
+def test_one_class_on_either_split_is_degenerate_when_a_run_finishes_and_when_its_record_is_read(predicted, splits):
+    from adaptune.report.results import run_row
+    from adaptune.train.record import DEGENERATE_RULE, degenerate_reason
+
+    record = _finished("disasters", predicted)
+    reason = degenerate_reason(record)
+    assert reason is not None and f"all one class on {splits}" in reason and DEGENERATE_RULE in reason
+    row = run_row(record)  # a record kept with status "ok" reads as the rule says
+    assert row["status"] == "degenerate" and row["reason"] == reason
+
+
+def test_a_run_predicting_several_classes_everywhere_or_a_regression_run_stays_ok():
+    from adaptune.report.results import run_row
+    from adaptune.train.record import degenerate_reason
+
+    assert degenerate_reason(_finished("disasters", {"validation": 2, "test": 2})) is None
+    assert degenerate_reason(_finished("stsb", {"validation": 1, "test": 1})) is None  # no classes to count
+    assert run_row(_finished("disasters", {}))["status"] == "ok"  # a record that kept no counts says nothing new

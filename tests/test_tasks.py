@@ -127,3 +127,37 @@ def test_political_full_file_matches_the_bias_only_copy_row_for_row(shared_data_
     assert [(a["text"], b["text"]) for a, b in zip(bias_only, full) if a["text"] != b["text"]] == [("14-Feb", "Feb-14")]
     assert Counter(row["audience"] for row in full).keys() == set(TASKS["political_audience"].labels)
     assert Counter(row["message"] for row in full).keys() == set(TASKS["political_message"].labels)
+
+
+def test_a_never_read_definition_whose_file_splits_to_table_3_reads_here(tmp_path: Path) -> None:
+    """`tasks` reads a present file of an unverified definition: Table 3's sizes give READ_HERE with the file's md5;
+    other sizes stay UNVERIFIED, saying what the file splits to."""
+    from adaptune.data.checksums import file_md5
+    from adaptune.data.task_table import READ_HERE, definition_status
+
+    task = TASKS["corporate_messaging"]
+    rel = task.source.files[0][1]
+    path = tmp_path / rel
+    path.parent.mkdir(parents=True)
+    categories = ("Action", "Dialogue", "Exclude", "Information")
+
+    def write(rows: int) -> None:
+        path.write_text("\n".join(["text,category"] + [f"message {i},{categories[i % 4]}" for i in range(rows)]) + "\n", encoding="utf-8")
+
+    assert definition_status(task, tmp_path) == UNVERIFIED  # no file yet
+    write(sum(task.paper_sizes))
+    assert definition_status(task, tmp_path) == f"{READ_HERE} (md5 {file_md5(path)} {rel})"
+    by_name = {line.split()[0]: line for line in format_task_table(tmp_path).splitlines()[2:]}
+    assert READ_HERE in by_name["corporate_messaging"] and UNVERIFIED in by_name["news_aggregator"]
+    write(1000)
+    assert definition_status(task, tmp_path).startswith(f"{UNVERIFIED}; read here, splits 800/100/100, not Table 3's 2494/312/312")
+
+
+def test_the_readmes_predict_fields_are_the_registrys() -> None:
+    """The README's table of predict's input fields is fields_table's text: per task what read_inputs accepts."""
+    from adaptune.serve.predict import FIELDS_MARKERS, accepted_fields, fields_table
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    block = readme.split(FIELDS_MARKERS[0], 1)[1].split(FIELDS_MARKERS[1], 1)[0].strip()
+    assert block == fields_table(), "regenerate README's block from adaptune.serve.predict.fields_table()"
+    assert "| corporate_messaging | `text` or `text_a` |" in block and accepted_fields(TASKS["emotion"]) == [("content", "text_a")]

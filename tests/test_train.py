@@ -159,7 +159,8 @@ def test_collapsed_predictions_give_a_complete_degenerate_record(tmp_path: Path,
     config = TrainConfig(task="sst2", method={"name": "layernorm"}, lr=1e-3, epochs=1, max_length=2, max_train_examples=32, max_eval_examples=64)
     record = train_and_evaluate(config, data_dir=shared_data_dir, out_dir=tmp_path, cache_dir=cache_dir, progress=False)
     assert record["status"] == "degenerate"
-    assert "all one class" in record["reason"]
+    assert "all one class on validation and test" in record["reason"]
+    assert record["predicted_classes"] == {"validation": 1, "test": 1}
     assert record["best_epoch"] == 1 and 0 < record["val_metrics"]["accuracy"] < 1
     assert (tmp_path / "checkpoint" / "task.safetensors").is_file()
 

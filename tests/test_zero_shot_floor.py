@@ -7,6 +7,7 @@ rows), so the real embedding stays within seconds."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -116,7 +117,9 @@ def test_a_report_never_puts_a_method_above_a_floor_that_is_above_it(shared_data
     assert (table["zero_shot_selected"] == test.selected()).all()
     markdown = methods_markdown(table)
     assert "zero-shot similarity" in markdown.splitlines()[0]
-    assert "below it: Head only (frozen backbone), Full fine-tuning, LayerNorm only" in markdown
+    zero = f"{100 * test.metrics['f1']:.1f}"
+    assert f"mrpc: the zero-shot similarity ({zero}) beats every trained method" in markdown
+    assert re.search(rf"mrpc: below the zero-shot similarity \({zero}\): Full fine-tuning [\d.]+, LayerNorm only [\d.]+, the head alone", markdown)
 
     # Table 1 (MRPC is a GLUE column): each row's floor on its run's own reported split and subsets.
     first = table1(runs, load_reference(), data_dir=shared_data_dir)
@@ -124,17 +127,22 @@ def test_a_report_never_puts_a_method_above_a_floor_that_is_above_it(shared_data
     assert set(mrpc["row"]) == {"head", "full"}
     for _, row in mrpc.iterrows():
         assert row["zero_shot"] == pytest.approx(100 * {"validation": val, "test": test}[row["split"]].metrics["f1"])
-    assert [line.split("|")[2].strip() for line in table1_markdown(first, runs).splitlines() if "zero-shot" in line] == [
+    markdown1 = table1_markdown(first, runs)
+    assert [line.split("|")[2].strip() for line in markdown1.splitlines() if line.startswith("|") and "zero-shot" in line] == [
         "zero-shot similarity"] * 2
+    # Under Table 1 in words: the floor above every trained row, and each row below it (the head alone's 10 under).
+    assert f"mrpc: the zero-shot similarity ({zero}) beats every trained method" in markdown1
+    assert re.search(rf"mrpc: below the zero-shot similarity \({zero}\): Full fine-tuning [\d.]+, the head alone", markdown1)
 
     detail = claims_table({"runs": runs}, load_reference(), data_dir=shared_data_dir).set_index("claim_id").loc[
         "layernorm_clearly_worse", "detail"]
     assert f"the highest floor is the zero-shot similarity floor (frozen backbone, mean-pooled cosine) ({100 * val.metrics['f1']:.2f}" in detail
     assert "(LayerNorm-only, full fine-tuning below the zero-shot similarity floor" in detail
-    assert "above the head alone" not in detail and "higher than the head alone (frozen backbone, trained head)" in detail
+    assert "margin over the head alone" not in detail and "higher than the head alone (frozen backbone, trained head)" in detail
 
     report = build_report(tmp_path / "results", tmp_path / "out", data_dir=shared_data_dir).read_text()
-    assert "above the head alone (frozen backbone, trained head), by the same selection" not in report
+    assert "margin over the head alone (frozen backbone, trained head), by the same selection" not in report
+    assert f"mrpc: the zero-shot similarity ({zero}) beats every trained method" in report
     assert "Zero-shot similarity floor (the frozen backbone as a sentence encoder, no training): mrpc:" in report
 
 

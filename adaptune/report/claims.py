@@ -30,7 +30,10 @@ inside each resample; the ablation claims resample their ablated runs instead):
   and on which side its interval lies;
 - `not measured`: no runs to read.
 
-Tasks are not resampled: an interval, and so a verdict, speaks for the tasks a row names (`n_tasks`).
+Tasks are not resampled: an interval, and so a verdict, speaks for the tasks a row names (`n_tasks`). Each claim
+declares once, in `SCOPES`, the kinds of task it reads (claim_scope.TaskScope): its runs are filtered by that
+declaration and its rule names it (`reads`), so a claim over classification tasks never averages a correlation with an
+accuracy; only the GLUE claim mixes kinds, as the paper's GLUE score does.
 
 An inconclusive row with an interval gives `seeds_to_settle`, the seeds per task and method that would
 shrink the interval clear of the threshold if its width falls as 1/sqrt(seeds):
@@ -87,6 +90,7 @@ from adaptune.report.bootstrap import (
     unit_sizes,
 )
 from adaptune.report.claim_grid import figure7_grid, grid_columns, paper_grid
+from adaptune.report.claim_scope import TaskScope
 from adaptune.report.figures import ablation_metric
 from adaptune.report.reference import glue_tasks
 from adaptune.report.selection import (
@@ -99,7 +103,7 @@ from adaptune.report.selection import (
     usable_runs,
 )
 from adaptune.report.tables import table1_candidates, table2_candidates
-from adaptune.report.verdicts import FAILS, HOLDS, INCONCLUSIVE, NOT_MEASURED, claim_row, verdict_row
+from adaptune.report.verdicts import FAILS, HOLDS, INCONCLUSIVE, NOT_MEASURED, TASKS, claim_row, verdict_row
 from adaptune.report.zero_shot import run_floor
 
 GLUE_THRESHOLD = 0.4  # "On GLUE, we attain within 0.4% of the performance of full fine-tuning" (abstract)
@@ -114,12 +118,24 @@ INIT_STD_SIZE = 64  # Figure 6 (right): BERT-base, adapter size 64
 INIT_STD_TOLERANCE = 1.0  # points between the best and the worst init std <= 1e-2
 LR_RANGE = (2e-5, 1e-3)  # Appendix B: "learning rates in the range [2e-5, 1e-3]"
 COLUMNS = (
-    "claim_id", "claim", "section", "verdict", "measured", "unit", "ci_low", "ci_high", "threshold", "rule",
+    "claim_id", "claim", "section", "verdict", "measured", "unit", "ci_low", "ci_high", "threshold", "rule", "reads",
     "n_tasks", "n_runs", "n_seeds", "seeds_to_settle", "backbone", "detail", "grid", "grid_lacks", "grid_smaller_than_paper",
 )
 GRID_LEFT_OUT_FILE = "grid_left_out.json"  # beside runs.parquet: {"experiment": name, "grid_left_out": text}
-# The claim's side of its threshold, per comparison written in the `threshold` column.
-
+_CLASSIFICATION = TaskScope(("classification",))  # accuracies, F1 and MCC: never averaged with a correlation
+# The tasks each claim reads, by kind: its runs are filtered by it and its rule names it (claim_scope.py).
+SCOPES: dict[str, TaskScope] = {
+    # Table 1's mean, as the paper's GLUE score: each task's own metric, STS-B's Spearman among the accuracies
+    "adapters_glue_within_0.4pt": TaskScope(("classification", "regression"), "glue"),
+    "adapters_extra_within_0.4pt": TaskScope(("classification",), "extra"),
+    "layernorm_clearly_worse": _CLASSIFICATION,
+    "layernorm_worse_than_adapters": _CLASSIFICATION,
+    "remove_all_adapters_near_majority": _CLASSIFICATION,
+    "remove_one_layer_costs_little": _CLASSIFICATION,
+    "lower_layers_matter_less": _CLASSIFICATION,
+    "init_std_robust_to_1e-2": _CLASSIFICATION,
+    "adapters_robust_to_lr": _CLASSIFICATION,
+}
 
 
 def claims_table(frames: dict[str, pd.DataFrame], reference: dict[str, Any], data_dir: Any = None) -> pd.DataFrame:
@@ -152,7 +168,7 @@ def claims_markdown(table: pd.DataFrame, grid_left_out: tuple[str, str] | None =
         ci = "—" if _missing(row.ci_low) else f"[{row.ci_low:+.2f}, {row.ci_high:+.2f}]"
         measured = "—" if _missing(row.measured) else f"{row.measured:+.2f} {row.unit}"
         counts = "—" if row.verdict == NOT_MEASURED else f"{row.n_tasks} / {row.n_runs}"
-        cells = [f"{row.claim} ({row.section})", f"**{row.verdict}**", measured, ci, str(row.threshold), _settle_text(row),
+        cells = [f"{row.claim} ({row.section}; reads {row.reads})", f"**{row.verdict}**", measured, ci, str(row.threshold), _settle_text(row),
                  "—" if _missing(row.backbone) else str(row.backbone), counts, _grid_cell(row),
                  " ".join(str(row.detail).split()).replace("|", "\\|")]
         lines.append("| " + " | ".join(cells) + " |")
@@ -178,26 +194,32 @@ def read_grid_left_out(results_dir: str | Path) -> tuple[str, str] | None:
 
 
 def _glue_within_full(runs: pd.DataFrame, reference: dict[str, Any], data_dir: Any = None) -> dict:
+    scope = SCOPES["adapters_glue_within_0.4pt"]
+    runs = scope.keep(runs)
     row = claim_row("adapters_glue_within_0.4pt", "Adapters come within 0.4 points of full fine-tuning on GLUE, at a few percent of the parameters",
                "abstract, §3.2, Table 1", "points", ">=", -GLUE_THRESHOLD,
                '"On GLUE, we attain within 0.4% of the performance of full fine-tuning, adding only 3.6% parameters per task" '
-               "(abstract; §3.2, Table 1: 80.0 vs 80.4). Measured: mean over GLUE tasks of (adapters - full fine-tuning), each "
+               f"(abstract; §3.2, Table 1: 80.0 vs 80.4). Measured: mean over {TASKS} of (adapters - full fine-tuning) in each task's "
+               "own metric, as the paper's GLUE score averages them, each "
                "Table 1's cell: the single run best on validation over the configuration grid x seeds (\"re-run 5 times with "
                "different random seeds and select the best model on the validation set\"), scored as Table 1 reports it (test "
-               f"where labelled, else validation); the adapters must also train <= {FEW_PERCENT:g}% of the backbone's parameters")
+               f"where labelled, else validation); the adapters must also train <= {FEW_PERCENT:g}% of the backbone's parameters",
+               scope)
     candidates, backbone = table1_candidates(runs, reference)
     return _versus_full(row, runs, candidates, backbone, BEST_RUN, glue_tasks(reference), data_dir)
 
 
 def _extra_within_full(runs: pd.DataFrame, reference: dict[str, Any], data_dir: Any = None) -> dict:
+    scope = SCOPES["adapters_extra_within_0.4pt"]
+    runs = scope.keep(runs)
     row = claim_row("adapters_extra_within_0.4pt",
                "Adapters come within 0.4 points of full fine-tuning on the additional tasks, at a few percent of the parameters",
                "§3.3, Table 2", "points", ">=", -EXTRA_THRESHOLD,
                '"The performance of adapter-tuning is close to full fine-tuning (0.4% behind)" (§3.3). Measured: mean over the '
-               "additional tasks of (adapters - full fine-tuning), each Table 2's cell: the configuration best on mean validation "
+               f"{TASKS} of (adapters - full fine-tuning), each Table 2's cell: the configuration best on mean validation "
                "score, its mean test score over seeds (\"the model with the best validation set accuracy is chosen. We report the "
                f"mean test accuracy ... across runs with different random seeds\"); the adapters must also train <= {FEW_PERCENT:g}% "
-               "of the backbone's parameters")
+               "of the backbone's parameters", scope)
     candidates, backbone = table2_candidates(runs, reference)
     return _versus_full(row, runs, candidates, backbone, BEST_CONFIGURATION, None, data_dir)
 
@@ -228,14 +250,14 @@ def _versus_full(row: dict, runs: pd.DataFrame, candidates: pd.DataFrame, backbo
 
 
 def _layernorm_worse(runs: pd.DataFrame, other: str, claim_id: str, claim: str, data_dir: Any = None) -> dict:
+    scope = SCOPES[claim_id]
     row = claim_row(claim_id, claim, "§2.1, §3.4, Figure 4", "points", "<", -LAYERNORM_GAP,
                '"training the layer normalization parameters alone is insufficient for good performance" (§2.1); "this strategy '
                'performs poorly: performance decreases by approximately 3.5% on CoLA and 4% on MNLI" (§3.4). Measured: mean over '
-               f"classification tasks of (LayerNorm-only - {_NAMES[other]}), each the configuration best on mean validation score, "
+               f"{TASKS} of (LayerNorm-only - {_NAMES[other]}), each the configuration best on mean validation score, "
                f"its mean validation score over seeds (Figure 4's points); the paper gives no threshold: clearly worse is read as more "
-               f"than {LAYERNORM_GAP:g} point below")
-    scored = scored_runs(runs)
-    classification = scored[~scored["task"].str.startswith("squad")]
+               f"than {LAYERNORM_GAP:g} point below", scope)
+    classification = scope.keep(scored_runs(runs))
     candidates, backbone = runs_for_backbone(classification[classification["method"].isin([other, "layernorm"])], BERT_BASE)
     pairs = _pairs(_on_validation(candidates), "layernorm", other, BEST_CONFIGURATION)
     if not pairs:
@@ -294,13 +316,13 @@ def _above_head(pool: pd.DataFrame, tasks: list[str], methods: list[str], rule: 
             continue
         elif floor is not None and head_score <= floor:
             no_floor.append(f"on {task} ({split}) the head alone (frozen backbone, trained head) scored {head_score:.2f}, at or below "
-                            f"{floor_name} ({floor:.2f}): it learned nothing and is no floor; above {floor_name}: "
+                            f"{floor_name} ({floor:.2f}): it learned nothing and is no floor; from {floor_name}: "
                             f"{_margins(scores, floor, floor_name)}")
         else:
             above.append(f"{task} ({split}; head alone {head_score:.2f}): {_margins(scores, head_score, 'the head alone')}")
     if not (above or no_floor or zero_shot):
         return "the head alone (frozen backbone, trained head) not measured on these tasks"
-    lead = ["above the head alone (frozen backbone, trained head), by the same selection: " + "; ".join(above)] if above else []
+    lead = ["each method's margin over the head alone (frozen backbone, trained head), by the same selection: " + "; ".join(above)] if above else []
     return "; ".join(lead + no_floor + zero_shot)
 
 
@@ -383,6 +405,8 @@ def _judged(row: dict, pairs: list[tuple[Cell, Cell]], statistic: Callable[[np.n
 
 def _ablation_claims(ablation: pd.DataFrame, runs: pd.DataFrame, data_dir: Any) -> list[dict]:
     near, single, lower = _ablation_rows()
+    scope = SCOPES["remove_all_adapters_near_majority"]  # the three read the same ablated runs
+    ablation, runs = scope.keep(ablation), scope.keep(runs)
     if ablation.empty:
         why = "no ablation rows in this results set"
         return [{**near, "detail": why}, {**single, "detail": why}, {**lower, "detail": why}]
@@ -404,22 +428,26 @@ def _ablation_claims(ablation: pd.DataFrame, runs: pd.DataFrame, data_dir: Any) 
 def _ablation_rows() -> tuple[dict, dict, dict]:
     """The three Figure 6 claims, unmeasured: all adapters off, one layer's off, the lower half's against the upper's."""
     paper = "(§3.6, Figure 6; the interval resamples the ablated runs, so `seeds_to_settle` counts ablated runs)"
+    scope = SCOPES["remove_all_adapters_near_majority"]
+    assert scope == SCOPES["remove_one_layer_costs_little"] == SCOPES["lower_layers_matter_less"], "one ablation, one scope"
     near = claim_row("remove_all_adapters_near_majority", "Removing every layer's adapters drops the trained model to near the majority class",
                 "§3.6, Figure 6", "points", "<=", NEAR_MAJORITY_POINTS,
                 '"when all of the adapters are removed from the network, the performance drops substantially: to 37% on MNLI and '
-                f'69% on CoLA - scores attained by predicting the majority class" {paper}. Measured: mean over ablated runs of '
-                f"(validation score with all adapters off - majority-class baseline); runs whose trained model is within "
-                f"{LEARNED_POINTS:g} points of the majority class are left out: they had nothing to lose")
+                f'69% on CoLA - scores attained by predicting the majority class" {paper}. Measured: mean over ablated runs on '
+                f"{TASKS} of (validation score with all adapters off - majority-class baseline); runs whose trained model is within "
+                f"{LEARNED_POINTS:g} points of the majority class are left out: they had nothing to lose", scope)
     single = claim_row("remove_one_layer_costs_little", "Removing one layer's adapters costs little", "§3.6, Figure 6", "% (relative)",
                   "<=", SINGLE_LAYER_DROP_PERCENT,
                   '"removing any single layer\'s adapters has only a small impact on performance ... largest performance drop is 2%" '
-                  f"{paper}. Measured: mean over ablated runs of the largest relative drop from switching off a single layer's "
-                  f"adapters; runs that learned nothing (within {LEARNED_POINTS:g} points of the majority class) are left out")
+                  f"{paper}. Measured: mean over ablated runs on {TASKS} of the largest relative drop from switching off a single "
+                  f"layer's adapters; runs that learned nothing (within {LEARNED_POINTS:g} points of the majority class) are left out",
+                  scope)
     lower = claim_row("lower_layers_matter_less", "Adapters in lower layers matter less than in higher layers", "§3.6, Figure 6",
                  "% (relative)", ">", 0.0,
                  '"adapters on the lower layers have a smaller impact than the higher-layers" '
-                 f"{paper}. Measured: mean over ablated runs of (relative drop with the upper half's adapters off - drop with the "
-                 f"lower half's off); runs that learned nothing (within {LEARNED_POINTS:g} points of the majority class) are left out")
+                 f"{paper}. Measured: mean over ablated runs on {TASKS} of (relative drop with the upper half's adapters off - drop "
+                 f"with the lower half's off); runs that learned nothing (within {LEARNED_POINTS:g} points of the majority class) are "
+                 "left out", scope)
     return near, single, lower
 
 
@@ -486,12 +514,14 @@ def _ablation_pool(runs: pd.DataFrame, run_ids: list[str]) -> pd.DataFrame:
 
 
 def _init_std_robust(runs: pd.DataFrame, data_dir: Any = None) -> dict:
+    scope = SCOPES["init_std_robust_to_1e-2"]
+    runs = scope.keep(runs)
     row = claim_row("init_std_robust_to_1e-2", "Adapters are robust to the init std up to 1e-2", "§3.6, Figure 6", "points",
                ">=", -INIT_STD_TOLERANCE,
                '"on both datasets, the performance of adapters is robust for standard deviations below 10^-2" (§3.6; Figure 6: '
-               f"BERT-base, adapter size 64). Measured on adapters of size {INIT_STD_SIZE} only: mean over tasks of (worst - best) "
+               f"BERT-base, adapter size 64). Measured on adapters of size {INIT_STD_SIZE} only: mean over {TASKS} of (worst - best) "
                f"among init stds <= {INIT_STD_LIMIT:g} of the mean validation score over seeds, each std at its best configuration "
-               f"(learning rate, epochs); the paper gives no tolerance: robust is read as within {INIT_STD_TOLERANCE:g} point")
+               f"(learning rate, epochs); the paper gives no tolerance: robust is read as within {INIT_STD_TOLERANCE:g} point", scope)
     candidates = scored_runs(runs)
     candidates = candidates[(candidates["method"] == "adapters") & (candidates["adapter_size"] == INIT_STD_SIZE) & candidates["init_std"].notna()]
     candidates, backbone = runs_for_backbone(candidates, BERT_BASE)
@@ -517,13 +547,15 @@ def _init_std_robust(runs: pd.DataFrame, data_dir: Any = None) -> dict:
 
 def _lr_robust(runs: pd.DataFrame, data_dir: Any = None) -> dict:
     low_lr, high_lr = LR_RANGE
+    scope = SCOPES["adapters_robust_to_lr"]
+    runs = scope.keep(runs)
     row = claim_row("adapters_robust_to_lr", "Adapters are at least as robust to the learning rate as full fine-tuning", "Appendix B, Figure 7",
                "points", ">=", 0.0,
                '"We test the robustness of adapters and fine-tuning to the learning rate. We ran experiments with learning rates in '
                'the range [2e-5, 1e-3], and selected the best hyperparameters for each method at each learning rate" (Appendix B). '
-               f"Measured on runs at learning rates in [{low_lr:g}, {high_lr:g}] only: mean over tasks of (adapters' worst - best) - "
+               f"Measured on runs at learning rates in [{low_lr:g}, {high_lr:g}] only: mean over {TASKS} of (adapters' worst - best) - "
                "(full fine-tuning's worst - best) mean validation score over seeds, across the learning rates both methods were run "
-               "at, each at its best other hyperparameters (adapter size, epochs)")
+               "at, each at its best other hyperparameters (adapter size, epochs)", scope)
     candidates = scored_runs(runs)
     in_range = candidates["lr"].between(low_lr * (1 - 1e-9), high_lr * (1 + 1e-9))
     candidates, backbone = runs_for_backbone(candidates[candidates["method"].isin(["adapters", "full"]) & in_range], BERT_BASE)

@@ -168,12 +168,13 @@ def _methods_section(parts: ReportParts) -> list[str]:
         "validation score across seeds, and its reported score as mean ± s.e.m. across those seeds (degenerate seeds "
         "kept), with the learning rate selected and, beside each task, the majority-class baseline on the same split and "
         "rows (for a regression task, a constant prediction: correlation 0); 'Head only' (where measured) is the frozen "
-        "backbone with only its task head trained, the floor the other methods stand on where it scores above that "
-        "baseline. Where the backbone is a sentence encoder (the embedded all-MiniLM-L6-v2; BERT is not) and the task "
+        "backbone with only its task head trained, a floor where it scores above that baseline (else it learned nothing). "
+        "Where the backbone is a sentence encoder (the embedded all-MiniLM-L6-v2; BERT is not) and the task "
         "compares two sentences for similarity (MRPC, QQP, STS-B; not the inference tasks), 'zero-shot similarity' is a "
         "third floor on the same split and rows: the frozen backbone used as the sentence encoder it was trained to be "
         "(each sentence's mean-pooled embedding, the cosine between the two) with no training; a classification task's "
-        "threshold on the cosine is chosen on the training split, as the note under the table says. "
+        "threshold on the cosine is chosen on the training split, as the note under the table says. The notes under the "
+        "table name, for every floor it shows, each method below it, and say so where a floor beats every trained method. "
         "Splits are named as their publisher names them: GLUE's reported split is its dev set.",
         "",
         _backbone_line(parts.methods, "BERT-base / BERT-large"),
@@ -199,7 +200,8 @@ def _table1_section(parts: ReportParts) -> list[str]:
         "not comparable, kept in table1.parquet as `paper_server_score`. "
         "Trained % is relative to the backbone of these runs; total size is for all nine tasks at that trained %. "
         "'Head only', where measured, is the frozen backbone with only its task head trained (not in the paper): the "
-        "floor each row above it stands on where it scores above the majority-class baseline.",
+        "floor where it scores above the majority-class baseline. The note under the table names, for every floor it "
+        "shows, each row below it, and says so where a floor beats every trained row.",
         "",
         _backbone_line(parts.t1, "BERT-large"),
         "",
@@ -267,8 +269,10 @@ def _claims_section(parts: ReportParts) -> list[str]:
         "the paper's sentence: [claims.parquet](tables/claims.parquet) (`rule`) and `adaptune/report/claims.py`. 'Grid': "
         "the learning rates, epochs and seeds of the runs each claim read, marked where smaller than the paper's (§3.2's "
         "for parameter-efficient methods, Devlin et al.'s for full fine-tuning on GLUE, §3.3's on the additional tasks). "
-        "Each figure in a detail names its split, and each detail says how far each method it reads stands above the "
-        "head alone (same selection, same split) where the head alone was measured; where the head alone learned nothing "
+        "Each claim reads only the kinds of task it names (`reads`: classification, regression, span), declared once "
+        "with the code that filters its runs. Each figure in a detail names its split, and each detail gives each "
+        "method's margin over the head alone (same selection, same split; negative: below it) where the head alone was "
+        "measured; where the head alone learned nothing "
         "(at or below the majority class, or a correlation at or below 0) the detail says what it scored and measures "
         "each method from the majority class (or 0) instead; where the backbone's zero-shot similarity (see the methods "
         "table) is the highest floor, the detail names it and measures each method from it. A method below the floor "

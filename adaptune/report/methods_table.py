@@ -20,6 +20,7 @@ from typing import Any
 import pandas as pd
 
 from adaptune.report.baselines import run_baseline
+from adaptune.report.floors import floor_note, floor_sentences
 from adaptune.report.selection import (
     BERT_BASE,
     base_params,
@@ -102,7 +103,23 @@ def methods_markdown(table: pd.DataFrame) -> str:
     percent = table.groupby("method")["trained_percent"].mean()
     lines.append("| trained % of the backbone | | |" + (" |" if zero_shot else "") + " "
                  + " | ".join(_percent(percent.get(m)) for m in methods) + " |")
-    return "\n".join(lines + _probe_note(table) + _zero_shot_notes(table))
+    return "\n".join(lines + _probe_note(table) + _floor_notes(table) + _zero_shot_notes(table))
+
+
+def _floor_notes(table: pd.DataFrame) -> list[str]:
+    """Beneath the table: per task, the methods below each floor it shows (majority class, head alone, zero-shot), and
+    a floor that beats every trained method."""
+    sentences = []
+    for task, rows in table.groupby("task", sort=True):
+        first = rows.iloc[0]
+        head = rows.loc[rows["method"] == "head", "mean"]
+        trained = rows[rows["method"] != "head"]
+        floors = [("the majority class", first["majority"])]
+        if "zero_shot" in rows:
+            floors.append(("the zero-shot similarity", first["zero_shot"]))
+        sentences += floor_sentences(str(task), floors, list(zip(trained["method_name"], trained["mean"])),
+                                     None if head.empty else float(head.iloc[0]))
+    return floor_note(sentences)
 
 
 def _probe_note(table: pd.DataFrame) -> list[str]:
@@ -116,16 +133,14 @@ def _probe_note(table: pd.DataFrame) -> list[str]:
 
 
 def _zero_shot_notes(table: pd.DataFrame) -> list[str]:
-    """Beneath the table: per task with the zero-shot floor, what it selected on which split, and the methods below
-    it; where similarity tasks have none because the backbone is no sentence encoder, that reason once."""
+    """Beneath the table: per task with the zero-shot floor, what it selected on which split (the methods below it are
+    in _floor_notes); where similarity tasks have none because the backbone is no sentence encoder, that reason once."""
     notes = []
     firsts = table.groupby("task", sort=True).first()
     for task, first in firsts.iterrows():
         if "zero_shot" not in first or first["zero_shot"] is None or pd.isna(first["zero_shot"]):
             continue
-        below = table[(table["task"] == task) & (table["mean"] < first["zero_shot"])]["method_name"].tolist()
-        notes.append(f"{task}: {ZERO_SHOT_NAME} {first['zero_shot']:.1f} on {first['split']}; {first['zero_shot_selected']}"
-                     + (f"; below it: {', '.join(below)}" if below else ""))
+        notes.append(f"{task}: {ZERO_SHOT_NAME} {first['zero_shot']:.1f} on {first['split']}; {first['zero_shot_selected']}")
     similarity = [task for task in firsts.index if task in SIMILARITY_TASKS]
     reasons = {zero_shot_reason(task, firsts.loc[task, "backbone"]) for task in similarity
                if "zero_shot" not in firsts or pd.isna(firsts.loc[task, "zero_shot"])}

@@ -24,7 +24,7 @@ from adaptune.core.errors import UserError
 from adaptune.core.files import atomic_write
 from adaptune.fused.settings import RECORDED_SETTINGS
 from adaptune.train.phase_times import PHASES
-from adaptune.train.record import with_companions
+from adaptune.train.record import degenerate_reason, with_companions
 
 RUNS_FILE = "runs.parquet"
 CURVES_FILE = "curves.parquet"
@@ -152,6 +152,11 @@ def _what_ran(record: dict[str, Any]) -> dict[str, Any]:
     test_metrics = record.get("test_metrics") or {}
     primary = record.get("primary_metric")
     trained, total = record.get("trained_params"), record.get("total_params")
+    # Re-derived by the rule the run book applies (train.record.DEGENERATE_RULE): a record kept before a split's
+    # one-class predictions counted reads as the rule says now.
+    status, reason = record["status"], record.get("reason")
+    if status == "ok" and (one_class := degenerate_reason(record)):
+        status, reason = "degenerate", one_class
     return {
         "run_id": record["run_id"],
         "experiment": record.get("experiment"),
@@ -174,8 +179,8 @@ def _what_ran(record: dict[str, Any]) -> dict[str, Any]:
         "test_score": test_metrics.get(primary) if primary else None,
         "val_metrics": json.dumps(val_metrics, sort_keys=True),
         "test_metrics": json.dumps(test_metrics, sort_keys=True),
-        "status": record["status"],
-        "reason": record.get("reason"),
+        "status": status,
+        "reason": reason,
     }
 
 

@@ -22,6 +22,7 @@ import pandas as pd
 
 from adaptune.model.params import total_size_multiple
 from adaptune.report.baselines import reported_split, run_baseline, task_baseline
+from adaptune.report.floors import floor_note, floor_sentences
 from adaptune.report.reference import extra_tasks, glue_tasks
 from adaptune.report.selection import (
     BERT_BASE,
@@ -280,7 +281,27 @@ def table1_markdown(table: pd.DataFrame, runs: pd.DataFrame | None = None, pendi
                     cell += f" ({counts.get(row, 0)})"
                 cells.append(cell)
             lines.append(_md_row(cells))
-    return "\n\n".join(filter(None, ["\n".join(lines), hidden]))
+    return "\n\n".join(filter(None, ["\n".join(lines + _table1_floor_notes(table, tasks, rows)), hidden]))
+
+
+def _table1_floor_notes(table: pd.DataFrame, tasks: list[str], rows: list[str]) -> list[str]:
+    """Under Table 1: per task shown, the rows below each floor beside it, and a floor that beats every trained row."""
+    sentences = []
+    for task in tasks:
+        cells = table[(table["task"] == task) & table["row"].isin(rows)]
+        measured = cells[cells["measured"].notna()]
+        head = measured.loc[measured["row"] == "head", "measured"]
+        trained = measured[measured["row"] != "head"]
+        floors = [(f"the {FLOOR_LABELS[kind]}", _first(cells, kind)) for kind in FLOOR_LABELS]
+        sentences += floor_sentences(_short(task), floors, list(zip(trained["row_label"], trained["measured"])),
+                                     None if head.empty else float(head.iloc[0]))
+    return floor_note(sentences)
+
+
+def _first(cells: pd.DataFrame, column: str) -> float | None:
+    """A task's floor as its cells hold it (the same on every row of one backbone): the first known value."""
+    values = cells[column].dropna() if column in cells else pd.Series(dtype=float)
+    return None if values.empty else float(values.iloc[0])
 
 
 def table2_markdown(
@@ -329,7 +350,21 @@ def table2_markdown(
                 _fmt(row.get("difference"), signed=True, multiple=multiple),
             ]
         lines.append(_md_row(cells))
-    return "\n\n".join(filter(None, ["\n".join(lines), hidden]))
+    return "\n\n".join(filter(None, ["\n".join(lines + _table2_floor_notes(table, shown_tasks, methods, paper_tasks)), hidden]))
+
+
+def _table2_floor_notes(table: pd.DataFrame, tasks: list[str], methods: list[str], paper_tasks: dict[str, Any]) -> list[str]:
+    """Under Table 2: per task shown, the methods below its majority class and its head alone, and a floor that beats
+    every trained method."""
+    sentences = []
+    for task in tasks:
+        cells = table[(table["task"] == task) & table["method"].isin(methods) & table["measured_mean"].notna()]
+        head = cells.loc[cells["method"] == "head", "measured_mean"]
+        trained = cells[cells["method"] != "head"]
+        sentences += floor_sentences(paper_tasks.get(task, {}).get("paper_name", task), [("the majority class", _first(cells, "majority"))],
+                                     [(TABLE2_METHODS[m], v) for m, v in zip(trained["method"], trained["measured_mean"])],
+                                     None if head.empty else float(head.iloc[0]))
+    return floor_note(sentences)
 
 
 def table1_shown(table: pd.DataFrame, runs: pd.DataFrame | None = None) -> tuple[list[str], list[str]]:

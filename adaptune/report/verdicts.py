@@ -8,6 +8,7 @@ import operator
 from collections.abc import Callable
 
 from adaptune.report.bootstrap import seeds_needed, too_few
+from adaptune.report.claim_scope import TaskScope
 
 HOLDS, FAILS, INCONCLUSIVE, NOT_MEASURED = "holds", "does not hold", "inconclusive", "not measured"
 SIDES: dict[str, Callable[[float, float], bool]] = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
@@ -33,9 +34,17 @@ def seeds_to_settle(estimate: float, low: float | None, high: float | None, thre
     return max(n_seeds + 1, math.ceil(n_seeds * ((high - low) / 2 / distance) ** 2))
 
 
-def claim_row(claim_id: str, claim: str, section: str, unit: str, side: str, threshold: float, rule: str) -> dict:
+TASKS = "{tasks}"  # where a rule names the tasks it reads: filled in from the claim's TaskScope
+
+
+def claim_row(claim_id: str, claim: str, section: str, unit: str, side: str, threshold: float, rule: str, scope: TaskScope) -> dict:
+    """A claim's row, not yet measured; `rule` names the tasks it reads as TASKS, which `scope` (the same object that
+    filters the claim's runs) fills in."""
+    if TASKS not in rule:
+        raise ValueError(f"claim {claim_id}'s rule must name the tasks it reads as {TASKS}")
     return {"claim_id": claim_id, "claim": claim, "section": section, "verdict": NOT_MEASURED, "measured": None, "unit": unit,
-            "ci_low": None, "ci_high": None, "threshold": f"{side} {threshold:g}", "rule": rule, "n_tasks": 0, "n_runs": 0,
+            "ci_low": None, "ci_high": None, "threshold": f"{side} {threshold:g}", "rule": rule.replace(TASKS, scope.words),
+            "reads": scope.words, "n_tasks": 0, "n_runs": 0,
             "n_seeds": None, "seeds_to_settle": None, "backbone": None, "detail": "", "grid": None, "grid_lacks": None,
             "grid_smaller_than_paper": None}
 

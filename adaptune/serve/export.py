@@ -41,7 +41,7 @@ from adaptune.serve.export_formats import (
     write_tensors,
 )
 from adaptune.serve.file_digests import copy_file, file_entry
-from adaptune.serve.model_card import render_card
+from adaptune.serve.model_card import render_card, selection_text
 from adaptune.serve.selection import select_runs, store_runs
 from adaptune.sweep.store import CHECKPOINT_DIR, RUNS_DIR, RunStore
 
@@ -78,14 +78,15 @@ def select_for_export(store: RunStore, method: str, tasks: list[str] | None = No
     return chosen.reset_index(drop=True)
 
 
-def export_runs(store: RunStore, chosen: pd.DataFrame, out_dir: str | os.PathLike[str], selection: str,
-                data_dir: str | os.PathLike[str] | None = None) -> list[dict[str, Any]]:
-    """Write OUT/<task>/ for each chosen run; what each folder holds (task, run id, format, bytes)."""
+def export_runs(store: RunStore, chosen: pd.DataFrame, out_dir: str | os.PathLike[str], selection: str | None,
+                data_dir: str | os.PathLike[str] | None = None, method: str = "") -> list[dict[str, Any]]:
+    """Write OUT/<task>/ for each chosen run; what each folder holds (task, run id, format, bytes). `selection`: how the
+    runs were chosen, in words; None: each card states its table's rule (model_card.selection_text, of `method`'s runs)."""
     out = Path(out_dir)
     runs = [run.to_dict() for _, run in chosen.sort_values("task").iterrows()]
     for run in runs:  # every refusal before the first file
         _check_exportable(run, store, out)
-    return [_export_run(run, store, out / run["task"], selection, data_dir) for run in runs]
+    return [_export_run(run, store, out / run["task"], selection or selection_text(run, method), data_dir) for run in runs]
 
 
 def _check_exportable(run: dict[str, Any], store: RunStore, out: Path) -> None:

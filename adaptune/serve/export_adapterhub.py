@@ -95,12 +95,12 @@ def write_adapterhub(run: ExportedRun, folder: Path) -> WrittenFormat:
         "shares: give each adaptune adapter its own model.",
     ]
     if run.mean_pooling:
-        notes.append(f"The head: AdapterHub's classification head (one Dropout, one Linear) reading the attention-masked mean of "
+        notes.append(f"The head: AdapterHub's {_head_words(run)} (one Dropout, one Linear) reading the attention-masked mean of "
                      f"the last hidden states, as the run did, instead of the backbone's pooler, which {run.base_model} never "
                      f"trained: head type `{ADAPTERHUB_HEAD_TYPE}`, registered from this folder's `mean_pooling.py` before "
                      "load_adapter. AdapterHub's standard head reads the first token and would give other logits.")
     else:
-        notes.append("The head: AdapterHub's classification head on the backbone's pre-trained pooler (use_pooler), as the run's.")
+        notes.append(f"The head: AdapterHub's {_head_words(run)} on the backbone's pre-trained pooler (use_pooler), as the run's.")
     return WrittenFormat(
         format="adapterhub", library_name="adapter-transformers",
         tags=("adapter-transformers", "adapters", "houlsby" if run.method.name == "adapters" else "pfeiffer"),
@@ -168,3 +168,8 @@ def _split_trained(run: ExportedRun) -> tuple[dict[str, torch.Tensor], dict[str,
             raise ExportError(f"run {run.run['run_id']}: trained tensor {name} is neither an adapter's, a LayerNorm's nor the "
                               "head's: AdapterHub has no place for it")
     return adapter, head, layer_norms
+
+
+def _head_words(run: ExportedRun) -> str:
+    """AdapterHub's classification head type, which with one output is a regression head: named as what it is."""
+    return "classification head with one output: a regression head" if run.task.kind == "regression" else "classification head"

@@ -15,6 +15,8 @@ from adaptune.data.tasks import Task
 from adaptune.serve.export_formats import ExportedRun, WrittenFormat
 
 SPLITS = (("validation", "val_metrics", "val_rows"), ("test", "test_metrics", "test_rows"))
+# The base models' licenses, as each model's own README states them (declared once; a base model not here: "see its card").
+BASE_MODEL_LICENSES = {"all-MiniLM-L6-v2": "apache-2.0", "bert-base-uncased": "apache-2.0", "bert-large-uncased": "apache-2.0"}
 METHOD_NAMES = {
     "adapters": "Houlsby bottleneck adapters (two per layer) with the LayerNorms and the task head",
     "pfeiffer": "bottleneck adapters after each feed-forward block (Pfeiffer placement) with the LayerNorms and the task head",
@@ -27,10 +29,12 @@ METHOD_NAMES = {
 def render_card(run: ExportedRun, written: WrittenFormat, selection: str, files: dict[str, str]) -> str:
     """README.md for the folder; `files` names every file in it with what it holds."""
     row = run.run
+    license = base_model_license(run.base_model)
     header = {
         "base_model": run.base_model,
+        **({"license": license} if license else {}),
         "library_name": written.library_name,
-        "pipeline_tag": "text-classification",
+        "pipeline_tag": "text-classification",  # the hub's tag for a sequence head, one output (regression) or several
         "tags": list(dict.fromkeys(["adaptune", *written.tags, run.method.name, run.task.name, "text-classification"])),
         **({"datasets": [run.task.source.hub_id]} if run.task.source.hub_id else {}),
         "model-index": [{"name": f"{run.task.name}-{row['method_label']}-{_short(run.base_model)}", "results": model_index_results(run)}],
@@ -41,7 +45,12 @@ def render_card(run: ExportedRun, written: WrittenFormat, selection: str, files:
         f"# {title}: {row['method_label']} on {run.base_model}", "",
         f"{title} ({run.task.kind}), trained with adaptune, a reproduction of Houlsby et al. (2019, "
         f"[arXiv:1902.00751](https://arxiv.org/abs/1902.00751)): {METHOD_NAMES.get(run.method.name, run.method.name)}, "
-        f"{int(row['trained_params']):,} trained parameters ({_percent(row)} of {int(row['total_params']):,}). {selection}", "",
+        f"{int(row['trained_params']):,} trained parameters ({_percent(row)} of {int(row['total_params']):,}); "
+        f"{head_text(run.task)}. {selection}", "",
+        "## License", "",
+        f"- the weights: those of the base model `{run.base_model}`, "
+        + (f"license {license} (its model card)" if license else "see its model card") + "; the trained tensors are derived from them",
+        f"- the data it was trained on ({title}): {dataset_terms(run.task)}", "",
         "## Scores", "",
         f"As the run recorded them, computed in {run.precision} ({row['device']}):", "",
         "| split | rows | what they are | metric | value |", "|---|---|---|---|---|",
@@ -62,7 +71,7 @@ def render_card(run: ExportedRun, written: WrittenFormat, selection: str, files:
         f"seed {int(row['seed'])}, batch size {json.loads(row['config_json']).get('batch_size')}",
         f"- backbone: `{row['backbone']}`; data scheme `{row.get('data_scheme')}`, split `{row.get('data_split')}`"
         + (f" ({row['split_note']})" if row.get("split_note") else ""),
-        f"- status: {row['status']}" + (f" ({row['reason']})" if row.get("reason") else ""), "",
+        f"- status: {row['status']}" + (f" ({row['reason']})" if _text(row.get("reason")) else ""), "",
     ]
     return "\n".join(lines)
 
@@ -80,12 +89,47 @@ def model_index_results(run: ExportedRun) -> list[dict[str, Any]]:
                    **({"config": source.hub_config} if source.hub_config else {}), "split": hub_split(run.task, split),
                    "args": {"adaptune_split": split, "rows": _rows(run.run, rows), "what": split_meaning(run.task, split)}}
         results.append({
-            "task": {"type": "text-classification", "name": "Text Classification"},
+            "task": {"type": "text-classification", "name": "Text Regression" if run.task.kind == "regression" else "Text Classification"},
             "dataset": dataset,
             "metrics": [{"type": metric, "value": float(value), "name": f"{split} {metric}", "args": {"precision": run.precision}}
                         for metric, value in sorted(scores.items())],
         })
     return results
+
+
+def base_model_license(base_model: str) -> str | None:
+    return BASE_MODEL_LICENSES.get(_short(base_model))
+
+
+def head_text(task: Task) -> str:
+    """What the task head is: a regression head (one output) or a classification head over the task's classes."""
+    if task.kind == "regression":
+        return "the task head is a regression head (one output, trained with mean squared error)"
+    return f"the task head is a classification head ({task.num_labels} classes)"
+
+
+def dataset_terms(task: Task) -> str:
+    """The dataset's terms: the publisher's, at the link where they are stated (the project restates none)."""
+    link = f"https://huggingface.co/datasets/{task.source.hub_id}" if task.source.hub_id else task.source.url
+    return f"the terms are the publisher's: see the publisher, {link}" if link else "the terms are the publisher's: see the publisher"
+
+
+def selection_text(run: dict[str, Any], method: str) -> str:
+    """How this run was selected: by the rule of the report's table its task is in (serve.selection)."""
+    if run.get("table") == "Table 2":
+        sem = run.get("config_sem")
+        spread = f" ± {100 * float(sem):.1f} (s.e.m.)" if sem is not None and _text(sem) else ""
+        return (f"Selected as the report's Table 2 selects: of the store's usable `{method}` runs of this task, the configuration "
+                f"(learning rate, epochs, size) with the best mean validation score over seeds; Table 2 reports its mean test "
+                f"score over its {int(run['config_seeds'])} seed(s), {100 * run['config_mean']:.1f}{spread}, not this one run's. "
+                "A folder holds one model: this is that configuration's seed best on validation.")
+    return (f"Selected as the report's Table 1 selects: of the store's usable `{method}` runs of this task, the single run "
+            "best on validation (over every configuration and seed).")
+
+
+def _text(value: Any) -> bool:
+    """A value the card can print: not None, not NaN (a runs.parquet row's missing reason), not empty."""
+    return value is not None and value == value and value != ""
 
 
 def hub_split(task: Task, split: str) -> str:

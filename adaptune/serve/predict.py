@@ -56,6 +56,22 @@ def accepted_fields(task: Task) -> list[tuple[str, ...]]:
     return names
 
 
+def fields_table() -> str:
+    """The README's table of predict's input fields, per task it serves, from the registry (accepted_fields): the
+    README block between FIELDS_MARKERS is this text (tests/test_tasks.py holds it)."""
+    from adaptune.data.tasks import TASKS
+
+    lines = ["| task | text field(s): any one name per text |", "|---|---|"]
+    for task in TASKS.values():
+        if task.kind in ("classification", "regression") and task.trained_as is None:
+            texts = [" or ".join(f"`{name}`" for name in names) for names in accepted_fields(task)]
+            lines.append(f"| {task.name} | {'; then '.join(texts)} |")
+    return "\n".join(lines)
+
+
+FIELDS_MARKERS = ("<!-- predict fields: adaptune.serve.predict.fields_table -->", "<!-- end predict fields -->")
+
+
 def read_inputs(path: str | os.PathLike[str], task: Task) -> list[dict[str, Any]]:
     """Every non-blank line as {"line", "texts", "id"?}, all checked before anything is predicted."""
     fields = accepted_fields(task)

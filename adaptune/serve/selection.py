@@ -1,9 +1,12 @@
 """Which run of each task goes into a bundle: the report's own choice, read straight from a run store.
 
-The rule is Table 1's (adaptune.report.tables): among usable runs (status ok, a validation score) of
-one backbone, per task the single run best on validation (`best_by_validation`), over every size,
-learning rate, epoch count and seed the store holds for the method. So for GLUE tasks and the
-adapters or full fine-tuning method, a bundle holds exactly the runs the report's Table 1 shows.
+The rule is that of the table the task belongs to (adaptune.report.tables), among usable runs (status ok, a
+validation score) of one backbone. Table 1 (GLUE, and any task not in Table 2): per task the single run best on
+validation (`best_by_validation`), over every size, learning rate, epoch count and seed the store holds for the
+method. Table 2 (the additional tasks): the configuration with the best mean validation score over seeds
+(`best_configuration`), whose mean test score over those seeds is what Table 2 reports; a folder holds one model, so
+that configuration's seed best on validation (`table`, `config_mean`, `config_sem`, `config_seeds` say so). So for
+the adapters or full fine-tuning method, a bundle holds runs of exactly the cells the report's tables show.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import pandas as pd
 from adaptune.core.errors import UserError
 from adaptune.data.tasks import get_task
 from adaptune.report.results import run_row
-from adaptune.report.selection import BERT_LARGE, best_by_validation, runs_for_backbone, usable_runs
+from adaptune.report.selection import BERT_LARGE, best_by_validation, best_configuration, runs_for_backbone, usable_runs
 from adaptune.sweep.store import RECORD_FILE, RUNS_DIR, RunStore
 
 SELECT_RULES = ("best",)  # the single run best on validation per task (Table 1)
@@ -60,12 +63,29 @@ def select_runs(
     candidates, _ = runs_for_backbone(candidates, BERT_LARGE)
     if candidates.empty:
         raise SelectionError(_nothing_selected(runs, method, wanted, backbone, where))
-    chosen = best_by_validation(candidates, ["task"])
+    chosen = _by_table(candidates)
     missing = sorted(set(wanted or ()) - set(chosen["task"]))
     if missing:
         raise SelectionError(f"no usable {method} run for task(s) {missing} in {where} (found for {sorted(chosen['task'])}); "
                              "leave them out of --tasks, or train them first")
     return chosen.reset_index(drop=True)
+
+
+def table_of(task: str) -> str:
+    """The report's table a task's cell is in: "Table 2" for the additional tasks, else "Table 1"."""
+    return "Table 2" if get_task(task).family == "extra" else "Table 1"
+
+
+def _by_table(candidates: pd.DataFrame) -> pd.DataFrame:
+    """Per task, the run its table's rule selects (the module's docstring), with `table` and, for Table 2, the
+    configuration's mean and s.e.m. of the reported score over its seeds."""
+    in_table2 = candidates["task"].map(lambda task: table_of(task) == "Table 2").astype(bool)
+    chosen = [best_by_validation(candidates[~in_table2], ["task"]).assign(table="Table 1")]
+    for config in best_configuration(candidates[in_table2], ["task"]).itertuples() if in_table2.any() else ():
+        seeds = candidates[candidates["run_id"].isin(config.run_ids.split(","))]
+        chosen.append(best_by_validation(seeds, ["task"]).assign(table="Table 2", config_mean=config.reported_mean,
+                                                                  config_sem=config.reported_sem, config_seeds=config.n_seeds))
+    return pd.concat(chosen, ignore_index=True)
 
 
 def _nothing_selected(runs: pd.DataFrame, method: str, tasks: list[str] | None, backbone: str | None, where: object) -> str:

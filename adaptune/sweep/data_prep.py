@@ -28,7 +28,7 @@ import datasets
 
 from adaptune.core.errors import UserError
 from adaptune.data.batching import column_values
-from adaptune.data.checksums import checksum_problem
+from adaptune.data.checksums import KNOWN_MD5, checksum_problem
 from adaptune.data.loading import load_task_splits
 from adaptune.data.prepared import (
     FORMAT_VERSION,
@@ -93,6 +93,8 @@ class PreparedTask:
     source: str
     seconds: float
     tokenized: list[str]  # "backbone@max_length: prepared|reused"
+    definition: str = ""  # whether its file name and columns were checked on a real file before this step
+    checksum: str = ""  # whether its files' checksums are known (data.checksums), else only recorded here
 
 
 @dataclasses.dataclass
@@ -102,11 +104,12 @@ class PreparedPlan:
 
     def markdown(self) -> str:
         """The table the Vertex AI console shows for the step."""
-        lines = ["| task | source | train | validation | test | action | tokenized | seconds |", "|---|---|---:|---:|---:|---|---|---:|"]
+        lines = ["| task | source | definition | checksum | train | validation | test | action | tokenized | seconds |",
+                 "|---|---|---|---|---:|---:|---:|---|---|---:|"]
         for entry in self.tasks:
             rows = [str(entry.rows.get(split, "")) for split in ("train", "validation", "test")]
-            lines.append(f"| {entry.task} | {entry.source} | {' | '.join(rows)} | {entry.action} | {'; '.join(entry.tokenized) or '-'} "
-                         f"| {entry.seconds:.1f} |")
+            lines.append(f"| {entry.task} | {entry.source} | {entry.definition} | {entry.checksum} | {' | '.join(rows)} | {entry.action} "
+                         f"| {'; '.join(entry.tokenized) or '-'} | {entry.seconds:.1f} |")
         return "\n".join([f"Prepared data: `{self.url}`", "", *lines, ""])
 
 
@@ -160,7 +163,23 @@ def _prepare_task(task: Task, ways: set[Tokenization], store: RunStore, data_dir
         for way in sorted(ways):
             tokenized.append(f"{way.label}: " + _prepare_tokenized(task, way, store, folder, loaded, local))
     return PreparedTask(task=task.name, folder=folder, action=action, rows=info["rows"], source=_source_text(provenance),
-                        seconds=0.0, tokenized=tokenized)
+                        seconds=0.0, tokenized=tokenized, definition=_definition_text(task), checksum=_checksum_text(task, provenance))
+
+
+def _definition_text(task: Task) -> str:
+    if task.source.verified:
+        return "checked on a real file before"
+    return "never read before (declared from the publisher's docs); read here, rows checked against Table 3"
+
+
+def _checksum_text(task: Task, provenance: dict[str, Any]) -> str:
+    """Per mirror file: its md5 known and matched, or unknown (its sha256 recorded in TASK.json only)."""
+    if provenance.get("source") == "hub":
+        return "hub copy (no file checksum)"
+    known = [rel in KNOWN_MD5 for _, rel in task.source.files if rel in provenance.get("files", {})]
+    if known and all(known):
+        return "md5 known, matches"
+    return "not known: sha256 recorded in TASK.json only" if not any(known) else "partly known: the others' sha256 in TASK.json only"
 
 
 def _prepare_tokenized(task: Task, way: Tokenization, store: RunStore, folder: str, loaded: TaskData | None, local: Path) -> str:

@@ -71,7 +71,32 @@ def run_record(config: TrainConfig, primary_metric: str, device: str | None = No
         # Tasks scored by this run on their own test split (tasks.scored_companions), beside this run's
         # validation scores: {"mnli_mm": {"val_metrics": {...}, "test_metrics": {...}, "split_sizes": {...}}}.
         "companions": {},
+        # Distinct classes the final model predicted per split, {"validation": n, "test": n} (classification only):
+        # what degenerate_reason reads.
+        "predicted_classes": {},
     }
+
+
+# The degenerate rule, stated once: the run book applies it as a run finishes, results.run_row when records are read.
+DEGENERATE_RULE = "predicts one class on validation or on its reported split (test), whichever split shows it"
+
+
+def degenerate_reason(record: dict[str, Any]) -> str | None:
+    """Why a finished classification run is degenerate (DEGENERATE_RULE), from its `predicted_classes`; None if it is not
+    (or the record does not say: a span or regression task, or a record written before the counts were kept)."""
+    try:
+        task = get_task(str(record.get("task")))
+    except UserError:
+        return None
+    counts = record.get("predicted_classes") or {}
+    splits = [split for split in ("validation", "test") if counts.get(split) == 1]
+    if task.kind != "classification" or not splits:
+        return None
+    metric = record.get("primary_metric") or task.primary_metric
+    scores = ", ".join(f"{metric} {value:g} on {split}" for split in splits
+                       if (value := (record.get("val_metrics" if split == "validation" else "test_metrics") or {}).get(metric)) is not None)
+    return (f"predictions at the final epoch ({record.get('epochs')}) are all one class on {' and '.join(splits)}"
+            + (f" ({scores})" if scores else "") + f": degenerate, as a run that {DEGENERATE_RULE}; compare other seeds and learning rates")
 
 
 def group_size(record: dict[str, Any]) -> int:

@@ -27,6 +27,7 @@ from adaptune.train.epoch_log import report_epoch
 from adaptune.train.evaluate import EvalResult, EvalSplit
 from adaptune.train.event_log import CurveLog, write_run_summary
 from adaptune.train.finite_guard import FiniteGuard, RunFailed
+from adaptune.train.record import degenerate_reason
 from adaptune.train.run_data import RunData
 from adaptune.train.state import Progress, load_state, remove_state, save_state
 
@@ -143,7 +144,9 @@ class RunBook:
         p.final_val_metrics = _finite_or_none(validation.metrics)
         p.final_predicted_classes = validation.predicted_classes
         test = self.eval_splits.get("test")
-        p.final_test_metrics = _finite_or_none(evaluate(self.task, test).metrics) if test else {}
+        tested = evaluate(self.task, test) if test else None
+        p.final_test_metrics = _finite_or_none(tested.metrics) if tested else {}
+        p.final_test_predicted_classes = tested.predicted_classes if tested else None
         p.final_companions = {
             name: {"val_metrics": p.final_val_metrics,
                    "test_metrics": _finite_or_none(evaluate(get_task(name), split).metrics),
@@ -167,14 +170,11 @@ class RunBook:
             companions=p.final_companions,
             train_examples_per_s=p.examples_trained / p.train_time_s if p.train_time_s > 0 else None,
             checkpoint_dir=str(self.out / CHECKPOINT_DIR),
+            predicted_classes={split: n for split, n in (("validation", p.final_predicted_classes),
+                                                         ("test", p.final_test_predicted_classes)) if n is not None},
         )
-        if p.final_predicted_classes == 1 and self.task.num_labels > 1:
-            final = p.final_val_metrics.get(self.task.primary_metric)
-            record.update(
-                status="degenerate",
-                reason=f"validation predictions at the final epoch ({self.config.epochs}) are all one class "
-                f"({self.task.primary_metric} {final if final is None else f'{final:g}'}); compare other seeds and learning rates",
-            )
+        if reason := degenerate_reason(record):
+            record.update(status="degenerate", reason=reason)
 
     def finish_record(self, started: float, write_record: bool) -> dict[str, Any]:
         """Wall time and curve into the record, written unless the store publishes it; a finished run's state removed."""

@@ -39,7 +39,8 @@ class Progress:
     # The run's result: the final epoch's metrics (the official code evaluates the final model).
     final_val_metrics: dict[str, float | None] = dataclasses.field(default_factory=dict)
     final_test_metrics: dict[str, float | None] = dataclasses.field(default_factory=dict)
-    final_predicted_classes: int | None = None
+    final_predicted_classes: int | None = None  # on validation
+    final_test_predicted_classes: int | None = None
     final_companions: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)  # mnli_mm for an MNLI run
 
 
