@@ -8,7 +8,7 @@ PIPELINE ?= smoke
 OUT ?= outputs
 export PYTHONHASHSEED := 0
 
-.PHONY: venv venv-xla test test-xla test-adapterhub test-heavy demo run plan status tensorboard notebooks report compile submit stage-models stage-data bench bench-fused bench-bf16 bench-data bench-shard-data bench-xla bench-attention bench-states bench-lengths bench-gpu gpu-carry bench-status bench-tensorboard bench-soak images lint lock clean
+.PHONY: venv venv-xla test test-xla test-adapterhub test-heavy demo run plan status tensorboard notebooks report compile submit stage-models stage-data bench bench-fused bench-bf16 bench-data bench-shard-data bench-xla bench-attention bench-states bench-lengths bench-gpu gpu-carry bench-status bench-tensorboard bench-soak bench-peer images lint lock clean
 
 $(VENV)/.installed: pyproject.toml requirements.lock requirements-kernel-tests.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -181,6 +181,12 @@ gpu-carry: venv
 # `make status` against paper_full's 8,556 stub records in the emulated GCS bucket (JSON out; a few minutes).
 bench-status: venv
 	$(PY) -m bench.status_timing --out bench/status.json
+
+# A 4-run SST-2 sweep through `pipelines run` against AdapterHub + Trainer and peft + Trainer (each at its defaults and
+# with group_by_length), alternating, on the same rows; wall, training, evaluation and fixed seconds, peak RSS, scores,
+# the steps' share of a bf16 matmul (bench/peer.json; about half an hour here). AdapterHub runs in .venv-adapters.
+bench-peer: venv
+	$(PY) -m bench.peer --out bench/peer.json $(if $(BASELINE_ROOT),--baseline-root $(BASELINE_ROOT))
 
 # The run store's soak at 10,000 stub runs in the emulated GCS bucket: overlapping submissions, SIGKILLed
 # workers, transient and diverging runs (JSON out: runs, kills, calls per run, lost, duplicated, wall; about 19 min here).

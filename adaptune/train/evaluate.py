@@ -64,9 +64,10 @@ class EvalSplit:
                          parent=self, positions=positions)
 
 
-def curve_split(validation: EvalSplit, rows: int = CURVE_ROWS) -> EvalSplit:
-    """The rows an epoch's curve point scores: the whole split where it has at most `rows` (or is a span split), else a
-    seeded subset of `rows` of them, in the split's order."""
+def curve_split(validation: EvalSplit, rows: int | None = None) -> EvalSplit:
+    """The rows an epoch's curve point scores: the whole split where it has at most `rows` (CURVE_ROWS) or is a span
+    split, else a seeded subset of `rows` of them, in the split's order."""
+    rows = CURVE_ROWS if rows is None else rows
     if len(validation.rows) <= rows or validation.references is None:
         return validation
     return validation.subset(sorted(seeded_order(range(len(validation.rows)))[:rows]))
