@@ -14,6 +14,8 @@ from typing import Any
 
 import pandas as pd
 
+from adaptune.report.tables import TABLE2_SUMMARY_ROWS
+
 SEPARATION_POINTS = 1.0
 # The trained methods of Table 2 (the head alone is a floor, not one of them), with the names the line gives them.
 TRAINED_METHODS = {"full": "full fine-tuning", "top_k": "variable fine-tuning", "adapters": "adapters", "layernorm": "LayerNorm-only"}
@@ -24,7 +26,7 @@ def table2_separation(table: pd.DataFrame) -> pd.DataFrame:
     """Per task of `table` (tables.table2) with a trained method and a floor measured: the floor (`floor_name`: "the
     majority class" or "the head alone"), each trained method's margin above it (`methods`, text), the largest margin in
     absolute value, and `separates`: whether some trained method stands more than SEPARATION_POINTS from the floor."""
-    cells = table[table["measured_mean"].notna()] if "measured_mean" in table else table.iloc[:0]
+    cells = _task_cells(table)
     records = []
     for task, rows in cells.groupby("task", sort=False):
         by_method = rows.set_index("method")["measured_mean"]
@@ -64,6 +66,13 @@ def flat_tasks(separation: pd.DataFrame, tasks: list[str] | None = None) -> list
     return [task for task in flat if tasks is None or task in tasks]
 
 
+def _task_cells(table: pd.DataFrame) -> pd.DataFrame:
+    """Table 2's measured cells of tasks (not its summary rows)."""
+    if "measured_mean" not in table:
+        return table.iloc[:0]
+    return table[table["measured_mean"].notna() & ~table["task"].isin(TABLE2_SUMMARY_ROWS)]
+
+
 def _first(values: pd.Series) -> Any:
     present = values.dropna()
     return float(present.iloc[0]) if not present.empty else None
@@ -72,7 +81,7 @@ def _first(values: pd.Series) -> Any:
 def claim_note(table: pd.DataFrame, separation: pd.DataFrame) -> str:
     """For the additional-tasks claim: the tasks it was decided on (both adapters and full fine-tuning measured in
     Table 2), by name, and those of them that do not separate the methods ("" when there are none)."""
-    cells = table[table["measured_mean"].notna()] if "measured_mean" in table else table.iloc[:0]
+    cells = _task_cells(table)
     both = [task for task, rows in cells.groupby("task", sort=False) if {"adapters", "full"} <= set(rows["method"])]
     if not both:
         return ""
