@@ -223,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
                 for name, run in systems.items():
                     rounds[name].append(run())
                     print(f"{method} {repeat + 1}/{args.repeats} {name}: {rounds[name][-1]['wall_s']:.1f} s", flush=True)
+                    results["methods"][method] = {"rounds_so_far": rounds}  # kept if the call is stopped
+                    args.out.write_text(json.dumps(results, indent=1) + "\n")
             tokens_trained = epoch_tokens * EPOCHS * len(RATES) * len(SEEDS) * flops_per_token(method)
             entry = {name: summary(runs, tokens_trained, tflops) for name, runs in rounds.items()}
             ours = entry["pipelines run"]["wall_s"]["min"]

@@ -89,7 +89,7 @@ def _report(args: argparse.Namespace) -> int:
     from adaptune.sweep.fan_in import aggregate_sweep
 
     out = Path(args.out or Path("outputs") / _stem(args.name))
-    summary = aggregate_sweep(get_experiment(args.name), _store_for(args.name, args.runs_root, out), out, partial=True)
+    summary = aggregate_sweep(get_experiment(args.name, args.data_dir), _store_for(args.name, args.runs_root, out), out, partial=True)
     report = build_report(out, out, data_dir=args.data_dir)
     share = "all" if summary["runs"] == summary["planned"] else "partial:"
     print(f"{share} {summary['runs']:,} of {summary['planned']:,} runs ({summary['ok']} ok, {summary['degenerate']} degenerate, "
@@ -295,7 +295,7 @@ def _stage_data(args: argparse.Namespace) -> int:
 
     store = RunStore(args.runs_root or load_settings().resolved_runs_root()).require_writable()
     started = time.perf_counter()
-    staged = stage_data(get_experiment(args.name), store, args.from_dir, force=args.force, on_file=show)
+    staged = stage_data(get_experiment(args.name, args.from_dir), store, args.from_dir, force=args.force, on_file=show)
     print(f"{len({line['file'] for line in staged})} files in {time.perf_counter() - started:.1f} s. {mirror_hint(store)}")
     return 0
 

@@ -56,7 +56,7 @@ def run_local(
 
     from adaptune.data.sources import resolve_data_dir
 
-    spec = get_experiment(name)
+    spec = get_experiment(name, data_dir)  # an experiment of the tasks with data: those this data source holds
     planned = plan(spec)
     out_dir = Path(out_dir).resolve()
     store = _checked_store(planned, runs_root or out_dir / "store", policy)

@@ -102,7 +102,8 @@ from adaptune.report.selection import (
     scored_runs,
     usable_runs,
 )
-from adaptune.report.tables import table1_candidates, table2_candidates
+from adaptune.report.separation import claim_note, table2_separation
+from adaptune.report.tables import table1_candidates, table2, table2_candidates
 from adaptune.report.verdicts import FAILS, HOLDS, INCONCLUSIVE, NOT_MEASURED, TASKS, claim_row, verdict_row
 from adaptune.report.zero_shot import run_floor
 
@@ -221,7 +222,17 @@ def _extra_within_full(runs: pd.DataFrame, reference: dict[str, Any], data_dir: 
                f"mean test accuracy ... across runs with different random seeds\"); the adapters must also train <= {FEW_PERCENT:g}% "
                "of the backbone's parameters", scope)
     candidates, backbone = table2_candidates(runs, reference)
-    return _versus_full(row, runs, candidates, backbone, BEST_CONFIGURATION, None, data_dir)
+    result = _versus_full(row, runs, candidates, backbone, BEST_CONFIGURATION, None, data_dir)
+    return _named_tasks(result, runs, reference, data_dir)
+
+
+def _named_tasks(result: dict, runs: pd.DataFrame, reference: dict[str, Any], data_dir: Any) -> dict:
+    """The additional-tasks row with the tasks it speaks for named, and those that do not separate the methods (separation.py)."""
+    if result["verdict"] == NOT_MEASURED:
+        return result
+    cells = table2(runs, reference, data_dir)
+    note = claim_note(cells, table2_separation(cells))
+    return {**result, "detail": f"{note}; {result['detail']}" if note else result["detail"]}
 
 
 def _versus_full(row: dict, runs: pd.DataFrame, candidates: pd.DataFrame, backbone: str | None, rule: str, tasks: list[str] | None,

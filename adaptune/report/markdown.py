@@ -19,6 +19,7 @@ from adaptune.report.partial import Coverage, claims_for_markdown, mark_claims, 
 from adaptune.report.reference import load_reference, reference_path
 from adaptune.report.results import ResultsWarning, read_results
 from adaptune.report.selection import problem_runs
+from adaptune.report.separation import SEPARATION_POINTS, separation_line, table2_separation
 from adaptune.report.tables import (
     SUMMARY_COLUMNS,
     TABLE2_SUMMARY_ROWS,
@@ -74,12 +75,13 @@ def build_report(
     # Tables name the tasks and methods with no run on one line; a task planned whose runs have not finished is named apart.
     pending = coverage.pending(set(t1["task"]) | set(t2["task"])) if coverage is not None else set()
     size_tasks = paper["figures"]["adapter_size_mean_validation"]["tasks"]
-    for name, frame in (("table1", t1), ("table2", t2), ("adapter_sizes", sizes), ("claims", claims), ("methods", methods),
-                        ("excluded_runs", problems)):
+    separation = table2_separation(t2)
+    for name, frame in (("table1", t1), ("table2", t2), ("table2_separation", separation), ("adapter_sizes", sizes), ("claims", claims),
+                        ("methods", methods), ("excluded_runs", problems)):
         frame.to_parquet(tables_dir / f"{name}.parquet", index=False)
     markdown = {
         "table1": table1_markdown(t1, runs, pending),
-        "table2": table2_markdown(t2, paper, runs, pending),
+        "table2": "\n\n".join(filter(None, [table2_markdown(t2, paper, runs, pending), separation_line(separation)])),
         "claims": claims_markdown(claims_for_markdown(claims), read_grid_left_out(results_dir)),
         "methods": methods_markdown(methods),
         "adapter_sizes": adapter_sizes_markdown(sizes, runs, size_tasks, partial=bool(notes.get("adapter_sizes"))),
@@ -223,7 +225,12 @@ def _table2_section(parts: ReportParts) -> list[str]:
         "mean ± s.e.m. across its seeds. Degenerate seeds (predictions collapsed to one class) are kept in the mean "
         "and s.e.m., as the paper's evidently were (its SMS spam adapters, 95.1 ± 2.2, sit below its own no-BERT "
         "98.5); a cell says how many it holds. 'Majority class': the test accuracy of predicting the training "
-        "labels' most common class.",
+        "labels' most common class. 'Head only', where measured, is the frozen backbone with only its task head trained "
+        "(as a probe; not in the paper). 'Average': the mean over the tasks measured, beside the paper's own mean over the "
+        "same tasks. A task whose floor (the higher of the majority class and the head alone) stands within "
+        f"{SEPARATION_POINTS:g} point of every trained method is named beneath the table as one that does not separate "
+        "the methods ([table2_separation.parquet](tables/table2_separation.parquet)).",
+        *_tasks_line(parts.t2),
         "",
         _backbone_line(parts.t2, "BERT-base"),
         "",
@@ -234,6 +241,16 @@ def _table2_section(parts: ReportParts) -> list[str]:
         "Files: [table2.parquet](tables/table2.parquet), [table2.md](tables/table2.md)",
         "",
     ]
+
+
+def _tasks_line(table: pd.DataFrame) -> list[str]:
+    """Which additional tasks Table 2 measured, by name: its mean and the claim speak for these, not for all 17."""
+    measured = table[table["measured_mean"].notna() & ~table["task"].isin(TABLE2_SUMMARY_ROWS)] if "measured_mean" in table else table.iloc[:0]
+    tasks = list(dict.fromkeys(measured["task"]))
+    if not tasks:
+        return []
+    return ["", f"Measured on {len(tasks)} of the paper's 17 additional tasks: {', '.join(tasks)}; the averages and the claim "
+                "speak for these tasks only."]
 
 
 def _adapter_size_section(parts: ReportParts) -> list[str]:

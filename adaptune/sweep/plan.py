@@ -275,6 +275,9 @@ class Plan:
             )
         if spec.max_train_examples:
             lines.append(f"subsampled: at most {spec.max_train_examples} training examples per task")
+        if spec.tasks_left_out:
+            lines.append(f"left out, no data here ({len(spec.tasks_left_out)} tasks):")
+            lines += [f"  {line}" for line in spec.tasks_left_out]
         if self.merged_duplicates:
             lines.append(f"{self.merged_duplicates} runs shared by several blocks are planned once")
         lines.append(f"{len(self.runs)} runs")
@@ -335,6 +338,10 @@ def plan(spec: ExperimentSpec, measured: dict[ThroughputKey, Measured] | None = 
     throughput where it has the run's backbone, accelerator, method and group size (else alone); shards stay
     the same. `set_aside` (throughput.set_aside_on): the store's records left out, which the estimate line counts."""
     problems: list[str] = []
+    if spec.skip_tasks_without_data:  # not yet resolved where its command started (get_experiment): against the default data source
+        from adaptune.sweep.task_data import with_tasks_that_have_data
+
+        spec = with_tasks_that_have_data(spec)
     if not spec.sweeps:
         raise PlanError(f"experiment {spec.name!r} has an empty grid: declare at least one Sweep in its sweeps")
     _check_spec_values(spec, problems)

@@ -176,6 +176,11 @@ class ExperimentSpec:
     ablation: Ablation | None = None
     # What the experiment leaves out of the paper's grid and why; the report prints it beside the claims.
     grid_left_out: str = ""
+    # True: a task whose files the data source lacks is left out when the spec is resolved against it
+    # (adaptune.sweep.task_data), one line each in `tasks_left_out`, instead of failing the run; the resolved spec,
+    # the one every pod re-plans, names only the tasks that were there.
+    skip_tasks_without_data: bool = False
+    tasks_left_out: tuple[str, ...] = ()
 
     @property
     def tasks(self) -> tuple[str, ...]:

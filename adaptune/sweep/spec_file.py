@@ -50,6 +50,8 @@ def spec_from_dict(data: dict[str, Any]) -> ExperimentSpec:
     fields["sweeps"] = tuple(_sweep_from_dict(sweep, index) for index, sweep in enumerate(fields["sweeps"]))
     if "accelerator" in fields:
         fields["accelerator"] = _accelerator_from(fields["accelerator"])
+    if "tasks_left_out" in fields:
+        fields["tasks_left_out"] = tuple(str(line) for line in fields["tasks_left_out"] or ())
     if fields.get("ablation") is not None:
         ablation = _fields_of(Ablation, fields["ablation"], "ablation")
         ablation["tasks"] = tuple(ablation.get("tasks", ()))
