@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_a_one_shard_sweep_gets_every_core_and_shards_at_once_share_them() -> None:
     one_shard = plan(spec_from_dict({"name": "one", "accelerator": "cpu", "parallelism": 2, "shard_size": 8,
-                                     "sweeps": [{"tasks": ["mrpc"], "methods": ["adapters:16"], "seeds": [0, 1]}]}))
+                                     "sweeps": [{"tasks": ["mrpc"], "methods": ["adapters:16"], "learning_rates": [1e-3], "epochs": [1], "seeds": [0, 1]}]}))
     assert len(one_shard.shards) == 1
     share = CoreShare.for_plan(one_shard, environ={}, cores=2)
     assert (share.shard_threads, share.step_threads, share.shards_at_once) == (2, 2, 1)
