@@ -132,7 +132,9 @@ def test_each_task_with_a_problem_is_one_line_and_the_others_are_prepared(tmp_pa
     assert str(mirror / SMS) in by_task["sms_spam"] and checksums.KNOWN_MD5[SMS] in by_task["sms_spam"]
     assert str(rte_dev) in by_task["rte"] and "download the publisher's file again" in by_task["rte"]
     assert "https://data.world/crowdflower/corporate-messaging" in by_task["corporate_messaging"]
-    assert [path.name.split("-")[0] for path in (tmp_path / "store" / "prepared").iterdir()] == ["mrpc"]
+    assert sorted(path.name.split("-")[0] for path in (tmp_path / "store" / "prepared").iterdir()) == ["mrpc", "problems"]
+    assert data_prep.preparation_problems(_plan("mrpc", "sms_spam", "rte", "corporate_messaging"), store) == {
+        task: line.split(": ", 1)[1] for task, line in by_task.items()}  # what `pipelines run` shows, as the step found it
 
     # with no checksum to catch it, the rows the paper's Table 3 gives do
     monkeypatch.delitem(checksums.KNOWN_MD5, SMS)
@@ -271,3 +273,52 @@ def test_a_writer_killed_half_way_leaves_nothing_a_reader_takes(where: str, tmp_
         info = store.files.read_json(PREPARED_DIR, folder, "TASK.json")
         assert info["raw"] != dead and _task_folder(store, "mrpc")[1] == sorted(["TASK.json", info["raw"], "tokenized"])
         _same_as_mirror("mrpc", readable_data_dir(store, again.url, {"mrpc"}, scratch=tmp_path / "shard"), shared_data_dir)
+
+
+# --- a data fault reaches `pipelines run` as one line per task ------------------------------------------------------
+
+
+def _sweep_file(tmp_path: Path, *tasks: str) -> str:
+    from adaptune.sweep.spec_file import spec_to_json
+
+    spec = dataclasses.replace(_plan(*tasks).spec, name="data_faults")
+    path = tmp_path / "data_faults.json"
+    path.write_text(spec_to_json(spec))
+    return str(path)
+
+
+def test_pipelines_run_names_every_broken_task_and_file_before_the_dag(tmp_path: Path, shared_data_dir: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """MRPC's dev.tsv with a column renamed, SMS spam's file truncated, RTE whole: one line for each broken task, its
+    file named, exit 2, nothing run. Before, the check named MRPC's column alone and left SMS spam to the next try."""
+    from pipelines.__main__ import main
+
+    mirror = _mirror(shared_data_dir, tmp_path / "mirror", *MRPC, SMS, "glue/RTE/train.tsv", "glue/RTE/dev.tsv")
+    dev = mirror / MRPC[1]
+    dev.write_text(dev.read_text(encoding="utf-8").replace("#1 String", "#1 Text", 1), encoding="utf-8")
+    (mirror / SMS).write_bytes((mirror / SMS).read_bytes()[:100_000])
+    out = tmp_path / "out"
+    assert main(["run", _sweep_file(tmp_path, "mrpc", "sms_spam", "rte"), "--out", str(out), "--data-dir", str(mirror)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "error: the data of the plan cannot be prepared; nothing was trained:" and len(err) == 3
+    assert err[1].startswith(f"mrpc: {dev} lacks the column(s) #1 String (it has Quality, #1 ID, #2 ID, #1 Text, #2 String)")
+    assert err[2].startswith(f"sms_spam: {mirror / SMS}: md5 ") and checksums.KNOWN_MD5[SMS] in err[2]
+    assert not (out / "kfp_root").exists()
+
+
+@pytest.mark.slow
+def test_a_fault_the_preparation_step_finds_ends_pipelines_run_in_one_line_per_task(stub: Path, tmp_path: Path,
+                                                                                   shared_data_dir: Path) -> None:
+    """The DAG run without the up-front check (as a dry run does): MRPC's train.tsv cut in half is found by the
+    preparation step inside kfp.local, and reaches the caller as its line, not kfp's RuntimeError."""
+    from pipelines.local import run_local
+
+    mirror = _mirror(shared_data_dir, tmp_path / "mirror", *MRPC)
+    train = mirror / MRPC[0]
+    train.write_bytes(train.read_bytes()[: train.stat().st_size // 2])
+    with pytest.raises(DataPreparationError) as raised:
+        run_local(_sweep_file(tmp_path, "mrpc"), tmp_path / "out", data_dir=mirror, check_data=False)
+    lines = str(raised.value).splitlines()
+    assert lines[0] == "the data of the plan cannot be prepared; nothing was trained:" and len(lines) == 2
+    assert lines[1].startswith(f"mrpc: {train}: md5 ") and checksums.KNOWN_MD5[MRPC[0]] in lines[1]
+    assert not (stub / "calls").exists()

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+from adaptune.sweep import store_files
 from adaptune.sweep.experiments import get_experiment
 from adaptune.sweep.fan_in import IncompleteSweepError, aggregate_sweep
 from adaptune.sweep.lease import LEASE_SECONDS_ENV, Holder, Lease, try_acquire
@@ -39,7 +40,6 @@ from adaptune.sweep.spec import Sweep
 from adaptune.sweep.status import sweep_status
 from adaptune.sweep.status_text import format_status
 from adaptune.sweep.store import RunStore
-from adaptune.sweep import store_files
 from adaptune.sweep.store_files import StoreError
 from bench.stand_ins import stub_trainer
 from bench.stand_ins.flaky_proxy import Fault, Request

@@ -33,7 +33,6 @@ import datasets
 
 from adaptune.core.errors import UserError
 from adaptune.data.batching import column_values
-from adaptune.data.checksums import checksum_problem
 from adaptune.data.loading import load_task_splits
 from adaptune.data.prepared import (
     FORMAT_VERSION,
@@ -47,21 +46,19 @@ from adaptune.data.prepared import (
     write_task,
     write_tokenized,
 )
-from adaptune.data.sources import hub_hint, local_files_status, quiet_datasets, resolve_data_dir
+from adaptune.data.sources import hub_hint, quiet_datasets, resolve_data_dir
 from adaptune.data.splits import TaskData
 from adaptune.data.squad import prepare_features
 from adaptune.data.tasks import Task, data_scheme, get_task, scored_companions
 from adaptune.data.token_cache import tokenize_task
+from adaptune.sweep.data_check import DataPreparationError, data_file_problem
 from adaptune.sweep.machine import use_staged_backbones
 from adaptune.sweep.plan import Plan
 from adaptune.sweep.store import DATA_MIRROR_DIR, RunStore
+from adaptune.sweep.store_files import UnreadableFileError
 from adaptune.train.provenance import data_files_sha256
 
 PREPARED_DIR = "prepared"
-
-
-class DataPreparationError(UserError, ValueError):
-    """Tasks whose data cannot be prepared: one line per task, what is wrong and what to do."""
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -122,7 +119,7 @@ def prepare_plan_data(planned: Plan, store: RunStore, data_dir: Path | None) -> 
     store.require_writable()
     needs = data_needs(planned)
     use_staged_backbones(store, sorted({way.backbone for ways in needs.values() for way in ways}))
-    problems: list[str] = []
+    problems: dict[str, str] = {}
     prepared: list[PreparedTask] = []
     for name in sorted(needs):
         task = get_task(name)
@@ -130,13 +127,15 @@ def prepare_plan_data(planned: Plan, store: RunStore, data_dir: Path | None) -> 
         try:
             entry = _prepare_task(task, needs[name], store, data_dir)
         except UserError as error:  # what the user can fix: one line for the task
-            problems.append(f"{task.name}: {error}")
+            problems[task.name] = str(error)
             continue
         entry.seconds = time.perf_counter() - started
         prepared.append(entry)
         print(f"data {entry.task}: {entry.action} ({_rows_text(entry.rows)}) in {entry.seconds:.1f} s", flush=True)
     if problems:
-        raise DataPreparationError("the data of the plan cannot be prepared; nothing was trained:\n" + "\n".join(problems))
+        store.files.write_json(problems, PREPARED_DIR, problems_name(planned))  # what `pipelines run` shows its user
+        raise DataPreparationError.of_tasks(problems)
+    store.files.remove(PREPARED_DIR, problems_name(planned))
     folders = {entry.task: f"../{entry.folder}" for entry in prepared}
     plan_folder = f"plan-{_digest(folders)}"
     if store.files.read_json(PREPARED_DIR, plan_folder, PLAN_MARKER) is None:
@@ -164,7 +163,7 @@ def _prepare_task(task: Task, ways: set[Tokenization], store: RunStore, data_dir
             if _publish(store, local, folder, marker=TASK_MARKER, own=raw, siblings=f"{RAW_DIR}-"):
                 action = "prepared"
             else:  # another writer finished first: its set is the task's
-                info = store.files.read_json(PREPARED_DIR, folder, TASK_MARKER)
+                info = store.files.read_json(PREPARED_DIR, folder, TASK_MARKER) or info
         tokenized = []
         for way in sorted(ways):
             tokenized.append(f"{way.label}: " + _prepare_tokenized(task, way, store, folder, loaded, local))
@@ -205,25 +204,8 @@ def _tokenize(task: Task, raw: datasets.DatasetDict, tokenizer: Any, way: Tokeni
 
 def _check_files(task: Task, data_dir: Path | None) -> None:
     """The task's files are in the mirror (SQuAD: its dev file at least), each the copy the project checked."""
-    if data_dir is None:
-        if not task.source.hub_id:
-            raise DataPreparationError(f"no data mirror was given and it has no hub copy: {hub_hint(task)}, into a mirror, "
-                                       "and pass it as the pipeline's data_dir (make stage-data PIPELINE=... FROM=DIR)")
-        return
-    status = local_files_status(task, data_dir)
-    if status != "yes" and not (task.family == "squad" and status == "only validation"):
-        expected = ", ".join(rel for _, rel in task.source.files)
-        if status == "no":
-            what = f"holds none of its files ({expected})"
-        elif status.startswith("only "):
-            what = f"holds only its {status.removeprefix('only ')} file of {expected}"
-        else:  # "file lacks <columns>"
-            what = f"holds {expected}, but the {status.replace('file lacks', 'file lacks the column(s)')}"
-        raise DataPreparationError(f"the mirror {data_dir} {what}; {hub_hint(task)}")
-    problems = [problem for _, rel in task.source.files if (data_dir / rel).is_file()
-                for problem in [checksum_problem(data_dir / rel, rel)] if problem]
-    if problems:
-        raise DataPreparationError("; ".join(problems))
+    if problem := data_file_problem(task, data_dir):
+        raise DataPreparationError(problem)
 
 
 def _checked_facts(task: Task, loaded: TaskData) -> dict[str, Any]:
@@ -349,6 +331,21 @@ def _store_parts(store: RunStore, url: str) -> list[str]:
 def _writer_id() -> str:
     """What makes one writer's folder names its own (12 hex digits, as _publish matches them)."""
     return uuid.uuid4().hex[:12]
+
+
+def problems_name(planned: Plan) -> str:
+    """The file under prepared/ where the step leaves what it found wrong with the plan's data ({task: line}), named
+    by what the plan reads: `pipelines run` (pipelines.local) shows it as the step's one line per task."""
+    return f"problems-{_digest({task: sorted(way.label for way in ways) for task, ways in data_needs(planned).items()})}.json"
+
+
+def preparation_problems(planned: Plan, store: RunStore) -> dict[str, str]:
+    """What the plan's last data preparation in `store` found wrong ({task: one line}); empty where nothing."""
+    try:
+        found = store.files.read_json(PREPARED_DIR, problems_name(planned))
+    except UnreadableFileError:
+        return {}
+    return found if isinstance(found, dict) else {}
 
 
 def _digest(value: Any) -> str:
