@@ -188,8 +188,9 @@ bench-status: venv
 bench-peer: venv
 	$(PY) -m bench.peer --out bench/peer.json $(if $(BASELINE_ROOT),--baseline-root $(BASELINE_ROOT))
 
-# The run store's soak at 10,000 stub runs in the emulated GCS bucket: overlapping submissions, SIGKILLed
-# workers, transient and diverging runs (JSON out: runs, kills, calls per run, lost, duplicated, wall; about 19 min here).
+# The run store's soak at 10,000 stub runs in the emulated GCS bucket behind a flaky proxy (5% of requests 503/429,
+# half after the write): overlapping submissions, SIGKILLed workers, transient and diverging runs (JSON out: runs,
+# kills, calls per run, lost, hung, trained twice, waited on self, reported reused, wall).
 bench-soak: venv
 	$(PY) -m bench.soak --runs 10000 --out bench/soak.json
 

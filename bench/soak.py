@@ -12,7 +12,15 @@ lease nor resume state of a finished run is left behind, each run trained as oft
 (once; twice if killed inside it; once more per transient failure), and status, aggregate and
 runs.parquet agree.
 
-    python -m bench.soak --runs 10000 --out bench/soak.json      (make bench-soak)
+The bucket can be flaky too (`flaky_share`): the workers reach the emulator through a loopback proxy
+(bench.stand_ins.flaky_proxy) that answers that share of their requests 503 or 429, half before forwarding and
+half after the emulator did the write, at most `flaky_max` in all and none after the submissions. Then no run
+may wait on its own lease (`waited_on_self`: an attempt shown its own lease as another's) and no run an attempt
+trained may come out "reused" (`reported_reused`: its record's create answered with an error though it wrote).
+The lease is longer there (`flaky_lease_s`): gcsfs sleeps 1-2 s before retrying a failed request, 2-4 s before
+the second retry, and a holder's renewal must not wait longer than a lease.
+
+    python -m bench.soak --runs 10000 --flaky-share 0.05 --out bench/soak.json      (make bench-soak)
 tests/test_soak.py runs the same driver at a few hundred runs.
 """
 
@@ -58,6 +66,13 @@ class SoakSettings:
     shard_size: int = 25
     retries: int = 3
     seed: int = 0
+    flaky_share: float = 0.0  # of the workers' requests to the bucket, answered 503/429 (half after the write)
+    flaky_max: int = 100_000  # faults at most, over the whole soak
+    flaky_lease_s: float = 10.0  # the lease length where the bucket is flaky
+
+    @property
+    def lease_length_s(self) -> float:
+        return self.flaky_lease_s if self.flaky_share else self.lease_s
 
 
 def soak_spec(settings: SoakSettings) -> Any:
@@ -72,8 +87,21 @@ def soak_spec(settings: SoakSettings) -> Any:
     )
 
 
-def run_soak(settings: SoakSettings, root: str, control: Path, log: Path) -> dict[str, Any]:
-    """Drive the soak against the store at `root` (the emulator's environment already in os.environ)."""
+def run_soak(settings: SoakSettings, root: str, control: Path, log: Path, emulator_endpoint: str | None = None) -> dict[str, Any]:
+    """Drive the soak against the store at `root` (the emulator's environment already in os.environ); with
+    `settings.flaky_share`, the workers reach the emulator at `emulator_endpoint` through a FlakyProxy."""
+    from bench.stand_ins.flaky_proxy import FlakyProxy, RandomFaults
+
+    faults = RandomFaults(settings.flaky_share, max_faults=settings.flaky_max, seed=settings.seed)
+    if not settings.flaky_share:
+        return _run_soak(settings, root, control, log, None, faults)
+    if emulator_endpoint is None:
+        raise ValueError("a flaky soak needs the emulator's endpoint, to put its proxy in front of it")
+    with FlakyProxy(emulator_endpoint, faults) as proxy:
+        return _run_soak(settings, root, control, log, proxy, faults)
+
+
+def _run_soak(settings: SoakSettings, root: str, control: Path, log: Path, proxy: Any, faults: Any) -> dict[str, Any]:
     from adaptune.core.run_files import LEASE_FILE, STATE_FILE
     from adaptune.sweep.fan_in import aggregate_sweep
     from adaptune.sweep.plan import plan
@@ -105,7 +133,7 @@ def run_soak(settings: SoakSettings, root: str, control: Path, log: Path) -> dic
     for run_id in long_runs:
         (control / "sleep" / run_id).write_text(str(settings.long_run_s))
     for run_id in deleted:
-        (control / "sleep" / run_id).write_text(str(4 * settings.lease_s))  # long enough to be deleted mid-run
+        (control / "sleep" / run_id).write_text(str(4 * settings.lease_length_s))  # long enough to be deleted mid-run
     for run_id in killed_inside:
         (control / "kill" / "inside" / run_id).write_text("")
     store = RunStore(root)
@@ -123,14 +151,16 @@ def run_soak(settings: SoakSettings, root: str, control: Path, log: Path) -> dic
     spec_path.write_text(json.dumps(spec_to_dict(spec)))
 
     env = {**os.environ, "STUB_TRAINER_DIR": str(control), "ADAPTUNE_TRAINER": "bench.stand_ins.stub_trainer:train",
-           "ADAPTUNE_RETRY_BACKOFF_S": "0", "ADAPTUNE_LEASE_SECONDS": str(settings.lease_s), "STUB_SYNC_EVERY_S": "0.3",
+           "ADAPTUNE_RETRY_BACKOFF_S": "0", "ADAPTUNE_LEASE_SECONDS": str(settings.lease_length_s), "STUB_SYNC_EVERY_S": "0.3",
            "STUB_SAVE_STATE": "1",
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]), "OMP_NUM_THREADS": "1"}
+    if proxy is not None:  # the workers through the flaky proxy; this driver's own reads and checks go straight to the emulator
+        env["STORAGE_EMULATOR_HOST"] = proxy.endpoint
     shards = [shard.id for shard in planned.shards]
     first = _Submission("A", shards, root, spec_path, env, log, settings.workers)
     second = _Submission("B", list(reversed(shards)), root, spec_path, env, log, settings.workers, settings.clock_skew_s)
     deadline = time.monotonic() + settings.deadline_s
-    to_delete = _FolderDeleter(store, deleted, after_s=settings.lease_s)
+    to_delete = _FolderDeleter(store, deleted, after_s=settings.lease_length_s)
     first.start_some()
     time.sleep(1.0)  # the second submission overlaps the first
     while not (first.done() and second.done()) and time.monotonic() < deadline:
@@ -143,6 +173,7 @@ def run_soak(settings: SoakSettings, root: str, control: Path, log: Path) -> dic
         third.step()
         time.sleep(0.05)
     hung_submissions = [submission.stop() for submission in (first, second, third)]
+    faults.stop()
     wall = time.perf_counter() - started
     if any(hung_submissions):
         listed = store.run_files()
@@ -183,8 +214,26 @@ def run_soak(settings: SoakSettings, root: str, control: Path, log: Path) -> dic
         "states_left": states_left,
         "status": {state: status.count(state) for state in ("ok", "failed", "running", "not started", "unreadable")},
         "aggregate_runs": summary["runs"], "parquet_rows": parquet_rows,
+        "waited_on_self": _events(control, "waited_on_self"),
+        "reported_reused": _events(control, "reported_reused"),
+        "bucket_faults": dict(proxy.counts) if proxy is not None else {},
+        "worker_tracebacks": log.read_text(errors="replace").count("Traceback (most recent call last)") if log.is_file() else 0,
         "wall_s": round(wall, 1),
     }
+
+
+def _events(control: Path, kind: str) -> int:
+    """How many times workers noted `kind` (one line each in control/events/<kind>)."""
+    path = control / "events" / kind
+    return len(path.read_text().splitlines()) if path.is_file() else 0
+
+
+def _note(kind: str, run_id: str) -> None:
+    from bench.stand_ins.stub_trainer import control_dir
+
+    (control_dir() / "events").mkdir(exist_ok=True)
+    with open(control_dir() / "events" / kind, "a") as events:  # one short append: whole, across processes
+        events.write(f"{run_id}\n")
 
 
 class _Submission:
@@ -259,6 +308,7 @@ class _FolderDeleter:
 def _worker(root: str, spec_path: str, shard_id: str) -> int:
     """One shard, in this process, with kill points on the store's own steps."""
     from adaptune.sweep import run_attempt
+    from adaptune.sweep.lease import Holder
     from adaptune.sweep.shard_runner import run_shard
     from adaptune.sweep.spec_file import spec_from_dict
     from adaptune.sweep.store import RunStore
@@ -286,8 +336,26 @@ def _worker(root: str, spec_path: str, shard_id: str) -> int:
             os.kill(os.getpid(), signal.SIGKILL)
         return take_lease(run_id, store, owner, wait, sleep, watch)
 
+    acquire = run_attempt.try_acquire
+
+    def acquire_noting_self(store: RunStore, run_id: str, owner: str | None = None, seconds: float | None = None, watch: Any = None) -> Any:
+        taken = acquire(store, run_id, owner, seconds, watch)
+        if isinstance(taken, Holder) and owner is not None and taken.owner == owner:  # shown its own lease as another's
+            _note("waited_on_self", run_id)
+        return taken
+
+    publish_run = run_attempt._publish
+
+    def publish_noting_reused(config: Any, record: dict[str, Any], lease: Any, store: RunStore, data_dir: Any) -> str:
+        outcome = publish_run(config, record, lease, store, data_dir)
+        if outcome == "reused":  # this attempt trained the run: its own record cannot be another's
+            _note("reported_reused", config.run_id)
+        return outcome
+
     RunStore.publish_record = publish_then_die  # type: ignore[method-assign]
     run_attempt._take_lease = catch_up_then_die
+    run_attempt.try_acquire = acquire_noting_self
+    run_attempt._publish = publish_noting_reused
     spec = spec_from_dict(json.loads(Path(spec_path).read_text()))
     outcomes = run_shard(spec, shard_id, RunStore(root))
     print(f"{shard_id}: {dict(outcomes)}", flush=True)
@@ -303,21 +371,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kills", type=int, default=24)
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--shard-size", type=int, default=250)
+    parser.add_argument("--flaky-share", type=float, default=0.05,
+                        help="share of the workers' bucket requests answered 503/429, half after the write (0: none)")
     parser.add_argument("--out", default="bench/soak.json")
     args = parser.parse_args(argv)
     settings = SoakSettings(runs=args.runs, kills=args.kills, transient=max(12, args.runs // 50), diverging=max(4, args.runs // 1000),
                             long_runs=max(20, args.runs // 100), workers=args.workers, shard_size=args.shard_size,
                             dead_leases=max(4, args.runs // 1000), stray_leases=max(4, args.runs // 1000),
-                            deleted_folders=max(3, args.runs // 2000), deadline_s=max(900.0, args.runs * 0.4))
+                            deleted_folders=max(3, args.runs // 2000), deadline_s=max(900.0, args.runs * 0.4),
+                            flaky_share=args.flaky_share)
     from bench.stand_ins.gcs_emulator import gcs_emulator
 
     with tempfile.TemporaryDirectory(prefix="soak-") as scratch, gcs_emulator(log_dir=scratch) as emulator:
-        result = run_soak(settings, emulator.url("soak"), Path(scratch) / "control", Path(scratch) / "workers.log")
+        result = run_soak(settings, emulator.url("soak"), Path(scratch) / "control", Path(scratch) / "workers.log", emulator.endpoint)
     result = {"measured_on": time.strftime("%Y-%m-%d"), "command": "make bench-soak", "settings": dataclasses.asdict(settings), **result}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2, default=str) + "\n")
     print(json.dumps(result, indent=2, default=str))
-    clean = all(result[key] == 0 for key in ("lost", "hung", "duplicated", "trained_twice", "leases_left", "states_left"))
+    clean = all(result[key] == 0 for key in ("lost", "hung", "duplicated", "trained_twice", "leases_left", "states_left", "waited_on_self",
+                                             "reported_reused"))
     return 0 if clean else 1
 
 

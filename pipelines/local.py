@@ -15,7 +15,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from adaptune.sweep.data_check import check_local_data
+from adaptune.sweep.data_check import DataPreparationError, check_local_data
+from adaptune.sweep.data_prep import PREPARED_DIR, preparation_problems, problems_name
 from adaptune.sweep.experiments import get_experiment
 from adaptune.sweep.plan import Plan, plan
 from adaptune.sweep.retrain import RetrainPolicy
@@ -48,7 +49,10 @@ def run_local(
     "subprocess" (this environment) or "docker" (the images `image_for` names, through kfp.local's
     DockerRunner: see pipelines/container_runner.py). `policy`: which runs the store holds are trained again.
     What the user can fix is refused in one line before the DAG starts (a UserError): a run store that is a file
-    or cannot be written, a record there that cannot be read (unless the policy retrains such runs).
+    or cannot be written, a record there that cannot be read (unless the policy retrains such runs), a data file that
+    is missing, lacks a column or is not the copy the project checked (one line per task). What only the DAG's
+    data-preparation step finds (rows that are not the paper's, a label no training row has) ends the run the same
+    way, one line per task (DataPreparationError), not in kfp's traceback.
     """
     if runner not in RUNNERS:
         raise ValueError(f"unknown runner {runner!r}; expected one of {RUNNERS}")
@@ -75,10 +79,16 @@ def run_local(
     # kfp.local indents a task's log by swapping builtins.print (logging_utils.indented_print); two
     # ParallelFor tasks at once can leave the swapped one in place: put the real print back afterwards.
     real_print = builtins.print
+    store.files.remove(PREPARED_DIR, problems_name(planned))  # an earlier run's: what this run's step finds is written anew
     try:
         quiet = without_local_runner_warnings() if runner == "subprocess" else contextlib.nullcontext()
         with without_executor_inputs(), quiet:  # kfp prints each task's whole input JSON; the rest of its log stays
             run = build_pipeline(spec, threads=threads)(runs_root=store.root, data_dir=str(root) if root else "", **policy.as_flags())
+    except RuntimeError:  # kfp.local: "Pipeline ... finished with status FAILURE"; the step's log above has its detail
+        problems = preparation_problems(planned, store)
+        if problems:
+            raise DataPreparationError.of_tasks(problems) from None
+        raise
     finally:
         builtins.print = real_print
     return collect_outputs(Path(run.outputs["results"].path), Path(run.outputs["report"].path), out_dir)

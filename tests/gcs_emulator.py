@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from bench.stand_ins import gcs_emulator as emulator
+from bench.stand_ins.flaky_proxy import FlakyProxy, Rule
 from bench.stand_ins.gcs_emulator import DEFAULT_BUCKET, EmulatorUnavailable, GcsEmulator
 
 
@@ -30,6 +31,15 @@ def gcs_emulator(bucket: str = DEFAULT_BUCKET, log_dir: str | os.PathLike[str] |
         except EmulatorUnavailable as reason:
             pytest.skip(str(reason))
         yield running
+
+
+@contextlib.contextmanager
+def flaky_gcs_emulator(rule: Rule, log_dir: str | os.PathLike[str] | None = None) -> Iterator[tuple[GcsEmulator, FlakyProxy]]:
+    """gcs_emulator() behind a FlakyProxy (bench.stand_ins.flaky_proxy) failing the requests `rule` picks: this process's
+    clients reach the emulator through the proxy while it is active (STORAGE_EMULATOR_HOST, put back on exit)."""
+    with gcs_emulator(log_dir=log_dir) as running, FlakyProxy(running.endpoint, rule) as proxy:
+        os.environ["STORAGE_EMULATOR_HOST"] = proxy.endpoint  # gcsfs reads it on every request (_location())
+        yield running, proxy
 
 
 @pytest.fixture

@@ -6,14 +6,24 @@ What it must hold to (adaptune.sweep.data_prep, adaptune.data.prepared):
   rows it would have got from the mirror (training and evaluation-only alike);
 - a problem (a file that is not the known copy, rows that are not the paper's Table 3, a task found nowhere) is one
   line per task, after the tasks without one are prepared;
-- on a bucket (memory://, and gs:// on the GCS emulator) a shard's tasks are downloaded to its own disk and read there.
+- on a bucket (memory://, and gs:// on the GCS emulator) a shard's tasks are downloaded to its own disk and read there;
+- prepared folders never mix: each marker is one create-only write (GCS's ifGenerationMatch=0,
+  https://cloud.google.com/storage/docs/request-preconditions; O_EXCL on a folder), so of two writers racing on one
+  task the first to finish names its own complete set and the other takes it; a reader downloads only what the
+  markers name; a writer killed mid-upload named nothing, and the next one prepares the task whole.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import datasets
@@ -24,14 +34,15 @@ from adaptune.data.loading import load_task_data
 from adaptune.data.prepared import PLAN_MARKER, PreparedData
 from adaptune.data.tasks import get_task
 from adaptune.model.backbone import load_tokenizer
-from adaptune.sweep.data_prep import DataPreparationError, prepare_plan_data, readable_data_dir
+from adaptune.sweep import data_prep
+from adaptune.sweep.data_prep import PREPARED_DIR, DataPreparationError, prepare_plan_data, readable_data_dir
 from adaptune.sweep.experiments import get_experiment
 from adaptune.sweep.plan import plan
 from adaptune.sweep.spec import Sweep
 from adaptune.sweep.store import RunStore
 from adaptune.train import run_data
 from adaptune.train.run_data import prepare_run_data
-from tests.gcs_emulator import bucket  # noqa: F401 (a fixture)
+from tests.gcs_emulator import bucket, gcs_emulator  # noqa: F401 (bucket: a fixture)
 
 SMS = "extra/sms_spam/SMSSpamCollection"
 MRPC = ("glue/MRPC/train.tsv", "glue/MRPC/dev.tsv")
@@ -122,7 +133,9 @@ def test_each_task_with_a_problem_is_one_line_and_the_others_are_prepared(tmp_pa
     assert str(mirror / SMS) in by_task["sms_spam"] and checksums.KNOWN_MD5[SMS] in by_task["sms_spam"]
     assert str(rte_dev) in by_task["rte"] and "download the publisher's file again" in by_task["rte"]
     assert "https://data.world/crowdflower/corporate-messaging" in by_task["corporate_messaging"]
-    assert [path.name.split("-")[0] for path in (tmp_path / "store" / "prepared").iterdir()] == ["mrpc"]
+    assert sorted(path.name.split("-")[0] for path in (tmp_path / "store" / "prepared").iterdir()) == ["mrpc", "problems"]
+    assert data_prep.preparation_problems(_plan("mrpc", "sms_spam", "rte", "corporate_messaging"), store) == {
+        task: line.split(": ", 1)[1] for task, line in by_task.items()}  # what `pipelines run` shows, as the step found it
 
     # with no checksum to catch it, the rows the paper's Table 3 gives do
     monkeypatch.delitem(checksums.KNOWN_MD5, SMS)
@@ -183,3 +196,151 @@ def _corporate_messaging_file(root: Path, rows: int) -> Path:
     lines = ["text,category"] + [f"message number {i} about topic {i % 17},{categories[i % 4]}" for i in range(rows)]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return root
+
+
+def _task_folder(store: RunStore, task: str) -> tuple[str, list[str]]:
+    """The one prepared folder of `task` in the store, and what it holds."""
+    (folder,) = [name for name in store.files.names(PREPARED_DIR) if name.startswith(f"{task}-")]
+    return folder, store.files.names(PREPARED_DIR, folder)
+
+
+def _same_as_mirror(task: str, data_dir: object, shared_data_dir: Path) -> None:
+    prepared, mirror = load_task_data(task, data_dir), load_task_data(task, shared_data_dir)
+    assert set(prepared) == set(mirror)
+    for split in mirror:
+        assert _columns(prepared[split]) == _columns(mirror[split]), (task, split)
+
+
+def test_two_writers_racing_on_one_task_leave_one_writers_complete_set(bucket: str, shared_data_dir: Path,  # noqa: F811
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both find no TASK.json and upload their own splits (a barrier holds each until the other has its set ready);
+    one marker is created, the other writer's folder goes, and both name the same folder. A reader then downloads
+    what the markers name and nothing beside it (here a dead writer's partial folder)."""
+    both_ready = threading.Barrier(2, timeout=120)
+    write_task = data_prep.write_task
+
+    def write_then_wait(*args: object, **kwargs: object) -> None:
+        write_task(*args, **kwargs)  # type: ignore[arg-type]
+        both_ready.wait()
+
+    monkeypatch.setattr(data_prep, "write_task", write_then_wait)
+    results: dict[str, object] = {}
+
+    def writer(name: str) -> None:
+        try:
+            results[name] = prepare_plan_data(_plan("mrpc"), RunStore(bucket), shared_data_dir)
+        except BaseException as error:  # noqa: BLE001 -- shown by the assertion below
+            results[name] = error
+
+    threads = [threading.Thread(target=writer, args=(name,)) for name in ("a", "b")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    first, second = results["a"], results["b"]
+    assert isinstance(first, data_prep.PreparedPlan) and isinstance(second, data_prep.PreparedPlan), results
+    assert first.url == second.url and first.tasks[0].folder == second.tasks[0].folder
+    assert sorted(result.tasks[0].action for result in (first, second)) == ["prepared", "reused"]
+    assert first.tasks[0].rows == second.tasks[0].rows
+
+    store = RunStore(bucket)
+    folder, held = _task_folder(store, "mrpc")
+    info = store.files.read_json(PREPARED_DIR, folder, "TASK.json")
+    assert held == sorted(["TASK.json", info["raw"], "tokenized"])  # the loser's splits are gone
+    tokenized = store.files.names(PREPARED_DIR, folder, "tokenized")
+    (marker,) = [name for name in tokenized if name.endswith(".json")]
+    assert tokenized == sorted([marker, store.files.read_json(PREPARED_DIR, folder, "tokenized", marker)["dir"]])
+
+    store.files.fs.pipe_file(store.files.path(PREPARED_DIR, folder, "raw-0123456789ab", "train", "data-00000-of-00001.arrow"), b"half")
+    local = Path(readable_data_dir(store, first.url, {"mrpc"}))
+    copied = local.parent / folder
+    assert sorted(path.name for path in copied.iterdir()) == sorted(["TASK.json", info["raw"], "tokenized"])
+    _same_as_mirror("mrpc", local, shared_data_dir)
+
+
+KILLED_WRITER = """
+import os, signal, sys
+from pathlib import Path
+from adaptune.sweep.store import RunStore
+from adaptune.sweep.store_files import StoreFiles
+from adaptune.sweep.data_prep import prepare_plan_data
+from tests.test_data_prep import _plan
+
+put, uploaded = StoreFiles.put_file, []
+def put_then_die(self, source, *parts):
+    put(self, source, *parts)
+    uploaded.append(parts)
+    if len(uploaded) == 3:  # half-way through the task's splits: the node is gone
+        os.kill(os.getpid(), signal.SIGKILL)
+StoreFiles.put_file = put_then_die
+prepare_plan_data(_plan("mrpc"), RunStore(sys.argv[1]), Path(sys.argv[2]))
+"""
+
+
+@pytest.mark.parametrize("where", ["local", "gcs"])
+def test_a_writer_killed_half_way_leaves_nothing_a_reader_takes(where: str, tmp_path: Path, shared_data_dir: Path) -> None:
+    with contextlib.ExitStack() as stack:
+        root = str(tmp_path / "store") if where == "local" else stack.enter_context(gcs_emulator(log_dir=tmp_path)).url("store")
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])}
+        killed = subprocess.run([sys.executable, "-c", KILLED_WRITER, root, str(shared_data_dir)], env=env, capture_output=True, timeout=300)
+        assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()[-2000:]
+        store = RunStore(root)
+        folder, held = _task_folder(store, "mrpc")
+        (dead,) = held
+        assert dead.startswith("raw-") and "TASK.json" not in held  # half its splits, and no marker naming them
+        assert not [name for name in store.files.names(PREPARED_DIR) if name.startswith("plan-")]  # nothing a shard is given
+
+        again = prepare_plan_data(_plan("mrpc"), store, shared_data_dir)
+        assert again.tasks[0].action == "prepared" and again.tasks[0].folder == folder
+        info = store.files.read_json(PREPARED_DIR, folder, "TASK.json")
+        assert info["raw"] != dead and _task_folder(store, "mrpc")[1] == sorted(["TASK.json", info["raw"], "tokenized"])
+        _same_as_mirror("mrpc", readable_data_dir(store, again.url, {"mrpc"}, scratch=tmp_path / "shard"), shared_data_dir)
+
+
+# --- a data fault reaches `pipelines run` as one line per task ------------------------------------------------------
+
+
+def _sweep_file(tmp_path: Path, *tasks: str) -> str:
+    from adaptune.sweep.spec_file import spec_to_json
+
+    spec = dataclasses.replace(_plan(*tasks).spec, name="data_faults")
+    path = tmp_path / "data_faults.json"
+    path.write_text(spec_to_json(spec))
+    return str(path)
+
+
+def test_pipelines_run_names_every_broken_task_and_file_before_the_dag(tmp_path: Path, shared_data_dir: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """MRPC's dev.tsv with a column renamed, SMS spam's file truncated, RTE whole: one line for each broken task, its
+    file named, exit 2, nothing run. Before, the check named MRPC's column alone and left SMS spam to the next try."""
+    from pipelines.__main__ import main
+
+    mirror = _mirror(shared_data_dir, tmp_path / "mirror", *MRPC, SMS, "glue/RTE/train.tsv", "glue/RTE/dev.tsv")
+    dev = mirror / MRPC[1]
+    dev.write_text(dev.read_text(encoding="utf-8").replace("#1 String", "#1 Text", 1), encoding="utf-8")
+    (mirror / SMS).write_bytes((mirror / SMS).read_bytes()[:100_000])
+    out = tmp_path / "out"
+    assert main(["run", _sweep_file(tmp_path, "mrpc", "sms_spam", "rte"), "--out", str(out), "--data-dir", str(mirror)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "error: the data of the plan cannot be prepared; nothing was trained:" and len(err) == 3
+    assert err[1].startswith(f"mrpc: {dev} lacks the column(s) #1 String (it has Quality, #1 ID, #2 ID, #1 Text, #2 String)")
+    assert err[2].startswith(f"sms_spam: {mirror / SMS}: md5 ") and checksums.KNOWN_MD5[SMS] in err[2]
+    assert not (out / "kfp_root").exists()
+
+
+@pytest.mark.slow
+def test_a_fault_the_preparation_step_finds_ends_pipelines_run_in_one_line_per_task(stub: Path, tmp_path: Path,
+                                                                                   shared_data_dir: Path) -> None:
+    """The DAG run without the up-front check (as a dry run does): MRPC's train.tsv cut in half is found by the
+    preparation step inside kfp.local, and reaches the caller as its line, not kfp's RuntimeError."""
+    from pipelines.local import run_local
+
+    mirror = _mirror(shared_data_dir, tmp_path / "mirror", *MRPC)
+    train = mirror / MRPC[0]
+    train.write_bytes(train.read_bytes()[: train.stat().st_size // 2])
+    with pytest.raises(DataPreparationError) as raised:
+        run_local(_sweep_file(tmp_path, "mrpc"), tmp_path / "out", data_dir=mirror, check_data=False)
+    lines = str(raised.value).splitlines()
+    assert lines[0] == "the data of the plan cannot be prepared; nothing was trained:" and len(lines) == 2
+    assert lines[1].startswith(f"mrpc: {train}: md5 ") and checksums.KNOWN_MD5[MRPC[0]] in lines[1]
+    assert not (stub / "calls").exists()

@@ -198,10 +198,10 @@ def test_failed_run_record_is_a_valid_result_row(tmp_path: object) -> None:
 
 
 def test_a_task_missing_from_the_local_mirror_fails_before_anything_runs(shared_data_dir: Path) -> None:
-    from adaptune.sweep.data_check import check_local_data
+    from adaptune.sweep.data_check import DataPreparationError, check_local_data
 
     planned = plan(_spec(tasks=("rte", "qnli")))  # the mirror holds QNLI's dev set only
-    with pytest.raises(PlanError, match=r"lacks the files of: qnli \(only dev\)"):
+    with pytest.raises(DataPreparationError, match=r"\nqnli: .*glue/QNLI/train\.tsv not found: download the publisher's file again"):
         check_local_data(planned, shared_data_dir)
     check_local_data(plan(_spec(tasks=("rte", "sms_spam"))), shared_data_dir)  # both present: no error
 

@@ -9,12 +9,19 @@ https://cloud.google.com/storage/docs/request-preconditions):
 - a record or lease that cannot be read is one line naming the run and the file: status lists it, the
   shard goes on, --retry-unreadable retrains it (the file kept aside) and --retry-failed does not; an
   unreadable lease ends as any lease does, once the store shows it unchanged for a lease length;
-- a root that does not exist, or cannot be written, is refused with one line before anything runs.
+- a root that does not exist, or cannot be written, is refused with one line before anything runs;
+- a create-only write whose answer is an error though the write was made (GCS may fail a request after changing
+  the object, https://cloud.google.com/storage/docs/retry-strategy; gcsfs then retries the ifGenerationMatch=0
+  upload and hears 412; Cloud Storage FUSE answers EIO) is settled by reading back: a lease whose owner is this
+  attempt is its own (it never waits on itself), a record holding the bytes it published is published (ok, its
+  resume state removed, never "reused").
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import threading
 import time
 from collections import Counter
@@ -22,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+from adaptune.sweep import store_files
 from adaptune.sweep.experiments import get_experiment
 from adaptune.sweep.fan_in import IncompleteSweepError, aggregate_sweep
 from adaptune.sweep.lease import LEASE_SECONDS_ENV, Holder, Lease, try_acquire
@@ -34,7 +42,8 @@ from adaptune.sweep.status_text import format_status
 from adaptune.sweep.store import RunStore
 from adaptune.sweep.store_files import StoreError
 from bench.stand_ins import stub_trainer
-from tests.gcs_emulator import bucket, gcs_emulator  # noqa: F401 (bucket: a fixture)
+from bench.stand_ins.flaky_proxy import Fault, Request
+from tests.gcs_emulator import bucket, flaky_gcs_emulator, gcs_emulator  # noqa: F401 (bucket: a fixture)
 
 
 def _spec(**changes: object):
@@ -102,6 +111,69 @@ def test_a_live_run_longer_than_its_lease_is_not_taken_over(stub: Path, bucket: 
     first.join()
     assert outcomes == {"first": "ok", "second": "leased"}
     assert stub_trainer.calls(config.run_id) == 1
+
+
+# --- answers that are errors after the write ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["gcs", "local"])
+def test_a_create_answered_with_an_error_after_its_write_is_the_attempts_own(
+    stub: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """The run's lease-1.json and record.json are each created, then answered 503 (the bucket: through a proxy that
+    forwards the upload and replaces the emulator's answer; gcsfs retries and hears 412) or EIO (a folder, as Cloud
+    Storage FUSE answers a failed upload). Before, the attempt saw its own lease as another's and waited on it for a
+    lease length, and called its freshly trained run "reused", its resume state left behind."""
+    monkeypatch.setenv("STUB_SAVE_STATE", "1")
+    config = plan(_spec()).runs[0]
+    aimed = (f"runs/{config.run_id}/lease-1.json", f"runs/{config.run_id}/record.json")
+    failed: list[str] = []
+
+    def after_the_write(request: Request) -> Fault | None:
+        hit = next((name for name in aimed if request.is_create_only and request.names(name) and name not in failed), None)
+        if hit is None:
+            return None
+        failed.append(hit)
+        return Fault(when="after", status=503)
+
+    def waits(seconds: float) -> None:
+        raise AssertionError(f"the attempt waited {seconds} s on a lease")
+
+    with contextlib.ExitStack() as stack:
+        if where == "gcs":
+            emulator, proxy = stack.enter_context(flaky_gcs_emulator(after_the_write, log_dir=tmp_path))
+            store = RunStore(emulator.url("store"))
+        else:
+            create = store_files.create_local_file
+
+            def create_then_fail(path: str, data: bytes) -> None:
+                create(path, data)
+                if any(path.endswith(name) and name not in failed for name in aimed):
+                    failed.append(next(name for name in aimed if path.endswith(name)))
+                    raise OSError(errno.EIO, "Input/output error", path)
+
+            monkeypatch.setattr(store_files, "create_local_file", create_then_fail)
+            store = RunStore(tmp_path / "store")
+        assert run_in_store(config, store, wait=True, owner="this-attempt", sleep=waits) == "ok"
+        assert failed == list(aimed)
+        assert stub_trainer.calls(config.run_id) == 1
+        assert store.record(config.run_id)["status"] == "ok"
+        assert store.files.names("runs", config.run_id) == ["record.json"]  # resume state and lease gone
+        # another writer's file is still another's: a refusal whose read-back differs stays a refusal
+        assert not store.files.create_exclusive(b'{"owner": "this-attempt"}', "runs", config.run_id, "record.json")
+        if where == "gcs":
+            assert proxy.counts["after"] == 2
+
+
+def test_a_lease_left_by_this_attempt_is_its_own(bucket: str) -> None:
+    """A lease file whose owner is this attempt (its create answered with an error, or its release failed) is taken
+    back at once, never waited on; one of another attempt's is not."""
+    store = RunStore(bucket)
+    store.files.write_json({"owner": "me", "acquired_at": 0, "taken_at": 0, "expires_at": 0}, "runs", "run-a", "lease-3.json")
+    mine = try_acquire(store, "run-a", owner="me", seconds=60)
+    assert isinstance(mine, Lease) and mine.number == 3 and mine.still_held()
+    other = try_acquire(store, "run-a", owner="other", seconds=60)
+    assert isinstance(other, Holder) and other.owner == "me"
 
 
 # --- unreadable files ----------------------------------------------------------------------------------

@@ -8,7 +8,8 @@ A task's folder, named by its content (the task, its source files' sha256 or hub
     tokenized/<tokenizer>-<length>.json   written after that folder, naming it: it is whole
     TASK.json                             written after raw-<id>/, naming it: task, split scheme, data provenance, rows,
                                           label counts
-Each writer's folders carry an id of their own, so two writers never write the same file but the small markers.
+Each writer's folders carry an id of their own, so two writers never write the same file; a marker is created once
+(adaptune.sweep.data_prep: the first writer to finish names its own folders), never rewritten, so what it names is whole.
 
 A plan's folder holds only PREPARED.json: each task's folder, relative to it. A run is given the plan's folder as
 its data dir (`is_prepared`); adaptune.data.loading and adaptune.train.run_data then read from it alone.

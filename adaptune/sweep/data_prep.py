@@ -9,7 +9,11 @@ Layout under the store (adaptune.data.prepared says what each folder holds):
     prepared/plan-<fingerprint>/     PREPARED.json: the plan's tasks' folders (a run's data dir)
 
 Whatever must appear whole is written after the files it names, each writer's files under names of its own
-(a uuid), so overlapping submissions never overwrite each other's files and a reader never sees half of one.
+(a uuid). The markers that name them (TASK.json, tokenized/<name>.json, PREPARED.json) are create-only writes
+(StoreFiles.create_exclusive: O_EXCL, or GCS's ifGenerationMatch=0), so the first writer to finish its upload
+names its own complete set and no marker ever changes after: a later writer removes its own files and takes the
+first one's. A reader reads a marker, then only what it names; a writer killed mid-upload named nothing, so its
+files are never read (the next writer to win removes them).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 import tempfile
 import time
 import uuid
@@ -28,7 +33,7 @@ import datasets
 
 from adaptune.core.errors import UserError
 from adaptune.data.batching import column_values
-from adaptune.data.checksums import KNOWN_MD5, checksum_problem
+from adaptune.data.checksums import KNOWN_MD5
 from adaptune.data.loading import load_task_splits
 from adaptune.data.prepared import (
     FORMAT_VERSION,
@@ -42,21 +47,19 @@ from adaptune.data.prepared import (
     write_task,
     write_tokenized,
 )
-from adaptune.data.sources import hub_hint, local_files_status, quiet_datasets, resolve_data_dir
+from adaptune.data.sources import hub_hint, quiet_datasets, resolve_data_dir
 from adaptune.data.splits import TaskData
 from adaptune.data.squad import prepare_features
 from adaptune.data.tasks import Task, data_scheme, get_task, scored_companions
 from adaptune.data.token_cache import tokenize_task
+from adaptune.sweep.data_check import DataPreparationError, data_file_problem
 from adaptune.sweep.machine import use_staged_backbones
 from adaptune.sweep.plan import Plan
 from adaptune.sweep.store import DATA_MIRROR_DIR, RunStore
+from adaptune.sweep.store_files import UnreadableFileError
 from adaptune.train.provenance import data_files_sha256
 
 PREPARED_DIR = "prepared"
-
-
-class DataPreparationError(UserError, ValueError):
-    """Tasks whose data cannot be prepared: one line per task, what is wrong and what to do."""
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -120,7 +123,7 @@ def prepare_plan_data(planned: Plan, store: RunStore, data_dir: Path | None) -> 
     store.require_writable()
     needs = data_needs(planned)
     use_staged_backbones(store, sorted({way.backbone for ways in needs.values() for way in ways}))
-    problems: list[str] = []
+    problems: dict[str, str] = {}
     prepared: list[PreparedTask] = []
     for name in sorted(needs):
         task = get_task(name)
@@ -128,19 +131,22 @@ def prepare_plan_data(planned: Plan, store: RunStore, data_dir: Path | None) -> 
         try:
             entry = _prepare_task(task, needs[name], store, data_dir)
         except UserError as error:  # what the user can fix: one line for the task
-            problems.append(f"{task.name}: {error}")
+            problems[task.name] = str(error)
             continue
         entry.seconds = time.perf_counter() - started
         prepared.append(entry)
         print(f"data {entry.task}: {entry.action} ({_rows_text(entry.rows)}) in {entry.seconds:.1f} s", flush=True)
     if problems:
-        raise DataPreparationError("the data of the plan cannot be prepared; nothing was trained:\n" + "\n".join(problems))
+        store.files.write_json(problems, PREPARED_DIR, problems_name(planned))  # what `pipelines run` shows its user
+        raise DataPreparationError.of_tasks(problems)
+    store.files.remove(PREPARED_DIR, problems_name(planned))
     folders = {entry.task: f"../{entry.folder}" for entry in prepared}
     plan_folder = f"plan-{_digest(folders)}"
     if store.files.read_json(PREPARED_DIR, plan_folder, PLAN_MARKER) is None:
         with tempfile.TemporaryDirectory(prefix="adaptune-prepare-") as scratch:
             write_plan(Path(scratch), folders, {"needs": {task: sorted(way.label for way in ways) for task, ways in needs.items()}})
-            store.files.put_file(Path(scratch) / PLAN_MARKER, PREPARED_DIR, plan_folder, PLAN_MARKER)
+            # the same plan gives the same bytes: whichever writer creates it, it names the same folders
+            store.files.create_exclusive((Path(scratch) / PLAN_MARKER).read_bytes(), PREPARED_DIR, plan_folder, PLAN_MARKER)
     return PreparedPlan(url=store.files.url(PREPARED_DIR, plan_folder), tasks=prepared)
 
 
@@ -156,9 +162,12 @@ def _prepare_task(task: Task, ways: set[Tokenization], store: RunStore, data_dir
         if info is None:
             loaded = load_task_splits(task, data_dir)
             info = {"task": task.name, "provenance": provenance, **_checked_facts(task, loaded)}
-            write_task(local, loaded, info, raw_dir=f"{RAW_DIR}-{uuid.uuid4().hex[:12]}")
-            _publish(store, local, folder, last=TASK_MARKER)
-            action = "prepared"
+            raw = f"{RAW_DIR}-{_writer_id()}"
+            write_task(local, loaded, info, raw_dir=raw)
+            if _publish(store, local, folder, marker=TASK_MARKER, own=raw, siblings=f"{RAW_DIR}-"):
+                action = "prepared"
+            else:  # another writer finished first: its set is the task's
+                info = store.files.read_json(PREPARED_DIR, folder, TASK_MARKER) or info
         tokenized = []
         for way in sorted(ways):
             tokenized.append(f"{way.label}: " + _prepare_tokenized(task, way, store, folder, loaded, local))
@@ -195,9 +204,11 @@ def _prepare_tokenized(task: Task, way: Tokenization, store: RunStore, folder: s
             tokenized = _tokenize(task, raw, tokenizer, way, local / "cache")
     else:
         tokenized = _tokenize(task, loaded.splits, tokenizer, way, local / "cache")
-    marker = write_tokenized(local / "tokenized-out", tokenized, name, way.label, folder_name=f"{name}-{uuid.uuid4().hex[:12]}")
-    _publish(store, local / "tokenized-out", folder, last=f"{TOKENIZED_DIR}/{marker}")
-    return "prepared"
+    own = f"{name}-{_writer_id()}"
+    marker = write_tokenized(local / "tokenized-out", tokenized, name, way.label, folder_name=own)
+    won = _publish(store, local / "tokenized-out", folder, marker=f"{TOKENIZED_DIR}/{marker}", own=f"{TOKENIZED_DIR}/{own}",
+                   siblings=f"{TOKENIZED_DIR}/{name}-")
+    return "prepared" if won else "reused"
 
 
 @quiet_datasets()
@@ -213,25 +224,8 @@ def _tokenize(task: Task, raw: datasets.DatasetDict, tokenizer: Any, way: Tokeni
 
 def _check_files(task: Task, data_dir: Path | None) -> None:
     """The task's files are in the mirror (SQuAD: its dev file at least), each the copy the project checked."""
-    if data_dir is None:
-        if not task.source.hub_id:
-            raise DataPreparationError(f"no data mirror was given and it has no hub copy: {hub_hint(task)}, into a mirror, "
-                                       "and pass it as the pipeline's data_dir (make stage-data PIPELINE=... FROM=DIR)")
-        return
-    status = local_files_status(task, data_dir)
-    if status != "yes" and not (task.family == "squad" and status == "only validation"):
-        expected = ", ".join(rel for _, rel in task.source.files)
-        if status == "no":
-            what = f"holds none of its files ({expected})"
-        elif status.startswith("only "):
-            what = f"holds only its {status.removeprefix('only ')} file of {expected}"
-        else:  # "file lacks <columns>"
-            what = f"holds {expected}, but the {status.replace('file lacks', 'file lacks the column(s)')}"
-        raise DataPreparationError(f"the mirror {data_dir} {what}; {hub_hint(task)}")
-    problems = [problem for _, rel in task.source.files if (data_dir / rel).is_file()
-                for problem in [checksum_problem(data_dir / rel, rel)] if problem]
-    if problems:
-        raise DataPreparationError("; ".join(problems))
+    if problem := data_file_problem(task, data_dir):
+        raise DataPreparationError(problem)
 
 
 def _checked_facts(task: Task, loaded: TaskData) -> dict[str, Any]:
@@ -255,11 +249,22 @@ def _checked_facts(task: Task, loaded: TaskData) -> dict[str, Any]:
     return {"rows": rows, "labels": labels}
 
 
-def _publish(store: RunStore, local: Path, folder: str, last: str) -> None:
-    """Every file under `local` into prepared/<folder>/, `last` (the marker) after all the others."""
+def _publish(store: RunStore, local: Path, folder: str, marker: str, own: str, siblings: str) -> bool:
+    """Every file under `local` into prepared/<folder>/, then `marker` (naming `own`, this writer's folder) by one
+    create-only write. True where ours is the marker: the folders beside ours (`siblings`: their names' start) are
+    then another writer's that lost or died mid-upload, and go. False where another writer's marker was first: our
+    folder goes, theirs stands."""
     files = sorted(path.relative_to(local).as_posix() for path in local.rglob("*") if path.is_file())
-    for relative in [*(name for name in files if name != last and not name.startswith("cache/")), last]:
+    for relative in (name for name in files if name != marker and not name.startswith("cache/")):
         store.files.put_file(local / relative, PREPARED_DIR, folder, *relative.split("/"))
+    won = store.files.create_exclusive((local / marker).read_bytes(), PREPARED_DIR, folder, *marker.split("/"))
+    where, _, start = siblings.rpartition("/")
+    writers = re.compile(re.escape(start) + "[0-9a-f]{12}")  # the folders of this marker's writers: <start><their uuid>
+    for name in store.files.names(PREPARED_DIR, folder, *filter(None, [where])):
+        path = f"{where}/{name}" if where else name
+        if writers.fullmatch(name) and (path != own) == won:
+            store.files.remove(PREPARED_DIR, folder, *path.split("/"))
+    return won
 
 
 def localize_prepared(store: RunStore, url: str, tasks: set[str], scratch: Path | None = None) -> Path:
@@ -279,9 +284,28 @@ def localize_prepared(store: RunStore, url: str, tasks: set[str], scratch: Path 
         folder = manifest["tasks"][get_task(task).name].removeprefix("../")
         target = root / PREPARED_DIR / folder
         if not (target / TASK_MARKER).is_file():
-            store.files.download(store.files.path(PREPARED_DIR, folder), target)
+            _download_named(store, folder, target)
     (local_plan / PLAN_MARKER).write_text(json.dumps(manifest))
     return local_plan
+
+
+def _download_named(store: RunStore, folder: str, target: Path) -> None:
+    """A task's folder as its markers name it: TASK.json's raw splits, each tokenized marker's folder, then the markers
+    (TASK.json last: where it is, the copy is whole). Markers never change once written, so this is one writer's
+    complete set, whatever other writers upload beside it meanwhile."""
+    info = store.files.read_json(PREPARED_DIR, folder, TASK_MARKER)
+    if info is None:
+        raise DataPreparationError(f"{store.files.url(PREPARED_DIR, folder)} holds no {TASK_MARKER}: run the pipeline again, "
+                                   "its data-preparation step prepares the task")
+    store.files.download(store.files.path(PREPARED_DIR, folder, info["raw"]), target / info["raw"])
+    markers = {}
+    for name in store.files.names(PREPARED_DIR, folder, TOKENIZED_DIR):
+        if name.endswith(".json") and (marker := store.files.read_json(PREPARED_DIR, folder, TOKENIZED_DIR, name)) is not None:
+            store.files.download(store.files.path(PREPARED_DIR, folder, TOKENIZED_DIR, marker["dir"]), target / TOKENIZED_DIR / marker["dir"])
+            markers[name] = marker
+    for name, marker in markers.items():
+        (target / TOKENIZED_DIR / name).write_text(json.dumps(marker))
+    (target / TASK_MARKER).write_text(json.dumps(info))
 
 
 def is_prepared_url(store: RunStore, data_dir: Any) -> bool:
@@ -322,6 +346,26 @@ def source_data_dir(store: RunStore, data_dir: str, tasks: set[str], scratch: Pa
 def _store_parts(store: RunStore, url: str) -> list[str]:
     """A URL under the store (StoreFiles.url) as the parts StoreFiles takes."""
     return url.removeprefix(store.files.url() + "/").split("/")
+
+
+def _writer_id() -> str:
+    """What makes one writer's folder names its own (12 hex digits, as _publish matches them)."""
+    return uuid.uuid4().hex[:12]
+
+
+def problems_name(planned: Plan) -> str:
+    """The file under prepared/ where the step leaves what it found wrong with the plan's data ({task: line}), named
+    by what the plan reads: `pipelines run` (pipelines.local) shows it as the step's one line per task."""
+    return f"problems-{_digest({task: sorted(way.label for way in ways) for task, ways in data_needs(planned).items()})}.json"
+
+
+def preparation_problems(planned: Plan, store: RunStore) -> dict[str, str]:
+    """What the plan's last data preparation in `store` found wrong ({task: one line}); empty where nothing."""
+    try:
+        found = store.files.read_json(PREPARED_DIR, problems_name(planned))
+    except UnreadableFileError:
+        return {}
+    return found if isinstance(found, dict) else {}
 
 
 def _digest(value: Any) -> str:

@@ -10,6 +10,8 @@ decides ownership is one create-only write (`StoreFiles.create_exclusive`: O_EXC
 service:
 - a run with no lease file: create lease-1;
 - a run whose current lease expired (its holder died without releasing it): create lease-(n+1);
+- a lease whose owner is this attempt is its own, whatever the create answered (a bucket may fail a request
+  after doing it; StoreFiles.create_exclusive reads back what is there): an attempt never waits on itself;
 - the holder renews its own file (a background thread, every third of the lease length) and, before
   it publishes anything, checks that its lease is still the current one (fencing): a holder that
   stalled past its expiry and was superseded publishes nothing.
@@ -216,6 +218,8 @@ def try_acquire(store: RunStore, run_id: str, owner: str | None = None, seconds:
         number, content = current
         if content is None:  # released (or replaced) between the listing and the read: look again soon
             return Holder(owner="(being released or taken)", expires_in=1.0)
+        if content.get("owner") == owner:  # ours: a create whose answer was lost, a release that failed
+            return Lease(store, run_id, number, owner, seconds)
         version = f"{store.files.version(RUNS_DIR, run_id, f'lease-{number}.json')}|{json_text(content)}"
         unchanged, length = watch.unchanged_for(store, run_id, number, version), judged_length(content, seconds)
         if unchanged < length:
@@ -225,6 +229,8 @@ def try_acquire(store: RunStore, run_id: str, owner: str | None = None, seconds:
     if store.files.create_exclusive(json_text(lease.content()).encode(), RUNS_DIR, run_id, lease.file):
         return lease
     taken = current_lease(store, run_id)
+    if taken is not None and taken[0] == number and (taken[1] or {}).get("owner") == owner:
+        return lease  # the create's answer was a refusal, yet the lease it left is ours
     return Holder(owner=lease_owner(taken[1]) if taken and taken[1] else "(another attempt)", expires_in=seconds)
 
 

@@ -183,13 +183,27 @@ class StoreFiles:
 
         Filesystems (this machine, the /gcs FUSE mount): O_CREAT|O_EXCL. Buckets through gcsfs: a
         create-only upload (GCS precondition ifGenerationMatch=0, answered 412 when the object exists:
-        https://cloud.google.com/storage/docs/request-preconditions)."""
-        path = self.path(*parts)
+        https://cloud.google.com/storage/docs/request-preconditions).
+
+        An answer that is an error may follow a write that was made: GCS can fail a request after it
+        changed the object (https://cloud.google.com/storage/docs/retry-strategy: a conditional upload
+        is retried, and its retry then finds the object its first try wrote: 412), and Cloud Storage
+        FUSE passes such a failure on as EIO or EEXIST. So a refusal or an error is settled by reading
+        back what is there: our own bytes mean the write was ours."""
+        try:
+            if self._create(data, self.path(*parts)):
+                return True
+        except Exception:
+            if self._holds(data, parts) is not True:  # nothing there, or unreadable: the write's own error stands
+                raise
+            return True
+        return self._holds(data, parts) is True
+
+    def _create(self, data: bytes, path: str) -> bool:
         if self.is_local:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             try:
-                with open(path, "xb") as handle:
-                    handle.write(data)
+                create_local_file(path, data)
             except FileExistsError:
                 return False
             return True
@@ -198,6 +212,13 @@ class StoreFiles:
         except FileExistsError:
             return False
         return True
+
+    def _holds(self, data: bytes, parts: tuple[str, ...]) -> bool | None:
+        """Whether the file holds exactly `data`; None where it is absent or cannot be read now."""
+        try:
+            return self.fs.cat_file(self.path(*parts)) == data
+        except Exception:  # noqa: BLE001 -- absent, or the store fails again: not known to be ours
+            return None
 
     def set_aside(self, *parts: str) -> str:
         """Move an unreadable file to <name>.unreadable-<unix time> beside it (kept, never deleted; a file
@@ -315,6 +336,12 @@ class StoreFiles:
             except FileNotFoundError:
                 if path.exists():
                     raise
+
+
+def create_local_file(path: str, data: bytes) -> None:
+    """A new file holding `data`; FileExistsError where one exists (O_CREAT|O_EXCL, which Cloud Storage FUSE keeps)."""
+    with open(path, "xb") as handle:
+        handle.write(data)
 
 
 def _version(info: dict[str, Any]) -> str:
