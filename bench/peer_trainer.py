@@ -110,10 +110,13 @@ def main(request_path: str, result_path: str) -> None:
             trainer.train()
             trained_s = time.perf_counter() - started
             started = time.perf_counter()
-            logits = trainer.predict(evaluation).predictions
+            prediction = trainer.predict(evaluation)
             predicted_s = time.perf_counter() - started
-        logits = logits[0] if isinstance(logits, tuple) else logits
-        accuracy = float(np.mean(np.argmax(logits, axis=-1) == np.asarray(request["eval"]["labels"])))
+        # The labels in the order the predictions came in: with length grouping, Trainer may score rows out of order.
+        logits, gold = prediction.predictions, prediction.label_ids
+        if isinstance(logits, tuple):  # AdapterHub's heads hand back more than the logits: take the (rows, labels) array
+            logits = next(part for part in logits if np.ndim(part) == 2 and len(part) == len(evaluation))
+        accuracy = float(np.mean(np.argmax(logits, axis=-1) == np.asarray(gold)))
         runs.append({**run, "accuracy": accuracy, "trained_params": trained, "train_s": trained_s, "predict_s": predicted_s,
                      "eval_rows": len(evaluation)})
     versions = {"torch": torch.__version__, "transformers": transformers.__version__}

@@ -19,6 +19,10 @@ from adaptune.sweep.plan import Plan
 # pipeline's parallelism says.
 KFP_LOCAL_ITERATIONS_AT_ONCE = 2
 THREADS_ENV = "OMP_NUM_THREADS"  # read once by torch (and oneDNN) at import, in each component's process
+# Hugging Face's fast tokenizers batch on threads of their own unless this says no; pipelines.local says no for every
+# component (a process that forks after tokenizing would warn or hang), and a step that runs alone with more than one
+# core says yes: the preparation step tokenizes every task before any run, and forks nothing.
+TOKENIZER_THREADS_ENV = "TOKENIZERS_PARALLELISM"
 
 
 class ThreadCountError(UserError, ValueError):
@@ -39,20 +43,23 @@ class CoreShare:
     shard_threads: int
     step_threads: int
     user_set: bool = False  # the user's OMP_NUM_THREADS, kept for every component
+    tokenizer_threads_set: bool = False  # the user's TOKENIZERS_PARALLELISM, kept for every component
 
     @classmethod
     def for_plan(cls, planned: Plan, environ: Mapping[str, str] = os.environ, cores: int | None = None) -> CoreShare:
         cores = cores or machine_cores()
         at_once = max(1, min(planned.spec.parallelism, len(planned.shards), KFP_LOCAL_ITERATIONS_AT_ONCE))
-        asked = environ.get(THREADS_ENV, "").strip()
+        asked, tokenizer_set = environ.get(THREADS_ENV, "").strip(), bool(environ.get(TOKENIZER_THREADS_ENV))
         if asked:
             threads = _checked_threads(asked, cores)
-            return cls(cores, at_once, threads, threads, user_set=True)
-        return cls(cores, at_once, max(1, cores // at_once), cores)
+            return cls(cores, at_once, threads, threads, user_set=True, tokenizer_threads_set=tokenizer_set)
+        return cls(cores, at_once, max(1, cores // at_once), cores, tokenizer_threads_set=tokenizer_set)
 
     def environment(self, shard: bool) -> dict[str, str]:
         """The thread variables of one component: a shard's or a step's that runs alone."""
-        return {THREADS_ENV: str(self.shard_threads if shard else self.step_threads)}
+        threads = self.shard_threads if shard else self.step_threads
+        tokenizer = {} if self.tokenizer_threads_set or shard or threads < 2 else {TOKENIZER_THREADS_ENV: "true"}
+        return {THREADS_ENV: str(threads), **tokenizer}
 
     def line(self) -> str:
         """What the user is told before the DAG starts."""

@@ -70,6 +70,9 @@ def test_each_compiled_task_carries_its_thread_share(tmp_path: Path) -> None:
     assert threads["exec-train-shard"] == "2"
     assert {name: value for name, value in threads.items() if name != "exec-train-shard"} == {
         name: "4" for name in threads if name != "exec-train-shard"}
+    tokenizer = {name: {e["name"]: e["value"] for e in body["container"].get("env", [])}.get("TOKENIZERS_PARALLELISM")
+                 for name, body in executors.items()}
+    assert tokenizer["exec-prepare-data"] == "true" and tokenizer["exec-train-shard"] is None  # a shard may fork after
     compiler.Compiler().compile(build_pipeline(spec), str(tmp_path / "cloud.json"))  # compiled for a cluster: the node's
     assert "OMP_NUM_THREADS" not in (tmp_path / "cloud.json").read_text()
 
