@@ -103,7 +103,7 @@ def main(request_path: str, result_path: str) -> None:
                 per_device_eval_batch_size=request["batch_size"], num_train_epochs=request["epochs"], learning_rate=run["lr"],
                 weight_decay=0.01, **WARMUP, lr_scheduler_type="linear", max_grad_norm=1.0, seed=run["seed"],
                 save_strategy="no", eval_strategy="no", logging_strategy="no", report_to=[], disable_tqdm=True,
-                dataloader_num_workers=0, remove_unused_columns=False, **(LENGTH_GROUPED if request["group_by_length"] else {}),
+                dataloader_num_workers=0, remove_unused_columns=False, label_names=["labels"], **(LENGTH_GROUPED if request["group_by_length"] else {}),
             )
             trainer = Trainer(model=model, args=arguments, train_dataset=train, data_collator=DataCollatorWithPadding(tokenizer))
             started = time.perf_counter()
