@@ -69,15 +69,13 @@ def task_rows() -> tuple[dict[str, list[Any]], dict[str, list[Any]], int]:
 
 
 def flops_per_token(method: str) -> float:
-    """Training FLOPs per real token: forward 2 per matmul weight, the activations' gradient 2 more, the weight gradient
-    2 per trained matmul weight (bench.step_cost's rule; the embeddings are lookups; attention's L x L products, a few
+    """Training FLOPs per real token of the method's model (bench.step_cost's rule; attention's L x L products, a few
     percent at SST-2's 13 tokens a row, left out)."""
     from adaptune.model.backbone import load_model
     from adaptune.model.methods import apply_method, method_from_dict
+    from bench.step_cost import matmul_flops_per_token
 
-    model = apply_method(load_model(None, "classification", 2), method_from_dict(METHODS[method]))
-    matmuls = [p for name, p in model.named_parameters() if p.dim() == 2 and "embeddings" not in name]
-    return 4.0 * sum(p.numel() for p in matmuls) + 2.0 * sum(p.numel() for p in matmuls if p.requires_grad)
+    return matmul_flops_per_token(apply_method(load_model(None, "classification", 2), method_from_dict(METHODS[method])))
 
 
 def matmul_tflops(threads: int, size: int = 4096, repeats: int = 5) -> float:
@@ -138,8 +136,9 @@ def project_run(method: str, folder: Path, environment: dict[str, str], root: Pa
     in_runs = sum(r["wall_time_s"] / r.get("group_size", 1) for r in records)
     return {"wall_s": wall, "peak_rss_gb": rss, "train_s": shared("steps"), "evaluation_s": shared("evaluation"),
             "setup_s": shared("setup") + shared("saving"), "outside_runs_s": wall - in_runs,
-            "rows_scored": sum(sum(r["split_sizes"][s] for s in ("test",)) + r["split_sizes"]["validation"]
-                               + (EPOCHS - 1) * (r.get("curve_rows") or r["split_sizes"]["validation"]) for r in records),
+            # each run: its curve rows every epoch before the last, then the whole validation and test splits once
+            "rows_scored": sum((EPOCHS - 1) * (r.get("curve_rows") or r["split_sizes"]["validation"])
+                               + r["split_sizes"]["validation"] + r["split_sizes"]["test"] for r in records),
             "group_sizes": sorted({r.get("group_size", 1) for r in records}), "threads": _threads_line(out / "log.txt"),
             "runs": [{"lr": r["lr"], "seed": r["seed"], "test_accuracy": r["test_metrics"]["accuracy"],
                       "val_accuracy": r["val_metrics"]["accuracy"], "status": r["status"]} for r in records]}

@@ -23,12 +23,15 @@ def training_flops(model: nn.Module, batch: dict[str, torch.Tensor]) -> float:
     """
     config = model.config
     batch_size, length = batch["input_ids"].shape
-    tokens = batch_size * length
-    matmuls = [p for name, p in model.named_parameters() if p.dim() == 2 and "embeddings" not in name]
-    all_weights = sum(p.numel() for p in matmuls)
-    trained_weights = sum(p.numel() for p in matmuls if p.requires_grad)
     attention = 4 * batch_size * length**2 * config.hidden_size * config.num_hidden_layers
-    return 4 * tokens * all_weights + 2 * tokens * trained_weights + 3 * attention
+    return batch_size * length * matmul_flops_per_token(model) + 3 * attention
+
+
+def matmul_flops_per_token(model: nn.Module) -> float:
+    """A token's training FLOPs in the matmuls (the embeddings are lookups): 4 per weight (forward and the activations'
+    gradient), 2 more per trained weight (its gradient)."""
+    matmuls = [p for name, p in model.named_parameters() if p.dim() == 2 and "embeddings" not in name]
+    return 4.0 * sum(p.numel() for p in matmuls) + 2.0 * sum(p.numel() for p in matmuls if p.requires_grad)
 
 
 def timed_pass(step: Callable[[Any], None], batches: list[Any], device: Device) -> float:

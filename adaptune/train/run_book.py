@@ -116,9 +116,10 @@ class RunBook:
         last scores only those, the last scores the whole split once and its curve point reads those rows of it."""
         p, config = self.progress, self.config
         final = p.epoch + 1 == config.epochs
-        whole, curve_rows = self.eval_splits["validation"], self.curve_split or self.eval_splits["validation"]
+        whole = self.eval_splits["validation"]
+        curve = self.curve_split or whole
         validation = evaluate(self.task, whole) if final else None
-        point = validation.on_subset(self.task, curve_rows) if validation is not None else evaluate(self.task, curve_rows)
+        point = validation.on_subset(self.task, curve) if validation is not None else evaluate(self.task, curve)
         p.curve.append(
             {
                 "epoch": p.epoch + 1,
