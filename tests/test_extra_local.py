@@ -55,6 +55,7 @@ def test_extra_local_plans_every_additional_task_with_files_and_names_each_left_
     for line in spec.tasks_left_out:
         task = get_task(line.split(":")[0])
         assert task.source.files[0][1] in line and str(task.source.url) in line and task.name not in MIRRORED
+        assert str(shared_data_dir) not in line  # the spec JSON is compiled in: no machine's path in it
     planned = plan(spec)
     assert {run.seed for run in planned.runs} == {0, 1, 2} and planned.tasks == list(spec.tasks)
     summary = planned.summary()

@@ -33,7 +33,7 @@ def missing_data_line(task: Task, root: Path | None) -> str | None:
     from adaptune.data.sources import local_files_status
 
     if is_prepared(root):
-        return None if PreparedData.open(root).holds(task) else f"{task.name}: not in the prepared data {root}"
+        return None if PreparedData.open(root).holds(task) else f"{task.name}: not in the prepared data"
     if root is None:
         if task.source.hub_id:
             return None
@@ -42,7 +42,9 @@ def missing_data_line(task: Task, root: Path | None) -> str | None:
         status = local_files_status(task, root)
         if status == "yes":
             return None
-        where = f"not in {root} ({status})" if status != "no" else f"not in {root}"
+        # the mirror is not named by its path: the line travels in the spec JSON, and a compiled spec is the same on
+        # every machine that holds the same files
+        where = f"not in the data mirror ({status})" if status != "no" else "not in the data mirror"
     files = ", ".join(dict.fromkeys(path for _, path in task.source.files))
     page = task.source.url or (f"the hub's {task.source.hub_id}" if task.source.hub_id else "no public page known")
     return f"{task.name}: {files} {where}; its publisher's page: {page}"
