@@ -5,12 +5,13 @@ call on the same rows in the same order; JSON out.
 
 The work (issue 80's): SST-2, the 1,000 training rows `max_train_examples: 1000` picks, batch 32, max length 128 with
 dynamic padding, 2 epochs, AdamW (weight decay 0.01), clipping 1.0, 10% warmup then linear decay, learning rates
-{3e-4, 1e-3} x seeds {0, 1}, bf16 on the CPU, scored on SST-2's 872-row dev set (the project's test split).
+{3e-4, 1e-3} x seeds {0, 1}, in the precision this CPU multiplies natively for every system (bf16 with avx512_bf16 or
+AMX, else float32: adaptune.core.devices.resolved_cpu_precision), scored on SST-2's 872-row dev set (the test split).
 Houlsby adapters of size 64 against AdapterHub's `adapters` + Trainer (in .venv-adapters), LoRA r=8 on query and value
 against peft + Trainer; each peer at Trainer's defaults and with group_by_length=True (bench/peer_trainer.py), the
 project at its defaults (a fresh run store each time: nothing reused). Systems alternate within each repeat, so
 drifting load hits all alike. Per system: wall seconds, training and evaluation seconds, the seconds outside the runs,
-peak RSS of the process tree, every run's scores, and the training steps' share of a bf16 matmul's rate measured
+peak RSS of the process tree, every run's scores, and the training steps' share of that precision's matmul rate measured
 in the same call (FLOPs on real tokens, the embeddings counted as lookups). Not a test: no pass/fail here.
 """
 
@@ -40,12 +41,12 @@ METHODS = {"adapters": {"name": "adapters", "size": 64}, "lora": {"name": "lora"
 PEERS = {"adapters": "adapterhub", "lora": "peft"}
 
 
-def sweep_file(folder: Path, method: str) -> Path:
+def sweep_file(folder: Path, method: str, precision: str) -> Path:
     """The sweep `pipelines run` reads: the work above, as a user would write it."""
     text = {"adapters": "adapters:64", "lora": "lora:8"}[method]
     path = folder / f"peer_{method}.yaml"
     path.write_text(
-        f"name: peer_{method}\nbackbone: all-MiniLM-L6-v2\naccelerator: {{family: cpu, cpu_precision: bf16}}\nretries: 0\n"
+        f"name: peer_{method}\nbackbone: all-MiniLM-L6-v2\naccelerator: {{family: cpu, cpu_precision: {precision}}}\nretries: 0\n"
         f"max_train_examples: {TRAIN_ROWS}\nsweeps:\n  - tasks: [{TASK}]\n    methods: [\"{text}\"]\n"
         f"    learning_rates: [{', '.join(map(str, RATES))}]\n    epochs: [{EPOCHS}]\n    seeds: [{', '.join(map(str, SEEDS))}]\n"
         f"    batch_size: {BATCH}\n    max_length: {MAX_LENGTH}\n")
@@ -78,10 +79,11 @@ def flops_per_token(method: str) -> float:
     return matmul_flops_per_token(apply_method(load_model(None, "classification", 2), method_from_dict(METHODS[method])))
 
 
-def matmul_tflops(threads: int, size: int = 4096, repeats: int = 5) -> float:
-    """This CPU's bf16 matmul rate on `threads` threads: the best of a few size^3 products."""
+def matmul_tflops(threads: int, precision: str, size: int = 4096, repeats: int = 5) -> float:
+    """This CPU's matmul rate in `precision` on `threads` threads: the best of a few size^3 products."""
     torch.set_num_threads(threads)
-    a, b = torch.randn(size, size, dtype=torch.bfloat16), torch.randn(size, size, dtype=torch.bfloat16)
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
     a @ b
     best = min(_timed(lambda: a @ b) for _ in range(repeats))
     return 2 * size**3 / best / 1e12
@@ -124,11 +126,11 @@ def timed_command(command: list[str], environment: dict[str, str], log: Path, cw
     return wall, rss.peak / 1e9
 
 
-def project_run(method: str, folder: Path, environment: dict[str, str], root: Path = REPO) -> dict[str, Any]:
+def project_run(method: str, folder: Path, environment: dict[str, str], precision: str, root: Path = REPO) -> dict[str, Any]:
     """The sweep through `pipelines run` at the project's defaults, in a fresh run store; `root`: the checkout whose
     `pipelines run` it is (another commit's, to time a change side by side)."""
     out = Path(tempfile.mkdtemp(dir=folder))
-    wall, rss = timed_command([sys.executable, "-m", "pipelines", "run", str(sweep_file(folder, method)), "--out", str(out)],
+    wall, rss = timed_command([sys.executable, "-m", "pipelines", "run", str(sweep_file(folder, method, precision)), "--out", str(out)],
                               {**environment, "PYTHONPATH": str(root)}, out / "log.txt", cwd=root)
     records = [json.loads(path.read_text()) for path in sorted((out / "store" / "runs").glob("*/record.json"))]
     # A fused group's runs each carry the group's phase seconds: count a group's once.
@@ -149,7 +151,7 @@ def _threads_line(log: Path) -> str | None:
 
 
 def peer_run(method: str, group_by_length: bool, train: dict[str, Any], test: dict[str, Any], folder: Path,
-             environment: dict[str, str]) -> dict[str, Any]:
+             environment: dict[str, str], precision: str) -> dict[str, Any]:
     """The same runs through Trainer and the peer library, one after another in one process."""
     from adaptune.model.backbone import resolve_backbone
 
@@ -157,7 +159,7 @@ def peer_run(method: str, group_by_length: bool, train: dict[str, Any], test: di
     request = {"library": library, "method": METHODS[method], "backbone": resolve_backbone(None), "num_labels": 2,
                "pooling_file": str(REPO / "adaptune" / "serve" / "export_pooling.py"), "train": train, "eval": test,
                "runs": [{"lr": lr, "seed": seed} for lr in RATES for seed in SEEDS], "epochs": EPOCHS, "batch_size": BATCH,
-               "max_length": MAX_LENGTH, "group_by_length": group_by_length}
+               "max_length": MAX_LENGTH, "group_by_length": group_by_length, "bf16": precision == "bf16"}
     work = Path(tempfile.mkdtemp(dir=folder))
     (work / "request.json").write_text(json.dumps(request))
     python = str(ADAPTERS_PYTHON) if library == "adapterhub" else sys.executable
@@ -198,11 +200,14 @@ def main(argv: list[str] | None = None) -> int:
     environment.update(PYTHONHASHSEED="0", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO))
     peer_environment = {**environment, "OMP_NUM_THREADS": str(cores)}
     train, test, epoch_tokens = task_rows()
-    tflops = matmul_tflops(cores)
+    from adaptune.core.devices import resolved_cpu_precision
+
+    precision = resolved_cpu_precision("auto")
+    tflops = matmul_tflops(cores, precision)
     results: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d"), "cpu": platform.processor() or platform.machine(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(), "cores": cores, "torch": torch.__version__,
-        "bf16_matmul_tflops": tflops, "work": {"task": TASK, "train_rows": TRAIN_ROWS, "real_tokens_per_epoch": epoch_tokens,
+        "precision": precision, "matmul_tflops": tflops, "work": {"task": TASK, "train_rows": TRAIN_ROWS, "real_tokens_per_epoch": epoch_tokens,
                                                "epochs": EPOCHS, "batch_size": BATCH, "max_length": MAX_LENGTH,
                                                "learning_rates": RATES, "seeds": SEEDS, "scored_on": "SST-2 dev (872 rows)"},
         "methods": {},
@@ -210,14 +215,14 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-peer-") as scratch:
         folder = Path(scratch)
         for method in args.methods.split(","):
-            systems = {"pipelines run": lambda m=method: project_run(m, folder, environment),
-                       f"{PEERS[method]} + Trainer": lambda m=method: peer_run(m, False, train, test, folder, peer_environment),
+            systems = {"pipelines run": lambda m=method: project_run(m, folder, environment, precision),
+                       f"{PEERS[method]} + Trainer": lambda m=method: peer_run(m, False, train, test, folder, peer_environment, precision),
                        f"{PEERS[method]} + Trainer, group_by_length": lambda m=method: peer_run(m, True, train, test, folder,
-                                                                                                 peer_environment)}
+                                                                                                 peer_environment, precision)}
             if args.baseline_root:
                 commit = subprocess.run(["git", "-C", str(args.baseline_root), "rev-parse", "--short", "HEAD"], capture_output=True,
                                         text=True).stdout.strip()
-                systems[f"pipelines run @{commit}"] = lambda m=method: project_run(m, folder, environment, args.baseline_root)
+                systems[f"pipelines run @{commit}"] = lambda m=method: project_run(m, folder, environment, precision, args.baseline_root)
             if args.systems:
                 systems = {name: run for name, run in systems.items() if args.systems in name}
             rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}

@@ -99,7 +99,7 @@ def main(request_path: str, result_path: str) -> None:
         trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
         with tempfile.TemporaryDirectory() as out:
             arguments = TrainingArguments(
-                output_dir=out, use_cpu=True, bf16=True, per_device_train_batch_size=request["batch_size"],
+                output_dir=out, use_cpu=True, bf16=request["bf16"], per_device_train_batch_size=request["batch_size"],
                 per_device_eval_batch_size=request["batch_size"], num_train_epochs=request["epochs"], learning_rate=run["lr"],
                 weight_decay=0.01, **WARMUP, lr_scheduler_type="linear", max_grad_norm=1.0, seed=run["seed"],
                 save_strategy="no", eval_strategy="no", logging_strategy="no", report_to=[], disable_tqdm=True,
