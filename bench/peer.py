@@ -138,6 +138,8 @@ def project_run(method: str, folder: Path, environment: dict[str, str], precisio
     in_runs = sum(r["wall_time_s"] / r.get("group_size", 1) for r in records)
     return {"wall_s": wall, "peak_rss_gb": rss, "train_s": shared("steps"), "evaluation_s": shared("evaluation"),
             "setup_s": shared("setup") + shared("saving"), "outside_runs_s": wall - in_runs,
+            # what a plan prices (adaptune.sweep.throughput.record_rate): training rows x epochs over the runs' own seconds
+            "examples_per_s_in_runs": sum(r["split_sizes"]["train"] * r["epochs"] for r in records) / in_runs,
             # each run: its curve rows every epoch before the last, then the whole validation and test splits once
             "rows_scored": sum((EPOCHS - 1) * (r.get("curve_rows") or r["split_sizes"]["validation"])
                                + r["split_sizes"]["validation"] + r["split_sizes"]["test"] for r in records),
@@ -172,6 +174,13 @@ def peer_run(method: str, group_by_length: bool, train: dict[str, Any], test: di
             "outside_runs_s": wall - sum(r["train_s"] + r["predict_s"] for r in runs), "versions": result["versions"],
             "runs": [{"lr": r["lr"], "seed": r["seed"], "test_accuracy": r["accuracy"], "trained_params": r["trained_params"]}
                      for r in runs]}
+
+
+def calibration_entry(method: str, project_rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """What `make plan` prices this CPU's runs by (adaptune.sweep.cpu_calibration): the project's fastest round."""
+    return {"task": TASK, "backbone": "all-MiniLM-L6-v2", "method": METHODS[method], "max_length": MAX_LENGTH,
+            "group_size": max(size for r in project_rounds for size in r["group_sizes"]),
+            "examples_per_s": max(r["examples_per_s_in_runs"] for r in project_rounds)}
 
 
 def summary(rounds: list[dict[str, Any]], tokens_trained: float, tflops: float) -> dict[str, Any]:
@@ -237,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
             peers = [v["wall_s"]["min"] for k, v in entry.items() if k.startswith(PEERS[method])]
             ratio = min(peers) / entry["pipelines run"]["wall_s"]["min"] if peers and "pipelines run" in entry else None
             results["methods"][method] = {"systems": entry, "peer_best_over_project_wall": ratio}
+            if "pipelines run" in entry:
+                results["methods"][method]["calibration"] = calibration_entry(method, entry["pipelines run"]["rounds"])
             args.out.write_text(json.dumps(results, indent=1) + "\n")
     print(json.dumps({m: v["peer_best_over_project_wall"] for m, v in results["methods"].items()}))
     return 0

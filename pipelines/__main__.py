@@ -15,6 +15,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from adaptune.sweep.retrain import RetrainPolicy
 
+# This machine's `make bench-peer` result: a CPU plan's table price is scaled by it (adaptune.sweep.cpu_calibration).
+BENCH_PEER_JSON = Path(__file__).resolve().parents[1] / "bench" / "peer.json"
+
 
 def _run(args: argparse.Namespace) -> int:
     from pipelines.local import run_local
@@ -64,7 +67,12 @@ def _plan(args: argparse.Namespace) -> int:
 
         records = list(store_summaries(_store_for(args.name, args.runs_root, Path())).values())
         measured, set_aside = measure_on(records, spec.accelerator), set_aside_on(records, spec.accelerator)
-    print(plan(spec, measured, set_aside).summary())
+    calibration = None
+    if spec.accelerator.label == "cpu":  # the table's CPU row is another machine's: this one's benchmark scales it
+        from adaptune.sweep.cpu_calibration import calibration_from_bench, this_cpu
+
+        calibration = calibration_from_bench(BENCH_PEER_JSON, spec, this_cpu(spec.accelerator.cpu_precision))
+    print(plan(spec, measured, set_aside, calibration).summary())
     if not args.runs_root:
         print("(pass --runs-root, or RUNS_ROOT= to make, to estimate from the throughput a run store's records measured)")
     return 0

@@ -62,11 +62,11 @@ class ExecutorInputFilter(io.TextIOBase):
 def without_executor_inputs() -> Iterator[None]:
     """Filter sys.stdout for the duration (kfp.local's streamed task logs go there)."""
     original = sys.stdout
-    sys.stdout = ExecutorInputFilter(original)  # type: ignore[assignment]
+    sys.stdout = ExecutorInputFilter(original)
     try:
         yield
     finally:
-        pending = getattr(sys.stdout._pending, "text", "")  # type: ignore[attr-defined]
+        pending = getattr(sys.stdout._pending, "text", "")
         sys.stdout = original
         if pending:
             original.write(pending)

@@ -33,6 +33,7 @@ from kfp import dsl, kubernetes
 
 from adaptune.core.precision import CPU_BF16_ENV, cpu_bf16_env_value
 from adaptune.sweep.plan import plan, within_fanout
+from adaptune.sweep.retry import RetryPolicy
 from adaptune.sweep.spec import Accelerator, ExperimentSpec
 from adaptune.sweep.spec_file import spec_to_json
 from components import make_components
@@ -43,14 +44,13 @@ TARGETS = ("vertex", "kfp")
 # On a KFP cluster the accelerator is a Kubernetes extended resource.
 KUBERNETES_RESOURCES = {"gpu": "nvidia.com/gpu", "tpu": "google.com/tpu"}
 DEVICE_FOR_FAMILY = {"gpu": "cuda", "tpu": "xla"}  # $ADAPTUNE_DEVICE: adaptune.core.devices.pick_device refuses to fall back
-RETRY_BACKOFF = "60s"
 
 
 def pipeline_name(spec: ExperimentSpec) -> str:
     return f"adaptune-{spec.name.replace('_', '-')}"
 
 
-def configure_accelerator(task: Any, accelerator: Accelerator, retries: int, target: str, timeout_s: int) -> None:
+def configure_accelerator(task: Any, accelerator: Accelerator, retry: RetryPolicy, target: str, timeout_s: int) -> None:
     """Resources, placement, device, timeout and retries of a heavy task (train_shard, ablate_runs)."""
     task.set_cpu_limit(accelerator.cpu_limit).set_memory_limit(accelerator.memory_limit)
     task.set_env_variable("ADAPTUNE_IMAGE", image_for(accelerator.family))  # provenance of every record
@@ -68,8 +68,8 @@ def configure_accelerator(task: Any, accelerator: Accelerator, retries: int, tar
         for key in accelerator.tolerations:
             kubernetes.add_toleration(task, key=key, operator="Exists", effect="NoSchedule")
         kubernetes.set_timeout(task, timeout_s)  # the pod's activeDeadlineSeconds
-    if retries:  # preempted (spot) nodes: the shard resumes from the run store (transient errors retry inside it)
-        task.set_retry(num_retries=retries, backoff_duration=RETRY_BACKOFF)
+    if retry.pod_restarts:  # preempted (spot) nodes: the shard resumes from the run store (transient errors retry inside it)
+        task.set_retry(num_retries=retry.pod_restarts, backoff_duration=retry.pod_backoff)
 
 
 def task_timeout_s(spec: ExperimentSpec) -> int:
@@ -92,6 +92,7 @@ def build_pipeline(spec: ExperimentSpec, target: str = "vertex", threads: CoreSh
     if target == "kfp":
         spec = within_fanout(spec)  # Argo keeps the whole fan-out in one etcd object
     timeout_s = task_timeout_s(spec)
+    retry = RetryPolicy.for_spec(spec)
     steps = make_components(spec.accelerator.family)
 
     def local_threads(task: Any, shard: bool = False) -> Any:
@@ -99,17 +100,17 @@ def build_pipeline(spec: ExperimentSpec, target: str = "vertex", threads: CoreSh
             task.set_env_variable(name, value)
         return task
 
-    outputs = NamedTuple("Outputs", [("results", dsl.Dataset), ("report", dsl.Artifact)])
+    Outputs = NamedTuple("Outputs", [("results", dsl.Dataset), ("report", dsl.Artifact)])
 
     @dsl.pipeline(name=pipeline_name(spec), description=spec.description)
-    def reproduction(  # type: ignore[valid-type]
+    def reproduction(
         runs_root: str,
         spec_json: str = spec_to_json(spec),
         data_dir: str = "",
         retry_failed: bool = False,
         retrain_stale: bool = False,
         retry_unreadable: bool = False,
-    ) -> outputs:
+    ) -> Outputs:
         data_task = local_threads(steps.prepare_data(spec_json=spec_json, runs_root=runs_root, data_dir=data_dir))
         data_task.set_caching_options(False)  # the run store is its cache: prepared data is reused by its content
         prepared = data_task.outputs["prepared"]
@@ -120,19 +121,19 @@ def build_pipeline(spec: ExperimentSpec, target: str = "vertex", threads: CoreSh
                                            data_dir=shard.data, retry_failed=retry_failed, retrain_stale=retrain_stale,
                                            retry_unreadable=retry_unreadable)
             train_task.set_caching_options(False)  # the run store decides what to reuse
-            configure_accelerator(train_task, spec.accelerator, spec.retries, target, timeout_s)
+            configure_accelerator(train_task, spec.accelerator, retry, target, timeout_s)
             local_threads(train_task, shard=True)
         last: Any = train_task
         if spec.ablation is not None:
             ablate_task = steps.ablate_runs(spec_json=spec_json, runs_root=runs_root, data_dir=prepared).after(train_task)
             ablate_task.set_caching_options(False)
-            configure_accelerator(ablate_task, spec.accelerator, spec.retries, target, timeout_s)
+            configure_accelerator(ablate_task, spec.accelerator, retry, target, timeout_s)
             local_threads(ablate_task)
             last = ablate_task
         aggregate_task = local_threads(steps.aggregate(spec_json=spec_json, runs_root=runs_root).after(last))
         aggregate_task.set_caching_options(False)
         report_task = local_threads(steps.report(results=aggregate_task.outputs["results"], runs_root=runs_root, data_dir=prepared))
         report_task.set_caching_options(False)  # its input is always a new artifact; never a stale report
-        return outputs(results=aggregate_task.outputs["results"], report=report_task.outputs["report_dir"])
+        return Outputs(results=aggregate_task.outputs["results"], report=report_task.outputs["report_dir"])
 
     return reproduction

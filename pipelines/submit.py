@@ -130,7 +130,7 @@ def load_settings(env: Mapping[str, str] | None = None, config_path: str | Path 
                 raise SettingError(
                     f'{path} [submit] {key} must be a string in quotes ({key} = "..."), not {value!r} ({type(value).__name__})'
                 )
-    values = {key: environment.given(var, env) or from_file.get(key) for key, var in ENV_VARS.items()}
+    values: dict[str, Any] = {key: environment.given(var, env) or from_file.get(key) for key, var in ENV_VARS.items()}
     values["data_dir"] = values["data_dir"] or ""
     return SubmitSettings(**values)
 
@@ -254,11 +254,6 @@ def _to_vertex(submission: Submission, policy: RetrainPolicy, credentials: Any =
         )
         job.submit(service_account=settings.service_account, experiment=submission.vertex_experiment)
     return job
-
-
-def submit_kfp(name: str, host: str, settings: SubmitSettings, policy: RetrainPolicy = RetrainPolicy()) -> Any:
-    """check_submission, then send it to the KFP endpoint `host` (_to_kfp); returns the created run."""
-    return _to_kfp(check_submission(name, settings, host), policy)
 
 
 def _to_kfp(submission: Submission, policy: RetrainPolicy) -> Any:

@@ -143,7 +143,7 @@ def test_the_vertex_payload_has_caching_off_everywhere_and_retries_on_train_shar
         assert {"plan-shards", "train-shard", "aggregate", "report"} <= set(tasks)
         assert not any(task.get("cachingOptions", {}).get("enableCache") for task in tasks.values()), name
         retries = tasks["train-shard"].get("retryPolicy", {}).get("maxRetryCount", 0)
-        assert retries == get_experiment(name).retries
+        assert retries == get_experiment(name).pod_retries
         assert sent["runtimeConfig"]["parameterValues"]["retrain_stale"] is False
     # What the submission used to pass: True switches the cache on for every task, aggregate and report too.
     forced = _tasks(payload("smoke", enable_caching=True)["pipelineSpec"])

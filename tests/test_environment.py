@@ -58,12 +58,13 @@ def test_unset_or_empty_takes_the_default() -> None:
 
 def test_the_registry_defaults_are_the_ones_the_code_falls_back_to() -> None:
     from adaptune.sweep.lease import DEFAULT_LEASE_SECONDS, lease_seconds
-    from adaptune.sweep.transient import DEFAULT_BACKOFF_S, backoff_s
+    from adaptune.sweep.retry import DEFAULT_BACKOFF_S, RetryPolicy
     from adaptune.train.state_saves import STATE_EVERY_S, state_every_s
     from components.images import image_for
 
     assert (DEFAULT_LEASE_SECONDS, DEFAULT_BACKOFF_S, STATE_EVERY_S) == (900.0, 30.0, 60.0)
     # None: unset; empty: the default, as for every variable
+    backoff_s = lambda failures: RetryPolicy.with_counts().backoff_s(failures)  # noqa: E731
     with environment.patch(lease_seconds=None, retry_backoff_s=None, state_every_s=None, registry=None, image_tag=""):
         assert (lease_seconds(), backoff_s(1), state_every_s()) == (900.0, 30.0, 60.0)
         assert image_for("cpu") == "us-docker.pkg.dev/your-project/adaptune/adaptune-cpu:0.2.0"
@@ -89,10 +90,11 @@ def test_the_modules_read_their_variables_through_the_registry() -> None:
     from adaptune.core.devices import pick_device
     from adaptune.sweep.device_sharing import runs_per_group
     from adaptune.sweep.lease import lease_seconds
+    from adaptune.sweep.retry import RetryPolicy
     from adaptune.sweep.spec import ACCELERATORS
-    from adaptune.sweep.transient import backoff_s
     from adaptune.train.state_saves import state_every_s
 
+    backoff_s = lambda failures: RetryPolicy.with_counts().backoff_s(failures)  # noqa: E731
     for name, read in (("ADAPTUNE_DEVICE", pick_device), ("ADAPTUNE_LEASE_SECONDS", lease_seconds),
                        ("ADAPTUNE_RETRY_BACKOFF_S", lambda: backoff_s(1)), ("ADAPTUNE_STATE_EVERY_S", state_every_s),
                        ("ADAPTUNE_RUNS_PER_GROUP", lambda: runs_per_group(ACCELERATORS["h100"]))):

@@ -103,3 +103,33 @@ def test_a_runs_curve_scores_the_subset_and_its_result_the_whole_split(tmp_path:
     for point in record["curve"]:  # accuracy over 50 rows: a multiple of 1/50
         assert point["val_metrics"]["accuracy"] * 50 == pytest.approx(round(point["val_metrics"]["accuracy"] * 50))
     assert record["val_metrics"]["accuracy"] * 160 == pytest.approx(round(record["val_metrics"]["accuracy"] * 160))
+
+
+def test_a_float32_cpu_trains_the_planned_groups_one_run_at_a_time_and_plans_the_same_shards(monkeypatch: pytest.MonkeyPatch,
+                                                                                              tmp_path: Path) -> None:
+    """The CPU preset fuses 4 runs where the CPU trains in bf16 and none in float32 (measured: bench/LOG.md), and
+    every machine plans the same groups and shards whatever its precision; a group size a sweep file sets holds in both."""
+    from adaptune.core import environment
+    from adaptune.sweep import shard_runner
+    from adaptune.sweep.device_sharing import runs_per_group
+    from adaptune.sweep.spec import CPU
+    from adaptune.sweep.store import RunStore
+
+    assert (runs_per_group(CPU), runs_per_group(CPU, "cpu:bf16"), runs_per_group(CPU, "cpu")) == (4, 4, 1)
+    with environment.patch(runs_per_group=3):
+        assert runs_per_group(CPU, "cpu") == 3  # the user's variable first
+    set_in_file = spec_from_dict({"name": "f", "accelerator": {"family": "cpu", "runs_per_group": 2},
+                                  "sweeps": [{"tasks": ["mrpc"], "methods": ["adapters:8"], "learning_rates": [1e-3], "epochs": [1], "seeds": [0]}]})
+    assert (runs_per_group(set_in_file.accelerator, "cpu"), runs_per_group(set_in_file.accelerator, "cpu:bf16")) == (2, 2)
+
+    spec = spec_from_dict({"name": "four", "accelerator": "cpu", "shard_size": 8, "retries": 0, "pod_retries": 0,
+                           "sweeps": [{"tasks": ["mrpc"], "methods": ["adapters:8"], "learning_rates": [1e-3, 3e-4], "epochs": [1], "seeds": [0, 1]}]})
+    (shard,) = plan(spec).shards
+    assert [len(group) for group in plan(spec).groups] == [4]
+    trained_at: dict[str, int] = {}
+    for device in ("cpu", "cpu:bf16"):
+        monkeypatch.setattr(shard_runner, "prepare_machine", lambda store, backbones, device=device: device)
+        monkeypatch.setattr(shard_runner, "train_runs", lambda runs, shard_id, store, options, fused, device=device:
+                            trained_at.update({device: fused}) or {run.run_id: "ok" for run in runs})
+        shard_runner.run_shard(spec, shard.id, RunStore(str(tmp_path / device.replace(":", "_"))))
+    assert trained_at == {"cpu": 1, "cpu:bf16": 4}

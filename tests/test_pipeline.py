@@ -64,7 +64,7 @@ def test_vertex_spec_carries_gpu_accelerator_retries_and_images(tmp_path: Path) 
     # No run-time pip installs: the images already hold adaptune and kfp.
     assert not any("pip install" in " ".join(e["container"]["command"]) for e in executors.values())
     assert _find(pipeline, "retryPolicy") == [
-        {"backoffDuration": "60s", "backoffFactor": 2.0, "backoffMaxDuration": "3600s", "maxRetryCount": spec.retries}
+        {"backoffDuration": "60s", "backoffFactor": 2.0, "backoffMaxDuration": "3600s", "maxRetryCount": spec.pod_retries}
     ]
     assert _find(pipeline, "parallelismLimit") == [spec.parallelism]
     assert "cachingOptions" in str(pipeline) and pipeline["pipelineInfo"]["name"] == "adaptune-glue-full"
@@ -95,7 +95,7 @@ def test_cpu_experiment_has_no_accelerator_and_two_shards_at_a_time(tmp_path: Pa
     train = pipeline["deploymentSpec"]["executors"]["exec-train-shard"]["container"]
     assert train["image"].endswith("/adaptune-cpu:0.2.0") and "accelerator" not in train["resources"]
     assert _find(pipeline, "parallelismLimit") == [2]
-    assert _find(pipeline, "retryPolicy") == []  # smoke declares retries=0
+    assert _find(pipeline, "retryPolicy") == []  # smoke declares pod_retries=0
 
 
 def test_experiment_without_ablation_has_no_ablate_task(tmp_path: Path) -> None:

@@ -87,7 +87,7 @@ VARIABLES: dict[str, Variable] = {variable.name: variable for variable in (
              "adaptune.sweep.lease"),
     Variable("ADAPTUNE_RETRY_BACKOFF_S", "seconds", "30",
              "the first wait before a run that failed transiently is tried again (doubled each time, at most 600)",
-             "adaptune.sweep.transient"),
+             "adaptune.sweep.retry"),
     Variable("ADAPTUNE_EPOCH_LINES", "flag", "1", "print one line per epoch on stderr", "adaptune.train.epoch_log"),
     Variable("ADAPTUNE_DEBUG", "flag", "0", "print the full traceback with an error's one line", "adaptune.cli"),
     Variable("ADAPTUNE_DATA_DIR", "text", "",

@@ -1,5 +1,6 @@
 """Mean pooling for a model exported by adaptune: copied byte for byte, as `mean_pooling.py`, into every export
-folder whose run pooled so (`python -m adaptune export`; adaptune itself never imports this file).
+folder whose run pooled so (`python -m adaptune export`). adaptune imports it only for its file path and the head's
+registered name (serve.export, serve.export_adapterhub): its functions run where the export is loaded, not here.
 
 Why it is needed: all-MiniLM-L6-v2 was trained with mean pooling, and the first-token pooler it ships never took a
 training step, so adaptune's runs read the attention-masked mean of the last hidden states in its place (the head

@@ -170,24 +170,26 @@ def measurement_for(run: TrainConfig, spec: ExperimentSpec, measured: dict[Throu
 
 
 def estimate_hours(run: TrainConfig, spec: ExperimentSpec, measured: dict[ThroughputKey, Measured] | None = None,
-                   group_size: int | None = None) -> float:
+                   group_size: int | None = None, cpu_factor: float = 1.0) -> float:
     """Estimated accelerator-hours of one run in a group of `group_size` (else planned_group_size):
     examples x epochs / throughput, the throughput measured by the store's records where `measured` has it
     (wall time, evaluation included, shared among a fused group's runs), else THROUGHPUT (one run at a
     time, times the measured FUSED_SPEEDUP of its group on a GPU). A probe is priced at one forward pass over its
-    training rows (PROBE_PASS_COST)."""
+    training rows (PROBE_PASS_COST). `cpu_factor` scales the table's rates on a CPU to the machine's own
+    (adaptune.sweep.cpu_calibration)."""
+    factor = cpu_factor if spec.accelerator.label == "cpu" else 1.0
     task = get_task(run.task)
     train_size = task.paper_sizes[0] if task.paper_sizes else KNOWN_TRAIN_SIZES.get(task.name, 10_000)
     if run.max_train_examples:
         train_size = min(train_size, run.max_train_examples)
     if trains_as_probe(run.method, task.kind):
         full_step_throughput = table_one_run_throughput(dataclasses.replace(run, method={"name": "full"}), spec)
-        return train_size * PROBE_PASS_COST / full_step_throughput * EVALUATION_OVERHEAD / 3600
+        return train_size * PROBE_PASS_COST / (full_step_throughput * factor) * EVALUATION_OVERHEAD / 3600
     found = measurement_for(run, spec, measured or {}, group_size)
     if found is not None:
         return train_size * run.epochs / (found[1].examples_per_s * REFERENCE_MAX_LENGTH / run.max_length) / 3600
     speedup = table_fused_speedup(run, spec, group_size)
-    return train_size * run.epochs / (table_one_run_throughput(run, spec) * speedup) * EVALUATION_OVERHEAD / 3600
+    return train_size * run.epochs / (table_one_run_throughput(run, spec) * speedup * factor) * EVALUATION_OVERHEAD / 3600
 
 
 def step_tokens(run: TrainConfig) -> float:

@@ -11,10 +11,16 @@ from adaptune.core import environment
 RUNS_PER_GROUP_ENV = "ADAPTUNE_RUNS_PER_GROUP"
 
 
-def runs_per_group(accelerator: Any) -> int:
+def runs_per_group(accelerator: Any, device: str | None = None) -> int:
     """Runs fused into one forward pass (adaptune.train.group_loop): the environment's count where it sets one (a bad
-    one is the registry's line), else the accelerator's."""
-    return environment.settings().runs_per_group or run_count(f"{RUNS_PER_GROUP_ENV} / runs_per_group", getattr(accelerator, "runs_per_group", 1))
+    one is the registry's line), else the accelerator's; on a CPU training in float32 (`device` "cpu", as records
+    name it: adaptune.core.devices.CPU_DEVICE_NAMES), its `float32_runs_per_group` where it sets one. Planning passes
+    no device: every machine plans the same groups."""
+    chosen = environment.settings().runs_per_group
+    if chosen:
+        return chosen
+    in_float32 = getattr(accelerator, "float32_runs_per_group", None) if device == "cpu" else None
+    return run_count(f"{RUNS_PER_GROUP_ENV} / runs_per_group", in_float32 or getattr(accelerator, "runs_per_group", 1))
 
 
 def run_count(name: str, value: object) -> int:

@@ -21,8 +21,9 @@ class ShardEnvironmentError(UserError, RuntimeError):
     """The machine cannot train this shard (no accelerator, no backbone): the task fails, no run is recorded."""
 
 
-def prepare_machine(store: RunStore, backbones: Iterable[str]) -> None:
-    """Check the accelerator the task asked for and make every backbone loadable, before any run."""
+def prepare_machine(store: RunStore, backbones: Iterable[str]) -> str:
+    """Check the accelerator the task asked for and make every backbone loadable, before any run; returns the device's
+    name as records give it ("cpu", "cpu:bf16", "cuda:...")."""
     from adaptune.core.devices import CpuBf16Unsupported, pick_device
     from adaptune.model.backbone import BackboneError, check_backbone
 
@@ -43,6 +44,7 @@ def prepare_machine(store: RunStore, backbones: Iterable[str]) -> None:
         except BackboneError as error:
             hint = "" if staged else f"; stage its weights once with `make stage-models RUNS_ROOT={store.root}` so pods load them from the store"
             raise ShardEnvironmentError(f"{error}{hint}") from None
+    return device.name
 
 
 def use_staged_backbones(store: RunStore, backbones: Iterable[str]) -> list[str]:

@@ -23,6 +23,7 @@ from adaptune.fused.grouping import fused_groups
 from adaptune.fused.settings import StepSettings
 from adaptune.model.layouts import BackboneError, backbone_layers, backbone_layout, unusable_backbone
 from adaptune.sweep.cost import estimate_hours, measured_at_length, measurement_for, step_tokens, table_fused_speedup
+from adaptune.sweep.cpu_calibration import CpuCalibration
 from adaptune.sweep.device_sharing import runs_per_group
 from adaptune.sweep.spec import PAPER_EPOCHS, Ablation, ExperimentSpec, Sweep
 from adaptune.sweep.throughput import Measured, ThroughputKey, throughput_key
@@ -78,6 +79,8 @@ class Plan:
     # The store's finished records measured is not from, counted by why (throughput.set_aside_on: another
     # accelerator or precision); those at another group size are in measured and told apart by estimate_source.
     set_aside: dict[str, int] = dataclasses.field(default_factory=dict)
+    # On a CPU, the table's rates scaled to this machine by its benchmark, or why not (adaptune.sweep.cpu_calibration).
+    cpu_calibration: CpuCalibration | None = None
 
     @functools.cached_property
     def group_sizes(self) -> dict[str, int]:
@@ -158,17 +161,24 @@ class Plan:
             heapq.heapreplace(slots, slots[0] + hours)
         return max(slots)
 
-    def calibrated(self, measured: dict[ThroughputKey, Measured], set_aside: dict[str, int] | None = None) -> Plan:
-        """The same plan and shards, its hours estimated from `measured` throughputs where they apply;
-        `set_aside`: the store's records left out of `measured`, by why (throughput.set_aside_on)."""
-        run_hours = {run.run_id: estimate_hours(run, self.spec, measured, self.group_sizes[run.run_id]) for run in self.runs}
+    def calibrated(self, measured: dict[ThroughputKey, Measured], set_aside: dict[str, int] | None = None,
+                   cpu_calibration: CpuCalibration | None = None) -> Plan:
+        """The same plan and shards, its hours estimated from `measured` throughputs where they apply, else from the
+        table (on a CPU scaled by `cpu_calibration`'s factor where it has one); `set_aside`: the store's records left
+        out of `measured`, by why (throughput.set_aside_on)."""
+        factor = cpu_calibration.factor if cpu_calibration and cpu_calibration.factor else 1.0
+        run_hours = {run.run_id: estimate_hours(run, self.spec, measured, self.group_sizes[run.run_id], factor) for run in self.runs}
         return dataclasses.replace(self, run_hours=run_hours, packing_hours=self.packing_hours or self.run_hours,
-                                   measured=dict(measured), set_aside=dict(set_aside or {}))
+                                   measured=dict(measured), set_aside=dict(set_aside or {}), cpu_calibration=cpu_calibration)
 
     def estimate_source(self) -> str:
         """Which throughputs the estimate used: the store's measurements (with their run counts and the
         group size they were fused at) or the table, and where fused runs were priced one at a time."""
         table = "adaptune.sweep.cost.THROUGHPUT (published figures, not a measurement)"
+        if self.cpu_calibration is not None and self.spec.accelerator.label == "cpu":
+            calibration = self.cpu_calibration
+            table = (f"adaptune.sweep.cost.THROUGHPUT {calibration.basis}" if calibration.factor
+                     else f"adaptune.sweep.cost.THROUGHPUT (published figures, not a measurement: {calibration.basis})")
         keys: set[tuple[Any, ...]] = set()
         unpriced_groups: Counter[int] = Counter()
         table_groups: Counter[int] = Counter()
@@ -249,7 +259,7 @@ class Plan:
             f"experiment {spec.name}: {spec.description}",
             f"accelerator {accel.label}" + (f" x{accel.count}" if accel.count else "")
             + f", {len(self.shards)} shards of at most {spec.shard_size} runs or ~{spec.shard_hours:g} h, {spec.parallelism} at a time"
-            + f", retries {spec.retries}",
+            + f", retries {spec.retries}, pod retries {spec.pod_retries}",
         ]
         header = ("task", "runs", "backbone", "methods", "learning rates", "epochs", "seeds")
         rows = [header]
@@ -332,11 +342,12 @@ def fit_fanout(planned: Plan, ceiling: int = KFP_MAX_FANOUT) -> Plan:
 
 
 def plan(spec: ExperimentSpec, measured: dict[ThroughputKey, Measured] | None = None,
-         set_aside: dict[str, int] | None = None) -> Plan:
+         set_aside: dict[str, int] | None = None, cpu_calibration: CpuCalibration | None = None) -> Plan:
     """Expand and validate `spec`; raises PlanError naming every problem found. `measured`
     (adaptune.sweep.throughput.measure_throughput of a run store's records) replaces the published
     throughput where it has the run's backbone, accelerator, method and group size (else alone); shards stay
-    the same. `set_aside` (throughput.set_aside_on): the store's records left out, which the estimate line counts."""
+    the same. `set_aside` (throughput.set_aside_on): the store's records left out, which the estimate line counts.
+    `cpu_calibration` (cpu_calibration.calibration_from_bench): a CPU plan's table scaled to this machine, or why not."""
     problems: list[str] = []
     if spec.skip_tasks_without_data:  # not yet resolved where its command started (get_experiment): against the default data source
         from adaptune.sweep.task_data import with_tasks_that_have_data
@@ -378,7 +389,9 @@ def plan(spec: ExperimentSpec, measured: dict[ThroughputKey, Measured] | None = 
             f"({min(len(planned.shards), spec.parallelism)} shards x {spec.accelerator.count}), over max_accelerators "
             f"{spec.max_accelerators}: lower parallelism, or raise max_accelerators to what your quota allows"
         )
-    return planned.calibrated(measured or {}, set_aside) if measured or set_aside else planned
+    if measured or set_aside or cpu_calibration:
+        return planned.calibrated(measured or {}, set_aside, cpu_calibration)
+    return planned
 
 
 def planned_groups(runs: list[TrainConfig], spec: ExperimentSpec) -> list[list[TrainConfig]]:
@@ -398,8 +411,9 @@ def _check_spec_values(spec: ExperimentSpec, problems: list[str]) -> None:
         problems.append(f"shard_hours must be > 0 (estimated hours per shard), got {spec.shard_hours}")
     if spec.max_accelerators is not None and spec.max_accelerators < 1:
         problems.append(f"max_accelerators must be >= 1 or None (unchecked), got {spec.max_accelerators}")
-    if spec.retries < 0:
-        problems.append(f"retries must be >= 0, got {spec.retries}")
+    for field in ("retries", "pod_retries"):
+        if getattr(spec, field) < 0:
+            problems.append(f"{field} must be >= 0, got {getattr(spec, field)}")
     for field in ("max_train_examples", "max_eval_examples"):
         value = getattr(spec, field)
         if value is not None and value < 1:

@@ -20,9 +20,10 @@ from adaptune.fused.settings import StepSettings
 from adaptune.sweep.lease import Holder, Lease, LeaseWatch, current_lease, lease_owner, lease_seconds, new_owner, try_acquire
 from adaptune.sweep.machine import load_trainer
 from adaptune.sweep.retrain import RetrainPolicy
+from adaptune.sweep.retry import RetryPolicy
 from adaptune.sweep.store import CHECKPOINT_DIR, RECORD_FILE, RUNS_DIR, RunDir, RunStore
 from adaptune.sweep.store_files import UnreadableFileError
-from adaptune.sweep.transient import backoff_s, is_transient
+from adaptune.sweep.transient import is_transient
 from adaptune.train.config import TrainConfig
 from adaptune.train.event_log import write_run_summary
 from adaptune.train.record import failed_run_record, is_stale, one_line_reason, save_traceback, with_provenance
@@ -34,7 +35,7 @@ class AttemptOptions:
 
     data_dir: str | os.PathLike[str] | None = None  # the data mirror (None: found automatically, or the hub)
     policy: RetrainPolicy = dataclasses.field(default_factory=RetrainPolicy)  # which stored records to train again
-    max_transient_failures: int = 0  # retries of a transient failure, counted in the store over all attempts
+    retry: RetryPolicy = dataclasses.field(default_factory=RetryPolicy)  # transient failures: how often, how long a wait
     progress: bool = False  # a progress bar per epoch
     settings: StepSettings = dataclasses.field(default_factory=StepSettings)  # how every step computes
 
@@ -264,7 +265,7 @@ def _train_group_with_retries(configs: list[TrainConfig], store: RunStore, optio
               f"{len(part) - half}", flush=True)
         return train(works[:half], part[:half]) + train(works[half:], part[half:])
 
-    return _with_retries(configs, store, options.data_dir, options.max_transient_failures, sleep, train)
+    return _with_retries(configs, store, options.data_dir, options.retry, sleep, train)
 
 
 def _train_with_retries(config: TrainConfig, store: RunStore, options: AttemptOptions, sleep: Callable[[float], None]) -> dict[str, Any]:
@@ -274,13 +275,13 @@ def _train_with_retries(config: TrainConfig, store: RunStore, options: AttemptOp
         return [trainer(config, data_dir=options.data_dir, out_dir=works[0].path, cache_dir=store.cache_dir(), progress=options.progress,
                         on_state_saved=works[0].sync, write_record=False, settings=options.settings)]
 
-    return _with_retries([config], store, options.data_dir, options.max_transient_failures, sleep, train)[0]
+    return _with_retries([config], store, options.data_dir, options.retry, sleep, train)[0]
 
 
-def _with_retries(configs: list[TrainConfig], store: RunStore, data_dir: Any, max_transient_failures: int,
+def _with_retries(configs: list[TrainConfig], store: RunStore, data_dir: Any, retry: RetryPolicy,
                   sleep: Callable[[float], None], train: Callable[[list[RunDir]], list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """`train` in the runs' store directories until it returns their records; a transient failure is
-    retried with backoff up to `max_transient_failures` (counted in the store, the highest count of the
+    retried with the policy's backoff up to `retry.transient_failures` times (counted in the store, the highest count of the
     runs decides), any other failure, or one that persists, becomes each run's failed record."""
     who = configs[0].run_id if len(configs) == 1 else f"group of {len(configs)} ({configs[0].run_id}, ...)"
     while True:
@@ -296,9 +297,9 @@ def _with_retries(configs: list[TrainConfig], store: RunStore, data_dir: Any, ma
                     failures = max(store.note_transient_failure(config.run_id, reason) for config in configs)
                     for work in works:
                         work.sync()
-                    if failures <= max_transient_failures:
-                        delay = backoff_s(failures)
-                        print(f"{who}: transient failure {failures} of at most {max_transient_failures} retried in {delay:.0f} s: {reason}",
+                    if failures <= retry.transient_failures:
+                        delay = retry.backoff_s(failures)
+                        print(f"{who}: transient failure {failures} of at most {retry.transient_failures} retried in {delay:.0f} s: {reason}",
                               flush=True)
                         sleep(delay)
                         continue

@@ -37,10 +37,11 @@ from adaptune.sweep.device_sharing import RUNS_PER_GROUP_ENV, runs_per_group  # 
 from adaptune.sweep.machine import TRAINER_ENV, ShardEnvironmentError, prepare_machine, start_deadline  # noqa: F401 (the shard's names)
 from adaptune.sweep.plan import plan
 from adaptune.sweep.retrain import RetrainPolicy
+from adaptune.sweep.retry import BACKOFF_ENV, RetryPolicy  # noqa: F401 (the retry policy's variable)
 from adaptune.sweep.run_attempt import AttemptOptions, run_in_store, train_runs  # noqa: F401 (one run in the store)
 from adaptune.sweep.spec import ExperimentSpec
 from adaptune.sweep.store import RunStore
-from adaptune.sweep.transient import BACKOFF_ENV, is_transient  # noqa: F401 (the retry rule's names)
+from adaptune.sweep.transient import is_transient  # noqa: F401 (the retry rule's name)
 
 
 def run_shard(
@@ -62,13 +63,13 @@ def run_shard(
     if enforce_deadline:
         start_deadline(planned.deadline_hours(shard) * 3600, shard_id)
     backbones = {run.backbone for run in shard.runs}
-    prepare_machine(store, backbones)
+    device = prepare_machine(store, backbones)
     # The data the preparation step wrote for this shard's tasks (MNLI-mm's with MNLI), on this machine's disk.
     data_dir = readable_data_dir(store, data_dir, {name for run in shard.runs for name in (run.task, *scored_companions(run.task))})
     # How every step of the shard computes: the accelerator preset's, under the task's or user's own variables.
     settings = StepSettings.from_environment(preset=spec.accelerator.step_settings)
-    options = AttemptOptions(data_dir=data_dir, policy=policy, max_transient_failures=spec.retries, progress=progress, settings=settings)
-    fused = group_size or runs_per_group(spec.accelerator)
+    options = AttemptOptions(data_dir=data_dir, policy=policy, retry=RetryPolicy.for_spec(spec), progress=progress, settings=settings)
+    fused = group_size or runs_per_group(spec.accelerator, device)
     by_run = train_runs(list(shard.runs), shard_id, store, options, fused)
     outcomes = Counter(by_run.values())
     if outcomes["stale"]:

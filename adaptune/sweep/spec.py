@@ -37,6 +37,10 @@ class Accelerator:
     cpu_limit: str = "4"
     memory_limit: str = "16G"
     runs_per_group: int = 1  # runs fused into one forward pass (adaptune.train.group_loop; measured in bench/results.json)
+    # On a CPU whose shard trains in float32 (no native bf16), the runs fused at once there; None: runs_per_group. The
+    # plan groups and packs shards by runs_per_group either way (every machine plans the same shards); a float32 shard
+    # trains each planned group's runs this many at a time (adaptune.sweep.device_sharing).
+    float32_runs_per_group: int | None = None
     # The frozen backbone's precision on a CPU (adaptune.core.devices.CPU_PRECISIONS): "auto" leaves it to the
     # machine (bf16 where the CPU has it natively; $ADAPTUNE_CPU_BF16); an experiment whose records must stay
     # comparable pins "float32" (or "bf16").
@@ -51,9 +55,11 @@ class Accelerator:
         return self.type or self.family
 
 
-# 4 adapter-style runs a forward pass on a CPU: a 4-run MiniLM sweep at 2 threads trained its steps 1.35x and scored
-# 1.56x faster so than one run after another, for 4.0 GB of memory against 2.6 GB (bench/peer.json, bench/LOG.md).
-CPU = Accelerator(runs_per_group=4)
+# 4 adapter-style runs a forward pass on a CPU with native bf16: a 4-run MiniLM sweep at 2 threads trained its steps
+# 1.35x and scored 1.56x faster so than one run after another, for 4.0 GB of memory against 2.6 GB (2-core Xeon with
+# AMX, bench/LOG.md 2026-12-07). In float32 (an AVX2-only CPU) the same sweep took 317 s fused 4 at a time and 318 s
+# one run at a time, for 4.2 GB against 1.8 GB (2-core AMD EPYC, bench/LOG.md 2026-12-08): there, one at a time.
+CPU = Accelerator(runs_per_group=4, float32_runs_per_group=1)
 H100 = Accelerator(
     family="gpu",
     type="NVIDIA_H100_80GB",
@@ -170,7 +176,10 @@ class ExperimentSpec:
     shard_size: int = 16
     shard_hours: float = 4.0  # estimated hours per shard (cost.THROUGHPUT); a longer run or fused group is a shard alone
     max_accelerators: int | None = 64
-    retries: int = 3  # preemption and other transient errors; a deterministic failure is a "failed" record
+    # A run's transient failures (out of memory, network, storage) retried inside its shard, and restarts of a shard's
+    # lost pod (preemption) by the pipeline (adaptune.sweep.retry); a deterministic failure is a "failed" record.
+    retries: int = 3
+    pod_retries: int = 3
     max_train_examples: int | None = None  # subsampling for CPU-sized experiments
     max_eval_examples: int | None = None
     ablation: Ablation | None = None

@@ -137,7 +137,9 @@ def _accelerator_from(value: Any) -> Accelerator:
     fields["tolerations"] = tuple(fields.get("tolerations", ()))
     settings = fields.get("step_settings", ())  # a hand-written file may give a mapping: {ADAPTUNE_COMPILE: step_graphs}
     fields["step_settings"] = tuple(tuple(pair) for pair in (settings.items() if isinstance(settings, dict) else settings))
-    # A CPU's omitted fields are the CPU preset's (its measured group size); other families' have several presets.
+    if "runs_per_group" in fields and "float32_runs_per_group" not in fields:
+        fields["float32_runs_per_group"] = None  # a group size the file sets is meant in every precision
+    # A CPU's omitted fields are the CPU preset's (its measured group sizes); other families' have several presets.
     return dataclasses.replace(CPU if fields.get("family", "cpu") == "cpu" else Accelerator(), **fields)
 
 

@@ -1,15 +1,10 @@
 """The transient-error rule: which failures of a run are worth another attempt (out of memory on a shared
-device, network, storage), and how long to wait before it."""
+device, network, storage). How often and after how long a wait: adaptune.sweep.retry."""
 
 from __future__ import annotations
 
 import errno
 
-from adaptune.core import environment
-
-BACKOFF_ENV = "ADAPTUNE_RETRY_BACKOFF_S"
-DEFAULT_BACKOFF_S = environment.DEFAULTS.retry_backoff_s  # 30: the first wait; doubled each time, at most MAX_BACKOFF_S
-MAX_BACKOFF_S = 600.0
 # Exception class names (anywhere in the MRO or the cause chain) that mean "try again later": the
 # requests/urllib3/http.client family, aiohttp (gcsfs), httpx (huggingface_hub), google-api-core.
 TRANSIENT_NAMES = frozenset({
@@ -24,13 +19,6 @@ TRANSIENT_NAMES = frozenset({
 TRANSIENT_ERRNOS = frozenset({errno.EIO, errno.ESTALE, errno.ETIMEDOUT, errno.ECONNRESET, errno.ECONNABORTED,
                               errno.ECONNREFUSED, errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EAGAIN})
 TRANSIENT_HTTP_CODES = frozenset({408, 429, 500, 502, 503, 504})  # gcsfs HttpError.code, hub responses
-
-
-def backoff_s(failures: int) -> float:
-    """The wait before the next attempt after `failures` transient failures: doubling from
-    $ADAPTUNE_RETRY_BACKOFF_S (default DEFAULT_BACKOFF_S), at most MAX_BACKOFF_S."""
-    base = environment.settings().retry_backoff_s
-    return min(base * 2 ** (failures - 1), MAX_BACKOFF_S)
 
 
 def is_transient(error: BaseException) -> bool:
