@@ -51,7 +51,8 @@ def test_another_cpus_benchmark_leaves_the_table_and_says_why(tmp_path: Path, ot
     assert calibration.factor is None
     table, said = plan(spec), plan(spec, cpu_calibration=calibration)
     assert said.run_hours == table.run_hours
-    assert f"measured another CPU ({other.describe()}; this one: {HERE.describe()}): make bench-peer measures this one" in said.summary()
+    assert (f"; the table's CPU rate not scaled to this machine: {tmp_path.name}/peer.json measured another CPU "
+            f"({other.describe()}; this one: {HERE.describe()}): make bench-peer measures this one") in said.summary()
 
 
 def test_a_missing_or_malformed_benchmark_is_one_reason_not_an_error(tmp_path: Path) -> None:
@@ -80,3 +81,14 @@ def test_a_gpu_plan_is_not_scaled_by_a_cpu_benchmark(tmp_path: Path) -> None:
     spec = get_experiment("glue_full")
     calibration = calibration_from_bench(_bench(tmp_path / "peer.json", HERE, 60.0), spec, HERE)
     assert plan(spec, cpu_calibration=calibration).run_hours == plan(spec).run_hours
+
+
+def test_make_plan_reads_this_checkouts_benchmark_for_a_cpu_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    import pipelines.__main__ as entry
+
+    monkeypatch.setattr(entry, "BENCH_PEER_JSON", _bench(tmp_path / "peer.json", this_cpu("auto"), 60.0))
+    assert entry.main(["plan", "smoke"]) == 0
+    (basis,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("estimate basis: ")]
+    assert basis.startswith("estimate basis: throughput from adaptune.sweep.cost.THROUGHPUT scaled x")
+    assert f"by {tmp_path.name}/peer.json of 2026-12-08" in basis

@@ -175,10 +175,9 @@ class Plan:
         """Which throughputs the estimate used: the store's measurements (with their run counts and the
         group size they were fused at) or the table, and where fused runs were priced one at a time."""
         table = "adaptune.sweep.cost.THROUGHPUT (published figures, not a measurement)"
-        if self.cpu_calibration is not None and self.spec.accelerator.label == "cpu":
-            calibration = self.cpu_calibration
-            table = (f"adaptune.sweep.cost.THROUGHPUT {calibration.basis}" if calibration.factor
-                     else f"adaptune.sweep.cost.THROUGHPUT (published figures, not a measurement: {calibration.basis})")
+        calibration = self.cpu_calibration if self.spec.accelerator.label == "cpu" else None
+        if calibration is not None and calibration.factor:
+            table = f"adaptune.sweep.cost.THROUGHPUT {calibration.basis}"
         keys: set[tuple[Any, ...]] = set()
         unpriced_groups: Counter[int] = Counter()
         table_groups: Counter[int] = Counter()
@@ -210,6 +209,8 @@ class Plan:
             fused_note += (f"; {at_mean_length:,} run(s) priced at the tokens their task's batches are padded to on average, not "
                            "their max_length (adaptune.sweep.cost.MEAN_PADDED_LENGTH: an upper bound from a step measured at 128)")
         fused_note += self._set_aside_note(set(used))
+        if calibration is not None and not calibration.factor:
+            fused_note += f"; the table's CPU rate not scaled to this machine: {calibration.basis}"
         if not used:
             return f"throughput from {table}{fused_note}"
         measured = "; ".join(f"{backbone} {method}{f' fused {size} at a time' if size > 1 else ''} on {label}: "
