@@ -69,11 +69,13 @@ def calibration_from_bench(path: Path, spec: ExperimentSpec, here: CpuIdentity) 
         return CpuCalibration(None, f"{name} has no `pipelines run` timing to calibrate by: make bench-peer")
     ratios = [entry["examples_per_s"] / table_price(entry, spec) for entry in entries]
     factor = sum(ratios) / len(ratios)
-    timed = ", ".join(f"{entry['method']['name']} fused {entry['group_size']} at a time {entry['examples_per_s']:.1f} examples/s"
+    timed = ", ".join(f"{entry['method']['name']} " + (f"fused {entry['group_size']} at a time" if entry["group_size"] > 1 else
+                                                        "one run at a time") + f" {entry['examples_per_s']:.1f} examples/s"
                       for entry in entries)
+    fused = any(entry["group_size"] > 1 for entry in entries)
     return CpuCalibration(factor, f"scaled x{factor:.2f} to this CPU ({here.describe()}) by {name} of {bench.get('date', '?')} "
-                                  f"({timed}, over the table's price of those runs; other methods and runs alone at the same "
-                                  "factor, so a fused group's gain, where it had one, prices them too)")
+                                  f"({timed}, over the table's price of those runs; every method at the same factor"
+                                  + (", so the fused groups' gain prices runs alone too)" if fused else ")"))
 
 
 def table_price(entry: dict[str, Any], spec: ExperimentSpec) -> float:
